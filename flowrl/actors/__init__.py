@@ -1,0 +1,1 @@
+"""Stateful Ray actors: rollout workers, worker sets, replay shards and learner threads."""

@@ -1,0 +1,392 @@
+"""Parallel iterators: one shard per Ray actor, transforms run inside the actors.
+
+A :class:`ParallelIterator` records transforms; nothing runs until a gather
+(:meth:`ParallelIterator.gather_sync`, :meth:`~ParallelIterator.gather_async`,
+:meth:`~ParallelIterator.batch_across_shards`) or :meth:`~ParallelIterator.get_shard`
+turns it into a :class:`~flowrl.iterators.LocalIterator` and that is pulled. Each gather
+then opens its own stream on every shard actor (keyed by a fresh id), so several
+gathers over the same actors do not steal each other's items.
+
+Any Ray actor can serve shards by inheriting :class:`ParallelIteratorWorker`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
+
+import ray
+
+from flowrl.errors import IteratorUsageError, ShardFailedError
+from flowrl.iterators.local import LocalIterator, NextValueNotReady
+from flowrl.iterators.metrics import SharedMetrics, current_metrics
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+ShardTransform = Callable[[LocalIterator[Any]], LocalIterator[Any]]
+ItemSource = Iterable[Any] | Callable[[], Iterable[Any]]
+
+
+class _EndOfShard:
+    """The value a shard returns once its stream is exhausted (one instance per process)."""
+
+    _instance: "_EndOfShard | None" = None
+
+    def __new__(cls) -> "_EndOfShard":
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        return (_EndOfShard, ())
+
+    def __repr__(self) -> str:
+        return "END_OF_SHARD"
+
+
+_END = _EndOfShard()
+
+
+class ParallelIteratorWorker:
+    """Mixin that lets a Ray actor serve shards of parallel iterators.
+
+    ``item_generator`` is an iterable, or a zero-argument callable returning one (use a
+    callable for generators: they cannot be pickled or restarted). With ``repeat=True``
+    the items are served again from the start each time they run out.
+    """
+
+    def __init__(self, item_generator: ItemSource, repeat: bool = False) -> None:
+        if not callable(item_generator):
+            if not isinstance(item_generator, Iterable):
+                raise IteratorUsageError(
+                    f"ParallelIteratorWorker(item_generator={item_generator!r}): expected an iterable "
+                    "or a zero-argument callable returning one"
+                )
+            if repeat and iter(item_generator) is item_generator:
+                raise IteratorUsageError(
+                    "ParallelIteratorWorker(repeat=True) got a one-shot iterator, which cannot be "
+                    "restarted; pass a list or a zero-argument callable that returns a fresh iterable"
+                )
+        self._item_generator = item_generator
+        self._repeat = repeat
+        self._par_iters: dict[str, Iterator[Any]] = {}
+
+    def _items(self) -> Iterator[Any]:
+        while True:
+            source = self._item_generator() if callable(self._item_generator) else self._item_generator
+            produced = False
+            for item in source:
+                produced = True
+                yield item
+            if not (self._repeat and produced):
+                return
+
+    def par_iter_init(self, key: str, transforms: Sequence[ShardTransform]) -> None:
+        """Open stream ``key`` over this actor's items, with the shard's transforms applied."""
+        it: LocalIterator[Any] = LocalIterator(lambda timeout: self._items(), SharedMetrics(), name="shard")
+        for transform in transforms:
+            it = transform(it)
+        self._par_iters[key] = it
+
+    def par_iter_next(self, key: str) -> Any:
+        """The next item of stream ``key``, or the end-of-shard marker once it is exhausted."""
+        try:
+            return next(self._par_iters[key])
+        except StopIteration:
+            # Later requests already in flight for this stream must see the end as well.
+            self._par_iters[key] = iter(())
+            return _END
+
+    def par_iter_close(self, key: str) -> None:
+        """Drop stream ``key`` (a no-op if it is not open)."""
+        self._par_iters.pop(key, None)
+
+
+class _ShardActor(ParallelIteratorWorker):
+    """The actor behind ``from_items``, ``from_range`` and ``from_iterators``."""
+
+
+_RemoteShardActor = ray.remote(num_cpus=0)(_ShardActor)
+
+
+@dataclass
+class _ActorSet:
+    """Shard actors that share one list of transforms."""
+
+    actors: list[Any]
+    transforms: list[ShardTransform] = field(default_factory=list)
+
+    def with_transform(self, transform: ShardTransform) -> "_ActorSet":
+        return _ActorSet(self.actors, self.transforms + [transform])
+
+
+@dataclass(frozen=True)
+class _Shard:
+    index: int
+    actor: Any
+    transforms: list[ShardTransform]
+
+
+class _ShardStreams:
+    """One gather's view of its shards: opens their streams and fetches results safely."""
+
+    def __init__(self, shards: list[_Shard], iterator_name: str) -> None:
+        self.shards = shards
+        self.iterator_name = iterator_name
+        self.key = uuid.uuid4().hex
+        for shard in shards:
+            shard.actor.par_iter_init.remote(self.key, shard.transforms)
+
+    def request(self, shard: _Shard) -> ray.ObjectRef:
+        return shard.actor.par_iter_next.remote(self.key)
+
+    def get(self, ref: ray.ObjectRef, shard: _Shard) -> Any:
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            raise ShardFailedError(
+                f"shard {shard.index} of {self.iterator_name} failed: its actor {shard.actor} died or "
+                f"became unreachable while serving items ({type(e).__name__})",
+                shard_index=shard.index,
+                iterator_name=self.iterator_name,
+            ) from e
+
+
+class ParallelIterator(Generic[T]):
+    """A set of shards, one per Ray actor, with transforms that run inside those actors.
+
+    Not iterable itself: turn it into a :class:`LocalIterator` with a gather, or take one
+    shard with :meth:`get_shard`.
+    """
+
+    def __init__(self, actor_sets: list[_ActorSet], name: str, parent_iterators: Sequence["ParallelIterator[Any]"] = ()) -> None:
+        self.actor_sets = actor_sets
+        self.name = name
+        self.parent_iterators = list(parent_iterators)
+
+    def __iter__(self) -> Iterator[T]:
+        raise IteratorUsageError(
+            f"{self!r} cannot be iterated directly: its items live in {self.num_shards()} shard actors. "
+            "Use gather_sync(), gather_async() or batch_across_shards() to pull them into this "
+            "process, or get_shard(i) for one shard."
+        )
+
+    def __repr__(self) -> str:
+        return f"ParallelIterator[{self.name}]"
+
+    # -- transforms (run inside the shard actors) ------------------------------------
+
+    def _with_transform(self, transform: ShardTransform, suffix: str) -> "ParallelIterator[Any]":
+        return ParallelIterator([s.with_transform(transform) for s in self.actor_sets], self.name + suffix, [self])
+
+    def for_each(self, fn: Callable[[T], U]) -> "ParallelIterator[U]":
+        """Map each item through ``fn`` inside its shard actor."""
+        return self._with_transform(lambda it: it.for_each(fn), ".for_each()")
+
+    def filter(self, fn: Callable[[T], bool]) -> "ParallelIterator[T]":
+        """Keep, in each shard, the items for which ``fn`` is true."""
+        return self._with_transform(lambda it: it.filter(fn), ".filter()")
+
+    def batch(self, n: int) -> "ParallelIterator[list[T]]":
+        """Group each shard's items into lists of ``n``."""
+        if n < 1:
+            raise IteratorUsageError(f"batch(n={n}): n must be a positive number of items")
+        return self._with_transform(lambda it: it.batch(n), f".batch({n})")
+
+    def flatten(self) -> "ParallelIterator[Any]":
+        """Yield the elements of each (iterable) item, in each shard."""
+        return self._with_transform(lambda it: it.flatten(), ".flatten()")
+
+    def combine(self, fn: Callable[[T], Iterable[U]]) -> "ParallelIterator[U]":
+        """Flat-map ``fn`` over each shard's items."""
+        return self._with_transform(lambda it: it.combine(fn), ".combine()")
+
+    def transform(self, fn: Callable[[Iterator[T]], Iterator[U]]) -> "ParallelIterator[U]":
+        """Apply ``fn`` to each shard's whole item stream."""
+        return self._with_transform(lambda it: it.transform(fn), ".transform()")
+
+    def shuffle(self, shuffle_buffer_size: int, seed: int | None = None) -> "ParallelIterator[T]":
+        """Shuffle each shard's items through a local buffer."""
+        return self._with_transform(lambda it: it.shuffle(shuffle_buffer_size, seed), ".shuffle()")
+
+    # -- shards --------------------------------------------------------------------
+
+    def _shards(self) -> list[_Shard]:
+        shards: list[_Shard] = []
+        for actor_set in self.actor_sets:
+            for actor in actor_set.actors:
+                shards.append(_Shard(len(shards), actor, actor_set.transforms))
+        return shards
+
+    def num_shards(self) -> int:
+        """How many shards (actors) the iterator spans."""
+        return sum(len(s.actors) for s in self.actor_sets)
+
+    def shards(self) -> list[LocalIterator[T]]:
+        """One local iterator per shard."""
+        return [self.get_shard(i) for i in range(self.num_shards())]
+
+    def get_shard(self, shard_index: int) -> LocalIterator[T]:
+        """A local iterator over shard ``shard_index`` alone (one actor call per item)."""
+        shards = self._shards()
+        if not 0 <= shard_index < len(shards):
+            raise IteratorUsageError(f"get_shard({shard_index}): {self!r} has shards 0..{len(shards) - 1}")
+        shard = shards[shard_index]
+        name = self.name
+
+        def base(timeout: float | None) -> Iterator[Any]:
+            streams = _ShardStreams([shard], name)
+            while True:
+                item = streams.get(streams.request(shard), shard)
+                if item is _END:
+                    return
+                current_metrics().current_actor = shard.actor
+                yield item
+
+        return LocalIterator(base, SharedMetrics(), name=f"{self.name}.shard[{shard_index}]")
+
+    def select_shards(self, shards_to_keep: Sequence[int]) -> "ParallelIterator[T]":
+        """A parallel iterator over the given shards only, in the given order."""
+        shards = self._shards()
+        for i in shards_to_keep:
+            if not 0 <= i < len(shards):
+                raise IteratorUsageError(f"select_shards({list(shards_to_keep)}): {self!r} has shards 0..{len(shards) - 1}")
+        sets = [_ActorSet([shards[i].actor], shards[i].transforms) for i in shards_to_keep]
+        return ParallelIterator(sets, f"{self.name}.select_shards({len(sets)} shards)", [self])
+
+    def union(self, *others: "ParallelIterator[Any]") -> "ParallelIterator[Any]":
+        """A parallel iterator whose shards are this one's followed by ``others``'."""
+        for other in others:
+            if not isinstance(other, ParallelIterator):
+                raise IteratorUsageError(
+                    f"ParallelIterator.union() takes ParallelIterators, got {type(other).__name__}; "
+                    "gather first and use LocalIterator.union to mix with local iterators."
+                )
+        iterators = [self, *others]
+        sets = [s for it in iterators for s in it.actor_sets]
+        return ParallelIterator(sets, f"ParallelUnion[{', '.join(it.name for it in iterators)}]", iterators)
+
+    # -- gathers ---------------------------------------------------------------------
+
+    def _sync_rounds(self, timeout: float | None) -> Iterator[Any]:
+        """Yield, per round, a list of (shard, item) from every live shard, or a marker."""
+        streams = _ShardStreams(self._shards(), self.name)
+        active = list(streams.shards)
+        while active:
+            refs = [streams.request(shard) for shard in active]
+            while timeout is not None:
+                _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+                if not pending:
+                    break
+                yield NextValueNotReady(pending)
+            results = [(shard, streams.get(ref, shard)) for shard, ref in zip(active, refs)]
+            round_items = [(shard, item) for shard, item in results if item is not _END]
+            active = [shard for shard, _ in round_items]
+            if round_items:
+                yield round_items
+
+    def gather_sync(self) -> LocalIterator[T]:
+        """Round-robin over the shards, one item from each per round, with a barrier per round.
+
+        Deterministic. A shard's next item is requested only after all of this round's
+        items were consumed downstream.
+        """
+        def base(timeout: float | None) -> Iterator[Any]:
+            for round_items in self._sync_rounds(timeout):
+                if isinstance(round_items, NextValueNotReady):
+                    yield round_items
+                    continue
+                for shard, item in round_items:
+                    current_metrics().current_actor = shard.actor
+                    yield item
+
+        return LocalIterator(base, SharedMetrics(), name=f"{self.name}.gather_sync()")
+
+    def batch_across_shards(self) -> LocalIterator[list[T]]:
+        """Yield one list per round holding the next item of every live shard."""
+        def base(timeout: float | None) -> Iterator[Any]:
+            for round_items in self._sync_rounds(timeout):
+                if isinstance(round_items, NextValueNotReady):
+                    yield round_items
+                else:
+                    yield [item for _, item in round_items]
+
+        return LocalIterator(base, SharedMetrics(), name=f"{self.name}.batch_across_shards()")
+
+    def gather_async(self, num_async: int = 1) -> LocalIterator[T]:
+        """Yield items as shards produce them, with ``num_async`` requests in flight per shard.
+
+        Blocks on ``ray.wait`` over every pending request (no polling). A shard's next
+        request is sent only after its previous item was consumed downstream, so with
+        ``num_async=1`` a function applied after the gather has run on an actor's item
+        before that actor is asked for the next one. The source actor of each item is
+        recorded for :meth:`LocalIterator.zip_with_source_actor`.
+        """
+        if num_async < 1:
+            raise IteratorUsageError(f"gather_async(num_async={num_async}): must be >= 1 requests in flight per shard")
+
+        def base(timeout: float | None) -> Iterator[Any]:
+            streams = _ShardStreams(self._shards(), self.name)
+            pending: dict[ray.ObjectRef, _Shard] = {}
+            for _ in range(num_async):
+                for shard in streams.shards:
+                    pending[streams.request(shard)] = shard
+            while pending:
+                refs = list(pending)
+                ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+                if not ready:
+                    yield NextValueNotReady(refs)
+                    continue
+                shard = pending.pop(ready[0])
+                item = streams.get(ready[0], shard)
+                if item is _END:
+                    continue
+                current_metrics().current_actor = shard.actor
+                yield item
+                pending[streams.request(shard)] = shard
+
+        return LocalIterator(base, SharedMetrics(), name=f"{self.name}.gather_async()")
+
+
+def _check_num_shards(num_shards: int) -> None:
+    if not isinstance(num_shards, int) or num_shards < 1:
+        raise IteratorUsageError(f"num_shards={num_shards!r}: must be an int >= 1")
+
+
+def from_items(items: Sequence[T], num_shards: int = 2, repeat: bool = False) -> ParallelIterator[T]:
+    """A parallel iterator over ``items``, dealt round-robin into ``num_shards`` shard actors."""
+    _check_num_shards(num_shards)
+    items = list(items)
+    shards = [items[i::num_shards] for i in range(num_shards)]
+    return from_iterators(shards, repeat=repeat, name=f"from_items[{len(items)}, shards={num_shards}]")
+
+
+def from_range(n: int, num_shards: int = 2, repeat: bool = False) -> ParallelIterator[int]:
+    """A parallel iterator over ``range(n)``, split into ``num_shards`` contiguous ranges."""
+    _check_num_shards(num_shards)
+    bounds = [i * n // num_shards for i in range(num_shards + 1)]
+    shards = [range(bounds[i], bounds[i + 1]) for i in range(num_shards)]
+    return from_iterators(shards, repeat=repeat, name=f"from_range[{n}, shards={num_shards}]")
+
+
+def from_iterators(generators: Sequence[ItemSource], repeat: bool = False, name: str | None = None) -> ParallelIterator[Any]:
+    """A parallel iterator with one shard actor per element of ``generators``.
+
+    Each element is an iterable or a zero-argument callable returning one.
+    """
+    if not generators:
+        raise IteratorUsageError("from_iterators() needs at least one iterable or callable")
+    for g in generators:
+        if not callable(g) and not isinstance(g, Iterable):
+            raise IteratorUsageError(f"from_iterators(): {g!r} is neither an iterable nor a zero-argument callable")
+    actors = [_RemoteShardActor.remote(g, repeat) for g in generators]
+    return from_actors(actors, name=name or f"from_iterators[shards={len(actors)}]")
+
+
+def from_actors(actors: Sequence[Any], name: str | None = None) -> ParallelIterator[Any]:
+    """A parallel iterator over existing actors whose class inherits :class:`ParallelIteratorWorker`."""
+    if not actors:
+        raise IteratorUsageError("from_actors() needs at least one actor")
+    return ParallelIterator([_ActorSet(list(actors))], name or f"from_actors[shards={len(actors)}]")

@@ -1,0 +1,1 @@
+"""The RL dataflow vocabulary (rollouts, replay, training, metrics) built on ``flowrl.iterators``."""
