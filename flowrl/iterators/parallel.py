@@ -12,6 +12,7 @@ Any Ray actor can serve shards by inheriting :class:`ParallelIteratorWorker`.
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
@@ -49,6 +50,21 @@ class _EndOfShard:
 _END = _EndOfShard()
 
 
+def _check_item_source(source: Any, repeat: bool) -> None:
+    """Reject what a shard could not serve: non-iterables, and one-shot iterators to repeat."""
+    if callable(source):
+        return
+    if not isinstance(source, Iterable):
+        raise IteratorUsageError(
+            f"item source {source!r} is neither an iterable nor a zero-argument callable returning one"
+        )
+    if repeat and iter(source) is source:
+        raise IteratorUsageError(
+            f"repeat=True needs a source that can be restarted, but {source!r} is a one-shot iterator; "
+            "pass a list or a zero-argument callable that returns a fresh iterable"
+        )
+
+
 class ParallelIteratorWorker:
     """Mixin that lets a Ray actor serve shards of parallel iterators.
 
@@ -58,17 +74,7 @@ class ParallelIteratorWorker:
     """
 
     def __init__(self, item_generator: ItemSource, repeat: bool = False) -> None:
-        if not callable(item_generator):
-            if not isinstance(item_generator, Iterable):
-                raise IteratorUsageError(
-                    f"ParallelIteratorWorker(item_generator={item_generator!r}): expected an iterable "
-                    "or a zero-argument callable returning one"
-                )
-            if repeat and iter(item_generator) is item_generator:
-                raise IteratorUsageError(
-                    "ParallelIteratorWorker(repeat=True) got a one-shot iterator, which cannot be "
-                    "restarted; pass a list or a zero-argument callable that returns a fresh iterable"
-                )
+        _check_item_source(item_generator, repeat)
         self._item_generator = item_generator
         self._repeat = repeat
         self._par_iters: dict[str, Iterator[Any]] = {}
@@ -333,14 +339,22 @@ class ParallelIterator(Generic[T]):
             for _ in range(num_async):
                 for shard in streams.shards:
                     pending[streams.request(shard)] = shard
+            ready: list[ray.ObjectRef] = []
             while pending:
-                refs = list(pending)
-                ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
                 if not ready:
-                    yield NextValueNotReady(refs)
-                    continue
-                shard = pending.pop(ready[0])
-                item = streams.get(ready[0], shard)
+                    # Take every result that is ready before waiting again, so a shard that is
+                    # always ready cannot starve the others (ray.wait's pick among ready refs
+                    # is not round robin).
+                    refs = list(pending)
+                    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+                    if not ready:
+                        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+                    if not ready:
+                        yield NextValueNotReady(refs)
+                        continue
+                ref = ready.pop(0)
+                shard = pending.pop(ref)
+                item = streams.get(ref, shard)
                 if item is _END:
                     continue
                 current_metrics().current_actor = shard.actor
@@ -379,8 +393,12 @@ def from_iterators(generators: Sequence[ItemSource], repeat: bool = False, name:
     if not generators:
         raise IteratorUsageError("from_iterators() needs at least one iterable or callable")
     for g in generators:
-        if not callable(g) and not isinstance(g, Iterable):
-            raise IteratorUsageError(f"from_iterators(): {g!r} is neither an iterable nor a zero-argument callable")
+        if inspect.isgenerator(g):
+            raise IteratorUsageError(
+                f"from_iterators() got the generator {g!r}, which cannot be sent to a shard actor; "
+                "pass the generator function itself or a zero-argument lambda returning the generator"
+            )
+        _check_item_source(g, repeat)
     actors = [_RemoteShardActor.remote(g, repeat) for g in generators]
     return from_actors(actors, name=name or f"from_iterators[shards={len(actors)}]")
 

@@ -1,0 +1,292 @@
+"""LocalIterator combinators, metrics, duplicate and union over in-process sources (no Ray)."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from typing import Any, Iterator
+
+import pytest
+
+from flowrl.errors import IteratorUsageError
+from flowrl.iterators import LocalIterator, MetricsContext, NextValueNotReady, SharedMetrics
+
+
+def local(items: list[Any], name: str = "items") -> LocalIterator[Any]:
+    return LocalIterator(lambda timeout: iter(items), name=name)
+
+
+def counting(pulled: list[int], n: int = 1000) -> LocalIterator[int]:
+    """A source over range(n) that records every item pulled from it."""
+
+    def base(timeout: float | None) -> Iterator[int]:
+        for i in range(n):
+            pulled.append(i)
+            yield i
+
+    return LocalIterator(base, name="counting")
+
+
+def scripted(script: list[Any]) -> LocalIterator[Any]:
+    """A non-blocking source: a marker in the script stands for 'nothing ready yet'."""
+    return LocalIterator(lambda timeout: iter(script), name="scripted")
+
+
+def not_ready() -> NextValueNotReady:
+    event = threading.Event()
+    event.set()  # anything waiting on it returns at once
+    return NextValueNotReady(events=[event])
+
+
+def test_for_each_filter_take() -> None:
+    it = local(list(range(10))).for_each(lambda x: x * 10).filter(lambda x: x % 20 == 0)
+    assert it.take(3) == [0, 20, 40]
+    assert it.take(10) == [60, 80]  # take stops where the iterator ends
+
+
+def test_batch_keeps_a_short_last_batch() -> None:
+    assert list(local(list(range(7))).batch(3)) == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+def test_flatten_and_combine() -> None:
+    assert list(local([[1, 2], [], [3]]).flatten()) == [1, 2, 3]
+    assert list(local([1, 2, 3]).combine(lambda x: [x] * x)) == [1, 2, 2, 3, 3, 3]
+
+
+def test_transform_sees_the_whole_stream() -> None:
+    def running_sum(it: Iterator[int]) -> Iterator[int]:
+        total = 0
+        for x in it:
+            total += x
+            yield total
+
+    assert list(local([1, 2, 3, 4]).transform(running_sum)) == [1, 3, 6, 10]
+
+
+def test_shuffle_is_a_seeded_permutation() -> None:
+    items = list(range(50))
+    first = list(local(items).shuffle(10, seed=1))
+    assert sorted(first) == items
+    assert first != items
+    assert list(local(items).shuffle(10, seed=1)) == first
+
+
+def test_show_prints_items(capsys: pytest.CaptureFixture[str]) -> None:
+    local(["a", "b", "c"]).show(2)
+    assert capsys.readouterr().out == "a\nb\n"
+
+
+def test_transforms_run_lazily() -> None:
+    pulled: list[int] = []
+    it = counting(pulled).for_each(lambda x: x + 1)
+    assert pulled == []
+    assert next(it) == 1
+    assert pulled == [0]
+
+
+def test_repr_shows_the_chain() -> None:
+    it = local([1], name="src").for_each(str).filter(bool).batch(2)
+    assert repr(it) == "LocalIterator[src.for_each().filter().batch(2)]"
+
+
+def test_markers_pass_through_every_combinator() -> None:
+    marker = NextValueNotReady()
+    it = scripted([[1], marker, [2, 3]]).for_each(lambda x: x).filter(lambda x: True).flatten()
+    assert list(it) == [1, marker, 2, 3]
+    batched = list(scripted([1, marker, 2]).batch(2))
+    assert batched == [marker, [1, 2]]
+
+
+def test_get_metrics_inside_a_transform() -> None:
+    def count(x: int) -> int:
+        LocalIterator.get_metrics().counters["seen"] += 1
+        return x
+
+    it = local([1, 2, 3]).for_each(count)
+    assert list(it) == [1, 2, 3]
+    assert it.shared_metrics.get().counters["seen"] == 3
+
+
+def test_get_metrics_outside_an_iterator_raises() -> None:
+    with pytest.raises(IteratorUsageError, match="outside a running iterator"):
+        LocalIterator.get_metrics()
+    it = local([1])
+    next(it)
+    with pytest.raises(IteratorUsageError):
+        LocalIterator.get_metrics()  # the context is uninstalled after each item
+
+
+def test_extending_a_started_iterator_raises() -> None:
+    it = local([1, 2])
+    next(it)
+    with pytest.raises(IteratorUsageError, match="already produced items"):
+        it.for_each(str)
+
+
+def test_pickle_round_trip_of_a_definition() -> None:
+    it = local([1, 2, 3]).for_each(lambda x: x * 2)  # cloudpickle is what Ray uses
+    import cloudpickle
+
+    copy = cloudpickle.loads(cloudpickle.dumps(it))
+    assert list(copy) == [2, 4, 6]
+    next(it)
+    with pytest.raises(IteratorUsageError, match="cannot be sent"):
+        pickle.dumps(it)
+
+
+def test_metrics_context_save_and_restore() -> None:
+    metrics = MetricsContext()
+    metrics.counters["steps"] = 5
+    metrics.info["note"] = "x"
+    with metrics.timers["learn"] as timer:
+        timer.push_units_processed(10)
+    saved = metrics.save()
+    other = MetricsContext()
+    other.restore(saved)
+    assert other.counters["steps"] == 5 and other.info == {"note": "x"}
+    assert metrics.timers["learn"].count == 1 and metrics.timers["learn"].mean_throughput > 0
+
+
+# -- duplicate -------------------------------------------------------------------------
+
+
+def test_duplicate_children_see_every_item_when_pulled_alone() -> None:
+    a, b = local(list(range(5))).duplicate(2)
+    assert a.take(5) == [0, 1, 2, 3, 4]
+    assert b.take(5) == [0, 1, 2, 3, 4]
+
+
+def test_duplicate_raises_instead_of_buffering_without_bound() -> None:
+    a, _ = local(list(range(100))).duplicate(2, max_buffer=3)
+    with pytest.raises(IteratorUsageError, match="ahead of a sibling"):
+        a.take(10)
+
+
+def test_duplicate_back_pressure_inside_a_union() -> None:
+    pulled: list[int] = []
+    consumed = {"a": 0, "b": 0}
+    leads: list[int] = []
+
+    def seen(name: str) -> Any:
+        def fn(x: int) -> int:
+            consumed[name] += 1
+            leads.append(abs(consumed["a"] - consumed["b"]))
+            return x
+
+        return fn
+
+    a, b = counting(pulled).duplicate(2)
+    fast = a.for_each(seen("a")).batch(3)  # wants three items per output
+    slow = b.for_each(seen("b"))
+    out = fast.union(slow).take(40)
+    assert len(out) == 40
+    assert max(leads) <= 1  # lockstep: neither branch ever gets two items ahead
+    assert len(pulled) <= max(consumed.values())  # nothing buffered beyond what was consumed
+
+
+# -- union -----------------------------------------------------------------------------
+
+
+def test_union_shares_one_metrics_context() -> None:
+    def bump(key: str) -> Any:
+        def fn(x: Any) -> Any:
+            LocalIterator.get_metrics().counters[key] += 1
+            return x
+
+        return fn
+
+    a = local([1, 2]).for_each(bump("a"))
+    b = local([3]).for_each(bump("b"))
+    c = local([4, 5, 6]).for_each(bump("c"))
+    inner = a.union(b)
+    outer = c.union(inner)  # nesting re-points the inner union's children too
+    assert sorted(outer) == [1, 2, 3, 4, 5, 6]
+    metrics = outer.shared_metrics.get()
+    assert dict(metrics.counters) == {"a": 2, "b": 1, "c": 3}
+    for it in (a, b, c, inner):
+        assert it.shared_metrics.get() is metrics
+
+
+def test_deterministic_union_with_weights() -> None:
+    a = local(["a0", "a1", "a2"])
+    b = local(["b0", "b1", "b2", "b3", "b4", "b5"])
+    out = list(a.union(b, round_robin_weights=[1, 2]))
+    assert out == ["a0", "b0", "b1", "a1", "b2", "b3", "a2", "b4", "b5"]
+
+
+def test_deterministic_union_default_weights_alternate() -> None:
+    out = list(local([1, 2, 3]).union(local(["x"]), deterministic=True))
+    assert out == [1, "x", 2, 3]
+
+
+def test_star_weight_takes_everything_ready() -> None:
+    m = not_ready()
+    a = local(["a0", "a1", "a2", "a3"])
+    b = scripted(["b0", m, "b1", "b2", m, "b3"])
+    out = list(a.union(b, round_robin_weights=[2, "*"]))
+    assert out == ["a0", "a1", "b0", "a2", "a3", "b1", "b2", "b3"]
+
+
+def test_weighted_child_that_is_not_ready_is_waited_for_in_order() -> None:
+    m = not_ready()
+    a = scripted([m, m, "a0", "a1"])
+    b = local(["b0", "b1"])
+    assert list(a.union(b, deterministic=True)) == ["a0", "b0", "a1", "b1"]
+
+
+def test_async_union_moves_on_from_a_child_that_is_not_ready() -> None:
+    m = not_ready()
+    a = scripted([m, m, m, "a0"])
+    b = local(["b0", "b1", "b2"])
+    out = list(a.union(b))
+    assert out.index("b2") < out.index("a0")
+
+
+def test_async_union_blocks_on_the_event_of_an_idle_source() -> None:
+    event = threading.Event()
+    markers = 0
+
+    def source(timeout: float | None) -> Iterator[Any]:
+        nonlocal markers
+        while not event.is_set():
+            markers += 1
+            yield NextValueNotReady(events=[event])
+        yield "done"
+
+    threading.Timer(0.3, event.set).start()
+    out = LocalIterator(source).union(local([])).take(1)
+    assert out == ["done"]
+    assert markers <= 3  # one pass, one wait on the event; a polling loop would spin hundreds of times
+
+
+def test_nested_non_blocking_union_hands_markers_up() -> None:
+    m = not_ready()
+    inner = scripted([m, "i0"]).union(scripted([m]))
+    assert list(inner.union(local(["o0"]))) == ["o0", "i0"]
+
+
+def test_union_rejects_bad_arguments() -> None:
+    with pytest.raises(IteratorUsageError, match="2 entries for 3"):
+        local([1]).union(local([2]), local([3]), round_robin_weights=[1, 2])
+    with pytest.raises(IteratorUsageError, match="int >= 1 or"):
+        local([1]).union(local([2]), round_robin_weights=[0, 1])
+    with pytest.raises(IteratorUsageError, match="takes LocalIterators"):
+        local([1]).union([2])  # type: ignore[arg-type]
+
+
+def test_bad_sizes_are_rejected() -> None:
+    with pytest.raises(IteratorUsageError):
+        local([1]).batch(0)
+    with pytest.raises(IteratorUsageError):
+        local([1]).shuffle(0)
+    with pytest.raises(IteratorUsageError):
+        local([1]).duplicate(0)
+
+
+def test_shared_metrics_set_reaches_linked_holders() -> None:
+    child = SharedMetrics()
+    parent = SharedMetrics()
+    parent.link(child)
+    fresh = MetricsContext()
+    parent.set(fresh)
+    assert child.get() is fresh
