@@ -407,4 +407,9 @@ def from_actors(actors: Sequence[Any], name: str | None = None) -> ParallelItera
     """A parallel iterator over existing actors whose class inherits :class:`ParallelIteratorWorker`."""
     if not actors:
         raise IteratorUsageError("from_actors() needs at least one actor")
+    for actor in actors:
+        if not hasattr(actor, "par_iter_next"):
+            raise IteratorUsageError(
+                f"from_actors(): {actor!r} cannot serve a shard; its class must inherit ParallelIteratorWorker"
+            )
     return ParallelIterator([_ActorSet(list(actors))], name or f"from_actors[shards={len(actors)}]")

@@ -107,6 +107,15 @@ def test_from_actors_serves_a_custom_actor() -> None:
     assert it.gather_sync().take(4) == [0, 0, 0, 0]
 
 
+def test_from_actors_rejects_an_actor_that_is_not_a_worker() -> None:
+    @ray.remote(num_cpus=0)
+    class Plain:
+        pass
+
+    with pytest.raises(IteratorUsageError, match="must inherit ParallelIteratorWorker"):
+        from_actors([Plain.remote()])
+
+
 # -- transforms inside the shards ------------------------------------------------------
 
 
