@@ -17,7 +17,10 @@ class IteratorUsageError(FlowRLError):
 
 
 class ShardFailedError(FlowRLError):
-    """A shard actor of a parallel iterator died or raised while serving items.
+    """A shard actor of a parallel iterator died while serving items.
+
+    (An exception raised by user code inside a shard reaches the driver as Ray's
+    ``RayTaskError``, which is also an instance of the original exception type.)
 
     ``shard_index`` is the shard's position in its parallel iterator and
     ``iterator_name`` the chain it belonged to; the original exception is chained
@@ -28,3 +31,18 @@ class ShardFailedError(FlowRLError):
         super().__init__(message)
         self.shard_index = shard_index
         self.iterator_name = iterator_name
+
+
+class EnvError(FlowRLError):
+    """An environment could not be found, created, or failed flowrl's checks."""
+
+
+class UnknownEnvError(EnvError):
+    """The env name is neither a registered flowrl env nor a Gymnasium id."""
+
+
+class EnvCheckError(EnvError):
+    """An env broke the Gymnasium API in a way that would corrupt training.
+
+    The message names the method, the field, the value seen and the bound it broke.
+    """

@@ -36,15 +36,22 @@ class NextValueNotReady:
 
     ``object_refs`` are Ray object refs, one of which must complete before the source can
     make progress; ``events`` are :class:`threading.Event` objects set when it may have
-    an item. A marker with neither ("bare") means the source waits on a sibling in the
-    same dataflow, e.g. a ``duplicate`` child that is ahead of the others.
+    an item. A marker with neither ("bare") names nothing to wait on; with
+    ``waits_on_siblings`` it says the source waits for other iterators of the same
+    dataflow to consume (a ``duplicate`` child that is ahead of the others).
     """
 
-    __slots__ = ("object_refs", "events")
+    __slots__ = ("object_refs", "events", "waits_on_siblings")
 
-    def __init__(self, object_refs: Sequence[ray.ObjectRef] = (), events: Sequence[threading.Event] = ()) -> None:
+    def __init__(
+        self,
+        object_refs: Sequence[ray.ObjectRef] = (),
+        events: Sequence[threading.Event] = (),
+        waits_on_siblings: bool = False,
+    ) -> None:
         self.object_refs = tuple(object_refs)
         self.events = tuple(events)
+        self.waits_on_siblings = waits_on_siblings
 
     @property
     def is_bare(self) -> bool:
@@ -54,12 +61,14 @@ class NextValueNotReady:
     @staticmethod
     def merge(markers: Iterable["NextValueNotReady"]) -> "NextValueNotReady":
         """One marker that waits on everything the given markers wait on."""
+        markers = list(markers)
         refs: dict[ray.ObjectRef, None] = {}
         events: dict[threading.Event, None] = {}
         for marker in markers:
             refs.update(dict.fromkeys(marker.object_refs))
             events.update(dict.fromkeys(marker.events))
-        return NextValueNotReady(list(refs), list(events))
+        on_siblings = bool(markers) and all(m.waits_on_siblings for m in markers)
+        return NextValueNotReady(list(refs), list(events), on_siblings)
 
     def __repr__(self) -> str:
         return f"NextValueNotReady(refs={len(self.object_refs)}, events={len(self.events)})"
@@ -87,6 +96,12 @@ class _Waiter:
     def wait(self, markers: Sequence[NextValueNotReady]) -> None:
         """Return once progress may be possible for one of ``markers``."""
         merged = NextValueNotReady.merge(markers)
+        if merged.waits_on_siblings:
+            raise IteratorUsageError(
+                "deadlock: every source of this iterator waits for a sibling duplicate() iterator "
+                "to consume, and none of those siblings is pulled here; put all children of a "
+                "duplicate() into the same union (or Concurrently)."
+            )
         refs, events = list(merged.object_refs), merged.events
         if refs and not events:
             ray.wait(refs, num_returns=1)
@@ -190,12 +205,15 @@ class LocalIterator(Generic[T]):
     def _check_not_started(self, what: str) -> None:
         if self._built is not None:
             raise IteratorUsageError(
-                f"{self!r}.{what}: the iterator has already produced items, so its definition "
+                f"{self!r}{what}: the iterator has already produced items, so its definition "
                 "can no longer be extended; build the whole chain before pulling from it."
             )
 
     def _copy(self, timeout: float | None) -> "LocalIterator[T]":
         return LocalIterator(self.base_iterator, self.shared_metrics, self.local_transforms, timeout, self.name)
+
+    def _renamed(self, name: str) -> "LocalIterator[T]":
+        return LocalIterator(self.base_iterator, self.shared_metrics, self.local_transforms, self.timeout, name)
 
     def _chain(self, transform: Transform, suffix: str) -> "LocalIterator[Any]":
         self._check_not_started(suffix)
@@ -318,14 +336,8 @@ class LocalIterator(Generic[T]):
                         continue
                     lead = max((len(q) for j, q in enumerate(queues) if j != index), default=0)
                     if lead > 0 and timeout is not None:
-                        yield NextValueNotReady()
+                        yield NextValueNotReady(waits_on_siblings=True)
                         continue
-                    if lead >= max_buffer:
-                        raise IteratorUsageError(
-                            f"{self.name}.duplicate({n}) child {index} ran {lead} items ahead of a "
-                            f"sibling (max_buffer={max_buffer}); consume duplicated iterators together, "
-                            "e.g. through union() or Concurrently."
-                        )
                     try:
                         item = next(source)
                     except StopIteration:
@@ -336,6 +348,12 @@ class LocalIterator(Generic[T]):
                         else:
                             waiter.wait([item])
                         continue
+                    if lead >= max_buffer:
+                        raise IteratorUsageError(
+                            f"{self.name}.duplicate({n}) child {index} ran {lead} items ahead of a "
+                            f"sibling (max_buffer={max_buffer}); consume duplicated iterators together, "
+                            "e.g. through union() or Concurrently."
+                        )
                     waiter.reset()
                     for j, q in enumerate(queues):
                         if j != index:

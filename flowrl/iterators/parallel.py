@@ -12,6 +12,7 @@ Any Ray actor can serve shards by inheriting :class:`ParallelIteratorWorker`.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import uuid
 from dataclasses import dataclass, field
@@ -65,12 +66,21 @@ def _check_item_source(source: Any, repeat: bool) -> None:
         )
 
 
+_FAST_SLOTS = 4
+
+
 class ParallelIteratorWorker:
     """Mixin that lets a Ray actor serve shards of parallel iterators.
 
     ``item_generator`` is an iterable, or a zero-argument callable returning one (use a
     callable for generators: they cannot be pickled or restarted). With ``repeat=True``
     the items are served again from the start each time they run out.
+
+    Each gather opens its own stream on the actor, keyed by a unique id. The first
+    streams also get a numbered slot with a zero-argument method
+    (``par_iter_next_<slot>``): Ray charges tens of microseconds per call argument,
+    which is a sizeable share of a small item's round trip. Slots are never reused, so a
+    late request can never reach another gather's stream.
     """
 
     def __init__(self, item_generator: ItemSource, repeat: bool = False) -> None:
@@ -78,6 +88,8 @@ class ParallelIteratorWorker:
         self._item_generator = item_generator
         self._repeat = repeat
         self._par_iters: dict[str, Iterator[Any]] = {}
+        self._par_iters_closed: set[str] = set()
+        self._par_iter_slots: list[str] = []
 
     def _items(self) -> Iterator[Any]:
         while True:
@@ -89,25 +101,50 @@ class ParallelIteratorWorker:
             if not (self._repeat and produced):
                 return
 
-    def par_iter_init(self, key: str, transforms: Sequence[ShardTransform]) -> None:
-        """Open stream ``key`` over this actor's items, with the shard's transforms applied."""
+    def par_iter_init(self, key: str, transforms: Sequence[ShardTransform]) -> int | None:
+        """Open stream ``key`` with the shard's transforms; return its slot, if one is left."""
         it: LocalIterator[Any] = LocalIterator(lambda timeout: self._items(), SharedMetrics(), name="shard")
         for transform in transforms:
             it = transform(it)
         self._par_iters[key] = it
+        if len(self._par_iter_slots) < _FAST_SLOTS:
+            self._par_iter_slots.append(key)
+            return len(self._par_iter_slots) - 1
+        return None
 
     def par_iter_next(self, key: str) -> Any:
         """The next item of stream ``key``, or the end-of-shard marker once it is exhausted."""
+        it = self._par_iters.get(key)
+        if it is None:
+            if key in self._par_iters_closed:
+                return _END  # a request that was in flight when the stream ended
+            raise IteratorUsageError(f"stream {key} was never opened on this actor")
         try:
-            return next(self._par_iters[key])
+            return next(it)
         except StopIteration:
-            # Later requests already in flight for this stream must see the end as well.
-            self._par_iters[key] = iter(())
+            self.par_iter_close(key)
             return _END
 
     def par_iter_close(self, key: str) -> None:
-        """Drop stream ``key`` (a no-op if it is not open)."""
+        """Drop stream ``key``; later requests for it get the end-of-shard marker."""
         self._par_iters.pop(key, None)
+        self._par_iters_closed.add(key)
+
+    def par_iter_next_0(self) -> Any:
+        """``par_iter_next`` for the stream in slot 0."""
+        return self.par_iter_next(self._par_iter_slots[0])
+
+    def par_iter_next_1(self) -> Any:
+        """``par_iter_next`` for the stream in slot 1."""
+        return self.par_iter_next(self._par_iter_slots[1])
+
+    def par_iter_next_2(self) -> Any:
+        """``par_iter_next`` for the stream in slot 2."""
+        return self.par_iter_next(self._par_iter_slots[2])
+
+    def par_iter_next_3(self) -> Any:
+        """``par_iter_next`` for the stream in slot 3."""
+        return self.par_iter_next(self._par_iter_slots[3])
 
 
 class _ShardActor(ParallelIteratorWorker):
@@ -116,48 +153,110 @@ class _ShardActor(ParallelIteratorWorker):
 
 _RemoteShardActor = ray.remote(num_cpus=0)(_ShardActor)
 
+FailureHook = Callable[[int, Any, ShardFailedError], Any]
+"""``hook(shard_index, dead_actor, error)`` returns a replacement actor, or None to drop the shard."""
+
 
 @dataclass
 class _ActorSet:
-    """Shard actors that share one list of transforms."""
+    """Shard actors that share one list of transforms and one failure hook."""
 
     actors: list[Any]
     transforms: list[ShardTransform] = field(default_factory=list)
+    on_failure: FailureHook | None = None
 
     def with_transform(self, transform: ShardTransform) -> "_ActorSet":
-        return _ActorSet(self.actors, self.transforms + [transform])
+        return _ActorSet(self.actors, self.transforms + [transform], self.on_failure)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class _Shard:
+    """One shard as seen by one gather; the actor changes if the failure hook replaces it."""
+
     index: int
     actor: Any
     transforms: list[ShardTransform]
+    on_failure: FailureHook | None
+    dropped: bool = False
+    next_item: Callable[[], ray.ObjectRef] | None = None
 
 
 class _ShardStreams:
-    """One gather's view of its shards: opens their streams and fetches results safely."""
+    """One gather's streams on its shards: opening, requesting, fetching, failures, closing."""
 
     def __init__(self, shards: list[_Shard], iterator_name: str) -> None:
-        self.shards = shards
         self.iterator_name = iterator_name
         self.key = uuid.uuid4().hex
-        for shard in shards:
-            shard.actor.par_iter_init.remote(self.key, shard.transforms)
+        opening = [(shard, shard.actor.par_iter_init.remote(self.key, shard.transforms)) for shard in shards]
+        self.live = [shard for shard, ref in opening if self._finish_open(shard, ref)]
+
+    def _finish_open(self, shard: _Shard, ref: ray.ObjectRef) -> bool:
+        """Wait for a stream to open (re-opening on a replacement actor); False if dropped."""
+        while True:
+            try:
+                slot = ray.get(ref)
+                break
+            except ray.exceptions.RayActorError as e:
+                if not self._replace(shard, e):
+                    return False
+                ref = shard.actor.par_iter_init.remote(self.key, shard.transforms)
+        if slot is None:
+            shard.next_item = functools.partial(shard.actor.par_iter_next.remote, self.key)
+        else:
+            shard.next_item = getattr(shard.actor, f"par_iter_next_{slot}").remote
+        return True
+
+    def _replace(self, shard: _Shard, cause: Exception) -> bool:
+        """Handle a dead shard actor through the hook: True if replaced, False if dropped."""
+        error = ShardFailedError(
+            f"shard {shard.index} of {self.iterator_name} failed: its actor {shard.actor} died or "
+            f"became unreachable while serving items ({type(cause).__name__})",
+            shard_index=shard.index,
+            iterator_name=self.iterator_name,
+        )
+        error.__cause__ = cause
+        if shard.on_failure is None:
+            raise error
+        replacement = shard.on_failure(shard.index, shard.actor, error)
+        if replacement is None:
+            shard.dropped = True
+            return False
+        shard.actor = replacement
+        return True
 
     def request(self, shard: _Shard) -> ray.ObjectRef:
-        return shard.actor.par_iter_next.remote(self.key)
+        """Ask ``shard`` for the next item of this stream."""
+        assert shard.next_item is not None
+        return shard.next_item()
 
-    def get(self, ref: ray.ObjectRef, shard: _Shard) -> Any:
+    def get(self, ref: ray.ObjectRef, shard: _Shard, sent_to: Any) -> Any:
+        """The result of ``ref`` (sent to actor ``sent_to``); END if the shard is gone or the
+        request was to an actor that has since been replaced."""
         try:
             return ray.get(ref)
         except ray.exceptions.RayActorError as e:
-            raise ShardFailedError(
-                f"shard {shard.index} of {self.iterator_name} failed: its actor {shard.actor} died or "
-                f"became unreachable while serving items ({type(e).__name__})",
-                shard_index=shard.index,
-                iterator_name=self.iterator_name,
-            ) from e
+            if shard.dropped or shard.actor is not sent_to:
+                return _END
+            if not self._replace(shard, e) or not self._finish_open(
+                shard, shard.actor.par_iter_init.remote(self.key, shard.transforms)
+            ):
+                return _END
+            return self.get(self.request(shard), shard, shard.actor)
+
+    def get_round(self, refs: list[ray.ObjectRef], shards: list[_Shard]) -> list[Any]:
+        """Results of one request per shard, fetched in one call when no actor failed."""
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayActorError:
+            return [self.get(ref, shard, shard.actor) for ref, shard in zip(refs, shards)]
+
+    def close(self) -> None:
+        """Release this stream on every live shard (fire and forget)."""
+        if not ray.is_initialized():
+            return
+        for shard in self.live:
+            if not shard.dropped:
+                shard.actor.par_iter_close.remote(self.key)
 
 
 class ParallelIterator(Generic[T]):
@@ -215,6 +314,8 @@ class ParallelIterator(Generic[T]):
 
     def shuffle(self, shuffle_buffer_size: int, seed: int | None = None) -> "ParallelIterator[T]":
         """Shuffle each shard's items through a local buffer."""
+        if shuffle_buffer_size < 1:
+            raise IteratorUsageError(f"shuffle(shuffle_buffer_size={shuffle_buffer_size}): must be >= 1")
         return self._with_transform(lambda it: it.shuffle(shuffle_buffer_size, seed), ".shuffle()")
 
     # -- shards --------------------------------------------------------------------
@@ -223,7 +324,7 @@ class ParallelIterator(Generic[T]):
         shards: list[_Shard] = []
         for actor_set in self.actor_sets:
             for actor in actor_set.actors:
-                shards.append(_Shard(len(shards), actor, actor_set.transforms))
+                shards.append(_Shard(len(shards), actor, actor_set.transforms, actor_set.on_failure))
         return shards
 
     def num_shards(self) -> int:
@@ -236,22 +337,11 @@ class ParallelIterator(Generic[T]):
 
     def get_shard(self, shard_index: int) -> LocalIterator[T]:
         """A local iterator over shard ``shard_index`` alone (one actor call per item)."""
-        shards = self._shards()
-        if not 0 <= shard_index < len(shards):
-            raise IteratorUsageError(f"get_shard({shard_index}): {self!r} has shards 0..{len(shards) - 1}")
-        shard = shards[shard_index]
-        name = self.name
-
-        def base(timeout: float | None) -> Iterator[Any]:
-            streams = _ShardStreams([shard], name)
-            while True:
-                item = streams.get(streams.request(shard), shard)
-                if item is _END:
-                    return
-                current_metrics().current_actor = shard.actor
-                yield item
-
-        return LocalIterator(base, SharedMetrics(), name=f"{self.name}.shard[{shard_index}]")
+        num_shards = self.num_shards()
+        if not 0 <= shard_index < num_shards:
+            raise IteratorUsageError(f"get_shard({shard_index}): {self!r} has shards 0..{num_shards - 1}")
+        selected = self.select_shards([shard_index])
+        return selected.gather_sync()._renamed(f"{self.name}.shard[{shard_index}]")
 
     def select_shards(self, shards_to_keep: Sequence[int]) -> "ParallelIterator[T]":
         """A parallel iterator over the given shards only, in the given order."""
@@ -259,7 +349,7 @@ class ParallelIterator(Generic[T]):
         for i in shards_to_keep:
             if not 0 <= i < len(shards):
                 raise IteratorUsageError(f"select_shards({list(shards_to_keep)}): {self!r} has shards 0..{len(shards) - 1}")
-        sets = [_ActorSet([shards[i].actor], shards[i].transforms) for i in shards_to_keep]
+        sets = [_ActorSet([shards[i].actor], shards[i].transforms, shards[i].on_failure) for i in shards_to_keep]
         return ParallelIterator(sets, f"{self.name}.select_shards({len(sets)} shards)", [self])
 
     def union(self, *others: "ParallelIterator[Any]") -> "ParallelIterator[Any]":
@@ -279,19 +369,22 @@ class ParallelIterator(Generic[T]):
     def _sync_rounds(self, timeout: float | None) -> Iterator[Any]:
         """Yield, per round, a list of (shard, item) from every live shard, or a marker."""
         streams = _ShardStreams(self._shards(), self.name)
-        active = list(streams.shards)
-        while active:
-            refs = [streams.request(shard) for shard in active]
-            while timeout is not None:
-                _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
-                if not pending:
-                    break
-                yield NextValueNotReady(pending)
-            results = [(shard, streams.get(ref, shard)) for shard, ref in zip(active, refs)]
-            round_items = [(shard, item) for shard, item in results if item is not _END]
-            active = [shard for shard, _ in round_items]
-            if round_items:
-                yield round_items
+        try:
+            active = list(streams.live)
+            while active:
+                refs = [streams.request(shard) for shard in active]
+                while timeout is not None:
+                    _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+                    if not pending:
+                        break
+                    yield NextValueNotReady(pending)
+                results = streams.get_round(refs, active)
+                round_items = [(shard, item) for shard, item in zip(active, results) if item is not _END]
+                active = [shard for shard, _ in round_items]
+                if round_items:
+                    yield round_items
+        finally:
+            streams.close()
 
     def gather_sync(self) -> LocalIterator[T]:
         """Round-robin over the shards, one item from each per round, with a barrier per round.
@@ -335,31 +428,37 @@ class ParallelIterator(Generic[T]):
 
         def base(timeout: float | None) -> Iterator[Any]:
             streams = _ShardStreams(self._shards(), self.name)
-            pending: dict[ray.ObjectRef, _Shard] = {}
+            # request -> (shard, the actor it was sent to)
+            pending: dict[ray.ObjectRef, tuple[_Shard, Any]] = {}
             for _ in range(num_async):
-                for shard in streams.shards:
-                    pending[streams.request(shard)] = shard
+                for shard in streams.live:
+                    pending[streams.request(shard)] = (shard, shard.actor)
             ready: list[ray.ObjectRef] = []
-            while pending:
-                if not ready:
-                    # Take every result that is ready before waiting again, so a shard that is
-                    # always ready cannot starve the others (ray.wait's pick among ready refs
-                    # is not round robin).
-                    refs = list(pending)
-                    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            last: _Shard | None = None
+            try:
+                while pending:
                     if not ready:
+                        refs = list(pending)
                         ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
-                    if not ready:
-                        yield NextValueNotReady(refs)
+                        if not ready:
+                            yield NextValueNotReady(refs)
+                            continue
+                        if len(refs) > 1 and pending[ready[0]][0] is last:
+                            # ray.wait does not pick fairly among ready refs: before serving
+                            # the same shard twice in a row, serve every other one that is ready.
+                            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+                            ready.sort(key=lambda r: pending[r][0] is last)
+                    ref = ready.pop(0)
+                    shard, sent_to = pending.pop(ref)
+                    item = streams.get(ref, shard, sent_to)
+                    if item is _END:
                         continue
-                ref = ready.pop(0)
-                shard = pending.pop(ref)
-                item = streams.get(ref, shard)
-                if item is _END:
-                    continue
-                current_metrics().current_actor = shard.actor
-                yield item
-                pending[streams.request(shard)] = shard
+                    last = shard
+                    current_metrics().current_actor = shard.actor
+                    yield item
+                    pending[streams.request(shard)] = (shard, shard.actor)
+            finally:
+                streams.close()
 
         return LocalIterator(base, SharedMetrics(), name=f"{self.name}.gather_async()")
 
@@ -403,8 +502,16 @@ def from_iterators(generators: Sequence[ItemSource], repeat: bool = False, name:
     return from_actors(actors, name=name or f"from_iterators[shards={len(actors)}]")
 
 
-def from_actors(actors: Sequence[Any], name: str | None = None) -> ParallelIterator[Any]:
-    """A parallel iterator over existing actors whose class inherits :class:`ParallelIteratorWorker`."""
+def from_actors(
+    actors: Sequence[Any], name: str | None = None, on_shard_failure: FailureHook | None = None
+) -> ParallelIterator[Any]:
+    """A parallel iterator over existing actors whose class inherits :class:`ParallelIteratorWorker`.
+
+    Without ``on_shard_failure`` a dead actor makes the gather raise
+    :class:`~flowrl.errors.ShardFailedError`. With it, ``on_shard_failure(shard_index,
+    dead_actor, error)`` may return a replacement actor, on which the gather reopens its
+    stream and carries on, or None to go on without that shard; raising propagates.
+    """
     if not actors:
         raise IteratorUsageError("from_actors() needs at least one actor")
     for actor in actors:
@@ -412,4 +519,4 @@ def from_actors(actors: Sequence[Any], name: str | None = None) -> ParallelItera
             raise IteratorUsageError(
                 f"from_actors(): {actor!r} cannot serve a shard; its class must inherit ParallelIteratorWorker"
             )
-    return ParallelIterator([_ActorSet(list(actors))], name or f"from_actors[shards={len(actors)}]")
+    return ParallelIterator([_ActorSet(list(actors), [], on_shard_failure)], name or f"from_actors[shards={len(actors)}]")

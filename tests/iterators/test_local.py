@@ -160,6 +160,14 @@ def test_duplicate_raises_instead_of_buffering_without_bound() -> None:
     a, _ = local(list(range(100))).duplicate(2, max_buffer=3)
     with pytest.raises(IteratorUsageError, match="ahead of a sibling"):
         a.take(10)
+    b, _ = local(list(range(3))).duplicate(2, max_buffer=3)
+    assert b.take(10) == [0, 1, 2]  # the source ended before a fourth item was buffered
+
+
+def test_union_missing_a_duplicate_sibling_raises_instead_of_hanging() -> None:
+    first, _forgotten = local(list(range(10))).duplicate(2)
+    with pytest.raises(IteratorUsageError, match="deadlock"):
+        first.union(local(["a", "b"])).take(20)
 
 
 def test_duplicate_back_pressure_inside_a_union() -> None:

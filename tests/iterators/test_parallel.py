@@ -31,19 +31,25 @@ class Versioned(ParallelIteratorWorker):
 
     def __init__(self) -> None:
         self.version = 0
-        self.requests = 0
         super().__init__(self._items)
 
     def _items(self) -> Iterator[int]:
         while True:
-            self.requests += 1
             yield self.version
 
     def set_version(self, version: int) -> None:
         self.version = version
 
-    def get_requests(self) -> int:
-        return self.requests
+    def open_streams(self) -> int:
+        return len(self._par_iters)
+
+
+@ray.remote(num_cpus=0)
+class Finite(ParallelIteratorWorker):
+    """A shard over a fixed list that reports how many streams it holds open."""
+
+    def open_streams(self) -> int:
+        return len(self._par_iters)
 
 
 def slow_source(delay_s: float, tag: str) -> Any:
@@ -318,3 +324,52 @@ def test_a_shard_killed_while_the_gather_waits_on_it() -> None:
         while True:
             next(it)
     assert info.value.shard_index == 1
+
+
+@pytest.mark.timeout(60)
+def test_failure_hook_replaces_a_dead_shard_and_the_gather_carries_on() -> None:
+    actors = [Versioned.remote(), Versioned.remote()]
+    calls: list[tuple[int, ShardFailedError]] = []
+
+    def replace(index: int, dead: Any, error: ShardFailedError) -> Any:
+        calls.append((index, error))
+        fresh = Versioned.remote()
+        ray.get(fresh.set_version.remote(100))
+        return fresh
+
+    it = from_actors(actors, on_shard_failure=replace).gather_async()
+    assert it.take(4) == [0, 0, 0, 0]
+    ray.kill(actors[1], no_restart=True)
+    out: list[int] = []
+    while 100 not in out:
+        out.append(next(it))
+    assert [index for index, _ in calls] == [1]
+    assert calls[0][1].shard_index == 1
+    assert out.count(100) >= 1 and set(out) <= {0, 100}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("gather", ["gather_sync", "gather_async"])
+def test_failure_hook_can_drop_a_dead_shard(gather: str) -> None:
+    shard_actor = ray.remote(num_cpus=0)(ParallelIteratorWorker)
+    actors = [shard_actor.remote(lambda: range(300)), shard_actor.remote(dies_after(2))]
+    par = from_actors(actors, on_shard_failure=lambda index, dead, error: None)
+    items = list(getattr(par, gather)())
+    assert sorted(items) == sorted(list(range(300)) + [0, 1])
+
+
+def test_streams_are_closed_when_a_gather_ends() -> None:
+    actor = Versioned.remote()
+    it = from_actors([actor]).gather_sync()
+    assert next(it) == 0
+    assert ray.get(actor.open_streams.remote()) == 1
+    del it  # an abandoned gather closes its generator, which releases the stream
+    assert ray.get(actor.open_streams.remote()) == 0
+    finite = Finite.remote([1, 2])
+    assert list(from_actors([finite]).gather_async()) == [1, 2]
+    assert ray.get(finite.open_streams.remote()) == 0  # an exhausted stream is released too
+
+
+def test_bad_shard_arguments_fail_in_the_driver() -> None:
+    with pytest.raises(IteratorUsageError, match="shuffle_buffer_size=0"):
+        from_range(4).shuffle(0)
