@@ -1,0 +1,272 @@
+"""A strict check of an env against the Gymnasium API, run before training starts.
+
+Each problem raises :class:`EnvCheckError` with a message naming the method called, the
+field at fault, the value seen and the bound it broke, because these mistakes otherwise
+surface much later as NaN losses or silently wrong returns.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+
+from flowrl.errors import EnvCheckError
+
+_STEP_API = "(obs, reward, terminated, truncated, info)"
+
+
+def check_env(env: gymnasium.Env, *, num_steps: int = 50, seed: int = 0) -> None:
+    """Check ``env``'s spaces, ``reset`` and ``num_steps`` random ``step`` calls; raise on the first problem.
+
+    Resets twice with ``seed`` (the first observations must match), then steps with actions
+    sampled from the action space seeded with ``seed``, resetting when an episode ends.
+    The env is left open; the caller owns it. Raises :class:`EnvCheckError`.
+    """
+    observation_space = _space(env, "observation_space")
+    action_space = _space(env, "action_space")
+    _check_reset_accepts_seed(env)
+
+    method = f"env.reset(seed={seed})"
+    first_obs = _checked_reset(env, method, observation_space, seed=seed)
+    again_obs = _checked_reset(env, method, observation_space, seed=seed)
+    if not _same(first_obs, again_obs):
+        raise EnvCheckError(
+            f"{method} ignores seed: two calls returned different first observations "
+            f"{_short(first_obs)} and {_short(again_obs)}; reset must seed the env's RNG "
+            f"(call super().reset(seed=seed) and draw randomness from self.np_random)"
+        )
+
+    action_space.seed(seed)
+    for step in range(1, num_steps + 1):
+        action = action_space.sample()
+        try:
+            result = env.step(action)
+        except Exception as exc:
+            raise EnvCheckError(
+                f"env.step({_short(action)}) raised {type(exc).__name__}: {exc} (step {step} of check_env)"
+            ) from exc
+        terminated, truncated = _check_step_result(result, observation_space, step)
+        if terminated or truncated:
+            _checked_reset(env, "env.reset()", observation_space)
+
+
+def _space(env: Any, attribute: str) -> spaces.Space:
+    if not hasattr(env, attribute):
+        raise EnvCheckError(f"env has no {attribute}; it must be a gymnasium.spaces.Space set in __init__")
+    space = getattr(env, attribute)
+    if not isinstance(space, spaces.Space):
+        raise EnvCheckError(
+            f"env.{attribute} is {_short(space)} of type {type(space).__name__}, "
+            f"but it must be a gymnasium.spaces.Space (e.g. gymnasium.spaces.Box)"
+        )
+    return space
+
+
+def _check_reset_accepts_seed(env: Any) -> None:
+    try:
+        parameters = inspect.signature(env.reset).parameters.values()
+    except (TypeError, ValueError):
+        return  # no introspectable signature (e.g. a C extension); calling it will tell
+    if not any(p.name == "seed" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        raise EnvCheckError(
+            "env.reset() does not accept the keyword seed; Gymnasium's API is "
+            "reset(*, seed=None, options=None) -> (obs, info), and flowrl seeds every env through it"
+        )
+
+
+def _checked_reset(env: Any, method: str, observation_space: spaces.Space, **kwargs: Any) -> Any:
+    try:
+        result = env.reset(**kwargs)
+    except Exception as exc:
+        raise EnvCheckError(f"{method} raised {type(exc).__name__}: {exc}") from exc
+    if not (isinstance(result, tuple) and len(result) == 2) or (
+        # A 2-tuple whose second item is no dict may be a bare observation of a 2-element Tuple space.
+        not isinstance(result[1], dict)
+        and isinstance(observation_space, spaces.Tuple)
+        and observation_space.contains(result)
+    ):
+        raise EnvCheckError(
+            f"{method} returned a bare observation {_short(result)} instead of the tuple (obs, info); "
+            f"Gymnasium's reset returns (obs, info)"
+        )
+    obs, info = result
+    if not isinstance(info, dict):
+        raise EnvCheckError(f"{method} returned info {_short(info)} of type {type(info).__name__}; info must be a dict")
+    _check_obs(obs, observation_space, method, "obs", "observation_space")
+    return obs
+
+
+def _check_step_result(result: Any, observation_space: spaces.Space, step: int) -> tuple[bool, bool]:
+    method = "env.step()"
+    where = f" (step {step} of check_env)"
+    if not isinstance(result, tuple):
+        raise EnvCheckError(
+            f"{method} returned {_short(result)} of type {type(result).__name__}; "
+            f"it must return the 5-tuple {_STEP_API}{where}"
+        )
+    if len(result) == 4:
+        raise EnvCheckError(
+            f"{method} returned 4 values (obs, reward, done, info), the old Gym API; "
+            f"Gymnasium's 5-tuple {_STEP_API} is needed{where}"
+        )
+    if len(result) != 5:
+        raise EnvCheckError(f"{method} returned {len(result)} values; Gymnasium's 5-tuple {_STEP_API} is needed{where}")
+    obs, reward, terminated, truncated, info = result
+    _check_obs(obs, observation_space, method, "obs", "observation_space", where)
+    if not _is_real_scalar(reward):
+        raise EnvCheckError(
+            f"{method} returned reward={_short(reward)} of type {type(reward).__name__}; "
+            f"reward must be a finite real scalar (a float){where}"
+        )
+    if not math.isfinite(float(reward)):
+        raise EnvCheckError(f"{method} returned reward={float(reward)}; reward must be a finite real scalar{where}")
+    for field, flag in (("terminated", terminated), ("truncated", truncated)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise EnvCheckError(
+                f"{method} returned {field}={_short(flag)} of type {type(flag).__name__}; {field} must be a bool{where}"
+            )
+    if not isinstance(info, dict):
+        raise EnvCheckError(
+            f"{method} returned info {_short(info)} of type {type(info).__name__}; info must be a dict{where}"
+        )
+    return bool(terminated), bool(truncated)
+
+
+def _is_real_scalar(value: Any) -> bool:
+    # bool is an int subclass, but a bool reward is almost always terminated/reward swapped.
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if isinstance(value, np.ndarray):
+        return value.ndim == 0 and (np.issubdtype(value.dtype, np.integer) or np.issubdtype(value.dtype, np.floating))
+    return isinstance(value, numbers.Real) or isinstance(value, (np.integer, np.floating))
+
+
+def _check_obs(obs: Any, space: spaces.Space, method: str, obs_name: str, space_name: str, where: str = "") -> None:
+    """Check ``obs`` against ``space``; ``obs_name``/``space_name`` spell the path for nested spaces."""
+
+    def fail(problem: str) -> EnvCheckError:
+        return EnvCheckError(f"{method} returned observation {problem}{where}")
+
+    if isinstance(space, spaces.Box):
+        _check_array(obs, space, fail, obs_name, space_name, integer=False)
+        array = np.asarray(obs)
+        if np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.complexfloating):
+            bad = np.argwhere(~np.isfinite(array))
+            if len(bad):
+                index = tuple(bad[0])
+                raise fail(
+                    f"with {_at(obs_name, index)}={_short(array[index])}, which is not finite; "
+                    f"observations must be finite numbers (NaN/inf poison training)"
+                )
+        # Both sides have the space's dtype here, so the comparison is exact (no float32 rounding surprise).
+        _check_bounds(array, space.low, space.high, fail, obs_name, f"{space_name}.low", f"{space_name}.high")
+    elif isinstance(space, spaces.Discrete):
+        if isinstance(obs, (bool, np.bool_)) or not (
+            isinstance(obs, (int, np.integer))
+            or (isinstance(obs, np.ndarray) and obs.ndim == 0 and np.issubdtype(obs.dtype, np.integer))
+        ):
+            raise fail(f"{_short(obs)} of type {type(obs).__name__}, but {space_name} is {space}; it must be an int")
+        value, low, high = int(obs), int(space.start), int(space.start + space.n - 1)
+        if value < low:
+            raise fail(f"{obs_name}={value} below {space_name}.start={low}")
+        if value > high:
+            raise fail(f"{obs_name}={value} above {space_name}.start + {space_name}.n - 1 = {high}")
+    elif isinstance(space, spaces.MultiDiscrete):
+        _check_array(obs, space, fail, obs_name, space_name, integer=True)
+        _check_bounds(
+            np.asarray(obs), space.start, space.start + space.nvec - 1, fail, obs_name,
+            f"{space_name}.start", f"({space_name}.start + {space_name}.nvec - 1)",
+        )
+    elif isinstance(space, spaces.MultiBinary):
+        _check_array(obs, space, fail, obs_name, space_name, integer=True)
+        array = np.asarray(obs)
+        bad = np.argwhere((array != 0) & (array != 1))
+        if len(bad):
+            index = tuple(bad[0])
+            value = _short(array[index])
+            raise fail(f"with {_at(obs_name, index)}={value}, but {space_name} is {space}: values must be 0 or 1")
+    elif isinstance(space, spaces.Dict):
+        if not isinstance(obs, dict) or set(obs) != set(space.spaces):
+            keys = sorted(map(str, obs)) if isinstance(obs, dict) else None
+            raise fail(
+                f"{_short(obs)} of type {type(obs).__name__} (keys {keys}), but {space_name} is a Dict "
+                f"with keys {sorted(map(str, space.spaces))}"
+            )
+        for key, subspace in space.spaces.items():
+            _check_obs(obs[key], subspace, method, f"{obs_name}[{key!r}]", f"{space_name}[{key!r}]", where)
+    elif isinstance(space, spaces.Tuple):
+        if not isinstance(obs, tuple) or len(obs) != len(space.spaces):
+            raise fail(
+                f"{_short(obs)} of type {type(obs).__name__}, but {space_name} is a Tuple of {len(space.spaces)}"
+            )
+        for i, subspace in enumerate(space.spaces):
+            _check_obs(obs[i], subspace, method, f"{obs_name}[{i}]", f"{space_name}[{i}]", where)
+    elif not space.contains(obs):
+        raise fail(f"{obs_name}={_short(obs)} that is not in {space_name} {space}")
+
+
+def _check_array(obs: Any, space: spaces.Space, fail: Any, obs_name: str, space_name: str, *, integer: bool) -> None:
+    if not isinstance(obs, (np.ndarray, np.generic)):
+        raise fail(
+            f"{_short(obs)} of type {type(obs).__name__}, but {space_name} is {space}; "
+            f"{obs_name} must be a numpy array"
+        )
+    array = np.asarray(obs)
+    if array.shape != space.shape:
+        raise fail(f"{_short(array)} with shape {array.shape} but {space_name}.shape is {space.shape}")
+    if array.dtype != space.dtype:
+        raise fail(
+            f"with dtype {array.dtype} but {space_name}.dtype is {space.dtype} "
+            f"(cast it, e.g. {obs_name}.astype(np.{space.dtype}))"
+        )
+    if integer and not np.issubdtype(array.dtype, np.integer):
+        raise fail(f"with dtype {array.dtype}; {space_name} is {space}, which needs an integer dtype")
+
+
+def _check_bounds(
+    array: np.ndarray, low: np.ndarray, high: np.ndarray, fail: Any, obs_name: str, low_name: str, high_name: str
+) -> None:
+    low = np.broadcast_to(low, array.shape)
+    high = np.broadcast_to(high, array.shape)
+    for bad, bound, bound_name, relation in (
+        (array < low, low, low_name, "below"),
+        (array > high, high, high_name, "above"),
+    ):
+        offending = np.argwhere(bad)
+        if len(offending):
+            index = tuple(offending[0])
+            value, limit = _short(array[index]), _short(bound[index])
+            raise fail(f"with {_at(obs_name, index)}={value} {relation} {_at(bound_name, index)}={limit}")
+
+
+def _at(name: str, index: tuple) -> str:
+    if not index:
+        return name
+    return f"{name}[{', '.join(str(int(i)) for i in index)}]"
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    try:
+        return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+    except (TypeError, ValueError):
+        return a == b
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    if isinstance(value, np.ndarray):
+        text = np.array2string(value, threshold=8, edgeitems=2, precision=4, separator=", ")
+    elif isinstance(value, np.generic):
+        text = str(value)  # numpy 2's repr adds "np.float32(...)", noise in a message
+    else:
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
