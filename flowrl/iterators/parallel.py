@@ -12,6 +12,7 @@ Any Ray actor can serve shards by inheriting :class:`ParallelIteratorWorker`.
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import uuid
@@ -428,35 +429,40 @@ class ParallelIterator(Generic[T]):
 
         def base(timeout: float | None) -> Iterator[Any]:
             streams = _ShardStreams(self._shards(), self.name)
-            # request -> (shard, the actor it was sent to)
-            pending: dict[ray.ObjectRef, tuple[_Shard, Any]] = {}
-            for _ in range(num_async):
-                for shard in streams.live:
-                    pending[streams.request(shard)] = (shard, shard.actor)
-            ready: list[ray.ObjectRef] = []
+            # Per shard, its requests in the order sent, each with the actor it went to. An
+            # actor answers in that order, so only the oldest request of each shard is
+            # waited on: items from one shard are yielded in order even with num_async > 1.
+            queues: dict[_Shard, collections.deque[tuple[ray.ObjectRef, Any]]] = {
+                shard: collections.deque((streams.request(shard), shard.actor) for _ in range(num_async))
+                for shard in streams.live
+            }
+            ready: list[_Shard] = []
             last: _Shard | None = None
             try:
-                while pending:
+                while queues:
                     if not ready:
-                        refs = list(pending)
-                        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
-                        if not ready:
+                        heads = {q[0][0]: shard for shard, q in queues.items()}
+                        refs = list(heads)
+                        done, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+                        if not done:
                             yield NextValueNotReady(refs)
                             continue
-                        if len(refs) > 1 and pending[ready[0]][0] is last:
+                        if len(refs) > 1 and heads[done[0]] is last:
                             # ray.wait does not pick fairly among ready refs: before serving
                             # the same shard twice in a row, serve every other one that is ready.
-                            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-                            ready.sort(key=lambda r: pending[r][0] is last)
-                    ref = ready.pop(0)
-                    shard, sent_to = pending.pop(ref)
+                            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+                        ready = sorted((heads[r] for r in done), key=lambda shard: shard is last)
+                    shard = ready.pop(0)
+                    ref, sent_to = queues[shard].popleft()
                     item = streams.get(ref, shard, sent_to)
                     if item is _END:
+                        if not queues[shard]:
+                            del queues[shard]
                         continue
                     last = shard
                     current_metrics().current_actor = shard.actor
                     yield item
-                    pending[streams.request(shard)] = (shard, shard.actor)
+                    queues[shard].append((streams.request(shard), shard.actor))
             finally:
                 streams.close()
 

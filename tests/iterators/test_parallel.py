@@ -163,9 +163,12 @@ def test_batch_across_shards_yields_one_list_per_round() -> None:
 
 
 @pytest.mark.parametrize("num_async", [1, 3])
-def test_gather_async_yields_every_item_once(num_async: int) -> None:
+def test_gather_async_yields_every_item_once_and_each_shard_in_order(num_async: int) -> None:
     items = list(from_range(50, num_shards=2).gather_async(num_async=num_async))
     assert sorted(items) == list(range(50))
+    first_shard = [x for x in items if x < 25]
+    second_shard = [x for x in items if x >= 25]
+    assert first_shard == sorted(first_shard) and second_shard == sorted(second_shard)
 
 
 def test_gather_async_rejects_bad_num_async() -> None:
