@@ -1,0 +1,141 @@
+"""The rollout worker (the RLlib paper's "policy evaluator"): envs, policies and a sampler."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Mapping, TypeVar
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from flowrl.actors.sampler import VectorSampler
+from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
+from flowrl.iterators import ParallelIteratorWorker
+from flowrl.policy import Policy, PolicySpec
+from flowrl.policy.policy import ModelWeights
+
+R = TypeVar("R")
+
+ROLLOUT_DEFAULTS: dict[str, Any] = {
+    "num_envs_per_worker": 1,
+    "rollout_fragment_length": 200,
+    "batch_mode": "truncate_episodes",
+    "seed": None,
+    "env_config": {},
+    "compress_observations": False,
+    "clip_actions": True,
+}
+
+
+class RolloutWorker(ParallelIteratorWorker):
+    """Steps ``num_envs_per_worker`` envs with its policies and returns sample batches.
+
+    Works as a plain object (the local worker, in the driver) or as a Ray actor (remote
+    workers). As a :class:`~flowrl.iterators.ParallelIteratorWorker`, its shard yields
+    :meth:`sample` forever. ``env_creator(env_config)`` builds one env (ship a picklable
+    creator, see :func:`flowrl.envs.get_env_creator`); ``policy_specs`` maps policy ids
+    to :class:`~flowrl.policy.PolicySpec`. Config keys: see ``ROLLOUT_DEFAULTS``.
+    """
+
+    def __init__(
+        self,
+        *,
+        env_creator: Callable[[dict[str, Any]], gym.Env],
+        policy_specs: Mapping[str, PolicySpec],
+        config: Mapping[str, Any],
+        worker_index: int = 0,
+    ) -> None:
+        self.config = {**ROLLOUT_DEFAULTS, **config}
+        self.worker_index = worker_index
+        if worker_index > 0:
+            # Remote workers share a few cores with the learner: oversubscribed torch
+            # threads slow everything down by an order of magnitude.
+            torch.set_num_threads(1)
+        seed = self.config["seed"]
+        worker_seed = None if seed is None else int(seed) + 10_000 * worker_index
+        if worker_seed is not None:
+            torch.manual_seed(worker_seed)
+            np.random.seed(worker_seed % 2**32)
+        num_envs = int(self.config["num_envs_per_worker"])
+        self.envs = [env_creator(dict(self.config["env_config"])) for _ in range(num_envs)]
+        policy_config = {"seed": worker_seed, "worker_index": worker_index}
+        self.policy_map: dict[str, Policy] = {pid: spec.build(policy_config) for pid, spec in policy_specs.items()}
+        self.sampler = VectorSampler(
+            self.envs,
+            self.policy_map[DEFAULT_POLICY_ID],
+            fragment_length=int(self.config["rollout_fragment_length"]),
+            batch_mode=self.config["batch_mode"],
+            seed=worker_seed,
+            episode_id_base=worker_index << 40,
+            clip_actions=bool(self.config["clip_actions"]),
+        )
+        super().__init__(self._sample_forever)
+
+    def _sample_forever(self) -> Iterator[SampleBatch]:
+        while True:
+            yield self.sample()
+
+    def sample(self) -> SampleBatch:
+        """``rollout_fragment_length x num_envs_per_worker`` steps (more in complete_episodes mode)."""
+        batch = self.sampler.sample()
+        if self.config["compress_observations"]:
+            batch.compress()
+        return batch
+
+    def get_policy(self, policy_id: str = DEFAULT_POLICY_ID) -> Policy:
+        """The policy called ``policy_id``."""
+        return self.policy_map[policy_id]
+
+    def get_weights(self, policies: list[str] | None = None) -> dict[str, ModelWeights]:
+        """Weights of the given policies (default all), keyed by policy id."""
+        return {pid: self.policy_map[pid].get_weights() for pid in (policies or self.policy_map)}
+
+    def set_weights(self, weights: Mapping[str, ModelWeights], global_vars: Mapping[str, Any] | None = None) -> None:
+        """Load weights per policy id, then pass ``global_vars`` on to every policy."""
+        for pid, w in weights.items():
+            self.policy_map[pid].set_weights(w)
+        if global_vars is not None:
+            self.set_global_vars(global_vars)
+
+    def set_global_vars(self, global_vars: Mapping[str, Any]) -> None:
+        """Pass run-wide variables (e.g. the global timestep) to every policy."""
+        for policy in self.policy_map.values():
+            policy.on_global_var_update(global_vars)
+
+    def learn_on_batch(self, batch: SampleBatch, policy_id: str = DEFAULT_POLICY_ID) -> dict[str, float]:
+        """One gradient step of ``policy_id`` on ``batch``."""
+        return self.policy_map[policy_id].learn_on_batch(batch)
+
+    def compute_gradients(self, batch: SampleBatch, policy_id: str = DEFAULT_POLICY_ID) -> tuple[list[np.ndarray], dict[str, float]]:
+        """Gradients of ``policy_id``'s loss on ``batch``."""
+        return self.policy_map[policy_id].compute_gradients(batch)
+
+    def apply_gradients(self, gradients: list[np.ndarray], policy_id: str = DEFAULT_POLICY_ID) -> None:
+        """Apply gradients to ``policy_id``."""
+        self.policy_map[policy_id].apply_gradients(gradients)
+
+    def get_metrics(self) -> list[dict[str, float]]:
+        """Return and forget the episodes finished since the last call."""
+        return [vars(s) for s in self.sampler.pop_episode_stats()]
+
+    def get_state(self) -> dict[str, Any]:
+        """Policy states keyed by policy id."""
+        return {"policies": {pid: p.get_state() for pid, p in self.policy_map.items()}}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`get_state`'s output."""
+        for pid, policy_state in state["policies"].items():
+            self.policy_map[pid].set_state(policy_state)
+
+    def apply(self, fn: Callable[..., R], *args: Any) -> R:
+        """Call ``fn(self, *args)`` here (inside the actor for a remote worker)."""
+        return fn(self, *args)
+
+    def ping(self) -> str:
+        """Answer a health check."""
+        return "pong"
+
+    def stop(self) -> None:
+        """Close the envs."""
+        for env in self.envs:
+            env.close()

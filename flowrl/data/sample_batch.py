@@ -1,0 +1,237 @@
+"""Batches of experience: columns of NumPy arrays, one row per step.
+
+A :class:`SampleBatch` is a ``dict`` from column name to array (all with the same first
+dimension), so it pickles cheaply through Ray's object store. A
+:class:`MultiAgentBatch` maps policy ids to sample batches and counts environment steps
+separately from agent steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from flowrl.data.compression import CompressedColumn, compress_array, decompress_array
+
+DEFAULT_POLICY_ID = "default_policy"
+
+
+class SampleBatch(dict):
+    """Columns of experience with a common number of rows (``count``).
+
+    Values given as lists are converted to arrays. Columns can be LZ4-compressed in place
+    with :meth:`compress` and restored with :meth:`decompress_if_needed`.
+    """
+
+    OBS = "obs"
+    NEW_OBS = "new_obs"
+    ACTIONS = "actions"
+    REWARDS = "rewards"
+    TERMINATEDS = "terminateds"
+    TRUNCATEDS = "truncateds"
+    EPS_ID = "eps_id"
+    T = "t"
+    ENV_ID = "env_id"
+    AGENT_INDEX = "agent_index"
+    ACTION_LOGP = "action_logp"
+    ACTION_DIST_INPUTS = "action_dist_inputs"
+    VF_PREDS = "vf_preds"
+    ADVANTAGES = "advantages"
+    VALUE_TARGETS = "value_targets"
+    WEIGHTS = "weights"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for key, value in list(self.items()):
+            if not isinstance(value, (np.ndarray, CompressedColumn)):
+                super().__setitem__(key, np.asarray(value))
+        self._check_lengths()
+
+    def _check_lengths(self) -> None:
+        lengths = {key: len(value) for key, value in self.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"SampleBatch columns must have the same number of rows, got {lengths}")
+
+    @property
+    def count(self) -> int:
+        """The number of rows (steps)."""
+        for value in self.values():
+            return len(value)
+        return 0
+
+    def env_steps(self) -> int:
+        """Environment steps in the batch (its rows)."""
+        return self.count
+
+    def agent_steps(self) -> int:
+        """Agent steps in the batch (its rows: one agent)."""
+        return self.count
+
+    def __len__(self) -> int:  # type: ignore[override]
+        return self.count
+
+    def __getitem__(self, key: str | slice) -> Any:  # type: ignore[override]
+        if isinstance(key, slice):
+            if key.step not in (None, 1):
+                raise ValueError(f"SampleBatch slices must be contiguous, got step {key.step}")
+            start, stop, _ = key.indices(self.count)
+            return self.slice(start, stop)
+        return super().__getitem__(key)
+
+    def copy(self) -> "SampleBatch":  # type: ignore[override]
+        """A copy whose arrays are copied too."""
+        return SampleBatch({k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in self.items()})
+
+    def slice(self, start: int, end: int) -> "SampleBatch":
+        """Rows ``start`` to ``end`` (exclusive); arrays are views, not copies."""
+        self._require_decompressed("slice")
+        return SampleBatch({k: v[start:end] for k, v in self.items()})
+
+    def rows(self) -> Iterator[dict[str, Any]]:
+        """Iterate over the rows, each a dict from column to value."""
+        self._require_decompressed("rows")
+        for i in range(self.count):
+            yield {k: v[i] for k, v in self.items()}
+
+    def shuffle(self, seed: int | np.random.Generator | None = None) -> "SampleBatch":
+        """A copy with the rows in a random order."""
+        self._require_decompressed("shuffle")
+        perm = np.random.default_rng(seed).permutation(self.count)
+        return SampleBatch({k: v[perm] for k, v in self.items()})
+
+    def split_by_episode(self) -> list["SampleBatch"]:
+        """Split into runs of consecutive rows that share an ``eps_id``."""
+        self._require_decompressed("split_by_episode")
+        if self.EPS_ID not in self:
+            raise KeyError(f"split_by_episode needs the '{self.EPS_ID}' column; columns are {sorted(self)}")
+        eps = self[self.EPS_ID]
+        if self.count == 0:
+            return []
+        bounds = [0, *(np.flatnonzero(eps[1:] != eps[:-1]) + 1).tolist(), self.count]
+        return [self.slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def timeslices(self, size: int) -> list["SampleBatch"]:
+        """Consecutive chunks of ``size`` rows (the last may be shorter)."""
+        if size < 1:
+            raise ValueError(f"timeslices(size={size}): size must be >= 1")
+        return [self.slice(i, min(i + size, self.count)) for i in range(0, self.count, size)]
+
+    def size_bytes(self) -> int:
+        """Bytes held by the columns (compressed columns count their compressed size)."""
+        return sum(v.nbytes for v in self.values())
+
+    # -- compression -----------------------------------------------------------------
+
+    def compress(self, columns: Iterable[str] = (OBS, NEW_OBS)) -> "SampleBatch":
+        """LZ4-compress the given columns in place (those present); returns ``self``."""
+        for key in columns:
+            value = self.get(key)
+            if isinstance(value, np.ndarray):
+                super().__setitem__(key, compress_array(value))
+        return self
+
+    def decompress_if_needed(self) -> "SampleBatch":
+        """Decompress every compressed column in place; returns ``self``."""
+        for key, value in list(self.items()):
+            if isinstance(value, CompressedColumn):
+                super().__setitem__(key, decompress_array(value))
+        return self
+
+    def is_compressed(self) -> bool:
+        """Whether any column is compressed."""
+        return any(isinstance(v, CompressedColumn) for v in self.values())
+
+    def _require_decompressed(self, what: str) -> None:
+        if self.is_compressed():
+            raise ValueError(f"SampleBatch.{what}() needs decompressed columns; call decompress_if_needed() first")
+
+    def __repr__(self) -> str:
+        cols = ", ".join(f"{k}: {getattr(v, 'shape', '?')}" for k, v in self.items())
+        return f"SampleBatch({self.count} rows: {cols})"
+
+
+def concat_samples(batches: Sequence[SampleBatch | "MultiAgentBatch"]) -> Any:
+    """Concatenate batches row-wise (multi-agent batches policy by policy)."""
+    batches = [b for b in batches if b.count > 0] or list(batches[:1])
+    if not batches:
+        return SampleBatch()
+    if isinstance(batches[0], MultiAgentBatch):
+        return MultiAgentBatch.concat_samples(batches)  # type: ignore[arg-type]
+    keys = list(batches[0].keys())
+    for b in batches[1:]:
+        if set(b.keys()) != set(keys):
+            raise ValueError(f"cannot concatenate batches with different columns: {sorted(keys)} vs {sorted(b.keys())}")
+    for b in batches:
+        b.decompress_if_needed()
+    return SampleBatch({k: np.concatenate([b[k] for b in batches]) for k in keys})
+
+
+class MultiAgentBatch:
+    """Sample batches keyed by policy id, with env steps counted apart from agent steps.
+
+    ``env_steps`` is the number of environment steps the batch covers; each agent acting in
+    a step adds one row to its policy's batch, so agent steps can exceed env steps.
+    """
+
+    def __init__(self, policy_batches: Mapping[str, SampleBatch], env_steps: int) -> None:
+        self.policy_batches = dict(policy_batches)
+        self._env_steps = int(env_steps)
+
+    @property
+    def count(self) -> int:
+        """Environment steps (what sampling and training counters use)."""
+        return self._env_steps
+
+    def env_steps(self) -> int:
+        """Environment steps covered by the batch."""
+        return self._env_steps
+
+    def agent_steps(self) -> int:
+        """Rows over all policies."""
+        return sum(b.count for b in self.policy_batches.values())
+
+    @staticmethod
+    def wrap_as_needed(policy_batches: Mapping[str, SampleBatch], env_steps: int) -> "SampleBatch | MultiAgentBatch":
+        """A plain SampleBatch when only the default policy is present, else a MultiAgentBatch."""
+        if set(policy_batches) == {DEFAULT_POLICY_ID}:
+            return policy_batches[DEFAULT_POLICY_ID]
+        return MultiAgentBatch(policy_batches, env_steps)
+
+    @staticmethod
+    def concat_samples(batches: Sequence["MultiAgentBatch"]) -> "MultiAgentBatch":
+        """Concatenate policy by policy; env steps add up."""
+        per_policy: dict[str, list[SampleBatch]] = {}
+        for b in batches:
+            if not isinstance(b, MultiAgentBatch):
+                raise ValueError(f"cannot concatenate a MultiAgentBatch with {type(b).__name__}")
+            for pid, sb in b.policy_batches.items():
+                per_policy.setdefault(pid, []).append(sb)
+        return MultiAgentBatch(
+            {pid: concat_samples(sbs) for pid, sbs in per_policy.items()}, sum(b.env_steps() for b in batches)
+        )
+
+    def copy(self) -> "MultiAgentBatch":
+        """A deep copy of every policy's batch."""
+        return MultiAgentBatch({pid: b.copy() for pid, b in self.policy_batches.items()}, self._env_steps)
+
+    def compress(self, columns: Iterable[str] = (SampleBatch.OBS, SampleBatch.NEW_OBS)) -> "MultiAgentBatch":
+        """Compress the given columns of every policy's batch in place."""
+        columns = tuple(columns)
+        for b in self.policy_batches.values():
+            b.compress(columns)
+        return self
+
+    def decompress_if_needed(self) -> "MultiAgentBatch":
+        """Decompress every policy's batch in place."""
+        for b in self.policy_batches.values():
+            b.decompress_if_needed()
+        return self
+
+    def size_bytes(self) -> int:
+        """Bytes held by all policies' columns."""
+        return sum(b.size_bytes() for b in self.policy_batches.values())
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{pid}: {b.count}" for pid, b in self.policy_batches.items())
+        return f"MultiAgentBatch(env_steps={self._env_steps}, {{{parts}}})"

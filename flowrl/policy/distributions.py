@@ -1,0 +1,205 @@
+"""Action distributions parameterised by a model's output tensor.
+
+Each class is built from a batch of "distribution inputs" (what the model emits) and
+gives samples, log-probabilities, entropies and KL divergences per row.
+``dist_class_for(action_space)`` picks the distribution and the number of inputs it needs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from flowrl.errors import FlowRLError
+
+
+class ActionDistribution:
+    """A batch of action distributions built from ``inputs`` of shape ``[B, num_inputs]``."""
+
+    deterministic_only: ClassVar[bool] = False
+
+    def __init__(self, inputs: torch.Tensor) -> None:
+        self.inputs = inputs
+
+    def sample(self) -> torch.Tensor:
+        """One action per row, drawn at random."""
+        raise NotImplementedError
+
+    def deterministic_sample(self) -> torch.Tensor:
+        """The most likely action per row."""
+        raise NotImplementedError
+
+    def logp(self, actions: torch.Tensor) -> torch.Tensor:
+        """Log-probability (density) of ``actions``, shape ``[B]``."""
+        raise NotImplementedError
+
+    def entropy(self) -> torch.Tensor:
+        """Entropy per row, shape ``[B]``."""
+        raise NotImplementedError
+
+    def kl(self, other: "ActionDistribution") -> torch.Tensor:
+        """KL(self || other) per row, shape ``[B]``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def required_inputs(action_space: gym.Space) -> int:
+        """How many model outputs a distribution over ``action_space`` needs."""
+        raise NotImplementedError
+
+
+class Categorical(ActionDistribution):
+    """A categorical distribution over ``n`` discrete actions, from unnormalised logits."""
+
+    def __init__(self, inputs: torch.Tensor) -> None:
+        super().__init__(inputs)
+        self.log_probs = F.log_softmax(inputs, dim=-1)
+
+    def sample(self) -> torch.Tensor:
+        # Gumbel-max: one fused pass, cheaper than torch.multinomial for small batches.
+        gumbel = -torch.log(-torch.log(torch.rand_like(self.log_probs).clamp_(min=1e-20)))
+        return torch.argmax(self.log_probs + gumbel, dim=-1)
+
+    def deterministic_sample(self) -> torch.Tensor:
+        return torch.argmax(self.log_probs, dim=-1)
+
+    def logp(self, actions: torch.Tensor) -> torch.Tensor:
+        return self.log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+
+    def entropy(self) -> torch.Tensor:
+        return -(self.log_probs.exp() * self.log_probs).sum(-1)
+
+    def kl(self, other: ActionDistribution) -> torch.Tensor:
+        assert isinstance(other, Categorical)
+        return (self.log_probs.exp() * (self.log_probs - other.log_probs)).sum(-1)
+
+    @staticmethod
+    def required_inputs(action_space: gym.Space) -> int:
+        assert isinstance(action_space, gym.spaces.Discrete)
+        return int(action_space.n)
+
+
+class DiagGaussian(ActionDistribution):
+    """A Gaussian with diagonal covariance; inputs are ``[mean, log_std]`` halves."""
+
+    def __init__(self, inputs: torch.Tensor) -> None:
+        super().__init__(inputs)
+        self.mean, self.log_std = torch.chunk(inputs, 2, dim=-1)
+        self.std = self.log_std.exp()
+
+    def sample(self) -> torch.Tensor:
+        return self.mean + self.std * torch.randn_like(self.mean)
+
+    def deterministic_sample(self) -> torch.Tensor:
+        return self.mean
+
+    def logp(self, actions: torch.Tensor) -> torch.Tensor:
+        z = (actions - self.mean) / self.std
+        return -(0.5 * z.pow(2) + self.log_std + 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        return (self.log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
+
+    def kl(self, other: ActionDistribution) -> torch.Tensor:
+        assert isinstance(other, DiagGaussian)
+        return (
+            other.log_std - self.log_std
+            + (self.std.pow(2) + (self.mean - other.mean).pow(2)) / (2.0 * other.std.pow(2))
+            - 0.5
+        ).sum(-1)
+
+    @staticmethod
+    def required_inputs(action_space: gym.Space) -> int:
+        assert isinstance(action_space, gym.spaces.Box)
+        return 2 * int(np.prod(action_space.shape))
+
+
+class Deterministic(ActionDistribution):
+    """A point mass: the inputs are the action (DDPG/TD3 actors)."""
+
+    deterministic_only = True
+
+    def sample(self) -> torch.Tensor:
+        return self.inputs
+
+    def deterministic_sample(self) -> torch.Tensor:
+        return self.inputs
+
+    def logp(self, actions: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(actions.shape[0], device=actions.device)
+
+    def entropy(self) -> torch.Tensor:
+        return torch.zeros(self.inputs.shape[0], device=self.inputs.device)
+
+    @staticmethod
+    def required_inputs(action_space: gym.Space) -> int:
+        assert isinstance(action_space, gym.spaces.Box)
+        return int(np.prod(action_space.shape))
+
+
+class SquashedGaussian(DiagGaussian):
+    """A diagonal Gaussian squashed by ``tanh`` into the bounds ``[low, high]`` of a Box.
+
+    Built with :meth:`for_bounds`, which binds the bounds into a subclass so the
+    distribution can still be constructed from inputs alone.
+    """
+
+    low: ClassVar[torch.Tensor | float] = -1.0
+    high: ClassVar[torch.Tensor | float] = 1.0
+    _EPS = 1e-6
+
+    @classmethod
+    def for_bounds(cls, low: np.ndarray, high: np.ndarray) -> type["SquashedGaussian"]:
+        """A subclass squashing into ``[low, high]``."""
+        return type("SquashedGaussianBounded", (cls,), {"low": torch.as_tensor(low, dtype=torch.float32),
+                                                          "high": torch.as_tensor(high, dtype=torch.float32)})
+
+    def _squash(self, raw: torch.Tensor) -> torch.Tensor:
+        return self.low + (torch.tanh(raw) + 1.0) * 0.5 * (self.high - self.low)
+
+    def _unsquash(self, actions: torch.Tensor) -> torch.Tensor:
+        unit = 2.0 * (actions - self.low) / (self.high - self.low) - 1.0
+        return torch.atanh(unit.clamp(-1.0 + self._EPS, 1.0 - self._EPS))
+
+    def sample(self) -> torch.Tensor:
+        return self._squash(super().sample())
+
+    def deterministic_sample(self) -> torch.Tensor:
+        return self._squash(self.mean)
+
+    def logp(self, actions: torch.Tensor) -> torch.Tensor:
+        raw = self._unsquash(actions)
+        # Change of variables: subtract log |d squash / d raw| per dimension.
+        log_det = torch.log(0.5 * (self.high - self.low) * (1.0 - torch.tanh(raw).pow(2)) + self._EPS)
+        return super().logp(raw) - log_det.sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        raise FlowRLError("SquashedGaussian has no closed-form entropy; estimate it with -logp of samples")
+
+    def kl(self, other: ActionDistribution) -> torch.Tensor:
+        raise FlowRLError("SquashedGaussian has no closed-form KL divergence")
+
+
+def dist_class_for(action_space: gym.Space, kind: str = "auto") -> tuple[type[ActionDistribution], int]:
+    """The distribution class for ``action_space`` and the number of model outputs it needs.
+
+    ``kind`` is ``"auto"`` (categorical for Discrete, diagonal Gaussian for Box),
+    ``"deterministic"`` or ``"squashed"`` (Box only).
+    """
+    if isinstance(action_space, gym.spaces.Discrete) and kind == "auto":
+        return Categorical, Categorical.required_inputs(action_space)
+    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+        if kind == "auto":
+            return DiagGaussian, DiagGaussian.required_inputs(action_space)
+        if kind == "deterministic":
+            return Deterministic, Deterministic.required_inputs(action_space)
+        if kind == "squashed":
+            return SquashedGaussian.for_bounds(action_space.low, action_space.high), DiagGaussian.required_inputs(action_space)
+    raise FlowRLError(
+        f"no action distribution of kind {kind!r} for action space {action_space}; supported: Discrete "
+        "(kind 'auto') and 1-D Box (kinds 'auto', 'deterministic', 'squashed')"
+    )

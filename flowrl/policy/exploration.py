@@ -1,0 +1,182 @@
+"""Exploration strategies and the schedules that anneal them over global timesteps.
+
+An exploration turns a batch of distribution inputs into actions (and their
+log-probabilities). Its state (e.g. the timestep it has reached) is part of a policy's
+state, so checkpoints restore it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from flowrl.errors import FlowRLError
+from flowrl.policy.distributions import ActionDistribution
+
+
+@dataclass(frozen=True)
+class LinearSchedule:
+    """Moves linearly from ``initial`` to ``final`` over ``timesteps``, then stays at ``final``."""
+
+    initial: float
+    final: float
+    timesteps: int
+
+    def value(self, t: int) -> float:
+        """The scheduled value at global timestep ``t``."""
+        if self.timesteps <= 0:
+            return self.final
+        frac = min(max(t, 0) / self.timesteps, 1.0)
+        return self.initial + frac * (self.final - self.initial)
+
+
+class Exploration:
+    """Chooses actions from a distribution; ``explore=False`` gives the greedy action."""
+
+    def __init__(self, action_space: gym.Space) -> None:
+        self.action_space = action_space
+        self.last_timestep = 0
+
+    def get_action(self, dist: ActionDistribution, *, timestep: int, explore: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Actions and their log-probabilities under the behaviour policy."""
+        raise NotImplementedError
+
+    def get_state(self) -> dict[str, Any]:
+        """What a checkpoint must hold to resume exploration where it was."""
+        return {"last_timestep": self.last_timestep}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`get_state`'s output."""
+        self.last_timestep = int(state["last_timestep"])
+
+
+class StochasticSampling(Exploration):
+    """Samples from the action distribution (greedy when not exploring)."""
+
+    def get_action(self, dist: ActionDistribution, *, timestep: int, explore: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        self.last_timestep = timestep
+        actions = dist.sample() if explore else dist.deterministic_sample()
+        return actions, dist.logp(actions)
+
+
+class EpsilonGreedy(Exploration):
+    """With probability epsilon a uniformly random action, else the argmax of the inputs (Q-values).
+
+    Epsilon anneals linearly from ``initial_epsilon`` to ``final_epsilon`` over
+    ``epsilon_timesteps`` global timesteps. A fixed ``epsilon`` (Ape-X's per-worker
+    values) overrides the schedule.
+    """
+
+    def __init__(
+        self,
+        action_space: gym.Space,
+        initial_epsilon: float = 1.0,
+        final_epsilon: float = 0.05,
+        epsilon_timesteps: int = 10_000,
+        epsilon: float | None = None,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(action_space)
+        if not isinstance(action_space, gym.spaces.Discrete):
+            raise FlowRLError(f"EpsilonGreedy needs a Discrete action space, got {action_space}")
+        self.schedule = LinearSchedule(initial_epsilon, final_epsilon, epsilon_timesteps)
+        self.fixed_epsilon = epsilon
+        self.rng = np.random.default_rng(seed)
+
+    def epsilon(self, timestep: int) -> float:
+        """The epsilon in force at ``timestep``."""
+        return self.fixed_epsilon if self.fixed_epsilon is not None else self.schedule.value(timestep)
+
+    def get_action(self, dist: ActionDistribution, *, timestep: int, explore: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        self.last_timestep = timestep
+        greedy = dist.deterministic_sample()
+        if explore:
+            batch = greedy.shape[0]
+            random_rows = self.rng.random(batch) < self.epsilon(timestep)
+            if random_rows.any():
+                random_actions = torch.as_tensor(self.rng.integers(0, int(self.action_space.n), batch))
+                greedy = torch.where(torch.as_tensor(random_rows), random_actions.to(greedy.device), greedy)
+        return greedy, torch.zeros(greedy.shape[0])
+
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "rng": self.rng.bit_generator.state}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        super().set_state(state)
+        self.rng.bit_generator.state = state["rng"]
+
+
+class GaussianNoise(Exploration):
+    """The deterministic action plus Gaussian noise, clipped to the action bounds.
+
+    For the first ``random_timesteps`` actions are uniform in the bounds; the noise
+    scale anneals from ``initial_scale`` to ``final_scale`` over ``scale_timesteps``.
+    """
+
+    def __init__(
+        self,
+        action_space: gym.Space,
+        stddev: float = 0.1,
+        initial_scale: float = 1.0,
+        final_scale: float = 1.0,
+        scale_timesteps: int = 1,
+        random_timesteps: int = 0,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(action_space)
+        if not isinstance(action_space, gym.spaces.Box):
+            raise FlowRLError(f"GaussianNoise needs a Box action space, got {action_space}")
+        self.stddev = stddev
+        self.schedule = LinearSchedule(initial_scale, final_scale, scale_timesteps)
+        self.random_timesteps = random_timesteps
+        self.low = torch.as_tensor(action_space.low, dtype=torch.float32)
+        self.high = torch.as_tensor(action_space.high, dtype=torch.float32)
+        self.generator = torch.Generator().manual_seed(seed if seed is not None else 0)
+
+    def get_action(self, dist: ActionDistribution, *, timestep: int, explore: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        self.last_timestep = timestep
+        actions = dist.deterministic_sample()
+        if explore:
+            if timestep < self.random_timesteps:
+                u = torch.rand(actions.shape, generator=self.generator)
+                actions = self.low + u * (self.high - self.low)
+            else:
+                noise = torch.randn(actions.shape, generator=self.generator) * self.stddev * self.schedule.value(timestep)
+                actions = actions + noise.to(actions.device)
+        actions = torch.maximum(torch.minimum(actions, self.high.to(actions.device)), self.low.to(actions.device))
+        return actions, torch.zeros(actions.shape[0])
+
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "generator": self.generator.get_state()}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        super().set_state(state)
+        self.generator.set_state(state["generator"])
+
+
+EXPLORATIONS: dict[str, type[Exploration]] = {
+    "StochasticSampling": StochasticSampling,
+    "EpsilonGreedy": EpsilonGreedy,
+    "GaussianNoise": GaussianNoise,
+}
+
+
+def make_exploration(action_space: gym.Space, config: Mapping[str, Any] | None, seed: int | None = None) -> Exploration:
+    """Build the exploration named by ``config["type"]`` (default ``StochasticSampling``)."""
+    options = dict(config or {})
+    name = options.pop("type", "StochasticSampling")
+    if name not in EXPLORATIONS:
+        raise FlowRLError(f"exploration_config type={name!r} is not one of {sorted(EXPLORATIONS)}")
+    cls = EXPLORATIONS[name]
+    if cls is StochasticSampling:
+        if options:
+            raise FlowRLError(f"StochasticSampling takes no options, got {sorted(options)}")
+        return cls(action_space)
+    try:
+        return cls(action_space, seed=seed, **options)  # type: ignore[call-arg]
+    except TypeError as e:
+        raise FlowRLError(f"exploration_config for {name}: {e}") from e

@@ -1,0 +1,93 @@
+"""Per-trajectory postprocessing: discounted returns, GAE and n-step returns.
+
+Each function takes the rows of ONE trajectory piece (one env, one episode or the part
+of it in a fragment). Whether to bootstrap from the value function follows Gymnasium's
+distinction: a piece whose last step ``terminated`` has no future (the return after it
+is 0); one that was ``truncated`` or cut by the fragment boundary continues, so its last
+next-observation's value stands in for the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from flowrl.data import SampleBatch
+
+
+def discount_cumsum(x: np.ndarray, gamma: float) -> np.ndarray:
+    """``y[t] = sum_k gamma**k * x[t + k]`` along the first axis."""
+    out = np.empty(len(x), dtype=np.float32)
+    running = 0.0
+    for t in range(len(x) - 1, -1, -1):
+        running = float(x[t]) + gamma * running
+        out[t] = running
+    return out
+
+
+def bootstrap_value(batch: SampleBatch, value_fn: Callable[[np.ndarray], np.ndarray]) -> float:
+    """The value of the state after the piece: 0 if it terminated, else ``V(last new_obs)``."""
+    if batch.count == 0 or bool(batch[SampleBatch.TERMINATEDS][-1]):
+        return 0.0
+    return float(value_fn(batch[SampleBatch.NEW_OBS][-1:])[0])
+
+
+def compute_advantages(
+    batch: SampleBatch,
+    last_r: float,
+    gamma: float = 0.99,
+    lambda_: float = 1.0,
+    use_gae: bool = True,
+    use_critic: bool = True,
+) -> SampleBatch:
+    """Add ``advantages`` and ``value_targets`` to a trajectory piece (in place; returns it).
+
+    With ``use_gae``: generalised advantage estimation over ``vf_preds`` (Schulman et
+    al. 2016), targets = advantages + values. Without: discounted returns bootstrapped
+    with ``last_r``; advantages subtract ``vf_preds`` when ``use_critic``.
+    """
+    rewards = batch[SampleBatch.REWARDS].astype(np.float32)
+    if use_gae:
+        values = np.append(batch[SampleBatch.VF_PREDS].astype(np.float32), np.float32(last_r))
+        deltas = rewards + gamma * values[1:] - values[:-1]
+        advantages = discount_cumsum(deltas, gamma * lambda_)
+        targets = advantages + values[:-1]
+    else:
+        returns = discount_cumsum(np.append(rewards, np.float32(last_r)), gamma)[:-1]
+        if use_critic:
+            advantages = returns - batch[SampleBatch.VF_PREDS].astype(np.float32)
+            targets = returns
+        else:
+            advantages, targets = returns, np.zeros_like(returns)
+    batch[SampleBatch.ADVANTAGES] = advantages.astype(np.float32)
+    batch[SampleBatch.VALUE_TARGETS] = targets.astype(np.float32)
+    return batch
+
+
+DISCOUNTS = "discounts"
+"""Column written by :func:`adjust_nstep`: the factor ``gamma**k`` for bootstrapping each row."""
+
+
+def adjust_nstep(batch: SampleBatch, n_step: int, gamma: float) -> SampleBatch:
+    """Rewrite a trajectory piece into n-step transitions (in place; returns it).
+
+    Row t's reward becomes ``sum_{k<m} gamma**k r[t+k]`` with ``m = min(n, steps left)``,
+    its ``new_obs``/``terminateds``/``truncateds`` those of row ``t+m-1``, and the
+    ``discounts`` column ``gamma**m`` (the factor for the bootstrapped value).
+    """
+    count = batch.count
+    if n_step < 1:
+        raise ValueError(f"n_step={n_step} must be >= 1")
+    rewards = batch[SampleBatch.REWARDS].astype(np.float32)
+    summed = np.zeros(count, dtype=np.float32)
+    for k in range(n_step):
+        summed[: count - k] += (gamma**k) * rewards[k:]
+    steps = np.minimum(n_step, count - np.arange(count))
+    last = np.arange(count) + steps - 1
+    batch[SampleBatch.REWARDS] = summed
+    for key in (SampleBatch.NEW_OBS, SampleBatch.TERMINATEDS, SampleBatch.TRUNCATEDS):
+        if key in batch:
+            batch[key] = batch[key][last]
+    batch[DISCOUNTS] = (gamma**steps).astype(np.float32)
+    return batch

@@ -1,0 +1,111 @@
+"""WorkerSet over Ray: weight sync, foreach_worker, and recovery from dead workers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import ray
+import torch
+
+from flowrl.actors import WorkerSet
+from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
+from flowrl.envs import get_env_creator
+from flowrl.iterators import from_actors
+from flowrl.policy import PolicySpec, TorchPolicy
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def bc_loss(policy: TorchPolicy, model: torch.nn.Module, dist_class: Any, batch: dict[str, torch.Tensor]) -> Any:
+    logits, _ = model(batch[SampleBatch.OBS])
+    return -dist_class(logits).logp(batch[SampleBatch.ACTIONS]).mean(), {}
+
+
+def make_workers(num_workers: int = 2, recreate: bool = True) -> WorkerSet:
+    env = gym.make("CartPole-v1")
+    spec = PolicySpec(TorchPolicy, env.observation_space, env.action_space, {"lr": 0.01}, {"loss_fn": bc_loss})
+    return WorkerSet(
+        env_creator=get_env_creator("CartPole-v1"),
+        policy_specs={DEFAULT_POLICY_ID: spec},
+        config={"seed": 0, "rollout_fragment_length": 20, "num_envs_per_worker": 2},
+        num_workers=num_workers,
+        num_cpus_per_worker=0.1,
+        recreate_failed_workers=recreate,
+    )
+
+
+def weights_of(workers: WorkerSet) -> list[dict[str, np.ndarray]]:
+    return workers.foreach_worker(lambda w: w.get_weights()[DEFAULT_POLICY_ID])
+
+
+def assert_same_weights(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_sync_weights_makes_remote_weights_equal_local() -> None:
+    workers = make_workers()
+    try:
+        local = workers.local_worker()
+        local.learn_on_batch(local.sample())
+        before = weights_of(workers)
+        with pytest.raises(AssertionError):
+            assert_same_weights(before[0], before[1])  # training changed only the local copy
+        workers.sync_weights(global_vars={"timestep": 99})
+        after = weights_of(workers)
+        for remote in after[1:]:
+            assert_same_weights(after[0], remote)
+        assert workers.foreach_worker(lambda w: w.get_policy().global_timestep) == [99, 99, 99]
+        assert workers.trainable_policies() == [DEFAULT_POLICY_ID]
+    finally:
+        workers.stop()
+
+
+def test_remote_workers_sample_in_parallel_through_a_gather() -> None:
+    workers = make_workers()
+    try:
+        batches = from_actors(workers.remote_workers()).gather_async().take(4)
+        assert all(b.count == 40 for b in batches)
+        assert workers.foreach_worker(lambda w: w.worker_index) == [0, 1, 2]
+    finally:
+        workers.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_worker_is_recreated_with_current_weights_and_sampling_continues() -> None:
+    workers = make_workers()
+    try:
+        local = workers.local_worker()
+        local.learn_on_batch(local.sample())
+        workers.sync_weights()
+        rollouts = from_actors(workers.remote_workers(), on_shard_failure=workers.on_shard_failure).gather_async()
+        assert len(rollouts.take(2)) == 2
+        victim = workers.remote_workers()[1]
+        ray.kill(victim, no_restart=True)
+        # Sampling goes on through the failure; the dead worker is replaced in place.
+        while workers.num_worker_restarts == 0:
+            assert next(rollouts).count == 40
+        assert len(rollouts.take(4)) == 4
+        assert workers.num_worker_restarts == 1
+        assert len(workers.remote_workers()) == 2 and workers.remote_workers()[1] is not victim
+        weights = weights_of(workers)
+        assert_same_weights(weights[0], weights[2])  # the replacement got the current weights
+    finally:
+        workers.stop()
+
+
+@pytest.mark.timeout(120)
+def test_dead_workers_are_dropped_when_recreation_is_off() -> None:
+    workers = make_workers(recreate=False)
+    try:
+        ray.kill(workers.remote_workers()[0], no_restart=True)
+        results = workers.foreach_worker(lambda w: w.worker_index)
+        assert results == [0, 2]
+        assert len(workers.remote_workers()) == 1 and workers.num_workers_dropped == 1
+        assert workers.probe_unhealthy_workers() == 0
+    finally:
+        workers.stop()
