@@ -38,7 +38,7 @@ def compress_array(array: np.ndarray) -> CompressedColumn:
     """Compress ``array`` (any dtype of fixed size) into a :class:`CompressedColumn`."""
     if array.dtype.hasobject:
         raise ValueError(f"cannot compress a column of Python objects (dtype {array.dtype})")
-    contiguous = np.ascontiguousarray(array)
+    contiguous = np.asarray(array, order="C")  # unlike ascontiguousarray, keeps 0-d arrays 0-d
     return CompressedColumn(lz4.block.compress(contiguous, store_size=True), contiguous.dtype.str, contiguous.shape)
 
 

@@ -159,7 +159,9 @@ class SquashedGaussian(DiagGaussian):
                                                           "high": torch.as_tensor(high, dtype=torch.float32)})
 
     def _squash(self, raw: torch.Tensor) -> torch.Tensor:
-        return self.low + (torch.tanh(raw) + 1.0) * 0.5 * (self.high - self.low)
+        squashed = self.low + (torch.tanh(raw) + 1.0) * 0.5 * (self.high - self.low)
+        # float32 rounding can land one ulp outside the bounds when tanh saturates.
+        return torch.clamp(squashed, self.low, self.high)
 
     def _unsquash(self, actions: torch.Tensor) -> torch.Tensor:
         unit = 2.0 * (actions - self.low) / (self.high - self.low) - 1.0

@@ -81,7 +81,7 @@ def adjust_nstep(batch: SampleBatch, n_step: int, gamma: float) -> SampleBatch:
         raise ValueError(f"n_step={n_step} must be >= 1")
     rewards = batch[SampleBatch.REWARDS].astype(np.float32)
     summed = np.zeros(count, dtype=np.float32)
-    for k in range(n_step):
+    for k in range(min(n_step, count)):
         summed[: count - k] += (gamma**k) * rewards[k:]
     steps = np.minimum(n_step, count - np.arange(count))
     last = np.arange(count) + steps - 1

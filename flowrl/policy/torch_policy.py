@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Mapping
 
 import gymnasium as gym
@@ -162,7 +163,8 @@ class TorchPolicy(Policy):
     def get_state(self) -> dict[str, Any]:
         return {
             **super().get_state(),
-            "optimizer": self.optimizer.state_dict(),
+            # A snapshot: the optimizer updates its state tensors in place.
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "exploration": self.exploration.get_state(),
             "coeffs": dict(self.coeffs),
         }
