@@ -9,6 +9,7 @@ import gymnasium as gym
 import ray
 
 from flowrl.actors.rollout_worker import RolloutWorker
+from flowrl.envs import check_env as check_env_api
 from flowrl.errors import FlowRLError, ShardFailedError
 from flowrl.policy import PolicySpec
 
@@ -20,7 +21,8 @@ logger = logging.getLogger(__name__)
 class WorkerSet:
     """The local worker (in this process) and ``num_workers`` remote rollout actors.
 
-    ``recreate_failed_workers=True`` replaces a remote worker that died with a new actor
+    Unless ``check_env=False``, one env is made and checked with
+    :func:`flowrl.envs.check_env` first. ``recreate_failed_workers=True`` replaces a remote worker that died with a new actor
     at the same index, loaded with the local worker's current weights and state, and
     counts it in ``num_worker_restarts``; ``False`` drops it and carries on with the
     rest. Failures are noticed by :meth:`foreach_worker` and by gathers built with
@@ -36,7 +38,15 @@ class WorkerSet:
         num_workers: int,
         num_cpus_per_worker: float = 1.0,
         recreate_failed_workers: bool = True,
+        check_env: bool = True,
     ) -> None:
+        if check_env:
+            # Reject a broken env here, with a message naming the fault, before any actor starts.
+            env = env_creator(dict(config.get("env_config", {})))
+            try:
+                check_env_api(env)
+            finally:
+                env.close()
         self._env_creator = env_creator
         self._policy_specs = dict(policy_specs)
         self._config = dict(config)

@@ -13,6 +13,7 @@ import torch
 from flowrl.actors import WorkerSet
 from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
 from flowrl.envs import get_env_creator
+from flowrl.errors import EnvCheckError
 from flowrl.iterators import from_actors
 from flowrl.policy import PolicySpec, TorchPolicy
 
@@ -109,3 +110,25 @@ def test_dead_workers_are_dropped_when_recreation_is_off() -> None:
         assert workers.probe_unhealthy_workers() == 0
     finally:
         workers.stop()
+
+
+class NaNObservations(gym.Env):
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        return np.full(2, np.nan, np.float32), 0.0, False, False, {}
+
+
+def test_a_broken_env_is_rejected_before_any_actor_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = NaNObservations()
+    spec = PolicySpec(TorchPolicy, env.observation_space, env.action_space, {}, {"loss_fn": bc_loss})
+    started: list[int] = []
+    monkeypatch.setattr(WorkerSet, "_make_remote", lambda self, index: started.append(index))
+    with pytest.raises(EnvCheckError, match="NaN"):
+        WorkerSet(env_creator=lambda cfg: NaNObservations(), policy_specs={DEFAULT_POLICY_ID: spec}, config={}, num_workers=2)
+    assert started == []
