@@ -3,8 +3,8 @@
 Knows nothing about reinforcement learning. See ``docs/iterators.md``.
 """
 
-from flowrl.iterators.local import LocalIterator, NextValueNotReady
-from flowrl.iterators.metrics import MetricsContext, SharedMetrics, TimerStat
+from flowrl.iterators.local import LocalIterator, NextValueNotReady, StageNode, callable_name
+from flowrl.iterators.metrics import MetricsContext, SharedMetrics, StageStats, TimerStat
 from flowrl.iterators.parallel import (
     ParallelIterator,
     ParallelIteratorWorker,
@@ -21,7 +21,10 @@ __all__ = [
     "ParallelIterator",
     "ParallelIteratorWorker",
     "SharedMetrics",
+    "StageNode",
+    "StageStats",
     "TimerStat",
+    "callable_name",
     "from_actors",
     "from_items",
     "from_iterators",

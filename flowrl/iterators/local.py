@@ -14,15 +14,17 @@ of its children idle blocks on exactly those instead of polling.
 from __future__ import annotations
 
 import collections
+import itertools
 import random
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
 
 import ray
 
 from flowrl.errors import IteratorUsageError
-from flowrl.iterators.metrics import MetricsContext, SharedMetrics, current_metrics, swap_current_metrics
+from flowrl.iterators.metrics import MetricsContext, SharedMetrics, StageStats, current_metrics, swap_current_metrics
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -118,6 +120,64 @@ class _Waiter:
         self._delay = min(2 * self._delay, self._MAX_DELAY_S)
 
 
+_stage_ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class StageNode:
+    """One stage of a dataflow graph, recorded as combinators are applied.
+
+    ``kind`` says what the stage does (``"source"``, ``"for_each"``, ``"union"``,
+    ``"gather_async"``, ...), ``label`` names it for people, ``inputs`` are the stages it
+    pulls from, ``fn`` is the callable it applies (an operator, for plans) and ``actors``
+    the Ray actors a source pulls from. ``id`` keys its :class:`StageStats`.
+    """
+
+    kind: str
+    label: str
+    inputs: tuple["StageNode", ...] = ()
+    fn: Any = None
+    actors: tuple[Any, ...] = ()
+    id: int = field(default_factory=lambda: next(_stage_ids))
+
+
+def callable_name(fn: Any) -> str:
+    """A short name for a function or callable object (its class name for operators)."""
+    name = getattr(fn, "__name__", None)
+    return name if isinstance(name, str) else type(fn).__name__
+
+
+_timing = threading.local()
+
+
+def _measured(it: Iterator[Any], stats: StageStats) -> Iterator[Any]:
+    """Count the items a stage yields and the time spent in its own code.
+
+    A per-thread stack of frames collects the time each stage spends pulling from the
+    measured stages below it, which is subtracted from its own total.
+    """
+    stack = getattr(_timing, "stack", None)
+    if stack is None:
+        stack = _timing.stack = []
+    while True:
+        frame = [0.0]
+        stack.append(frame)
+        start = time.perf_counter()
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        finally:
+            elapsed = time.perf_counter() - start
+            stack.pop()
+            stats.time_s += elapsed - frame[0]
+            if stack:
+                stack[-1][0] += elapsed
+        if not isinstance(item, NextValueNotReady):
+            stats.items += 1
+        yield item
+
+
 def _skip_markers(fn: Callable[[Any], Any]) -> Transform:
     """A transform applying ``fn`` to items and passing not-ready markers through."""
 
@@ -144,12 +204,21 @@ class LocalIterator(Generic[T]):
         local_transforms: Sequence[Transform] = (),
         timeout: float | None = None,
         name: str | None = None,
+        stages: Sequence[StageNode] | None = None,
     ) -> None:
         self.base_iterator = base_iterator
         self.shared_metrics = shared_metrics if shared_metrics is not None else SharedMetrics()
         self.local_transforms = list(local_transforms)
         self.timeout = timeout
         self.name = name or "LocalIterator"
+        if stages is None:
+            source = StageNode("source", self.name)
+            stages = [source]
+            for transform in self.local_transforms:
+                stages.append(StageNode("transform", callable_name(transform), (stages[-1],), transform))
+        if len(stages) != len(self.local_transforms) + 1:
+            raise IteratorUsageError(f"stages: need one node for the source and one per transform, got {len(stages)}")
+        self.stages = list(stages)
         self._built: Iterator[T] | None = None
 
     # -- running ---------------------------------------------------------------------
@@ -166,13 +235,20 @@ class LocalIterator(Generic[T]):
     def __iter__(self) -> "LocalIterator[T]":
         return self
 
+    @property
+    def stage(self) -> StageNode:
+        """The graph node of this iterator's last stage (walk ``inputs`` for the rest)."""
+        return self.stages[-1]
+
     def __next__(self) -> T:
-        previous = swap_current_metrics(self.shared_metrics.get())
+        metrics = self.shared_metrics.get()
+        previous = swap_current_metrics(metrics)
         try:
             if self._built is None:
-                it: Iterator[Any] = iter(self.base_iterator(self.timeout))
-                for transform in self.local_transforms:
-                    it = transform(it)
+                stats = metrics.stage_stats
+                it: Iterator[Any] = _measured(iter(self.base_iterator(self.timeout)), stats[self.stages[0].id])
+                for transform, stage in zip(self.local_transforms, self.stages[1:]):
+                    it = _measured(transform(it), stats[stage.id])
                 self._built = it
             return next(self._built)
         finally:
@@ -210,28 +286,32 @@ class LocalIterator(Generic[T]):
             )
 
     def _copy(self, timeout: float | None) -> "LocalIterator[T]":
-        return LocalIterator(self.base_iterator, self.shared_metrics, self.local_transforms, timeout, self.name)
+        return LocalIterator(self.base_iterator, self.shared_metrics, self.local_transforms, timeout, self.name, self.stages)
 
     def _renamed(self, name: str) -> "LocalIterator[T]":
-        return LocalIterator(self.base_iterator, self.shared_metrics, self.local_transforms, self.timeout, name)
+        return LocalIterator(self.base_iterator, self.shared_metrics, self.local_transforms, self.timeout, name, self.stages)
 
-    def _chain(self, transform: Transform, suffix: str) -> "LocalIterator[Any]":
+    def _chain(self, transform: Transform, suffix: str, fn: Any = None) -> "LocalIterator[Any]":
+        """Append ``transform``; ``suffix`` (``".for_each()"``) names it, ``fn`` is what it applies."""
         self._check_not_started(suffix)
+        kind = suffix.lstrip(".").split("(")[0]
+        label = f"{kind}({callable_name(fn)})" if fn is not None else suffix.lstrip(".")
         return LocalIterator(
             self.base_iterator,
             self.shared_metrics,
             self.local_transforms + [transform],
             self.timeout,
             self.name + suffix,
+            self.stages + [StageNode(kind, label, (self.stage,), fn)],
         )
 
     def transform(self, fn: Callable[[Iterator[T]], Iterator[U]]) -> "LocalIterator[U]":
         """Apply ``fn`` to the whole item stream (``fn`` must pass ``NextValueNotReady`` on)."""
-        return self._chain(fn, ".transform()")
+        return self._chain(fn, ".transform()", fn)
 
     def for_each(self, fn: Callable[[T], U]) -> "LocalIterator[U]":
         """Map each item through ``fn``."""
-        return self._chain(_skip_markers(fn), ".for_each()")
+        return self._chain(_skip_markers(fn), ".for_each()", fn)
 
     def filter(self, fn: Callable[[T], bool]) -> "LocalIterator[T]":
         """Keep the items for which ``fn`` is true."""
@@ -241,7 +321,7 @@ class LocalIterator(Generic[T]):
                 if isinstance(item, NextValueNotReady) or fn(item):
                     yield item
 
-        return self._chain(apply, ".filter()")
+        return self._chain(apply, ".filter()", fn)
 
     def batch(self, n: int) -> "LocalIterator[list[T]]":
         """Group items into lists of ``n`` (the last list may be shorter)."""
@@ -285,7 +365,7 @@ class LocalIterator(Generic[T]):
                 else:
                     yield from fn(item)
 
-        return self._chain(apply, ".combine()")
+        return self._chain(apply, ".combine()", fn)
 
     def shuffle(self, shuffle_buffer_size: int, seed: int | None = None) -> "LocalIterator[T]":
         """Shuffle through a buffer of ``shuffle_buffer_size`` items (a local, streaming shuffle)."""
@@ -363,7 +443,14 @@ class LocalIterator(Generic[T]):
             return base
 
         return [
-            LocalIterator(make_base(i), self.shared_metrics, (), self.timeout, f"{self.name}.duplicate[{i}]")
+            LocalIterator(
+                make_base(i),
+                self.shared_metrics,
+                (),
+                self.timeout,
+                f"{self.name}.duplicate[{i}]",
+                [StageNode("duplicate", f"duplicate[{i}]", (self.stage,))],
+            )
             for i in range(n)
         ]
 
@@ -403,7 +490,8 @@ class LocalIterator(Generic[T]):
             base = _async_base(children)
         mode = "deterministic" if deterministic else "async"
         names = ", ".join(it.name for it in iterators)
-        return LocalIterator(base, holder, (), self.timeout, f"union[{mode}]({names})")
+        node = StageNode("union", f"union[{mode}]", tuple(it.stage for it in iterators))
+        return LocalIterator(base, holder, (), self.timeout, f"union[{mode}]({names})", [node])
 
     # -- pickling and printing -------------------------------------------------------
 

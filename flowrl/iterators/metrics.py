@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from flowrl.errors import IteratorUsageError
@@ -69,13 +70,27 @@ class TimerStat:
         return f"TimerStat(count={self.count}, mean={self.mean:.6f}s)"
 
 
+@dataclass
+class StageStats:
+    """What one stage of a dataflow did: items it yielded and seconds spent in its own code.
+
+    ``time_s`` excludes the time spent pulling from the stages it reads, so the times of
+    all stages add up to the time the dataflow ran (waits on actors count for the stage
+    that waited).
+    """
+
+    items: int = 0
+    time_s: float = 0.0
+
+
 class MetricsContext:
     """Counters, timers and info of one running dataflow.
 
     ``counters`` maps a name to an int (missing names read as 0), ``timers`` a name to a
     :class:`TimerStat`, ``info`` holds anything an operator wants to report, and
     ``current_actor`` is the actor that produced the item being processed (set by the
-    parallel gathers, read by ``zip_with_source_actor``).
+    parallel gathers, read by ``zip_with_source_actor``); ``stage_stats`` maps a
+    :class:`~flowrl.iterators.StageNode` id to its :class:`StageStats`.
     """
 
     def __init__(self) -> None:
@@ -83,6 +98,7 @@ class MetricsContext:
         self.timers: collections.defaultdict[str, TimerStat] = collections.defaultdict(TimerStat)
         self.info: dict[str, Any] = {}
         self.current_actor: Any = None
+        self.stage_stats: collections.defaultdict[int, StageStats] = collections.defaultdict(StageStats)
 
     def save(self) -> tuple[dict[str, int], dict[str, Any]]:
         """Return a picklable copy of the counters and info (timers are not state)."""

@@ -22,7 +22,7 @@ from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
 import ray
 
 from flowrl.errors import IteratorUsageError, ShardFailedError
-from flowrl.iterators.local import LocalIterator, NextValueNotReady
+from flowrl.iterators.local import LocalIterator, NextValueNotReady, StageNode
 from flowrl.iterators.metrics import SharedMetrics, current_metrics
 
 T = TypeVar("T")
@@ -321,6 +321,10 @@ class ParallelIterator(Generic[T]):
 
     # -- shards --------------------------------------------------------------------
 
+    def _source_stage(self, kind: str) -> StageNode:
+        actors = tuple(actor for actor_set in self.actor_sets for actor in actor_set.actors)
+        return StageNode(kind, f"{kind}({self.name})", (), None, actors)
+
     def _shards(self) -> list[_Shard]:
         shards: list[_Shard] = []
         for actor_set in self.actor_sets:
@@ -402,7 +406,7 @@ class ParallelIterator(Generic[T]):
                     current_metrics().current_actor = shard.actor
                     yield item
 
-        return LocalIterator(base, SharedMetrics(), name=f"{self.name}.gather_sync()")
+        return LocalIterator(base, SharedMetrics(), name=f"{self.name}.gather_sync()", stages=[self._source_stage("gather_sync")])
 
     def batch_across_shards(self) -> LocalIterator[list[T]]:
         """Yield one list per round holding the next item of every live shard."""
@@ -413,7 +417,7 @@ class ParallelIterator(Generic[T]):
                 else:
                     yield [item for _, item in round_items]
 
-        return LocalIterator(base, SharedMetrics(), name=f"{self.name}.batch_across_shards()")
+        return LocalIterator(base, SharedMetrics(), name=f"{self.name}.batch_across_shards()", stages=[self._source_stage("batch_across_shards")])
 
     def gather_async(self, num_async: int = 1) -> LocalIterator[T]:
         """Yield items as shards produce them, with ``num_async`` requests in flight per shard.
@@ -466,7 +470,7 @@ class ParallelIterator(Generic[T]):
             finally:
                 streams.close()
 
-        return LocalIterator(base, SharedMetrics(), name=f"{self.name}.gather_async()")
+        return LocalIterator(base, SharedMetrics(), name=f"{self.name}.gather_async()", stages=[self._source_stage("gather_async")])
 
 
 def _check_num_shards(num_shards: int) -> None:

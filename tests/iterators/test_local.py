@@ -298,3 +298,39 @@ def test_shared_metrics_set_reaches_linked_holders() -> None:
     fresh = MetricsContext()
     parent.set(fresh)
     assert child.get() is fresh
+
+
+# -- the stage graph and per-stage statistics ----------------------------------------------
+
+
+def test_combinators_record_a_stage_graph() -> None:
+    def double(x: int) -> int:
+        return 2 * x
+
+    it = local([1, 2], name="src").for_each(double).filter(bool).batch(2)
+    kinds = [stage.kind for stage in it.stages]
+    assert kinds == ["source", "for_each", "filter", "batch"]
+    assert it.stage.inputs == (it.stages[2],) and it.stages[1].fn is double
+    assert it.stages[1].label == "for_each(double)"
+    a, b = local([1]).duplicate(2)
+    merged = a.union(b.for_each(str))
+    assert merged.stage.kind == "union"
+    left, right = merged.stage.inputs
+    assert left.kind == "duplicate" and right.inputs[0].kind == "duplicate"
+    assert left.inputs[0] is right.inputs[0].inputs[0]  # both children read the same source stage
+
+
+def test_stage_stats_count_items_and_attribute_time_to_the_stage_that_spent_it() -> None:
+    import time as _time
+
+    def slow(x: int) -> int:
+        _time.sleep(0.01)
+        return x
+
+    it = local(list(range(5))).for_each(slow).filter(lambda x: x % 2 == 0)
+    assert list(it) == [0, 2, 4]
+    stats = it.shared_metrics.get().stage_stats
+    source, mapped, kept = (stats[stage.id] for stage in it.stages)
+    assert (source.items, mapped.items, kept.items) == (5, 5, 3)
+    assert mapped.time_s >= 0.05  # five sleeps happened inside for_each
+    assert source.time_s < mapped.time_s / 2 and kept.time_s < mapped.time_s / 2
