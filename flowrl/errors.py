@@ -46,3 +46,30 @@ class EnvCheckError(EnvError):
 
     The message names the method, the field, the value seen and the bound it broke.
     """
+
+
+class ConfigError(FlowRLError):
+    """A config had unknown keys or invalid values.
+
+    ``problems`` lists every problem found, one message each (the key, the value seen
+    and what would be valid), and the error's message shows them one per line, so a
+    user fixes them all in one pass instead of one per run.
+    """
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems: list[str] = [problems] if isinstance(problems, str) else list(problems)
+        count = len(self.problems)
+        lines = "\n".join(f"  - {problem}" for problem in self.problems)
+        super().__init__(f"invalid config ({count} problem{'' if count == 1 else 's'}):\n{lines}")
+
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[list[str]]]:
+        # Ray ships exceptions between processes by pickling; keep the list, not the text.
+        return (type(self), (self.problems,))
+
+
+class CheckpointError(FlowRLError):
+    """A checkpoint is missing, incomplete, corrupt, or belongs to another algorithm."""
+
+
+class UnknownAlgorithmError(FlowRLError):
+    """The algorithm name is not registered."""

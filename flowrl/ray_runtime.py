@@ -10,24 +10,35 @@ from typing import Iterator
 import ray
 
 
-@contextlib.contextmanager
-def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[None]:
-    """Use Ray for the duration of the block.
+def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
+    """Make sure Ray is running in this process; return True if this call started it.
 
     With no ``address`` (and no ``RAY_ADDRESS`` in the environment) an embedded local
-    instance is started (dashboard off, quiet logs) and shut down afterwards. With an
-    address, the existing cluster is joined and left running. If Ray is already
-    initialised in this process, it is used as is and left alone.
+    instance is started (dashboard off, quiet logs). With an address, the existing
+    cluster is joined. If Ray is already initialised it is used as is (returns False).
     """
     if ray.is_initialized():
-        yield
-        return
+        return False
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
+        ray.init(address=address, logging_level=logging.WARNING)
     else:
         ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING)
+    return True
+
+
+def stop_ray(started_here: bool) -> None:
+    """Disconnect from Ray if :func:`start_ray` started it (a joined cluster keeps running:
+    ``ray.shutdown`` only disconnects this driver from a cluster it did not start)."""
+    if started_here and ray.is_initialized():
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[None]:
+    """Use Ray for the duration of the block (see :func:`start_ray`)."""
+    started = start_ray(address, num_cpus)
     try:
         yield
     finally:
-        ray.shutdown()
+        stop_ray(started)

@@ -1,7 +1,7 @@
 """Stateful Ray actors: rollout workers, worker sets, replay shards and learner threads."""
 
-from flowrl.actors.rollout_worker import RolloutWorker
+from flowrl.actors.rollout_worker import RolloutWorker, get_global_worker
 from flowrl.actors.sampler import EpisodeStats, VectorSampler
 from flowrl.actors.worker_set import WorkerSet
 
-__all__ = ["EpisodeStats", "RolloutWorker", "VectorSampler", "WorkerSet"]
+__all__ = ["EpisodeStats", "RolloutWorker", "VectorSampler", "WorkerSet", "get_global_worker"]

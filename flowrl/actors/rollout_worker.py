@@ -16,6 +16,16 @@ from flowrl.policy.policy import ModelWeights
 
 R = TypeVar("R")
 
+_global_worker: "RolloutWorker | None" = None
+
+
+def get_global_worker() -> "RolloutWorker":
+    """The rollout worker of this process (for functions that run inside a worker's shard)."""
+    if _global_worker is None:
+        raise RuntimeError("no RolloutWorker has been created in this process")
+    return _global_worker
+
+
 ROLLOUT_DEFAULTS: dict[str, Any] = {
     "num_envs_per_worker": 1,
     "rollout_fragment_length": 200,
@@ -70,6 +80,8 @@ class RolloutWorker(ParallelIteratorWorker):
             clip_actions=bool(self.config["clip_actions"]),
         )
         super().__init__(self._sample_forever)
+        global _global_worker
+        _global_worker = self
 
     def _sample_forever(self) -> Iterator[SampleBatch]:
         while True:

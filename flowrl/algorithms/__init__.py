@@ -1,1 +1,11 @@
 """One module per algorithm: typed config, loss and execution plan, registered by name."""
+
+from flowrl.algorithms.registry import (
+    Algorithm,
+    UnknownAlgorithmError,
+    get_algorithm,
+    list_algorithms,
+    register_algorithm,
+)
+
+__all__ = ["Algorithm", "UnknownAlgorithmError", "get_algorithm", "list_algorithms", "register_algorithm"]

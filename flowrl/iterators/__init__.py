@@ -13,8 +13,10 @@ from flowrl.iterators.parallel import (
     from_iterators,
     from_range,
 )
+from flowrl.iterators.queues import EventQueue
 
 __all__ = [
+    "EventQueue",
     "LocalIterator",
     "MetricsContext",
     "NextValueNotReady",

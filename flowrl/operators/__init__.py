@@ -1,1 +1,63 @@
-"""The RL dataflow vocabulary (rollouts, replay, training, metrics) built on ``flowrl.iterators``."""
+"""The RL dataflow vocabulary built on ``flowrl.iterators``: rollouts, training, concurrency, metrics.
+
+Each operator is a small callable (or a function returning an iterator) that can be
+tested without a cluster. Replay operators arrive with the off-policy algorithms.
+"""
+
+from flowrl.operators.concurrency_ops import Concurrently, Dequeue, Enqueue
+from flowrl.operators.metric_ops import (
+    CollectMetrics,
+    OncePerTimeInterval,
+    OncePerTimestepsElapsed,
+    StandardMetricsReporting,
+)
+from flowrl.operators.names import (
+    AGENT_STEPS_SAMPLED_COUNTER,
+    AGENT_STEPS_TRAINED_COUNTER,
+    LAST_TARGET_UPDATE_TS,
+    LEARNER_INFO,
+    NUM_TARGET_UPDATES,
+    STEPS_SAMPLED_COUNTER,
+    STEPS_TRAINED_COUNTER,
+)
+from flowrl.operators.rollout_ops import (
+    AsyncGradients,
+    ConcatBatches,
+    ParallelRollouts,
+    SelectExperiences,
+    StandardizeFields,
+)
+from flowrl.operators.train_ops import (
+    ApplyGradients,
+    AverageGradients,
+    ComputeGradients,
+    TrainOneStep,
+    UpdateTargetNetwork,
+)
+
+__all__ = [
+    "AGENT_STEPS_SAMPLED_COUNTER",
+    "AGENT_STEPS_TRAINED_COUNTER",
+    "LAST_TARGET_UPDATE_TS",
+    "LEARNER_INFO",
+    "NUM_TARGET_UPDATES",
+    "STEPS_SAMPLED_COUNTER",
+    "STEPS_TRAINED_COUNTER",
+    "ApplyGradients",
+    "AsyncGradients",
+    "AverageGradients",
+    "CollectMetrics",
+    "ComputeGradients",
+    "ConcatBatches",
+    "Concurrently",
+    "Dequeue",
+    "Enqueue",
+    "OncePerTimeInterval",
+    "OncePerTimestepsElapsed",
+    "ParallelRollouts",
+    "SelectExperiences",
+    "StandardMetricsReporting",
+    "StandardizeFields",
+    "TrainOneStep",
+    "UpdateTargetNetwork",
+]

@@ -126,25 +126,24 @@ class ActorCriticModel(nn.Module):
     """An encoder, a head of ``num_outputs`` distribution inputs and a value head.
 
     With ``vf_share_layers`` the value head reads the policy's encoder; otherwise it has
-    its own encoder of the same shape. ``forward`` returns ``(dist_inputs, values)``.
+    its own encoder of the same shape. ``forward`` returns ``(dist_inputs, values)``;
+    with ``value_head=False`` there is no value head and ``values`` is None.
     """
 
-    def __init__(self, obs_space: gym.Space, num_outputs: int, config: Mapping[str, Any]) -> None:
+    def __init__(self, obs_space: gym.Space, num_outputs: int, config: Mapping[str, Any], value_head: bool = True) -> None:
         super().__init__()
         self.encoder = make_encoder(obs_space, config)
         self.policy_head = nn.Linear(self.encoder.out_dim, num_outputs)
-        self.vf_encoder = None if config["vf_share_layers"] else make_encoder(obs_space, config)
-        self.value_head = nn.Linear(self.encoder.out_dim, 1)
+        self.has_value_head = value_head
+        self.vf_encoder = None if config["vf_share_layers"] or not value_head else make_encoder(obs_space, config)
+        self.value_head = nn.Linear(self.encoder.out_dim, 1) if value_head else None
         # Small initial policy outputs keep the first actions close to uniform.
         nn.init.orthogonal_(self.policy_head.weight, gain=0.01)
         nn.init.zeros_(self.policy_head.bias)
 
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         features = self.encoder(obs)
+        if self.value_head is None:
+            return self.policy_head(features), None
         vf_features = features if self.vf_encoder is None else self.vf_encoder(obs)
         return self.policy_head(features), self.value_head(vf_features).squeeze(-1)
-
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        """State values alone, shape ``[B]``."""
-        features = self.encoder(obs) if self.vf_encoder is None else self.vf_encoder(obs)
-        return self.value_head(features).squeeze(-1)

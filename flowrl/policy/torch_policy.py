@@ -158,7 +158,8 @@ class TorchPolicy(Policy):
         return {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
 
     def set_weights(self, weights: ModelWeights) -> None:
-        self.model.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
+        # torch.tensor copies: arrays from Ray's object store are read-only.
+        self.model.load_state_dict({k: torch.tensor(v) for k, v in weights.items()})
 
     def get_state(self) -> dict[str, Any]:
         return {

@@ -285,7 +285,9 @@ def test_actor_critic_forward_shapes() -> None:
     m = ActorCriticModel(PENDULUM_OBS, 2, model_config(SMALL_MODEL))
     out, v = m(torch.zeros(6, 3))
     assert out.shape == (6, 2) and v.shape == (6,)
-    assert m.value(torch.zeros(6, 3)).shape == (6,)
+    policy_only = ActorCriticModel(PENDULUM_OBS, 2, model_config(SMALL_MODEL), value_head=False)
+    out, v = policy_only(torch.zeros(6, 3))
+    assert out.shape == (6, 2) and v is None
 
 
 # -- learning ---------------------------------------------------------------------------

@@ -1,0 +1,106 @@
+"""Synchronous advantage actor-critic (A2C).
+
+Plan: bulk-synchronous rollouts -> concatenate to ``train_batch_size`` -> one SGD step ->
+broadcast weights. With ``microbatch_size`` the batch is built from microbatches whose
+gradients are accumulated: ComputeGradients -> batch -> AverageGradients -> ApplyGradients.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from flowrl.actors import WorkerSet
+from flowrl.algorithms.registry import Algorithm
+from flowrl.config import TrainerConfig, cfg_field
+from flowrl.data import SampleBatch
+from flowrl.iterators import LocalIterator
+from flowrl.operators import (
+    ApplyGradients,
+    AverageGradients,
+    ComputeGradients,
+    ConcatBatches,
+    ParallelRollouts,
+    StandardMetricsReporting,
+    TrainOneStep,
+)
+from flowrl.policy import PolicySpec, TorchPolicy, bootstrap_value, compute_advantages
+from flowrl.policy.distributions import ActionDistribution
+
+
+@dataclass(kw_only=True)
+class A2CConfig(TrainerConfig):
+    """Actor-critic settings (shared keys: see :class:`~flowrl.config.TrainerConfig`)."""
+
+    rollout_fragment_length: int = cfg_field(20, "Env steps per env per sample call.", min=1)
+    num_envs_per_worker: int = cfg_field(5, "Vectorized envs per rollout worker.", min=1)
+    train_batch_size: int = cfg_field(500, "Env steps per SGD step.", min=1)
+    lr: float = cfg_field(0.002, "Adam learning rate.", min=0, min_exclusive=True)
+    grad_clip: float | None = cfg_field(40.0, "Clip the gradients' global norm to this (None: no clipping).", min=0, min_exclusive=True)
+    lambda_: float = cfg_field(1.0, "GAE lambda (1.0: discounted returns minus the value baseline).", min=0, max=1)
+    use_gae: bool = cfg_field(True, "Use generalised advantage estimation with the critic.")
+    vf_loss_coeff: float = cfg_field(0.5, "Weight of the value-function loss.", min=0)
+    entropy_coeff: float = cfg_field(0.01, "Weight of the entropy bonus.", min=0)
+    microbatch_size: int | None = cfg_field(
+        None, "If set, accumulate gradients over microbatches of this many steps up to train_batch_size.", min=1
+    )
+
+    def check(self) -> list[str]:
+        problems = super().check()
+        if self.microbatch_size is not None and self.microbatch_size > self.train_batch_size:
+            problems.append(f"microbatch_size={self.microbatch_size} > train_batch_size={self.train_batch_size}")
+        return problems
+
+    def policy_config(self) -> dict[str, Any]:
+        return {**super().policy_config(), "lambda": self.lambda_, "use_gae": self.use_gae,
+                "vf_loss_coeff": self.vf_loss_coeff, "entropy_coeff": self.entropy_coeff}
+
+
+def actor_critic_loss(policy: TorchPolicy, model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+    """Policy gradient on advantages + ``vf_loss_coeff`` * squared value error - ``entropy_coeff`` * entropy."""
+    logits, values = model(batch[SampleBatch.OBS])
+    dist = dist_class(logits)
+    policy_loss = -(dist.logp(batch[SampleBatch.ACTIONS]) * batch[SampleBatch.ADVANTAGES]).mean()
+    vf_loss = 0.5 * (values - batch[SampleBatch.VALUE_TARGETS]).pow(2).mean()
+    entropy = dist.entropy().mean()
+    config = policy.config
+    loss = policy_loss + config["vf_loss_coeff"] * vf_loss - config["entropy_coeff"] * entropy
+    return loss, {"policy_loss": policy_loss.item(), "vf_loss": vf_loss.item(), "entropy": entropy.item()}
+
+
+def actor_critic_postprocess(policy: TorchPolicy, batch: SampleBatch) -> SampleBatch:
+    """Advantages and value targets, bootstrapped from the critic unless the episode terminated."""
+    config = policy.config
+    last_r = bootstrap_value(batch, policy.value)
+    return compute_advantages(batch, last_r, gamma=config["gamma"], lambda_=config["lambda"], use_gae=config["use_gae"])
+
+
+def make_actor_critic_policy(obs_space: gym.Space, action_space: gym.Space, config: A2CConfig) -> PolicySpec:
+    """A TorchPolicy with the actor-critic loss and GAE postprocessing."""
+    kwargs = {"loss_fn": actor_critic_loss, "postprocess_fn": actor_critic_postprocess}
+    return PolicySpec(TorchPolicy, obs_space, action_space, config.policy_config(), kwargs)
+
+
+def execution_plan(workers: WorkerSet, config: A2CConfig) -> LocalIterator[dict[str, Any]]:
+    """Rollouts -> ConcatBatches -> TrainOneStep (or microbatched gradient accumulation) -> metrics."""
+    rollouts = ParallelRollouts(workers, mode="bulk_sync")
+    if config.microbatch_size is None:
+        train_op = rollouts.combine(ConcatBatches(config.train_batch_size)).for_each(TrainOneStep(workers))
+    else:
+        num_microbatches = math.ceil(config.train_batch_size / config.microbatch_size)
+        train_op = (
+            rollouts.combine(ConcatBatches(config.microbatch_size))
+            .for_each(ComputeGradients(workers))
+            .batch(num_microbatches)
+            .for_each(AverageGradients())
+            .for_each(ApplyGradients(workers))
+        )
+    return StandardMetricsReporting(train_op, workers, config)
+
+
+ALGORITHM = Algorithm("a2c", "synchronous advantage actor-critic", A2CConfig, make_actor_critic_policy, execution_plan)

@@ -1,0 +1,64 @@
+"""Vanilla policy gradient (REINFORCE): ascend log-probability weighted by the discounted return.
+
+Plan: bulk-synchronous rollouts -> concatenate to ``train_batch_size`` -> one SGD step on
+the local worker -> broadcast weights -> metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from flowrl.actors import WorkerSet
+from flowrl.algorithms.registry import Algorithm
+from flowrl.config import TrainerConfig, cfg_field
+from flowrl.data import SampleBatch
+from flowrl.iterators import LocalIterator
+from flowrl.operators import ConcatBatches, ParallelRollouts, StandardMetricsReporting, TrainOneStep
+from flowrl.policy import ActorCriticModel, PolicySpec, TorchPolicy, compute_advantages
+from flowrl.policy.distributions import ActionDistribution
+
+
+@dataclass(kw_only=True)
+class PGConfig(TrainerConfig):
+    """Policy gradient settings (shared keys: see :class:`~flowrl.config.TrainerConfig`)."""
+
+    train_batch_size: int = cfg_field(1000, "Env steps per SGD step (one gradient step per iteration).", min=1)
+    lr: float = cfg_field(0.004, "Adam learning rate.", min=0, min_exclusive=True)
+
+
+def pg_loss(policy: TorchPolicy, model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+    """``-mean(log pi(a|s) * G)`` where G is the discounted return from each step."""
+    logits, _ = model(batch[SampleBatch.OBS])
+    logp = dist_class(logits).logp(batch[SampleBatch.ACTIONS])
+    loss = -(logp * batch[SampleBatch.ADVANTAGES]).mean()
+    return loss, {"policy_loss": loss.item()}
+
+
+def pg_postprocess(policy: TorchPolicy, batch: SampleBatch) -> SampleBatch:
+    """Discounted returns; a trajectory cut before its end is not bootstrapped (no critic)."""
+    return compute_advantages(batch, 0.0, gamma=float(policy.config["gamma"]), use_gae=False, use_critic=False)
+
+
+def _policy_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Any) -> nn.Module:
+    return ActorCriticModel(obs_space, num_outputs, model_config, value_head=False)
+
+
+def make_pg_policy(obs_space: gym.Space, action_space: gym.Space, config: PGConfig) -> PolicySpec:
+    """A TorchPolicy with the PG loss and return postprocessing."""
+    kwargs = {"loss_fn": pg_loss, "postprocess_fn": pg_postprocess, "make_model": _policy_model}
+    return PolicySpec(TorchPolicy, obs_space, action_space, config.policy_config(), kwargs)
+
+
+def execution_plan(workers: WorkerSet, config: PGConfig) -> LocalIterator[dict[str, Any]]:
+    """Rollouts -> ConcatBatches -> TrainOneStep -> metrics."""
+    rollouts = ParallelRollouts(workers, mode="bulk_sync")
+    train_op = rollouts.combine(ConcatBatches(config.train_batch_size)).for_each(TrainOneStep(workers))
+    return StandardMetricsReporting(train_op, workers, config)
+
+
+ALGORITHM = Algorithm("pg", "vanilla policy gradient (REINFORCE)", PGConfig, make_pg_policy, execution_plan)

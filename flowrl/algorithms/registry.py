@@ -1,0 +1,65 @@
+"""The algorithm registry: names to :class:`Algorithm` specs, imported on first use."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import gymnasium as gym
+
+from flowrl.actors import WorkerSet
+from flowrl.config import TrainerConfig
+from flowrl.errors import UnknownAlgorithmError
+from flowrl.iterators import LocalIterator
+from flowrl.policy import PolicySpec
+
+ExecutionPlan = Callable[[WorkerSet, Any], LocalIterator[dict[str, Any]]]
+PolicyFactory = Callable[[gym.Space, gym.Space, Any], PolicySpec]
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """An algorithm: its config class, how to build its policy, and its execution plan."""
+
+    name: str
+    description: str
+    config_class: type[TrainerConfig]
+    make_policy: PolicyFactory
+    execution_plan: ExecutionPlan
+
+
+# name -> module defining ``ALGORITHM``; imported lazily so `flowrl list` stays fast.
+_MODULES: dict[str, str] = {
+    "pg": "flowrl.algorithms.pg",
+    "a2c": "flowrl.algorithms.a2c",
+    "a3c": "flowrl.algorithms.a3c",
+    "ppo": "flowrl.algorithms.ppo",
+}
+_REGISTERED: dict[str, Algorithm] = {}
+
+
+def register_algorithm(algorithm: Algorithm) -> None:
+    """Make ``algorithm`` available to :func:`get_algorithm`, the Trainer and the CLI under its name."""
+    _REGISTERED[algorithm.name] = algorithm
+
+
+def list_algorithms() -> list[str]:
+    """Names of every available algorithm, sorted."""
+    return sorted(set(_MODULES) | set(_REGISTERED))
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The algorithm called ``name`` (case-insensitive); unknown names raise with the closest ones."""
+    key = name.lower() if isinstance(name, str) else name
+    if key in _REGISTERED:
+        return _REGISTERED[key]
+    if key in _MODULES:
+        algorithm = importlib.import_module(_MODULES[key]).ALGORITHM
+        _REGISTERED[key] = algorithm
+        return algorithm
+    names = list_algorithms()
+    close = difflib.get_close_matches(str(key), names, n=3, cutoff=0.4)
+    hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+    raise UnknownAlgorithmError(f"unknown algorithm {name!r}; {hint}available: {', '.join(names)}")

@@ -1,0 +1,534 @@
+"""Typed, documented, validated trainer configs.
+
+A config is a keyword-only dataclass whose every field is declared with :func:`cfg_field`,
+so each key carries its doc (meaning, units, default) and its valid range or choices.
+:class:`TrainerConfig` holds the keys every algorithm shares, with RLlib's names; an
+algorithm's config subclasses it, adds its own keys, may redeclare a base key to change
+its default, and adds cross-field checks in :meth:`TrainerConfig.check`::
+
+    @dataclass(kw_only=True)
+    class PPOConfig(TrainerConfig):
+        sgd_minibatch_size: int = cfg_field(128, "Minibatch size (steps) for each SGD step.", min=1)
+        train_batch_size: int = cfg_field(4000, "Steps per training batch (PPO's default).", min=1)
+
+        def check(self) -> list[str]:
+            problems = super().check()
+            if self.sgd_minibatch_size > self.train_batch_size:
+                problems.append(
+                    f"sgd_minibatch_size={self.sgd_minibatch_size} > train_batch_size={self.train_batch_size}"
+                )
+            return problems
+
+:meth:`TrainerConfig.from_dict` reports every problem at once in one
+:class:`~flowrl.errors.ConfigError`: unknown keys (with the closest valid names), wrong
+types, values out of range, bad choices and the cross-field checks, for example::
+
+    invalid config (3 problems):
+      - unknown config key 'lrr'; did you mean 'lr'?
+      - gamma=1.5 must be <= 1
+      - sgd_minibatch_size=512 > train_batch_size=256
+
+Types come from the annotations: ``int``, ``float``, ``bool``, ``str``, ``dict``, ``list``
+(and their parametrised forms), ``Any``, ``Literal[...]`` (the choices) and unions of
+these with ``None``. Ints are accepted (and converted) for float fields; bools are never
+accepted as numbers; strings are never parsed (the CLI converts ``--set lr=1e-3``).
+"""
+
+from __future__ import annotations
+
+import copy
+import keyword
+import dataclasses
+import difflib
+import functools
+import inspect
+import numbers
+import textwrap
+import types
+import typing
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Mapping, Sequence, TypeVar, Union
+
+from flowrl.errors import ConfigError, FlowRLError
+
+__all__ = ["ConfigError", "TrainerConfig", "cfg_field"]
+
+C = TypeVar("C", bound="TrainerConfig")
+
+_META_KEY = "flowrl"
+# Keys from RLlib that flowrl dropped on purpose, with what to do instead.
+_REMOVED_KEYS = {"framework": "flowrl is PyTorch only; remove it"}
+# How many valid keys an unknown key's message lists when no valid key is close to it.
+_KEYS_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class _FieldMeta:
+    doc: str
+    min: float | None
+    max: float | None
+    min_exclusive: bool
+    choices: tuple[Any, ...] | None
+    validator: Callable[[Any], list[str]] | None
+
+
+def cfg_field(
+    default: Any,
+    doc: str,
+    *,
+    min: float | None = None,
+    max: float | None = None,
+    min_exclusive: bool = False,
+    choices: Sequence[Any] | None = None,
+    validator: Callable[[Any], list[str]] | None = None,
+) -> Any:
+    """A config dataclass field with its doc and its valid values.
+
+    ``default``: the default value (dicts and lists are deep-copied for each config).
+    ``doc``: what the key means, its units and default, shown by :meth:`TrainerConfig.describe`.
+    ``min``/``max``: inclusive bounds for numbers (``min_exclusive=True``: the value must be
+    strictly greater than ``min``). ``choices``: the allowed values. ``validator(value)``:
+    more checks of a value that has the right type, returning problem messages.
+    """
+    if not doc or not doc.strip():
+        raise TypeError("cfg_field needs a non-empty doc")
+    allowed = tuple(choices) if choices is not None else None
+    meta = {_META_KEY: _FieldMeta(doc.strip(), min, max, min_exclusive, allowed, validator)}
+    if isinstance(default, (dict, list)):
+        return dataclasses.field(default_factory=functools.partial(copy.deepcopy, default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+# --- field specs: what each annotation and cfg_field allow ---------------------------------------
+
+_KIND_NAMES = {int: "an int", float: "a float", bool: "a bool", str: "a str", dict: "a dict", list: "a list"}
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """One field's type, bounds and doc, resolved from its annotation and cfg_field metadata."""
+
+    name: str
+    kinds: tuple[Any, ...]  # int, float, bool, str, dict, list or Any
+    literals: tuple[Any, ...]  # Literal[...] values, accepted as they are
+    allows_none: bool
+    meta: _FieldMeta
+    default: Any
+
+    @property
+    def choices(self) -> tuple[Any, ...]:
+        return self.literals + (self.meta.choices or ())
+
+
+def _parse_annotation(cls_name: str, name: str, annotation: Any) -> tuple[tuple[Any, ...], tuple[Any, ...], bool]:
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        alternatives = typing.get_args(annotation)
+    else:
+        alternatives = (annotation,)
+    kinds: list[Any] = []
+    literals: list[Any] = []
+    allows_none = False
+    for alt in alternatives:
+        origin = typing.get_origin(alt)
+        if alt is type(None):
+            allows_none = True
+        elif origin is Literal:
+            literals.extend(typing.get_args(alt))
+        elif alt in _KIND_NAMES or alt is Any:
+            kinds.append(alt)
+        elif origin in (dict, list):
+            kinds.append(origin)
+        else:
+            raise TypeError(f"{cls_name}.{name}: unsupported config annotation {annotation!r}")
+    return tuple(kinds), tuple(literals), allows_none
+
+
+@functools.lru_cache(maxsize=None)
+def _specs(cls: type) -> tuple[_Spec, ...]:
+    hints = typing.get_type_hints(cls, include_extras=False)
+    specs = []
+    for f in dataclasses.fields(cls):
+        meta = f.metadata.get(_META_KEY)
+        if meta is None:
+            raise TypeError(f"{cls.__name__}.{f.name} must be declared with cfg_field(default, doc)")
+        kinds, literals, allows_none = _parse_annotation(cls.__name__, f.name, hints[f.name])
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        spec = _Spec(f.name, kinds, literals, allows_none, meta, default)
+        # A bad default is a bug in the config class, not the user's fault: fail at first use.
+        default, found = _check_value(spec, default)
+        if found:
+            raise TypeError(f"{cls.__name__}.{f.name} has an invalid default: {'; '.join(found)}")
+        specs.append(dataclasses.replace(spec, default=default))
+    return tuple(specs)
+
+
+def _coerce_kind(kind: Any, value: Any) -> tuple[bool, Any]:
+    """Whether ``value`` is of ``kind``, and the value converted to the plain Python type."""
+    if kind is Any:
+        return True, value
+    if kind is bool:
+        return isinstance(value, bool), value
+    if isinstance(value, bool):  # bool is an int subclass, but True is not a batch size
+        return False, value
+    if kind is int:
+        return (True, int(value)) if isinstance(value, numbers.Integral) else (False, value)
+    if kind is float:
+        return (True, float(value)) if isinstance(value, numbers.Real) else (False, value)
+    if kind is str:
+        return isinstance(value, str), value
+    if kind is dict:  # a plain dict stays the same object: validate() must not detach a caller's reference
+        return (True, value if type(value) is dict else dict(value)) if isinstance(value, Mapping) else (False, value)
+    if kind is list:
+        return (True, value if type(value) is list else list(value)) if isinstance(value, (list, tuple)) else (False, value)
+    raise AssertionError(kind)
+
+
+def _fmt_number(x: float) -> str:
+    return repr(int(x)) if isinstance(x, float) and x.is_integer() else repr(x)
+
+
+def _one_of(values: Sequence[Any]) -> str:
+    return "one of " + ", ".join(repr(v) for v in values)
+
+
+def _expected(spec: _Spec) -> str:
+    parts = [_KIND_NAMES.get(k, "any value") for k in spec.kinds]
+    if spec.literals:
+        parts.append(_one_of(spec.literals))
+    if spec.allows_none:
+        parts.append("None")
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " or " + parts[-1]
+
+
+def _check_value(spec: _Spec, value: Any) -> tuple[Any, list[str]]:
+    """``value`` converted for ``spec``'s field, and the problems with it (type, range, choices)."""
+    shown = f"{spec.name}={value!r}"
+    if value is None:
+        return value, ([] if spec.allows_none else [f"{shown} must be {_expected(spec)}, got None"])
+    if any(value == lit and type(value) is type(lit) for lit in spec.literals):
+        return value, []
+    for kind in spec.kinds:
+        ok, converted = _coerce_kind(kind, value)
+        if ok:
+            break
+    else:
+        if not spec.kinds:  # only Literal choices (and maybe None): say which values are valid
+            return value, [f"{shown} must be {_expected(spec)}"]
+        return value, [f"{shown} must be {_expected(spec)}, got {type(value).__name__}"]
+    meta = spec.meta
+    if meta.choices is not None and converted not in meta.choices:
+        return converted, [f"{shown} must be {_one_of(meta.choices)}"]
+    if isinstance(converted, (int, float)) and not isinstance(converted, bool):
+        # Written as "not (x >= bound)" so that NaN fails every bound.
+        if meta.min is not None:
+            if meta.min_exclusive and not converted > meta.min:
+                return converted, [f"{shown} must be > {_fmt_number(meta.min)}"]
+            if not meta.min_exclusive and not converted >= meta.min:
+                return converted, [f"{shown} must be >= {_fmt_number(meta.min)}"]
+        if meta.max is not None and not converted <= meta.max:
+            return converted, [f"{shown} must be <= {_fmt_number(meta.max)}"]
+    if meta.validator is not None:
+        return converted, list(meta.validator(converted))
+    return converted, []
+
+
+def _suggestion(key: str, valid: Sequence[str]) -> str:
+    """``"; did you mean 'x'?"`` naming the valid names closest to ``key`` (case-insensitive), or ``""``."""
+    typed = str(key).lower()
+    by_lower = {name.lower(): name for name in valid}
+    close: list[str] = []
+    if len(typed) >= 4:
+        # A part of a long name ('num_envs' for 'num_envs_per_worker') scores low as a whole.
+        close = sorted((name for lower, name in by_lower.items() if typed in lower), key=len)[:3]
+    if not close:
+        scored = sorted(
+            ((difflib.SequenceMatcher(None, typed, lower).ratio(), name) for lower, name in by_lower.items()), reverse=True
+        )
+        # Only names about as close as the best one: a typo has one intended key, rarely three.
+        close = [name for score, name in scored[:3] if score >= 0.6 and score >= scored[0][0] - 0.1]
+    if not close:
+        return ""
+    names = [repr(name) for name in close]
+    return "; did you mean " + (names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]) + "?"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+# --- validators of dict-valued keys ------------------------------------------------------------
+
+
+def _model_problems(model: dict[str, Any]) -> list[str]:
+    """Unknown keys (with the closest names) and bad values of a ``model`` dict."""
+    if not model:
+        return []
+    from flowrl.policy.models import DEFAULT_MODEL_CONFIG, model_config
+
+    problems = []
+    known = {}
+    for key, value in model.items():
+        if key in DEFAULT_MODEL_CONFIG:
+            known[key] = value
+            continue
+        hint = _suggestion(str(key), list(DEFAULT_MODEL_CONFIG))
+        if not hint:
+            hint = f"; valid model keys are {', '.join(repr(k) for k in DEFAULT_MODEL_CONFIG)}"
+        problems.append(f"unknown model key {key!r}{hint}")
+    if known:
+        try:
+            model_config(known)
+        except FlowRLError as e:  # e.g. an activation that does not exist
+            problems.append(str(e))
+    return problems
+
+
+def _exploration_problems(exploration_config: dict[str, Any]) -> list[str]:
+    """An unknown exploration ``type`` (with the closest names), or options it does not take."""
+    if "type" not in exploration_config:
+        return []
+    from flowrl.policy.exploration import EXPLORATIONS
+
+    name = exploration_config["type"]
+    known = sorted(EXPLORATIONS)
+    if not isinstance(name, str) or name not in EXPLORATIONS:
+        hint = _suggestion(name, known) if isinstance(name, str) else ""
+        return [f"exploration_config['type']={name!r} is not a known exploration{hint} (known: {', '.join(map(repr, known))})"]
+    params = inspect.signature(EXPLORATIONS[name]).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return []
+    # make_exploration passes the action space and the seed itself.
+    accepted = [p for p in params if p not in ("action_space", "seed")]
+    problems = []
+    for option in exploration_config:
+        if option != "type" and option not in accepted:
+            hint = _suggestion(str(option), accepted) or (
+                f"; it takes {', '.join(map(repr, accepted))}" if accepted else "; it takes no options"
+            )
+            problems.append(f"exploration_config option {option!r} is not an option of {name}{hint}")
+    return problems
+
+
+# --- the shared config ----------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class TrainerConfig:
+    """The keys every algorithm shares (RLlib's names). Build with :meth:`from_dict`.
+
+    Constructing one directly also validates it (``ConfigError`` on any problem), and so
+    does :meth:`replace`. Fields may be assigned afterwards; call :meth:`validate` then.
+    Subclasses defining ``__post_init__`` call ``super().__post_init__()`` last.
+    """
+
+    # Workers and sampling.
+    num_workers: int = cfg_field(
+        2, "Remote rollout-worker actors. 0: sample in the driver's local worker (the same plan, one process).", min=0
+    )
+    num_envs_per_worker: int = cfg_field(
+        1, "Envs each worker steps together; a sample call returns rollout_fragment_length x num_envs_per_worker steps.", min=1
+    )
+    rollout_fragment_length: int = cfg_field(
+        200, "Steps per env per sample call (env steps; whole episodes may add more in complete_episodes mode).", min=1
+    )
+    batch_mode: Literal["truncate_episodes", "complete_episodes"] = cfg_field(
+        "truncate_episodes",
+        "'truncate_episodes': each fragment is exactly rollout_fragment_length steps per env, cutting episodes "
+        "(values bootstrap at the cut). 'complete_episodes': only whole episodes, at least that many steps; "
+        "unfinished ones carry over to the next call.",
+    )
+    train_batch_size: int = cfg_field(4000, "Steps (env transitions) per training batch.", min=1)
+    # Learning.
+    lr: float = cfg_field(5e-4, "Learning rate of the policy's optimizer (Adam).", min=0, min_exclusive=True)
+    gamma: float = cfg_field(0.99, "Discount factor per env step, in [0, 1].", min=0, max=1)
+    grad_clip: float | None = cfg_field(
+        None, "Clip the global L2 norm of the gradients to this before each step. None: no clipping.", min=0, min_exclusive=True
+    )
+    model: dict[str, Any] = cfg_field(
+        {},
+        "Options overriding flowrl.policy.models.DEFAULT_MODEL_CONFIG (fcnet_hiddens, fcnet_activation, "
+        "conv_filters, conv_activation, vf_share_layers). {}: every default.",
+        validator=_model_problems,
+    )
+    explore: bool = cfg_field(True, "Explore while sampling (False: greedy / deterministic actions).")
+    exploration_config: dict[str, Any] = cfg_field(
+        {},
+        "Exploration: 'type' names one of flowrl.policy.exploration.EXPLORATIONS (default StochasticSampling); "
+        "the other keys are its options (e.g. EpsilonGreedy's initial_epsilon).",
+        validator=_exploration_problems,
+    )
+    # Environment.
+    env_config: dict[str, Any] = cfg_field({}, "Passed to the env creator (each env gets its own copy).")
+    check_env: bool = cfg_field(True, "Check one env against the Gymnasium API before any worker actor starts.")
+    clip_actions: bool = cfg_field(True, "Clip actions sent to env.step to a Box action space's bounds.")
+    compress_observations: bool = cfg_field(
+        False, "LZ4-compress the observation columns of sampled batches on the worker (for image observations)."
+    )
+    # Resources and faults.
+    seed: int | None = cfg_field(
+        None, "Random seed; worker i seeds torch, numpy and its envs from seed + 10000*i. None: unseeded runs."
+    )
+    num_gpus: float = cfg_field(
+        0.0, "GPUs for the learner policy in the driver (fractions share one); without CUDA it runs on CPU.", min=0
+    )
+    num_cpus_per_worker: float = cfg_field(1.0, "CPUs Ray reserves for each remote rollout worker (fractions allowed).", min=0)
+    recreate_failed_workers: bool = cfg_field(
+        True, "Replace a dead remote rollout worker in place (plan and counters survive); False: drop it and go on."
+    )
+    # Reporting.
+    metrics_smoothing_episodes: int = cfg_field(
+        100, "Most recent episodes averaged into episode_reward_mean/min/max and episode_len_mean.", min=1
+    )
+    min_iter_time_s: float = cfg_field(0.0, "Minimum seconds per train() call; it runs plan steps until then. 0: none.", min=0)
+    timesteps_per_iteration: int = cfg_field(
+        0, "Minimum env steps sampled per train() call; it runs plan steps until then. 0: none.", min=0
+    )
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # --- building and checking ---
+
+    @classmethod
+    def from_dict(cls: type[C], values: Mapping[str, Any] | None) -> C:
+        """A validated config from ``values`` (missing keys take their defaults).
+
+        Raises :class:`ConfigError` listing every problem: unknown keys, wrong types,
+        values out of range or not among the choices, and :meth:`check`'s cross-field
+        problems (run once every value is valid on its own, since they compare values).
+        """
+        if values is None:
+            values = {}
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"config must be a mapping of key to value, got {type(values).__name__}")
+        specs = {spec.name: spec for spec in _specs(cls)}
+        # RLlib's key names that are Python keywords live in fields with a trailing underscore.
+        values = {(f"{k}_" if isinstance(k, str) and keyword.iskeyword(k) and f"{k}_" in specs else k): v for k, v in values.items()}
+        problems: list[str] = []
+        for key in values:
+            if key not in specs:
+                problems.append(cls._unknown_key_problem(key))
+        field_problems: list[str] = []
+        kwargs: dict[str, Any] = {}
+        for name, spec in specs.items():
+            if name in values:
+                # A copy of a dict or list value, so later changes to the caller's do not reach the config.
+                kwargs[name], found = _check_value(spec, copy.copy(values[name]))
+                field_problems += found
+        problems += field_problems
+        if field_problems:
+            raise ConfigError(problems)
+        try:
+            config = cls(**kwargs)  # __post_init__ runs validate(), hence check()
+        except ConfigError as e:
+            raise ConfigError(problems + e.problems) from None
+        if problems:
+            raise ConfigError(problems)
+        return config
+
+    @classmethod
+    def _unknown_key_problem(cls, key: Any) -> str:
+        if key in _REMOVED_KEYS:
+            return f"unknown config key {key!r}; {_REMOVED_KEYS[key]}"
+        if not isinstance(key, str):
+            return f"config keys must be str, got {key!r} ({type(key).__name__})"
+        names = [spec.name for spec in _specs(cls)]
+        hint = _suggestion(key, names)
+        if not hint:
+            shown = ", ".join(repr(n) for n in names[:_KEYS_SHOWN])
+            hint = f"; valid keys include {shown}, ... ({cls.__name__}.describe() lists all {len(names)})"
+        return f"unknown config key {key!r}{hint}"
+
+    def check(self) -> list[str]:
+        """Cross-field problems, one message each with the arithmetic (``"a=512 > b=256"``).
+
+        Runs only on values that are each valid; algorithm configs extend it and call
+        ``super().check()``. Conditions that flowrl works around (``num_gpus > 0`` without
+        CUDA: the policy runs on CPU) are warnings, not problems.
+        """
+        if self.num_gpus > 0:
+            import torch
+
+            if not torch.cuda.is_available():
+                warnings.warn(f"num_gpus={self.num_gpus} but CUDA is not available; the policy will run on CPU", stacklevel=2)
+        return []
+
+    def validate(self) -> None:
+        """Check every field (type, range, choices) and :meth:`check`; raise one ``ConfigError`` with all problems.
+
+        Values are normalised in place as :meth:`from_dict` does (ints in float fields become floats).
+        """
+        problems: list[str] = []
+        for spec in _specs(type(self)):
+            value, found = _check_value(spec, getattr(self, spec.name))
+            if not found:
+                setattr(self, spec.name, value)
+            problems += found
+        if not problems:
+            problems = self.check()
+        if problems:
+            raise ConfigError(problems)
+
+    def replace(self: C, **changes: Any) -> C:
+        """A new validated config with ``changes`` applied (unknown keys get suggestions)."""
+        values = {spec.name: getattr(self, spec.name) for spec in _specs(type(self))}
+        return type(self).from_dict({**values, **changes})
+
+    # --- views ---
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every key and its value, as plain dicts and lists (JSON-friendly if the values are)."""
+        return {spec.name: _jsonable(getattr(self, spec.name)) for spec in _specs(type(self))}
+
+    def rollout_config(self) -> dict[str, Any]:
+        """The keys a :class:`~flowrl.actors.RolloutWorker` reads (``ROLLOUT_DEFAULTS``); subclasses may extend it."""
+        from flowrl.actors.rollout_worker import ROLLOUT_DEFAULTS
+
+        return {key: copy.deepcopy(getattr(self, key)) for key in ROLLOUT_DEFAULTS}
+
+    def policy_config(self) -> dict[str, Any]:
+        """The keys a :class:`~flowrl.policy.TorchPolicy` reads; algorithm configs add their loss's keys via ``super()``."""
+        keys = ("lr", "gamma", "model", "grad_clip", "explore", "exploration_config", "num_gpus", "seed")
+        return {key: copy.deepcopy(getattr(self, key)) for key in keys}
+
+    @classmethod
+    def describe(cls, doc_width: int = 60) -> str:
+        """A text table of every key: name, type, default, valid values and doc."""
+        rows = [("key", "type", "default", "valid", "doc")]
+        for spec in _specs(cls):
+            rows.append((spec.name, _type_name(spec), repr(spec.default), _valid_values(spec), spec.meta.doc))
+        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        indent = sum(widths) + 2 * 4
+        lines = []
+        for row in rows:
+            head = "  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths))
+            doc_lines = textwrap.wrap(row[4], doc_width) or [""]
+            lines.append(f"{head}  {doc_lines[0]}".rstrip())
+            lines += [" " * indent + more for more in doc_lines[1:]]
+        return "\n".join(lines)
+
+
+def _type_name(spec: _Spec) -> str:
+    parts = [getattr(k, "__name__", "any") if k is not Any else "any" for k in spec.kinds]
+    if spec.literals:
+        parts.append(" | ".join(sorted({type(v).__name__ for v in spec.literals})))
+    if spec.allows_none:
+        parts.append("None")
+    return " | ".join(parts)
+
+
+def _valid_values(spec: _Spec) -> str:
+    meta = spec.meta
+    if spec.choices:
+        return " | ".join(repr(c) for c in spec.choices)
+    bounds = []
+    if meta.min is not None:
+        bounds.append(f"{'>' if meta.min_exclusive else '>='} {_fmt_number(meta.min)}")
+    if meta.max is not None:
+        bounds.append(f"<= {_fmt_number(meta.max)}")
+    return ", ".join(bounds)

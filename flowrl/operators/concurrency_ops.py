@@ -1,0 +1,131 @@
+"""Running sub-flows side by side, and handing items to and from background threads."""
+
+from __future__ import annotations
+
+import queue
+from typing import Any, Callable, Iterator, Sequence
+
+from flowrl.errors import FlowRLError
+from flowrl.iterators import EventQueue, LocalIterator, NextValueNotReady, SharedMetrics
+
+CONCURRENCY_MODES = ("round_robin", "async")
+
+
+class _Tag:
+    """Pairs an item with the index of the sub-flow it came from (internal plumbing)."""
+
+    plan_hidden = True
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __call__(self, item: Any) -> tuple[int, Any]:
+        return self.index, item
+
+
+class _KeepOutputs:
+    plan_hidden = True
+
+    def __init__(self, indexes: Sequence[int]) -> None:
+        self.indexes = set(indexes)
+
+    def __call__(self, tagged: tuple[int, Any]) -> bool:
+        return tagged[0] in self.indexes
+
+
+def _untag(tagged: tuple[int, Any]) -> Any:
+    return tagged[1]
+
+
+_untag.plan_hidden = True  # type: ignore[attr-defined]
+
+
+def Concurrently(
+    ops: Sequence[LocalIterator[Any]],
+    *,
+    mode: str = "round_robin",
+    output_indexes: Sequence[int] | None = None,
+    round_robin_weights: Sequence[int | str] | None = None,
+) -> LocalIterator[Any]:
+    """Run sub-flows together and merge their outputs into one iterator.
+
+    ``round_robin``: a fixed order, ``round_robin_weights[i]`` items from sub-flow ``i``
+    per turn (``"*"``: all it has ready). ``async``: whichever sub-flow has an item; the
+    merged flow blocks only when none has. ``output_indexes`` keeps only the outputs of
+    those sub-flows (the others still run for their effects).
+    """
+    if len(ops) < 2:
+        raise FlowRLError(f"Concurrently needs at least 2 sub-flows, got {len(ops)}")
+    if mode not in CONCURRENCY_MODES:
+        raise FlowRLError(f"Concurrently(mode={mode!r}): mode must be one of {CONCURRENCY_MODES}")
+    if mode == "async" and round_robin_weights is not None:
+        raise FlowRLError("Concurrently: round_robin_weights only apply to mode='round_robin'")
+    if output_indexes is not None:
+        bad = [i for i in output_indexes if not 0 <= i < len(ops)]
+        if bad:
+            raise FlowRLError(f"Concurrently: output_indexes {bad} out of range for {len(ops)} sub-flows")
+        ops = [op.for_each(_Tag(i)) for i, op in enumerate(ops)]
+    merged = ops[0].union(*ops[1:], deterministic=(mode == "round_robin"), round_robin_weights=round_robin_weights)
+    if output_indexes is None:
+        return merged
+    return merged.filter(_KeepOutputs(output_indexes)).for_each(_untag)
+
+
+class Enqueue:
+    """Put each item on a bounded :class:`~flowrl.iterators.EventQueue`; use with ``transform``.
+
+    ``flow.transform(Enqueue(q))`` yields each item once it is on the queue. While the
+    queue is full it yields a not-ready marker that waits on the queue's ``not_full_event``
+    and keeps the item, so nothing is dropped and a union meanwhile serves its other
+    sub-flows (back-pressure instead of loss).
+    """
+
+    def __init__(self, output_queue: EventQueue) -> None:
+        if not isinstance(output_queue, EventQueue):
+            raise FlowRLError(f"Enqueue needs a flowrl.iterators.EventQueue, got {type(output_queue).__name__}")
+        self.queue = output_queue
+
+    def plan_links(self) -> list[tuple[str, str]]:
+        """What this operator does to actors, for the plan graph."""
+        return [("LearnerThread", "enqueue")]
+
+    def __call__(self, items: Iterator[Any]) -> Iterator[Any]:
+        for item in items:
+            if isinstance(item, NextValueNotReady):
+                yield item
+                continue
+            while True:
+                try:
+                    self.queue.put_nowait(item)
+                    break
+                except queue.Full:
+                    yield NextValueNotReady(events=[self.queue.not_full_event])
+            yield item
+
+
+def Dequeue(input_queue: EventQueue, check: Callable[[], bool] = lambda: True) -> LocalIterator[Any]:
+    """A source of the items a background thread puts on ``input_queue``.
+
+    Blocking consumers wait on the queue; inside a union it yields a not-ready marker on
+    the queue's ``not_empty_event``. ``check()`` (e.g. "the learner thread is alive") is
+    called whenever the queue is empty; if it returns False the source raises instead of
+    waiting forever.
+    """
+    if not isinstance(input_queue, EventQueue):
+        raise FlowRLError(f"Dequeue needs a flowrl.iterators.EventQueue, got {type(input_queue).__name__}")
+
+    def base(timeout: float | None) -> Iterator[Any]:
+        while True:
+            try:
+                yield input_queue.get_nowait()
+                continue
+            except queue.Empty:
+                pass
+            if not check():
+                raise FlowRLError("Dequeue: the queue is empty and its producer is gone (check() returned False)")
+            if timeout is None:
+                input_queue.not_empty_event.wait(timeout=1.0)  # wake up now and then to re-run check()
+            else:
+                yield NextValueNotReady(events=[input_queue.not_empty_event])
+
+    return LocalIterator(base, SharedMetrics(), name="dequeue")

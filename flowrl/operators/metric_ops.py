@@ -1,0 +1,133 @@
+"""Operators that turn a training flow into results: iteration pacing and metrics collection."""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from flowrl.actors import WorkerSet
+from flowrl.iterators import LocalIterator
+from flowrl.operators.names import LEARNER_INFO, STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER
+
+
+class OncePerTimeInterval:
+    """A filter that passes an item when at least ``delay_s`` seconds passed since the last one it passed."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.last_passed = 0.0
+
+    def __call__(self, item: Any) -> bool:
+        if self.delay_s <= 0:
+            return True
+        now = time.monotonic()
+        if now - self.last_passed >= self.delay_s:
+            self.last_passed = now
+            return True
+        return False
+
+
+class OncePerTimestepsElapsed:
+    """A filter that passes an item when ``delay_steps`` env steps were sampled (or trained) since the last."""
+
+    def __init__(self, delay_steps: int, by_steps_trained: bool = False) -> None:
+        self.delay_steps = delay_steps
+        self.counter = STEPS_TRAINED_COUNTER if by_steps_trained else STEPS_SAMPLED_COUNTER
+        self.last_passed = 0
+
+    def __call__(self, item: Any) -> bool:
+        if self.delay_steps <= 0:
+            return True
+        now = LocalIterator.get_metrics().counters[self.counter]
+        if now - self.last_passed >= self.delay_steps:
+            self.last_passed = now
+            return True
+        return False
+
+
+def summarize_episodes(episodes: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Reward and length statistics of finished episodes (NaN when there are none)."""
+    rewards = np.array([e["episode_reward"] for e in episodes], dtype=np.float64)
+    lengths = np.array([e["episode_length"] for e in episodes], dtype=np.float64)
+    if not len(rewards):
+        nan = float("nan")
+        return {"episode_reward_mean": nan, "episode_reward_min": nan, "episode_reward_max": nan, "episode_len_mean": nan}
+    return {
+        "episode_reward_mean": float(rewards.mean()),
+        "episode_reward_min": float(rewards.min()),
+        "episode_reward_max": float(rewards.max()),
+        "episode_len_mean": float(lengths.mean()),
+    }
+
+
+class CollectMetrics:
+    """Build one result dict: episode statistics from the workers plus the flow's counters.
+
+    Episode statistics are smoothed over the last ``min_history`` finished episodes
+    (``metrics_smoothing_episodes``). ``selected_workers`` restricts which workers'
+    episodes count (e.g. Ape-X's lowest-epsilon ones); by default all workers, the local
+    one included only when there are no remote workers.
+    """
+
+    def __init__(self, workers: WorkerSet, min_history: int = 100, selected_workers: Sequence[Any] | None = None) -> None:
+        self.workers = workers
+        self.history: collections.deque[dict[str, float]] = collections.deque(maxlen=min_history)
+        self.selected_workers = list(selected_workers) if selected_workers is not None else None
+        self.episodes_total = 0
+        self.iteration_started = time.monotonic()
+
+    def plan_links(self) -> list[tuple[str, str]]:
+        """What this operator does to actors, for the plan graph."""
+        return [("RolloutWorker", "collect episode stats")]
+
+    def _new_episodes(self) -> list[dict[str, float]]:
+        if self.selected_workers is not None:
+            import ray
+
+            return [e for stats in ray.get([w.get_metrics.remote() for w in self.selected_workers]) for e in stats]
+        local = not self.workers.remote_workers()
+        return [e for stats in self.workers.foreach_worker(lambda w: w.get_metrics(), local=local) for e in stats]
+
+    def __call__(self, item: Any) -> dict[str, Any]:
+        metrics = LocalIterator.get_metrics()
+        episodes = self._new_episodes()
+        self.history.extend(episodes)
+        self.episodes_total += len(episodes)
+        now = time.monotonic()
+        result: dict[str, Any] = {
+            **summarize_episodes(list(self.history)),
+            "episodes_this_iter": len(episodes),
+            "episodes_total": self.episodes_total,
+            "timesteps_total": metrics.counters[STEPS_SAMPLED_COUNTER],
+            "timesteps_trained": metrics.counters[STEPS_TRAINED_COUNTER],
+            "time_this_iter_s": now - self.iteration_started,
+            "info": {LEARNER_INFO: metrics.info.get(LEARNER_INFO, {}), **dict(metrics.counters)},
+            "timers": {f"{name}_time_ms": round(1000 * t.mean, 3) for name, t in metrics.timers.items()},
+            "num_worker_restarts": self.workers.num_worker_restarts,
+        }
+        for name, timer in metrics.timers.items():
+            if timer.units:
+                result["timers"][f"{name}_throughput"] = round(timer.mean_throughput, 3)
+        self.iteration_started = now
+        return result
+
+
+def StandardMetricsReporting(
+    train_op: LocalIterator[Any],
+    workers: WorkerSet,
+    config: Any,
+    selected_workers: Sequence[Any] | None = None,
+) -> LocalIterator[dict[str, Any]]:
+    """One result per training iteration, from a flow of training outputs.
+
+    An iteration ends after at least ``config.timesteps_per_iteration`` sampled steps and
+    ``config.min_iter_time_s`` seconds (0: every item of ``train_op``).
+    """
+    return (
+        train_op.filter(OncePerTimestepsElapsed(config.timesteps_per_iteration))
+        .filter(OncePerTimeInterval(config.min_iter_time_s))
+        .for_each(CollectMetrics(workers, config.metrics_smoothing_episodes, selected_workers))
+    )

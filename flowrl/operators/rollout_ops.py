@@ -1,0 +1,137 @@
+"""Operators that produce and reshape experience: rollouts, gradients from workers, batching."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from flowrl.actors import WorkerSet, get_global_worker
+from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch, concat_samples
+from flowrl.errors import FlowRLError
+from flowrl.iterators import LocalIterator, ParallelIterator, SharedMetrics, from_actors
+from flowrl.operators.names import (
+    AGENT_STEPS_SAMPLED_COUNTER,
+    COMPUTE_GRADS_TIMER,
+    LEARNER_INFO,
+    STEPS_SAMPLED_COUNTER,
+)
+
+Batch = SampleBatch | MultiAgentBatch
+ROLLOUT_MODES = ("bulk_sync", "async", "raw")
+
+
+def count_steps_sampled(batch: Batch) -> Batch:
+    """Add a batch's env and agent steps to the sampled counters (pass-through)."""
+    metrics = LocalIterator.get_metrics()
+    metrics.counters[STEPS_SAMPLED_COUNTER] += batch.env_steps()
+    metrics.counters[AGENT_STEPS_SAMPLED_COUNTER] += batch.agent_steps()
+    return batch
+
+
+def _rollout_actors(workers: WorkerSet) -> ParallelIterator[Batch]:
+    return from_actors(workers.remote_workers(), name="rollout_workers", on_shard_failure=workers.on_shard_failure)
+
+
+def ParallelRollouts(workers: WorkerSet, *, mode: str = "bulk_sync", num_async: int = 1) -> Any:
+    """Experience from the rollout workers, counted in ``num_steps_sampled``.
+
+    ``bulk_sync``: one fragment from every worker per item, concatenated (a barrier per
+    round). ``async``: fragments as they arrive, ``num_async`` requests in flight per
+    worker. ``raw``: the :class:`~flowrl.iterators.ParallelIterator` over the workers,
+    for plans that gather it themselves. With no remote workers the local worker samples.
+    Dead workers are replaced (or dropped) by the worker set without ending the stream.
+    """
+    if mode not in ROLLOUT_MODES:
+        raise FlowRLError(f"ParallelRollouts(mode={mode!r}): mode must be one of {ROLLOUT_MODES}")
+    if not workers.remote_workers():
+        if mode == "raw":
+            raise FlowRLError("ParallelRollouts(mode='raw') needs remote workers (num_workers >= 1)")
+        local = workers.local_worker()
+        rollouts = LocalIterator(lambda timeout: local._sample_forever(), SharedMetrics(), name="local_worker.sample()")
+        return rollouts.for_each(count_steps_sampled)
+    actors = _rollout_actors(workers)
+    if mode == "raw":
+        return actors
+    if mode == "bulk_sync":
+        return actors.batch_across_shards().for_each(concat_samples).for_each(count_steps_sampled)
+    return actors.gather_async(num_async=num_async).for_each(count_steps_sampled)
+
+
+def _sample_and_compute_gradients(batch: Batch) -> tuple[tuple[list[np.ndarray], dict[str, float]], int]:
+    """Runs inside a rollout worker: gradients of its policy on the batch it just sampled."""
+    return get_global_worker().compute_gradients(batch), batch.env_steps()
+
+
+def _record_gradient_source(item: tuple[tuple[list[np.ndarray], dict[str, float]], int]) -> tuple[list[np.ndarray], int]:
+    (grads, info), count = item
+    metrics = LocalIterator.get_metrics()
+    metrics.counters[STEPS_SAMPLED_COUNTER] += count
+    metrics.info[LEARNER_INFO] = {DEFAULT_POLICY_ID: info}
+    return grads, count
+
+
+def AsyncGradients(workers: WorkerSet) -> LocalIterator[tuple[list[np.ndarray], int]]:
+    """``(gradients, count)`` computed inside the rollout workers on their own samples (A3C).
+
+    Gradients arrive as workers finish; the source worker of each is recorded as the
+    metrics context's ``current_actor`` so ``ApplyGradients(update_all=False)`` can send
+    new weights back to it alone.
+    """
+    if not workers.remote_workers():
+        raise FlowRLError("AsyncGradients needs remote workers (num_workers >= 1)")
+    return _rollout_actors(workers).for_each(_sample_and_compute_gradients).gather_async().for_each(_record_gradient_source)
+
+
+class ConcatBatches:
+    """Accumulate batches until they hold ``min_batch_size`` env steps; use with ``combine``.
+
+    Returns ``[]`` while accumulating and ``[batch]`` once enough arrived.
+    """
+
+    def __init__(self, min_batch_size: int) -> None:
+        if min_batch_size < 1:
+            raise FlowRLError(f"ConcatBatches(min_batch_size={min_batch_size}): must be >= 1")
+        self.min_batch_size = min_batch_size
+        self.buffer: list[Batch] = []
+        self.count = 0
+
+    def __call__(self, batch: Batch) -> list[Batch]:
+        self.buffer.append(batch)
+        self.count += batch.env_steps()
+        if self.count < self.min_batch_size:
+            return []
+        out = concat_samples(self.buffer)
+        self.buffer, self.count = [], 0
+        return [out]
+
+
+class SelectExperiences:
+    """Keep only the given policies' batches of a :class:`~flowrl.data.MultiAgentBatch`."""
+
+    def __init__(self, policy_ids: Sequence[str]) -> None:
+        self.policy_ids = list(policy_ids)
+
+    def __call__(self, batch: Batch) -> Batch:
+        if not isinstance(batch, MultiAgentBatch):
+            if self.policy_ids != [DEFAULT_POLICY_ID]:
+                raise FlowRLError(f"SelectExperiences({self.policy_ids}) got a single-agent batch (policy {DEFAULT_POLICY_ID!r})")
+            return batch
+        return MultiAgentBatch(
+            {pid: b for pid, b in batch.policy_batches.items() if pid in self.policy_ids}, batch.env_steps()
+        )
+
+
+class StandardizeFields:
+    """Shift and scale the given columns to mean 0 and std 1 (per policy for multi-agent batches)."""
+
+    def __init__(self, fields: Iterable[str]) -> None:
+        self.fields = list(fields)
+
+    def __call__(self, batch: Batch) -> Batch:
+        batches = batch.policy_batches.values() if isinstance(batch, MultiAgentBatch) else [batch]
+        for b in batches:
+            for field in self.fields:
+                column = b[field].astype(np.float32)
+                b[field] = (column - column.mean()) / max(float(column.std()), 1e-4)
+        return batch

@@ -1,0 +1,205 @@
+"""Operators that learn: SGD steps on the local worker, gradients, weight broadcast, target networks."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Sequence
+
+import numpy as np
+
+from flowrl.actors import WorkerSet
+from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from flowrl.errors import FlowRLError
+from flowrl.iterators import LocalIterator
+from flowrl.operators.names import (
+    AGENT_STEPS_TRAINED_COUNTER,
+    APPLY_GRADS_TIMER,
+    COMPUTE_GRADS_TIMER,
+    LAST_TARGET_UPDATE_TS,
+    LEARN_ON_BATCH_TIMER,
+    LEARNER_INFO,
+    NUM_TARGET_UPDATES,
+    NUM_WEIGHT_SYNCS,
+    STEPS_SAMPLED_COUNTER,
+    STEPS_TRAINED_COUNTER,
+    WORKER_UPDATE_TIMER,
+)
+from flowrl.policy import Policy
+
+Batch = SampleBatch | MultiAgentBatch
+Gradients = list[np.ndarray]
+
+
+def policy_batches(batch: Batch) -> dict[str, SampleBatch]:
+    """A batch as ``{policy_id: SampleBatch}``."""
+    return dict(batch.policy_batches) if isinstance(batch, MultiAgentBatch) else {DEFAULT_POLICY_ID: batch}
+
+
+def minibatch_sgd(policy: Policy, batch: SampleBatch, num_sgd_iter: int, sgd_minibatch_size: int, seed: int | None = None) -> dict[str, float]:
+    """``num_sgd_iter`` epochs over ``batch`` in shuffled minibatches; returns mean learner stats.
+
+    With ``sgd_minibatch_size`` 0 (or not smaller than the batch), each epoch is one step
+    on the whole batch. A trailing minibatch smaller than half the size is skipped.
+    """
+    rng = np.random.default_rng(seed)
+    sums: dict[str, float] = collections.defaultdict(float)
+    steps = 0
+    size = sgd_minibatch_size if 0 < sgd_minibatch_size < batch.count else batch.count
+    for _ in range(num_sgd_iter):
+        epoch = batch.shuffle(rng) if size < batch.count else batch
+        for start in range(0, batch.count, size):
+            minibatch = epoch.slice(start, min(start + size, batch.count))
+            if minibatch.count < max(1, size // 2):
+                continue
+            for key, value in policy.learn_on_batch(minibatch).items():
+                sums[key] += float(value)
+            steps += 1
+    return {key: total / steps for key, total in sums.items()} if steps else {}
+
+
+def _global_vars() -> dict[str, Any]:
+    return {"timestep": LocalIterator.get_metrics().counters[STEPS_SAMPLED_COUNTER]}
+
+
+class TrainOneStep:
+    """Learn on a batch with the local worker's policies, then broadcast the new weights.
+
+    Consumes a batch and yields ``(batch, learner_info)``. With ``num_sgd_iter`` > 1 or
+    ``sgd_minibatch_size`` > 0 it runs that many epochs of shuffled minibatches. Counts
+    ``num_steps_trained`` and keeps the per-policy learner stats in ``info["learner"]``.
+    """
+
+    def __init__(
+        self,
+        workers: WorkerSet,
+        policies: Sequence[str] | None = None,
+        num_sgd_iter: int = 1,
+        sgd_minibatch_size: int = 0,
+    ) -> None:
+        if num_sgd_iter < 1:
+            raise FlowRLError(f"TrainOneStep(num_sgd_iter={num_sgd_iter}): must be >= 1")
+        self.workers = workers
+        self.policies = list(policies) if policies is not None else workers.trainable_policies()
+        self.num_sgd_iter = num_sgd_iter
+        self.sgd_minibatch_size = sgd_minibatch_size
+
+    def plan_links(self) -> list[tuple[str, str]]:
+        """What this operator does to actors, for the plan graph."""
+        return [("RolloutWorker", "broadcast weights")]
+
+    def __call__(self, batch: Batch) -> tuple[Batch, dict[str, dict[str, float]]]:
+        metrics = LocalIterator.get_metrics()
+        local = self.workers.local_worker()
+        info: dict[str, dict[str, float]] = {}
+        with metrics.timers[LEARN_ON_BATCH_TIMER] as timer:
+            for pid, policy_batch in policy_batches(batch).items():
+                if pid not in self.policies:
+                    continue
+                policy = local.get_policy(pid)
+                if self.num_sgd_iter == 1 and self.sgd_minibatch_size == 0:
+                    info[pid] = policy.learn_on_batch(policy_batch)
+                else:
+                    info[pid] = minibatch_sgd(policy, policy_batch, self.num_sgd_iter, self.sgd_minibatch_size)
+            timer.push_units_processed(batch.env_steps())
+        metrics.counters[STEPS_TRAINED_COUNTER] += batch.env_steps()
+        metrics.counters[AGENT_STEPS_TRAINED_COUNTER] += batch.agent_steps()
+        metrics.info[LEARNER_INFO] = info
+        with metrics.timers[WORKER_UPDATE_TIMER]:
+            self.workers.sync_weights(self.policies, global_vars=_global_vars())
+        metrics.counters[NUM_WEIGHT_SYNCS] += 1
+        return batch, info
+
+
+class ComputeGradients:
+    """Gradients of the local worker's policy on a batch: yields ``(gradients, count)``."""
+
+    def __init__(self, workers: WorkerSet, policy_id: str = DEFAULT_POLICY_ID) -> None:
+        self.workers = workers
+        self.policy_id = policy_id
+
+    def __call__(self, batch: Batch) -> tuple[Gradients, int]:
+        metrics = LocalIterator.get_metrics()
+        with metrics.timers[COMPUTE_GRADS_TIMER]:
+            grads, info = self.workers.local_worker().compute_gradients(policy_batches(batch)[self.policy_id], self.policy_id)
+        metrics.info[LEARNER_INFO] = {self.policy_id: info}
+        return grads, batch.env_steps()
+
+
+class AverageGradients:
+    """Average a list of ``(gradients, count)`` (e.g. from ``.batch(n)``) into one, weighted by count."""
+
+    def __call__(self, items: list[tuple[Gradients, int]]) -> tuple[Gradients, int]:
+        if not items:
+            raise FlowRLError("AverageGradients got an empty list")
+        total = sum(count for _, count in items)
+        averaged = [sum(grads[i] * (count / total) for grads, count in items) for i in range(len(items[0][0]))]
+        return averaged, total
+
+
+class ApplyGradients:
+    """Apply ``(gradients, count)`` to the local worker's policy and send out the new weights.
+
+    ``update_all=True`` broadcasts to every remote worker; ``False`` sends the weights
+    only to the worker that produced the gradients (the metrics context's
+    ``current_actor``, set by :func:`AsyncGradients`), as A3C does.
+    """
+
+    def __init__(self, workers: WorkerSet, policy_id: str = DEFAULT_POLICY_ID, update_all: bool = True) -> None:
+        self.workers = workers
+        self.policy_id = policy_id
+        self.update_all = update_all
+
+    def plan_links(self) -> list[tuple[str, str]]:
+        """What this operator does to actors, for the plan graph."""
+        target = "all" if self.update_all else "the source worker"
+        return [("RolloutWorker", f"send weights to {target}")]
+
+    def __call__(self, item: tuple[Gradients, int]) -> dict[str, dict[str, float]]:
+        grads, count = item
+        metrics = LocalIterator.get_metrics()
+        local = self.workers.local_worker()
+        with metrics.timers[APPLY_GRADS_TIMER]:
+            local.apply_gradients(grads, self.policy_id)
+        metrics.counters[STEPS_TRAINED_COUNTER] += count
+        metrics.counters[AGENT_STEPS_TRAINED_COUNTER] += count
+        with metrics.timers[WORKER_UPDATE_TIMER]:
+            if self.update_all:
+                self.workers.sync_weights([self.policy_id], global_vars=_global_vars())
+            else:
+                actor = metrics.current_actor
+                if actor is None:
+                    raise FlowRLError("ApplyGradients(update_all=False) needs the source actor; use it right after AsyncGradients")
+                actor.set_weights.remote(local.get_weights([self.policy_id]), _global_vars())
+        metrics.counters[NUM_WEIGHT_SYNCS] += 1
+        return metrics.info.get(LEARNER_INFO, {})
+
+
+class UpdateTargetNetwork:
+    """Every ``target_update_freq`` steps, copy each policy's network into its target network.
+
+    Pass-through. Counts steps sampled, or steps trained with ``by_steps_trained``. The
+    policies must have an ``update_target()`` method.
+    """
+
+    def __init__(
+        self,
+        workers: WorkerSet,
+        target_update_freq: int,
+        by_steps_trained: bool = False,
+        policies: Sequence[str] | None = None,
+    ) -> None:
+        self.workers = workers
+        self.target_update_freq = target_update_freq
+        self.counter = STEPS_TRAINED_COUNTER if by_steps_trained else STEPS_SAMPLED_COUNTER
+        self.policies = list(policies) if policies is not None else workers.trainable_policies()
+
+    def __call__(self, item: Any) -> Any:
+        metrics = LocalIterator.get_metrics()
+        now = metrics.counters[self.counter]
+        if now - metrics.counters[LAST_TARGET_UPDATE_TS] >= self.target_update_freq:
+            local = self.workers.local_worker()
+            for pid in self.policies:
+                local.get_policy(pid).update_target()  # type: ignore[attr-defined]
+            metrics.counters[NUM_TARGET_UPDATES] += 1
+            metrics.counters[LAST_TARGET_UPDATE_TS] = now
+        return item

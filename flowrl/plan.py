@@ -1,0 +1,182 @@
+"""Execution plans as inspectable graphs: operator nodes, actor nodes and the edges between them.
+
+A :class:`Plan` wraps the iterator an algorithm's ``execution_plan`` returns. Its graph
+is read from the stage nodes the iterators recorded while the plan was built; actor
+nodes come from the actors that gathers pull from and from operators that declare, with
+a ``plan_links()`` method, what they do to which actors. Per-stage statistics come from
+the plan's metrics context.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from flowrl.iterators import LocalIterator, MetricsContext, StageNode
+
+
+def _actor_class(actor: Any) -> str:
+    descriptor = getattr(actor, "_ray_actor_creation_function_descriptor", None)
+    return getattr(descriptor, "class_name", None) or type(actor).__name__
+
+
+def _hidden(stage: StageNode) -> bool:
+    return bool(getattr(stage.fn, "plan_hidden", False))
+
+
+@dataclass
+class PlanGraph:
+    """Operator nodes (by stage id), actor groups, and labelled edges (source, target, label)."""
+
+    operators: dict[int, StageNode] = field(default_factory=dict)
+    actors: dict[str, int] = field(default_factory=dict)  # actor class -> how many
+    edges: list[tuple[str, str, str]] = field(default_factory=list)
+
+    @staticmethod
+    def op_id(stage: StageNode) -> str:
+        """The node id of an operator in text, Mermaid and DOT output."""
+        return f"op{stage.id}"
+
+    @staticmethod
+    def actor_id(actor_class: str) -> str:
+        """The node id of an actor group."""
+        return f"actor_{actor_class}"
+
+    def actor_label(self, actor_class: str) -> str:
+        """``"RolloutWorker x2"``-style label of an actor group."""
+        count = self.actors[actor_class]
+        return actor_class if count <= 1 else f"{actor_class} x{count}"
+
+
+def build_graph(output: StageNode) -> PlanGraph:
+    """Walk the stages feeding ``output`` and collect operators, actors and edges."""
+    graph = PlanGraph()
+    seen: set[int] = set()
+
+    def visible_inputs(stage: StageNode) -> list[StageNode]:
+        found: list[StageNode] = []
+        for parent in stage.inputs:
+            found.extend(visible_inputs(parent) if _hidden(parent) else [parent])
+        return found
+
+    def visit(stage: StageNode) -> None:
+        if stage.id in seen:
+            return
+        seen.add(stage.id)
+        for parent in stage.inputs:
+            visit(parent)
+        if _hidden(stage):
+            return
+        graph.operators[stage.id] = stage
+        for parent in visible_inputs(stage):
+            graph.edges.append((PlanGraph.op_id(parent), PlanGraph.op_id(stage), ""))
+        if stage.actors:
+            counts: dict[str, int] = {}
+            for actor in stage.actors:
+                counts[_actor_class(actor)] = counts.get(_actor_class(actor), 0) + 1
+            for actor_class, count in counts.items():
+                graph.actors[actor_class] = max(graph.actors.get(actor_class, 0), count)
+                graph.edges.append((PlanGraph.actor_id(actor_class), PlanGraph.op_id(stage), stage.kind))
+        links = getattr(stage.fn, "plan_links", None)
+        if callable(links):
+            for actor_class, label in links():
+                graph.actors.setdefault(actor_class, 1)
+                graph.edges.append((PlanGraph.op_id(stage), PlanGraph.actor_id(actor_class), label))
+
+    visit(output)
+    return graph
+
+
+class Plan:
+    """A runnable execution plan with its graph and per-operator statistics.
+
+    ``next(plan)`` runs one training iteration in this process (the items of the wrapped
+    iterator are usually result dicts).
+    """
+
+    def __init__(self, iterator: LocalIterator[Any], name: str = "plan") -> None:
+        self.iterator = iterator
+        self.name = name
+        self.graph = build_graph(iterator.stage)
+        self._started_at: float | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        if self._started_at is None:
+            self._started_at = time.perf_counter()
+        return next(self.iterator)
+
+    @property
+    def metrics(self) -> MetricsContext:
+        """The metrics context shared by every operator of the plan."""
+        return self.iterator.shared_metrics.get()
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Per operator: items through, seconds spent in it, items/s since the plan started, share of time."""
+        elapsed = time.perf_counter() - self._started_at if self._started_at is not None else 0.0
+        stage_stats = self.metrics.stage_stats
+        total = sum(stage_stats[i].time_s for i in self.graph.operators if i in stage_stats) or 1.0
+        out: dict[str, dict[str, float]] = {}
+        for stage_id, stage in self.graph.operators.items():
+            s = stage_stats.get(stage_id)
+            items, spent = (s.items, s.time_s) if s is not None else (0, 0.0)
+            out[f"{stage_id}:{stage.label}"] = {
+                "items": items,
+                "time_s": round(spent, 6),
+                "items_per_s": round(items / elapsed, 3) if elapsed > 0 else 0.0,
+                "time_share": round(spent / total, 4),
+            }
+        return out
+
+    def describe(self) -> str:
+        """The graph as indented text: each operator, what it reads from, and the actors it touches."""
+        g = self.graph
+        lines = [f"plan {self.name}:", "  operators (in dataflow order):"]
+        labels = {PlanGraph.op_id(s): s.label for s in g.operators.values()}
+        labels.update({PlanGraph.actor_id(a): g.actor_label(a) for a in g.actors})
+        for stage in g.operators.values():
+            sources = [labels[src] for src, dst, _ in g.edges if dst == PlanGraph.op_id(stage)]
+            reads = f"  <- {', '.join(sources)}" if sources else ""
+            lines.append(f"    [{stage.id}] {stage.label}{reads}")
+        lines.append("  actors:")
+        for actor_class in g.actors:
+            lines.append(f"    {g.actor_label(actor_class)}")
+        links = [(labels[s], labels[d], lbl) for s, d, lbl in g.edges if lbl and d.startswith("actor_")]
+        if links:
+            lines.append("  operator -> actor:")
+            lines.extend(f"    {src} --{lbl}--> {dst}" for src, dst, lbl in links)
+        return "\n".join(lines)
+
+    def to_mermaid(self) -> str:
+        """The graph as a Mermaid flowchart (operators as boxes, actors as stadiums)."""
+        g = self.graph
+        lines = ["flowchart TD"]
+        for stage in g.operators.values():
+            lines.append(f'    {PlanGraph.op_id(stage)}["{_escape(stage.label)}"]')
+        for actor_class in g.actors:
+            lines.append(f'    {PlanGraph.actor_id(actor_class)}(["{_escape(g.actor_label(actor_class))}"])')
+        for src, dst, label in g.edges:
+            arrow = f' -->|"{_escape(label)}"| ' if label else " --> "
+            lines.append(f"    {src}{arrow}{dst}")
+        return "\n".join(lines)
+
+    def to_dot(self) -> str:
+        """The graph in Graphviz DOT."""
+        g = self.graph
+        lines = [f'digraph "{_escape(self.name)}" {{', "    rankdir=TB;"]
+        for stage in g.operators.values():
+            lines.append(f'    {PlanGraph.op_id(stage)} [shape=box, label="{_escape(stage.label)}"];')
+        for actor_class in g.actors:
+            lines.append(f'    {PlanGraph.actor_id(actor_class)} [shape=ellipse, label="{_escape(g.actor_label(actor_class))}"];')
+        for src, dst, label in g.edges:
+            attrs = f' [label="{_escape(label)}"]' if label else ""
+            lines.append(f"    {src} -> {dst}{attrs};")
+        lines.append("}")
+        return "\n".join(lines)
+
+
+def _escape(text: str) -> str:
+    return text.replace('"', "'")

@@ -1,0 +1,197 @@
+"""The Trainer: builds an algorithm's plan over rollout workers, runs it, and saves and restores it."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from flowrl.algorithms import Algorithm, get_algorithm
+from flowrl.actors import WorkerSet
+from flowrl.checkpoint import read_checkpoint, write_checkpoint
+from flowrl.config import TrainerConfig
+from flowrl.data import DEFAULT_POLICY_ID
+from flowrl.envs import get_env_creator
+from flowrl.errors import CheckpointError
+from flowrl.operators.metric_ops import summarize_episodes
+from flowrl.plan import Plan
+from flowrl.ray_runtime import start_ray, stop_ray
+
+EnvSpec = str | Callable[[dict[str, Any]], gym.Env]
+CHECKPOINT_VERSION = 1
+
+
+class Trainer:
+    """Trains one algorithm on one env: ``train()`` runs one iteration of its execution plan.
+
+    ``config`` is a dict of the algorithm's config keys (or its config object); every
+    problem in it is reported in one :class:`~flowrl.errors.ConfigError` before any actor
+    starts. With no ``address`` an embedded local Ray is started (and stopped by
+    :meth:`stop`); with one, that cluster is joined and left running.
+    """
+
+    def __init__(
+        self,
+        algo: str,
+        env: EnvSpec,
+        config: Mapping[str, Any] | TrainerConfig | None = None,
+        *,
+        address: str | None = None,
+    ) -> None:
+        self.algorithm: Algorithm = get_algorithm(algo)
+        config_class = self.algorithm.config_class
+        if isinstance(config, TrainerConfig):
+            config = config.to_dict()
+        self.config = config_class.from_dict(config)
+        self.env = env
+        env_creator = get_env_creator(env)
+        self._owns_ray = start_ray(address)
+        try:
+            self._seed_driver()
+            probe = env_creator(dict(self.config.env_config))
+            observation_space, action_space = probe.observation_space, probe.action_space
+            probe.close()
+            spec = self.algorithm.make_policy(observation_space, action_space, self.config)
+            self.workers = WorkerSet(
+                env_creator=env_creator,
+                policy_specs={DEFAULT_POLICY_ID: spec},
+                config=self.config.rollout_config(),
+                num_workers=self.config.num_workers,
+                num_cpus_per_worker=self.config.num_cpus_per_worker,
+                recreate_failed_workers=self.config.recreate_failed_workers,
+                check_env=self.config.check_env,
+            )
+            self.plan = Plan(self.algorithm.execution_plan(self.workers, self.config), name=self.algorithm.name)
+        except BaseException:
+            stop_ray(self._owns_ray)
+            raise
+        self.iteration = 0
+        self.time_total_s = 0.0
+
+    def _seed_driver(self) -> None:
+        if self.config.seed is not None:
+            random.seed(self.config.seed)
+            np.random.seed(self.config.seed % 2**32)
+            torch.manual_seed(self.config.seed)
+
+    # -- running ---------------------------------------------------------------------
+
+    def train(self) -> dict[str, Any]:
+        """Run one training iteration (``next(plan)``) and return its result dict."""
+        start = time.perf_counter()
+        result = next(self.plan)
+        elapsed = time.perf_counter() - start
+        self.iteration += 1
+        self.time_total_s += elapsed
+        result.update(
+            training_iteration=self.iteration,
+            time_this_iter_s=elapsed,
+            time_total_s=self.time_total_s,
+            timestamp=time.time(),
+            plan=self.plan.stats(),
+        )
+        return result
+
+    def evaluate(self, num_episodes: int = 10, seed: int | None = None) -> dict[str, float]:
+        """Run ``num_episodes`` episodes with deterministic actions in this process; return their statistics."""
+        policy = self.workers.local_worker().get_policy()
+        env = get_env_creator(self.env)(dict(self.config.env_config))
+        episodes: list[dict[str, float]] = []
+        try:
+            for i in range(num_episodes):
+                obs, _ = env.reset(seed=None if seed is None else seed + i)
+                total, length, done = 0.0, 0, False
+                while not done:
+                    action = policy.compute_single_action(obs, explore=False)
+                    obs, reward, terminated, truncated, _ = env.step(action)
+                    total += float(reward)
+                    length += 1
+                    done = terminated or truncated
+                episodes.append({"episode_reward": total, "episode_length": length})
+        finally:
+            env.close()
+        return {**summarize_episodes(episodes), "episodes": num_episodes}
+
+    # -- checkpoints -----------------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        """Everything needed to resume: config, weights, optimizer and exploration state, counters, RNGs."""
+        return {
+            "version": CHECKPOINT_VERSION,
+            "algo": self.algorithm.name,
+            "env": self.env,
+            "config": self.config.to_dict(),
+            "iteration": self.iteration,
+            "time_total_s": self.time_total_s,
+            "worker": self.workers.local_worker().get_state(),
+            "metrics": self.plan.metrics.save(),
+            "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+        }
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`get_state`'s output into this trainer (same algorithm)."""
+        if state.get("algo") != self.algorithm.name:
+            raise CheckpointError(
+                f"the checkpoint was written by algorithm {state.get('algo')!r}, not {self.algorithm.name!r}"
+            )
+        self.workers.local_worker().set_state(state["worker"])
+        self.plan.metrics.restore(state["metrics"])
+        self.iteration = int(state["iteration"])
+        self.time_total_s = float(state["time_total_s"])
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+        torch.set_rng_state(state["rng"]["torch"])
+        timestep = self.plan.metrics.counters["num_steps_sampled"]
+        self.workers.sync_weights(global_vars={"timestep": timestep})
+
+    def save(self, checkpoint_dir: str | Path) -> str:
+        """Write a checkpoint under ``checkpoint_dir`` (atomically) and return its path."""
+        path = Path(checkpoint_dir) / f"checkpoint_{self.iteration:06d}"
+        metadata = {
+            "algo": self.algorithm.name,
+            "env": self.env if isinstance(self.env, str) else repr(self.env),
+            "iteration": self.iteration,
+            "timesteps_total": self.plan.metrics.counters["num_steps_sampled"],
+            "config": self.config.to_dict(),
+        }
+        return str(write_checkpoint(path, self.get_state(), metadata))
+
+    def restore(self, checkpoint_path: str | Path) -> None:
+        """Load a checkpoint written by :meth:`save` into this trainer."""
+        state, _ = read_checkpoint(checkpoint_path)
+        self.set_state(state)
+
+    @classmethod
+    def from_checkpoint(
+        cls, checkpoint_path: str | Path, *, address: str | None = None, config_overrides: Mapping[str, Any] | None = None
+    ) -> "Trainer":
+        """A new trainer built from a checkpoint's algorithm, env and config, with its state restored."""
+        state, _ = read_checkpoint(checkpoint_path)
+        for key in ("algo", "env", "config"):
+            if key not in state:
+                raise CheckpointError(f"checkpoint {str(checkpoint_path)!r} has no {key!r}: not a flowrl Trainer checkpoint")
+        trainer = cls(state["algo"], state["env"], {**state["config"], **(config_overrides or {})}, address=address)
+        trainer.set_state(state)
+        return trainer
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Release every actor, and stop Ray if this trainer started it."""
+        self.workers.stop()
+        stop_ray(self._owns_ray)
+        self._owns_ray = False
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"Trainer(algo={self.algorithm.name!r}, env={self.env!r}, iteration={self.iteration})"
