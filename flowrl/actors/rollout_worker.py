@@ -10,6 +10,7 @@ import torch
 
 from flowrl.actors.sampler import VectorSampler
 from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
+from flowrl.errors import FlowRLError
 from flowrl.iterators import ParallelIteratorWorker
 from flowrl.policy import Policy, PolicySpec
 from flowrl.policy.policy import ModelWeights
@@ -66,6 +67,11 @@ class RolloutWorker(ParallelIteratorWorker):
         if worker_seed is not None:
             torch.manual_seed(worker_seed)
             np.random.seed(worker_seed % 2**32)
+        if DEFAULT_POLICY_ID not in policy_specs:
+            raise FlowRLError(
+                f"single-agent sampling acts with the policy {DEFAULT_POLICY_ID!r}, but the policies are "
+                f"{sorted(policy_specs)}; multi-agent sampling is not available yet"
+            )
         num_envs = int(self.config["num_envs_per_worker"])
         self.envs = [env_creator(dict(self.config["env_config"])) for _ in range(num_envs)]
         policy_config = {"seed": worker_seed, "worker_index": worker_index}

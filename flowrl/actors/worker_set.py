@@ -61,11 +61,15 @@ class WorkerSet:
         if self._remote:
             self.sync_weights()
 
-    def _make_remote(self, worker_index: int) -> Any:
+    def _make_remote(self, worker_index: int, incarnation: int = 0) -> Any:
+        config = self._config
+        if incarnation and config.get("seed") is not None:
+            # A replacement must not replay its predecessor's env seeds and exploration draws.
+            config = {**config, "seed": int(config["seed"]) + 7919 * incarnation}
         return self._remote_cls.remote(
             env_creator=self._env_creator,
             policy_specs=self._policy_specs,
-            config=self._config,
+            config=config,
             worker_index=worker_index,
         )
 
@@ -126,13 +130,11 @@ class WorkerSet:
             self.num_workers_dropped += 1
             return None
         logger.warning("rollout worker %d died (%s); recreating it", index + 1, error)
-        replacement = self._make_remote(index + 1)
-        replacement.set_state.remote(self._local.get_state())
-        if self._global_vars is not None:
-            replacement.set_global_vars.remote(self._global_vars)
+        self.num_worker_restarts += 1
+        replacement = self._make_remote(index + 1, incarnation=self.num_worker_restarts)
+        replacement.set_weights.remote(self._local.get_weights(), self._global_vars)
         self._remote[index] = replacement
         self._replacements[dead] = replacement
-        self.num_worker_restarts += 1
         return replacement
 
     def probe_unhealthy_workers(self) -> int:

@@ -48,6 +48,14 @@ class SampleBatch(dict):
                 super().__setitem__(key, np.asarray(value))
         self._check_lengths()
 
+    def __setitem__(self, key: str, value: Any) -> None:
+        if not isinstance(value, (np.ndarray, CompressedColumn)):
+            value = np.asarray(value)
+        others = dict.__len__(self) - (key in self)
+        if others and len(value) != self.count:
+            raise ValueError(f"column {key!r} has {len(value)} rows but the SampleBatch has {self.count}")
+        super().__setitem__(key, value)
+
     def _check_lengths(self) -> None:
         lengths = {key: len(value) for key, value in self.items()}
         if len(set(lengths.values())) > 1:
@@ -162,9 +170,11 @@ def concat_samples(batches: Sequence[SampleBatch | "MultiAgentBatch"]) -> Any:
     for b in batches[1:]:
         if set(b.keys()) != set(keys):
             raise ValueError(f"cannot concatenate batches with different columns: {sorted(keys)} vs {sorted(b.keys())}")
-    for b in batches:
-        b.decompress_if_needed()
-    return SampleBatch({k: np.concatenate([b[k] for b in batches]) for k in keys})
+    def column(b: SampleBatch, key: str) -> np.ndarray:
+        value = dict.__getitem__(b, key)
+        return decompress_array(value) if isinstance(value, CompressedColumn) else value
+
+    return SampleBatch({k: np.concatenate([column(b, k) for b in batches]) for k in keys})
 
 
 class MultiAgentBatch:

@@ -52,9 +52,30 @@ def mlp(in_dim: int, hiddens: Sequence[int], activation: str, out_dim: int | Non
     return nn.Sequential(*layers)
 
 
+_MAX_CHANNELS = 16
+
+
+def image_layout(space: gym.Space) -> str | None:
+    """``"hw"``, ``"hwc"`` or ``"chw"`` for image-frame observations (sides >= 32 pixels), else None.
+
+    Gymnasium's frame stacking puts the stack first (``[4, 84, 84]``); most image envs put
+    channels last (``[84, 84, 3]``).
+    """
+    if not isinstance(space, gym.spaces.Box):
+        return None
+    shape = space.shape
+    if len(shape) == 2 and min(shape) >= 32:
+        return "hw"
+    if len(shape) == 3 and min(shape[:2]) >= 32 and shape[2] <= _MAX_CHANNELS:
+        return "hwc"
+    if len(shape) == 3 and min(shape[1:]) >= 32 and shape[0] <= _MAX_CHANNELS:
+        return "chw"
+    return None
+
+
 def is_image_space(space: gym.Space) -> bool:
-    """Whether observations are image frames ``[H, W, C]`` (or ``[H, W]``) for a CNN."""
-    return isinstance(space, gym.spaces.Box) and len(space.shape) in (2, 3) and min(space.shape[:2]) >= 32
+    """Whether observations are image frames for a CNN (see :func:`image_layout`)."""
+    return image_layout(space) is not None
 
 
 def flat_obs_dim(space: gym.Space) -> int:
@@ -81,26 +102,38 @@ def obs_to_tensor(obs: np.ndarray, space: gym.Space, device: torch.device) -> to
 
 
 class CNNEncoder(nn.Module):
-    """Convolutions over ``[B, H, W, C]`` frames (uint8 scaled to [0, 1]) then a 512-unit layer."""
+    """Convolutions over image frames (uint8 scaled to [0, 1]) then a 512-unit layer.
 
-    def __init__(self, obs_shape: Sequence[int], filters: Sequence[Sequence[int]], activation: str) -> None:
+    ``layout`` is the frames' axis order without the batch axis: ``"hwc"``, ``"chw"`` or ``"hw"``.
+    """
+
+    def __init__(self, obs_shape: Sequence[int], layout: str, filters: Sequence[Sequence[int]], activation: str) -> None:
         super().__init__()
-        height, width = obs_shape[0], obs_shape[1]
-        channels = obs_shape[2] if len(obs_shape) == 3 else 1
+        self.layout = layout
+        if layout == "hw":
+            channels, height, width = 1, obs_shape[0], obs_shape[1]
+        elif layout == "hwc":
+            height, width, channels = obs_shape
+        else:
+            channels, height, width = obs_shape
         layers: list[nn.Module] = []
+        in_channels = channels
         for out_channels, kernel, stride in filters:
-            layers += [nn.Conv2d(channels, out_channels, kernel, stride), _ACTIVATIONS[activation]()]
-            channels = out_channels
+            layers += [nn.Conv2d(in_channels, out_channels, kernel, stride), _ACTIVATIONS[activation]()]
+            in_channels = out_channels
         self.convs = nn.Sequential(*layers, nn.Flatten())
         with torch.no_grad():
-            flat = self.convs(torch.zeros(1, obs_shape[2] if len(obs_shape) == 3 else 1, height, width)).shape[1]
+            flat = self.convs(torch.zeros(1, channels, height, width)).shape[1]
         self.fc = nn.Sequential(nn.Linear(flat, 512), _ACTIVATIONS[activation]())
         self.out_dim = 512
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs
-        x = x.unsqueeze(-1) if x.dim() == 3 else x
-        return self.fc(self.convs(x.permute(0, 3, 1, 2)))
+        if self.layout == "hw":
+            x = x.unsqueeze(1)
+        elif self.layout == "hwc":
+            x = x.permute(0, 3, 1, 2)
+        return self.fc(self.convs(x))
 
 
 class MLPEncoder(nn.Module):
@@ -118,7 +151,7 @@ class MLPEncoder(nn.Module):
 def make_encoder(obs_space: gym.Space, config: Mapping[str, Any]) -> CNNEncoder | MLPEncoder:
     """A CNN for image frames, else an MLP, as configured."""
     if is_image_space(obs_space):
-        return CNNEncoder(obs_space.shape, config["conv_filters"], config["conv_activation"])
+        return CNNEncoder(obs_space.shape, image_layout(obs_space), config["conv_filters"], config["conv_activation"])
     return MLPEncoder(flat_obs_dim(obs_space), config["fcnet_hiddens"], config["fcnet_activation"])
 
 

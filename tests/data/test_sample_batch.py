@@ -339,3 +339,21 @@ def test_multi_agent_size_bytes_sums_policies() -> None:
     ma = MultiAgentBatch({"a": a, "b": b}, env_steps=6)
     assert ma.size_bytes() == a.size_bytes() + b.size_bytes()
     assert a.size_bytes() == sum(v.nbytes for v in a.values())
+
+
+def test_setting_a_column_converts_and_checks_its_length() -> None:
+    batch = SampleBatch({"obs": np.zeros((3, 2))})
+    batch["rewards"] = [1.0, 2.0, 3.0]
+    assert isinstance(batch["rewards"], np.ndarray)
+    with pytest.raises(ValueError, match="'dones' has 1 rows but the SampleBatch has 3"):
+        batch["dones"] = [True]
+    only = SampleBatch({"a": [1, 2]})
+    only["a"] = [1, 2, 3]  # replacing the only column may change the row count
+    assert only.count == 3
+
+
+def test_concat_samples_leaves_compressed_inputs_compressed() -> None:
+    packed = SampleBatch({"obs": np.ones((4, 8), np.uint8)}).compress(["obs"])
+    joined = concat_samples([packed, packed])
+    assert joined.count == 8 and not joined.is_compressed()
+    assert packed.is_compressed()

@@ -668,3 +668,13 @@ def test_bad_exploration_options_raise_flowrl_error() -> None:
         make_exploration(CARTPOLE_ACT, {"type": "StochasticSampling", "epsilon": 0.1})
     with pytest.raises(FlowRLError, match="EpsilonGreedy"):
         make_exploration(CARTPOLE_ACT, {"type": "EpsilonGreedy", "epsilon_steps": 10})
+
+
+@pytest.mark.parametrize("shape", [(84, 84, 4), (4, 84, 84), (84, 84)])
+def test_image_frames_get_a_cnn_in_either_channel_layout(shape: tuple[int, ...]) -> None:
+    space = gym.spaces.Box(0, 255, shape, np.uint8)
+    p = TorchPolicy(space, gym.spaces.Discrete(6), {}, loss_fn=bc_loss)
+    assert type(p.model.encoder).__name__ == "CNNEncoder"
+    assert p.model.encoder.fc[0].in_features == 7 * 7 * 64
+    actions, _ = p.compute_actions(np.zeros((2, *shape), np.uint8))
+    assert actions.shape == (2,)
