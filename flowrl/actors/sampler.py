@@ -112,26 +112,20 @@ class VectorSampler:
             eps_ids[step] = self.eps_ids
             ts[step] = self.ts
             env_actions = np.clip(actions, *self._clip) if self._clip is not None else actions
-            step_rewards, step_terms, step_truncs, next_obs = [], [], [], []
+            # Write each result straight into the step's rows: no per-step lists or stacking.
+            new_obs, step_rewards = new_obs_buf[step], rewards[step]
+            step_terms, step_truncs = terminateds[step], truncateds[step]
             for i, env in enumerate(self.envs):
-                ob, reward, terminated, truncated, _ = env.step(env_actions[i])
-                step_rewards.append(reward)
-                step_terms.append(terminated)
-                step_truncs.append(truncated)
-                next_obs.append(ob)
-            new_obs_buf[step] = next_obs
-            rewards[step] = step_rewards
-            terminateds[step] = step_terms
-            truncateds[step] = step_truncs
-            self.episode_rewards += rewards[step]
+                new_obs[i], step_rewards[i], step_terms[i], step_truncs[i], _ = env.step(env_actions[i])
+            self.obs[:] = new_obs
+            self.episode_rewards += step_rewards
             self.ts += 1
-            for i in np.flatnonzero(terminateds[step] | truncateds[step]):
+            for i in np.flatnonzero(step_terms | step_truncs):
                 self.finished.append(EpisodeStats(float(self.episode_rewards[i]), int(self.ts[i])))
                 self.episode_rewards[i] = 0.0
                 self.ts[i] = 0
                 self.eps_ids[i] = self._new_episode_id()
-                next_obs[i] = self.envs[i].reset()[0]
-            self.obs = np.stack(next_obs)
+                self.obs[i] = self.envs[i].reset()[0]
         self.steps_sampled += T * n
         assert actions_buf is not None
         columns: dict[str, np.ndarray] = {

@@ -18,12 +18,12 @@ from flowrl.data import SampleBatch
 
 def discount_cumsum(x: np.ndarray, gamma: float) -> np.ndarray:
     """``y[t] = sum_k gamma**k * x[t + k]`` along the first axis."""
-    out = np.empty(len(x), dtype=np.float32)
+    values = np.asarray(x, dtype=np.float64).tolist()  # Python floats: a plain loop is fastest here
     running = 0.0
-    for t in range(len(x) - 1, -1, -1):
-        running = float(x[t]) + gamma * running
-        out[t] = running
-    return out
+    for t in range(len(values) - 1, -1, -1):
+        running = values[t] + gamma * running
+        values[t] = running
+    return np.asarray(values, dtype=np.float32)
 
 
 def bootstrap_value(batch: SampleBatch, value_fn: Callable[[np.ndarray], np.ndarray]) -> float:

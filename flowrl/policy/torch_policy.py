@@ -12,8 +12,9 @@ from torch import nn
 
 from flowrl.data import SampleBatch
 from flowrl.policy.distributions import ActionDistribution, dist_class_for
-from flowrl.policy.exploration import make_exploration
+from flowrl.policy.exploration import StochasticSampling, make_exploration
 from flowrl.policy.models import ActorCriticModel, model_config, obs_to_tensor
+from flowrl.policy.numpy_inference import NumpyActorCritic, sample_numpy
 from flowrl.policy.policy import ModelWeights, Policy
 
 TensorBatch = dict[str, torch.Tensor]
@@ -21,6 +22,7 @@ LossFn = Callable[["TorchPolicy", nn.Module, type[ActionDistribution], TensorBat
 PostprocessFn = Callable[["TorchPolicy", SampleBatch], SampleBatch]
 ModelFn = Callable[[gym.Space, gym.Space, int, Mapping[str, Any]], nn.Module]
 OptimizerFn = Callable[["TorchPolicy"], torch.optim.Optimizer]
+_NOT_BUILT = object()
 
 
 def default_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: int, config: Mapping[str, Any]) -> nn.Module:
@@ -67,6 +69,8 @@ class TorchPolicy(Policy):
         self.exploration = make_exploration(action_space, self.config.get("exploration_config"), self.config.get("seed"))
         self.explore = bool(self.config.get("explore", True))
         self.coeffs: dict[str, float] = dict(coeffs or {})
+        self._numpy_model: NumpyActorCritic | None | object = _NOT_BUILT
+        self._np_rng = np.random.default_rng(self.config.get("seed"))
 
     @staticmethod
     def _default_optimizer(policy: "TorchPolicy") -> torch.optim.Optimizer:
@@ -78,16 +82,31 @@ class TorchPolicy(Policy):
         out = self.model(obs_to_tensor(obs_batch, self.observation_space, self.device))
         return out if isinstance(out, tuple) else (out, None)
 
+    def _numpy_twin(self) -> NumpyActorCritic | None:
+        if self._numpy_model is _NOT_BUILT:
+            self._numpy_model = NumpyActorCritic.build(self.model, self.observation_space)
+        return self._numpy_model  # type: ignore[return-value]
+
     def compute_actions(
         self, obs_batch: np.ndarray, *, explore: bool | None = None, timestep: int | None = None
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        explore = self.explore if explore is None else explore
+        timestep = self.global_timestep if timestep is None else timestep
+        twin = self._numpy_twin() if type(self.exploration) is StochasticSampling else None
+        if twin is not None:
+            # Small MLP policies act faster in NumPy than through PyTorch's dispatch.
+            dist_inputs_np, values_np = twin.forward(obs_batch)
+            sampled = sample_numpy(self.dist_class, dist_inputs_np, explore, self._np_rng)
+            if sampled is not None:
+                self.exploration.last_timestep = timestep
+                actions_np, logp_np = sampled
+                extra = {SampleBatch.ACTION_LOGP: logp_np, SampleBatch.ACTION_DIST_INPUTS: dist_inputs_np}
+                if values_np is not None:
+                    extra[SampleBatch.VF_PREDS] = values_np
+                return actions_np, extra
         with torch.inference_mode():
             dist_inputs, values = self._forward(obs_batch)
-            actions, logp = self.exploration.get_action(
-                self.dist_class(dist_inputs),
-                timestep=self.global_timestep if timestep is None else timestep,
-                explore=self.explore if explore is None else explore,
-            )
+            actions, logp = self.exploration.get_action(self.dist_class(dist_inputs), timestep=timestep, explore=explore)
             extra = {
                 SampleBatch.ACTION_LOGP: logp.cpu().numpy(),
                 SampleBatch.ACTION_DIST_INPUTS: dist_inputs.cpu().numpy(),
@@ -98,6 +117,9 @@ class TorchPolicy(Policy):
 
     def value(self, obs_batch: np.ndarray) -> np.ndarray:
         """State values for a batch of observations (models with a value head)."""
+        twin = self._numpy_twin()
+        if twin is not None and twin.value_head is not None:
+            return twin.value(obs_batch)
         with torch.inference_mode():
             _, values = self._forward(obs_batch)
         if values is None:
@@ -168,6 +190,7 @@ class TorchPolicy(Policy):
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "exploration": self.exploration.get_state(),
             "coeffs": dict(self.coeffs),
+            "np_rng": copy.deepcopy(self._np_rng.bit_generator.state),
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -175,3 +198,5 @@ class TorchPolicy(Policy):
         self.optimizer.load_state_dict(state["optimizer"])
         self.exploration.set_state(state["exploration"])
         self.coeffs = dict(state["coeffs"])
+        if "np_rng" in state:
+            self._np_rng.bit_generator.state = state["np_rng"]
