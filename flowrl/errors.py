@@ -73,3 +73,7 @@ class CheckpointError(FlowRLError):
 
 class UnknownAlgorithmError(FlowRLError):
     """The algorithm name is not registered."""
+
+
+class CLIError(FlowRLError):
+    """A command-line argument, or a file it names, cannot be used; the message says why and what would work."""

@@ -14,16 +14,16 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     """Make sure Ray is running in this process; return True if this call started it.
 
     With no ``address`` (and no ``RAY_ADDRESS`` in the environment) an embedded local
-    instance is started (dashboard off, quiet logs). With an address, the existing
+    instance is started (dashboard off, only errors logged). With an address, the existing
     cluster is joined. If Ray is already initialised it is used as is (returns False).
     """
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, logging_level=logging.WARNING)
+        ray.init(address=address, logging_level=logging.ERROR)
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING)
+        ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.ERROR)
     return True
 
 

@@ -171,7 +171,7 @@ class TorchPolicy(Policy):
         if len(gradients) != len(params):
             raise ValueError(f"got {len(gradients)} gradients for {len(params)} parameters")
         for p, g in zip(params, gradients):
-            p.grad = torch.as_tensor(g, device=self.device).reshape(p.shape)
+            p.grad = torch.tensor(g, device=self.device).reshape(p.shape)  # a copy: Ray hands out read-only arrays
         self.optimizer.step()
 
     # -- state -----------------------------------------------------------------------

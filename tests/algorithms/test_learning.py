@@ -1,0 +1,50 @@
+"""Learning tests: each algorithm must reach a reward threshold on CartPole-v1 within a step budget.
+
+Fixed seeds; the configs are the tuned examples in ``tuned_examples/``, so what CI checks is
+what users run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from flowrl import Trainer
+
+pytestmark = [pytest.mark.learning, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(900)]
+
+TUNED = Path(__file__).resolve().parents[2] / "tuned_examples"
+
+
+def train_until(example: str, threshold: float, budget: int) -> tuple[float, int, list[float]]:
+    spec = yaml.safe_load((TUNED / example).read_text())
+    # The test session's Ray has 2 CPUs shared with other tests' leftovers: ask for fractions.
+    config: dict[str, Any] = {**spec["config"], "seed": 0, "num_cpus_per_worker": 0.5}
+    trainer = Trainer(spec["algo"], spec["env"], config)
+    curve: list[float] = []
+    try:
+        while True:
+            result = trainer.train()
+            curve.append(round(result["episode_reward_mean"], 1))
+            if result["episode_reward_mean"] >= threshold or result["timesteps_total"] >= budget:
+                return result["episode_reward_mean"], result["timesteps_total"], curve
+    finally:
+        trainer.stop()
+
+
+@pytest.mark.parametrize(
+    ("example", "threshold", "budget"),
+    [
+        ("cartpole-ppo.yaml", 475.0, 150_000),
+        ("cartpole-a2c.yaml", 195.0, 300_000),
+        ("cartpole-a3c.yaml", 195.0, 300_000),
+        ("cartpole-pg.yaml", 100.0, 200_000),
+    ],
+)
+def test_reaches_threshold_within_budget(example: str, threshold: float, budget: int) -> None:
+    reward, steps, curve = train_until(example, threshold, budget)
+    assert reward >= threshold, f"{example}: mean reward {reward:.1f} < {threshold} after {steps} steps; curve {curve}"
+    assert steps <= budget

@@ -1,0 +1,309 @@
+"""The ``flowrl`` command, run in-process through ``flowrl.cli.main`` with tiny PG configs."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from flowrl import cli
+from flowrl.trainer import Trainer
+
+# One process, two tiny SGD batches per run: each training iteration takes milliseconds.
+TINY = ["--num-workers", "0", "--set", "train_batch_size=64", "--set", "rollout_fragment_length=32"]
+
+
+def train(tmp_path: Path, *extra: str) -> int:
+    return cli.main(["train", "--algo", "pg", "--env", "CartPole-v1", "--results-dir", str(tmp_path), *TINY, *extra])
+
+
+def run_dir(results_dir: Path) -> Path:
+    (found,) = [p for p in results_dir.iterdir() if p.is_dir()]
+    return found
+
+
+def progress(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "progress.jsonl").read_text().splitlines()]
+
+
+def checkpoints(run: Path) -> list[str]:
+    return sorted(p.name for p in (run / "checkpoints").iterdir() if not p.name.startswith("."))
+
+
+def args_for(*argv: str) -> Any:
+    return cli.build_parser().parse_args(["train", *argv])
+
+
+# --- train -------------------------------------------------------------------------------------------
+
+
+def test_train_writes_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_session: None) -> None:
+    assert train(tmp_path, "--stop-iters", "2", "--seed", "3") == 0
+    run = run_dir(tmp_path)
+    assert run.name.startswith("pg_CartPole-v1_")
+    params = json.loads((run / "params.json").read_text())
+    assert params["algo"] == "pg" and params["env"] == "CartPole-v1"
+    assert params["stop"] == {"training_iteration": 2}
+    assert params["config"]["train_batch_size"] == 64 and params["config"]["seed"] == 3
+    results = progress(run)
+    assert [r["training_iteration"] for r in results] == [1, 2]
+    assert results[-1]["timesteps_total"] == 128
+    assert checkpoints(run) == ["checkpoint_000002"]  # --checkpoint-freq 0: only the final one
+    out = capsys.readouterr().out
+    assert out.count("\niter ") + out.startswith("iter ") == 2
+    assert "steps/s" in out and "reward" in out
+    assert "stopped: training_iteration 2 >= 2" in out
+    assert str(run / "checkpoints" / "checkpoint_000002") in out
+
+
+def test_stop_timesteps_and_checkpoint_freq(tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_session: None) -> None:
+    assert train(tmp_path, "--stop-timesteps", "150", "--checkpoint-freq", "1") == 0
+    run = run_dir(tmp_path)
+    assert [r["timesteps_total"] for r in progress(run)] == [64, 128, 192]
+    assert checkpoints(run) == ["checkpoint_000001", "checkpoint_000002", "checkpoint_000003"]
+    assert "stopped: timesteps_total 192 >= 150" in capsys.readouterr().out
+
+
+def test_config_file_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_session: None) -> None:
+    # RLlib's tuned-example layout: one experiment name, "run", stop criteria and a config dict.
+    file = tmp_path / "cartpole.yaml"
+    file.write_text(
+        "cartpole-pg:\n  run: PG\n  env: CartPole-v1\n  stop:\n    training_iteration: 1\n"
+        "  config:\n    lr: 5e-3\n    num_workers: 0\n    train_batch_size: 32\n    rollout_fragment_length: 32\n"
+    )
+    results = tmp_path / "results"
+    assert cli.main(["train", "--config", str(file), "--results-dir", str(results)]) == 0
+    run = run_dir(results)
+    params = json.loads((run / "params.json").read_text())
+    assert params["config"]["lr"] == 5e-3 and params["stop"] == {"training_iteration": 1}
+    assert len(progress(run)) == 1
+
+
+def test_resume_continues_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_session: None) -> None:
+    assert train(tmp_path, "--stop-iters", "1") == 0
+    run = run_dir(tmp_path)
+    # The stop criterion is already met: nothing runs without a larger one.
+    assert cli.main(["train", "--resume", str(run)]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+    assert cli.main(["train", "--resume", str(run), "--stop-iters", "3"]) == 0
+    results = progress(run)
+    assert [r["training_iteration"] for r in results] == [1, 2, 3]
+    assert [r["timesteps_total"] for r in results] == [64, 128, 192]
+    assert checkpoints(run) == ["checkpoint_000001", "checkpoint_000003"]
+    assert json.loads((run / "params.json").read_text())["stop"] == {"training_iteration": 3}
+    out = capsys.readouterr().out
+    assert "resuming pg on CartPole-v1" in out and "iter    2" in out
+
+
+def test_resume_drops_results_after_the_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_session: None) -> None:
+    assert train(tmp_path, "--stop-iters", "2", "--checkpoint-freq", "1") == 0
+    run = run_dir(tmp_path)
+    shutil.rmtree(run / "checkpoints" / "checkpoint_000002")  # as if the run died before saving it
+    with open(run / "progress.jsonl", "a") as f:
+        f.write('{"training_iteration": 3, "timest')  # and mid-line
+    assert cli.main(["train", "--resume", str(run), "--stop-iters", "3", "--seed", "0"]) == 2
+    assert "--seed cannot be used with --resume" in capsys.readouterr().err
+    assert cli.main(["train", "--resume", str(run), "--stop-iters", "3"]) == 0
+    assert [r["training_iteration"] for r in progress(run)] == [1, 2, 3]
+    assert "dropped the results after iteration 1" in capsys.readouterr().out
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_130(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, ray_session: None
+) -> None:
+    real_train = Trainer.train
+    calls = []
+
+    def train_until_interrupted(self: Trainer) -> dict[str, Any]:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_train(self)
+
+    monkeypatch.setattr(Trainer, "train", train_until_interrupted)
+    assert train(tmp_path, "--stop-iters", "5") == 130
+    run = run_dir(tmp_path)
+    assert checkpoints(run) == ["checkpoint_000001"]
+    assert len(progress(run)) == 1
+    captured = capsys.readouterr()
+    assert "interrupted" in captured.out and str(run / "checkpoints" / "checkpoint_000001") in captured.out
+    assert f"flowrl train --resume {run}" in captured.out
+    assert "Traceback" not in captured.err
+
+
+# --- errors a user can cause -------------------------------------------------------------------------
+
+
+def error_of(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flowrl: error: ") and "Traceback" not in err
+    return err
+
+
+def test_unknown_algorithm_suggests_the_closest(capsys: pytest.CaptureFixture[str]) -> None:
+    err = error_of(capsys, ["train", "--algo", "ppp", "--env", "CartPole-v1"])
+    assert "did you mean 'ppo'" in err and "a2c, a3c, pg, ppo" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_unknown_env_suggests_the_closest(capsys: pytest.CaptureFixture[str]) -> None:
+    err = error_of(capsys, ["train", "--algo", "pg", "--env", "CartPol-v1"])
+    assert "did you mean 'CartPole-v1'" in err
+
+
+def test_invalid_config_lists_every_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = error_of(capsys, ["train", "--algo", "pg", "--env", "CartPole-v1", "--results-dir", str(tmp_path),
+                            "--set", "lrr=0.1", "--set", "gamma=2", "--set", "model.fcnet_hidens=[8]"])
+    assert "invalid config (3 problems)" in err
+    assert "'lrr'; did you mean 'lr'" in err and "gamma=2" in err and "'fcnet_hiddens'" in err
+    assert not any(tmp_path.iterdir())  # no run directory for a run that never started
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--set", "lr"], "is not key=value"),
+        (["--set", "lr.x=1"], "lr is 0.004 (float), not a dict"),
+        (["--config", "missing.yaml"], "no such file"),
+        (["--config", "config.toml"], "use .yaml, .yml or .json"),
+    ],
+)
+def test_bad_arguments(argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert expected in error_of(capsys, ["train", "--algo", "pg", "--env", "CartPole-v1", *argv])
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("bad.yaml", "config: {lr: 0.1\n", "is not valid YAML: expected ',' or '}'"),
+        ("bad.json", '{"lr": }', "is not valid JSON: Expecting value at line 1, column 8"),
+        ("list.yaml", "- 1\n- 2\n", "must hold a mapping"),
+        ("stop.yaml", "stop: {training_iterations: 3}\n", "did you mean 'training_iteration'"),
+        ("both.json", '{"lr": 0.1, "config": {"lr": 0.2}}', "both at the top level and under 'config'"),
+    ],
+)
+def test_bad_config_files(tmp_path: Path, name: str, text: str, expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / name).write_text(text)
+    assert expected in error_of(capsys, ["train", "--algo", "pg", "--env", "CartPole-v1", "--config", str(tmp_path / name)])
+
+
+def test_missing_algo_and_unusable_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "needs --algo" in error_of(capsys, ["train", "--env", "CartPole-v1"])
+    assert "no params.json" in error_of(capsys, ["train", "--resume", str(tmp_path)])
+    (tmp_path / "params.json").write_text(json.dumps({"algo": "pg", "env": "CartPole-v1", "config": {}}))
+    assert "no checkpoint under" in error_of(capsys, ["train", "--resume", str(tmp_path)])
+    assert "cannot be used with --resume" in error_of(capsys, ["train", "--resume", str(tmp_path), "--set", "lr=1"])
+    assert "does not exist" in error_of(capsys, ["evaluate", str(tmp_path / "nowhere")])
+
+
+def test_bad_flag_values_are_argparse_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["train", "--algo", "pg", "--env", "CartPole-v1", "--num-workers", "-1"])
+    assert exc.value.code == 2
+    assert "--num-workers: -1 must be >= 0" in capsys.readouterr().err
+
+
+# --- config building (no Ray) ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("1e-3", 1e-3), ("3", 3), ("true", True), ("False", False), ("null", None), ("[64, 64]", [64, 64]),
+     ('{"a": 1}', {"a": 1}), ("relu", "relu"), ("CartPole-v1", "CartPole-v1")],
+)
+def test_set_values_parse_as_json_else_string(text: str, value: Any) -> None:
+    assert cli.parse_value(text) == value and type(cli.parse_value(text)) is type(value)
+
+
+def test_set_nested_keys_merge_into_dicts() -> None:
+    assignments = cli.parse_set(["model.fcnet_hiddens=[64,64]", "env_config.a.b=2", "lr=0.01"])
+    config = cli.apply_set({"model": {"fcnet_activation": "relu"}}, assignments, defaults={"model": {}, "lr": 1.0})
+    assert config == {"model": {"fcnet_activation": "relu", "fcnet_hiddens": [64, 64]}, "env_config": {"a": {"b": 2}}, "lr": 0.01}
+    with pytest.raises(cli.CLIError, match="not key=value"):
+        cli.parse_set(["=3"])
+
+
+def test_config_precedence(tmp_path: Path) -> None:
+    file = tmp_path / "experiment.json"
+    file.write_text(json.dumps({"algo": "pg", "env": "CartPole-v1", "stop": {"timesteps_total": 1000},
+                                "config": {"lr": 0.01, "gamma": 0.9, "num_workers": 3, "seed": 1}}))
+    algorithm, env, config, stop = cli.train_settings(
+        args_for("--config", str(file), "--set", "lr=0.02", "--set", "num_workers=2", "--num-workers", "0",
+                 "--stop-iters", "4")
+    )
+    assert (algorithm.name, env) == ("pg", "CartPole-v1")
+    assert config["gamma"] == 0.9  # file over defaults
+    assert config["lr"] == 0.02  # --set over file
+    assert config["num_workers"] == 0 and config["seed"] == 1  # flags over --set; file kept where no flag
+    assert "train_batch_size" not in config  # the algorithm default stays a default
+    assert stop == {"timesteps_total": 1000, "training_iteration": 4}
+    _, env, config, _ = cli.train_settings(args_for("--config", str(file), "--env", "Pendulum-v1", "--seed", "7"))
+    assert env == "Pendulum-v1" and config["seed"] == 7
+
+
+def test_yaml_flat_layout_and_scientific_floats(tmp_path: Path) -> None:
+    file = tmp_path / "flat.yml"
+    file.write_text("lr: 5e-5\ngamma: 0.95\nmodel:\n  fcnet_hiddens: [32, 32]\n")
+    experiment = cli.load_experiment_file(file)
+    assert experiment == {"algo": None, "env": None, "stop": {},
+                          "config": {"lr": 5e-5, "gamma": 0.95, "model": {"fcnet_hiddens": [32, 32]}}}
+
+
+def test_results_are_made_json_safe() -> None:
+    result = {"nan": float("nan"), "inf": float("inf"), "f32": np.float32(0.5), "i64": np.int64(3),
+              "array": np.arange(3), "nested": {"tuple": (1, np.bool_(True))}, 7: "int key"}
+    safe = cli.json_safe(result)
+    assert safe == {"nan": None, "inf": None, "f32": 0.5, "i64": 3, "array": [0, 1, 2],
+                    "nested": {"tuple": [1, True]}, "7": "int key"}
+    json.dumps(safe, allow_nan=False)
+    assert not any(isinstance(v, float) and math.isnan(v) for v in safe.values())
+
+
+# --- list, plan, evaluate ----------------------------------------------------------------------------
+
+
+def test_list_algorithms(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    names = [line.split()[0] for line in lines]
+    assert {"pg", "a2c", "a3c", "ppo"} <= set(names)
+    assert any(line.startswith("pg") and "policy gradient" in line for line in lines)
+    assert cli.main(["list", "pg"]) == 0
+    assert "train_batch_size" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("fmt", "expected"),
+    [("text", ["plan ppo:", "TrainOneStep", "RolloutWorker"]),
+     ("mermaid", ["flowchart TD", "TrainOneStep", "RolloutWorker"]),
+     ("dot", ["digraph", "TrainOneStep", "RolloutWorker", "->"])],
+)
+def test_plan_prints_the_graph(fmt: str, expected: list[str], capsys: pytest.CaptureFixture[str], ray_session: None) -> None:
+    argv = ["plan", "--algo", "ppo", "--env", "CartPole-v1", "--format", fmt, "--num-workers", "1",
+            "--set", "num_cpus_per_worker=0.25", "--set", "train_batch_size=64", "--set", "sgd_minibatch_size=32"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    for text in expected:
+        assert text in out
+
+
+def test_evaluate_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_session: None) -> None:
+    assert train(tmp_path, "--stop-iters", "1") == 0
+    run = run_dir(tmp_path)
+    capsys.readouterr()
+    assert cli.main(["evaluate", str(run / "checkpoints" / "checkpoint_000001"), "--episodes", "2", "--seed", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "2 episodes, deterministic actions" in out
+    mean = float(out.split("episode_reward_mean ")[1].split()[0])
+    assert 1 <= mean <= 500
+    # A run directory stands for its latest checkpoint.
+    moved = tmp_path / "copy"
+    shutil.copytree(run, moved)
+    assert cli.main(["evaluate", str(moved), "--episodes", "1"]) == 0
+    assert "checkpoint_000001" in capsys.readouterr().out
