@@ -43,7 +43,11 @@ def write_checkpoint(path: str | Path, state: Mapping[str, Any], metadata: Mappi
             # Move the old checkpoint aside first: rename cannot replace a non-empty directory.
             old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
             os.rename(path, old)
-            os.rename(tmp, path)
+            try:
+                os.rename(tmp, path)
+            except BaseException:
+                os.rename(old, path)  # put the previous checkpoint back where it was
+                raise
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, path)

@@ -377,6 +377,12 @@ class TrainerConfig:
         0.0, "GPUs for the learner policy in the driver (fractions share one); without CUDA it runs on CPU.", min=0
     )
     num_cpus_per_worker: float = cfg_field(1.0, "CPUs Ray reserves for each remote rollout worker (fractions allowed).", min=0)
+    learner_threads: int = cfg_field(
+        1,
+        "PyTorch threads for learning in the driver (process-wide). 1 suits small models and machines shared "
+        "with rollout workers; raise it for large models on many cores.",
+        min=1,
+    )
     recreate_failed_workers: bool = cfg_field(
         True, "Replace a dead remote rollout worker in place (plan and counters survive); False: drop it and go on."
     )

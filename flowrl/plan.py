@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from flowrl.errors import FlowRLError
 from flowrl.iterators import LocalIterator, MetricsContext, StageNode
 
 
@@ -96,6 +97,11 @@ class Plan:
     """
 
     def __init__(self, iterator: LocalIterator[Any], name: str = "plan") -> None:
+        if not isinstance(iterator, LocalIterator):
+            raise FlowRLError(
+                f"an execution plan must return a LocalIterator (of result dicts, e.g. from "
+                f"StandardMetricsReporting), got {type(iterator).__name__}"
+            )
         self.iterator = iterator
         self.name = name
         self.graph = build_graph(iterator.stage)
@@ -109,21 +115,42 @@ class Plan:
             self._started_at = time.perf_counter()
         return next(self.iterator)
 
+    def _stateful_operators(self) -> dict[str, Any]:
+        # Keyed by position and label: stage ids differ between processes, the plan's shape does not.
+        found = [s for s in self.graph.operators.values() if callable(getattr(s.fn, "get_state", None))]
+        return {f"{i}:{stage.label}": stage.fn for i, stage in enumerate(found)}
+
+    def get_state(self) -> dict[str, Any]:
+        """Counters and info of the metrics context, and the state of operators that keep some."""
+        return {
+            "metrics": self.metrics.save(),
+            "operators": {key: op.get_state() for key, op in self._stateful_operators().items()},
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`get_state`'s output into a plan of the same shape."""
+        self.metrics.restore(state["metrics"])
+        operators = self._stateful_operators()
+        for key, op_state in state.get("operators", {}).items():
+            if key in operators:
+                operators[key].set_state(op_state)
+
     @property
     def metrics(self) -> MetricsContext:
         """The metrics context shared by every operator of the plan."""
         return self.iterator.shared_metrics.get()
 
     def stats(self) -> dict[str, dict[str, float]]:
-        """Per operator: items through, seconds spent in it, items/s since the plan started, share of time."""
+        """Per operator, keyed ``"<position in dataflow order>:<label>"``: items through, seconds spent
+        in it, items per second of wall time since the plan started, and its share of the plan's time."""
         elapsed = time.perf_counter() - self._started_at if self._started_at is not None else 0.0
         stage_stats = self.metrics.stage_stats
         total = sum(stage_stats[i].time_s for i in self.graph.operators if i in stage_stats) or 1.0
         out: dict[str, dict[str, float]] = {}
-        for stage_id, stage in self.graph.operators.items():
+        for position, (stage_id, stage) in enumerate(self.graph.operators.items()):
             s = stage_stats.get(stage_id)
             items, spent = (s.items, s.time_s) if s is not None else (0, 0.0)
-            out[f"{stage_id}:{stage.label}"] = {
+            out[f"{position}:{stage.label}"] = {
                 "items": items,
                 "time_s": round(spent, 6),
                 "items_per_s": round(items / elapsed, 3) if elapsed > 0 else 0.0,

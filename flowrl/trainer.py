@@ -17,7 +17,8 @@ from flowrl.checkpoint import read_checkpoint, write_checkpoint
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.envs import get_env_creator
-from flowrl.errors import CheckpointError
+from flowrl.errors import CheckpointError, FlowRLError
+from flowrl.operators import STEPS_SAMPLED_COUNTER
 from flowrl.operators.metric_ops import summarize_episodes
 from flowrl.plan import Plan
 from flowrl.ray_runtime import start_ray, stop_ray
@@ -52,7 +53,7 @@ class Trainer:
         env_creator = get_env_creator(env)
         self._owns_ray = start_ray(address)
         try:
-            self._seed_driver()
+            self._configure_driver()
             probe = env_creator(dict(self.config.env_config))
             observation_space, action_space = probe.observation_space, probe.action_space
             probe.close()
@@ -72,8 +73,14 @@ class Trainer:
             raise
         self.iteration = 0
         self.time_total_s = 0.0
+        # The plan's state as of the last finished iteration: what a checkpoint records, so one
+        # taken while an iteration is interrupted does not count that iteration's partial work.
+        self._plan_state = self.plan.get_state()
 
-    def _seed_driver(self) -> None:
+    def _configure_driver(self) -> None:
+        # Spinning OpenMP threads competing with rollout workers for a few cores slow small
+        # models' SGD steps by an order of magnitude; the config decides how many to use.
+        torch.set_num_threads(self.config.learner_threads)
         if self.config.seed is not None:
             random.seed(self.config.seed)
             np.random.seed(self.config.seed % 2**32)
@@ -85,6 +92,11 @@ class Trainer:
         """Run one training iteration (``next(plan)``) and return its result dict."""
         start = time.perf_counter()
         result = next(self.plan)
+        if not isinstance(result, dict):
+            raise FlowRLError(
+                f"algorithm {self.algorithm.name!r}: its plan yielded a {type(result).__name__}, not a result dict; "
+                "end the plan with StandardMetricsReporting"
+            )
         elapsed = time.perf_counter() - start
         self.iteration += 1
         self.time_total_s += elapsed
@@ -95,6 +107,7 @@ class Trainer:
             timestamp=time.time(),
             plan=self.plan.stats(),
         )
+        self._plan_state = self.plan.get_state()
         return result
 
     def evaluate(self, num_episodes: int = 10, seed: int | None = None) -> dict[str, float]:
@@ -129,7 +142,7 @@ class Trainer:
             "iteration": self.iteration,
             "time_total_s": self.time_total_s,
             "worker": self.workers.local_worker().get_state(),
-            "metrics": self.plan.metrics.save(),
+            "plan": self._plan_state,
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
         }
 
@@ -140,13 +153,14 @@ class Trainer:
                 f"the checkpoint was written by algorithm {state.get('algo')!r}, not {self.algorithm.name!r}"
             )
         self.workers.local_worker().set_state(state["worker"])
-        self.plan.metrics.restore(state["metrics"])
+        self.plan.set_state(state["plan"])
+        self._plan_state = self.plan.get_state()
         self.iteration = int(state["iteration"])
         self.time_total_s = float(state["time_total_s"])
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
         torch.set_rng_state(state["rng"]["torch"])
-        timestep = self.plan.metrics.counters["num_steps_sampled"]
+        timestep = self.plan.metrics.counters[STEPS_SAMPLED_COUNTER]
         self.workers.sync_weights(global_vars={"timestep": timestep})
 
     def save(self, checkpoint_dir: str | Path) -> str:
@@ -156,7 +170,7 @@ class Trainer:
             "algo": self.algorithm.name,
             "env": self.env if isinstance(self.env, str) else repr(self.env),
             "iteration": self.iteration,
-            "timesteps_total": self.plan.metrics.counters["num_steps_sampled"],
+            "timesteps_total": self._plan_state["metrics"][0].get(STEPS_SAMPLED_COUNTER, 0),
             "config": self.config.to_dict(),
         }
         return str(write_checkpoint(path, self.get_state(), metadata))

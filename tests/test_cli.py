@@ -148,7 +148,7 @@ def error_of(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 
 def test_unknown_algorithm_suggests_the_closest(capsys: pytest.CaptureFixture[str]) -> None:
     err = error_of(capsys, ["train", "--algo", "ppp", "--env", "CartPole-v1"])
-    assert "did you mean 'ppo'" in err and "a2c, a3c, pg, ppo" in err
+    assert "did you mean 'ppo'" in err and all(name in err for name in ("a2c", "a3c", "pg", "ppo"))
     assert len(err.strip().splitlines()) == 1
 
 

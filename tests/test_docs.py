@@ -20,6 +20,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DOC_PATHS = [
     "docs/iterators.md",
     "docs/concepts.md",
+    "docs/writing-an-algorithm.md",
 ]
 
 # A fence opening with exactly "python", its body, and the closing fence at the same indent.
@@ -60,7 +61,8 @@ def test_doc_examples_run(doc_path: str, ray_session: None) -> None:
     try:
         for index, (line, code) in enumerate(blocks):
             # Leading newlines make tracebacks report line numbers of the Markdown file itself.
-            compiled = compile("\n" * (line - 1) + code, str(path), "exec")
+            # dont_inherit: the docs' code must not pick up this file's __future__ imports.
+            compiled = compile("\n" * (line - 1) + code, str(path), "exec", dont_inherit=True)
             try:
                 exec(compiled, namespace)
             except Exception as err:

@@ -127,7 +127,11 @@ def execution_plan(workers: WorkerSet, config: PPOConfig) -> LocalIterator[dict[
     train_op = (
         rollouts.combine(ConcatBatches(config.train_batch_size))
         .for_each(StandardizeFields([SampleBatch.ADVANTAGES]))
-        .for_each(TrainOneStep(workers, num_sgd_iter=config.num_sgd_iter, sgd_minibatch_size=config.sgd_minibatch_size))
+        .for_each(
+            TrainOneStep(
+                workers, num_sgd_iter=config.num_sgd_iter, sgd_minibatch_size=config.sgd_minibatch_size, seed=config.seed
+            )
+        )
         .for_each(UpdateKL(workers))
     )
     return StandardMetricsReporting(train_op, workers, config)

@@ -11,7 +11,7 @@ import gymnasium as gym
 
 from flowrl.actors import WorkerSet
 from flowrl.config import TrainerConfig
-from flowrl.errors import UnknownAlgorithmError
+from flowrl.errors import FlowRLError, UnknownAlgorithmError
 from flowrl.iterators import LocalIterator
 from flowrl.policy import PolicySpec
 
@@ -40,9 +40,15 @@ _MODULES: dict[str, str] = {
 _REGISTERED: dict[str, Algorithm] = {}
 
 
-def register_algorithm(algorithm: Algorithm) -> None:
-    """Make ``algorithm`` available to :func:`get_algorithm`, the Trainer and the CLI under its name."""
-    _REGISTERED[algorithm.name] = algorithm
+def register_algorithm(algorithm: Algorithm, *, replace: bool = False) -> None:
+    """Make ``algorithm`` available to :func:`get_algorithm` and the Trainer under its name (case-insensitive).
+
+    Registering a name that is taken raises unless ``replace=True``.
+    """
+    key = algorithm.name.lower()
+    if not replace and (key in _MODULES or key in _REGISTERED):
+        raise FlowRLError(f"an algorithm named {key!r} is already registered; pass replace=True to replace it")
+    _REGISTERED[key] = algorithm
 
 
 def list_algorithms() -> list[str]:

@@ -83,6 +83,16 @@ class CollectMetrics:
         """What this operator does to actors, for the plan graph."""
         return [("RolloutWorker", "collect episode stats")]
 
+    def get_state(self) -> dict[str, Any]:
+        """The smoothing window and episode count, for checkpoints."""
+        return {"history": list(self.history), "episodes_total": self.episodes_total}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`get_state`'s output."""
+        self.history.clear()
+        self.history.extend(state["history"])
+        self.episodes_total = int(state["episodes_total"])
+
     def _new_episodes(self) -> list[dict[str, float]]:
         if self.selected_workers is not None:
             import ray

@@ -35,7 +35,9 @@ def policy_batches(batch: Batch) -> dict[str, SampleBatch]:
     return dict(batch.policy_batches) if isinstance(batch, MultiAgentBatch) else {DEFAULT_POLICY_ID: batch}
 
 
-def minibatch_sgd(policy: Policy, batch: SampleBatch, num_sgd_iter: int, sgd_minibatch_size: int, seed: int | None = None) -> dict[str, float]:
+def minibatch_sgd(
+    policy: Policy, batch: SampleBatch, num_sgd_iter: int, sgd_minibatch_size: int, seed: int | list[int] | None = None
+) -> dict[str, float]:
     """``num_sgd_iter`` epochs over ``batch`` in shuffled minibatches; returns mean learner stats.
 
     With ``sgd_minibatch_size`` 0 (or not smaller than the batch), each epoch is one step
@@ -65,8 +67,9 @@ class TrainOneStep:
     """Learn on a batch with the local worker's policies, then broadcast the new weights.
 
     Consumes a batch and yields ``(batch, learner_info)``. With ``num_sgd_iter`` > 1 or
-    ``sgd_minibatch_size`` > 0 it runs that many epochs of shuffled minibatches. Counts
-    ``num_steps_trained`` and keeps the per-policy learner stats in ``info["learner"]``.
+    ``sgd_minibatch_size`` > 0 it runs that many epochs of shuffled minibatches, shuffled
+    reproducibly when ``seed`` is given. Counts ``num_steps_trained`` and keeps the
+    per-policy learner stats in ``info["learner"]``.
     """
 
     def __init__(
@@ -75,6 +78,7 @@ class TrainOneStep:
         policies: Sequence[str] | None = None,
         num_sgd_iter: int = 1,
         sgd_minibatch_size: int = 0,
+        seed: int | None = None,
     ) -> None:
         if num_sgd_iter < 1:
             raise FlowRLError(f"TrainOneStep(num_sgd_iter={num_sgd_iter}): must be >= 1")
@@ -82,6 +86,7 @@ class TrainOneStep:
         self.policies = list(policies) if policies is not None else workers.trainable_policies()
         self.num_sgd_iter = num_sgd_iter
         self.sgd_minibatch_size = sgd_minibatch_size
+        self.seed = seed
 
     def plan_links(self) -> list[tuple[str, str]]:
         """What this operator does to actors, for the plan graph."""
@@ -99,7 +104,9 @@ class TrainOneStep:
                 if self.num_sgd_iter == 1 and self.sgd_minibatch_size == 0:
                     info[pid] = policy.learn_on_batch(policy_batch)
                 else:
-                    info[pid] = minibatch_sgd(policy, policy_batch, self.num_sgd_iter, self.sgd_minibatch_size)
+                    # Shuffles seeded by (seed, steps trained): reproducible, also after a restore.
+                    seed = None if self.seed is None else [self.seed, metrics.counters[STEPS_TRAINED_COUNTER]]
+                    info[pid] = minibatch_sgd(policy, policy_batch, self.num_sgd_iter, self.sgd_minibatch_size, seed)
             timer.push_units_processed(batch.env_steps())
         metrics.counters[STEPS_TRAINED_COUNTER] += batch.env_steps()
         metrics.counters[AGENT_STEPS_TRAINED_COUNTER] += batch.agent_steps()
