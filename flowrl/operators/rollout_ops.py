@@ -12,7 +12,6 @@ from flowrl.errors import FlowRLError
 from flowrl.iterators import LocalIterator, ParallelIterator, SharedMetrics, from_actors
 from flowrl.operators.names import (
     AGENT_STEPS_SAMPLED_COUNTER,
-    COMPUTE_GRADS_TIMER,
     LEARNER_INFO,
     STEPS_SAMPLED_COUNTER,
 )
