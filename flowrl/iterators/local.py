@@ -79,7 +79,8 @@ class NextValueNotReady:
 class _Waiter:
     """Blocks until one of a set of not-ready sources may have an item.
 
-    Ray refs alone: one ``ray.wait`` with no timeout. One event alone: ``Event.wait``.
+    Ray refs alone: one ``ray.wait`` with no timeout. One event alone: ``Event.wait`` (for at
+    most a second at a time).
     Mixed handles, several events, or only bare markers cannot be waited on as one, so
     those poll with a capped exponential backoff (1 ms doubling to 20 ms), which keeps an
     idle driver under ~1% of a core.
@@ -87,6 +88,7 @@ class _Waiter:
 
     _MIN_DELAY_S = 0.001
     _MAX_DELAY_S = 0.02
+    _EVENT_RECHECK_S = 1.0
 
     def __init__(self) -> None:
         self._delay = self._MIN_DELAY_S
@@ -109,7 +111,8 @@ class _Waiter:
             ray.wait(refs, num_returns=1)
             return
         if len(events) == 1 and not refs:
-            events[0].wait()
+            # Bounded, so a source waiting on a thread gets to re-check that the thread is alive.
+            events[0].wait(timeout=self._EVENT_RECHECK_S)
             return
         if any(event.is_set() for event in events):
             return

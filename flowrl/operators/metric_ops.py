@@ -18,12 +18,14 @@ class OncePerTimeInterval:
 
     def __init__(self, delay_s: float) -> None:
         self.delay_s = delay_s
-        self.last_passed = 0.0
+        self.last_passed: float | None = None
 
     def __call__(self, item: Any) -> bool:
         if self.delay_s <= 0:
             return True
         now = time.monotonic()
+        if self.last_passed is None:
+            self.last_passed = now  # the first interval starts with the first item
         if now - self.last_passed >= self.delay_s:
             self.last_passed = now
             return True

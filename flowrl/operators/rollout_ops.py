@@ -66,6 +66,7 @@ def _record_gradient_source(item: tuple[tuple[list[np.ndarray], dict[str, float]
     (grads, info), count = item
     metrics = LocalIterator.get_metrics()
     metrics.counters[STEPS_SAMPLED_COUNTER] += count
+    metrics.counters[AGENT_STEPS_SAMPLED_COUNTER] += count
     metrics.info[LEARNER_INFO] = {DEFAULT_POLICY_ID: info}
     return grads, count
 

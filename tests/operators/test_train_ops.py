@@ -1,0 +1,267 @@
+"""Training operators without a cluster: minibatch SGD, TrainOneStep, gradients, target-network updates."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+import pytest
+
+from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from flowrl.errors import FlowRLError
+from flowrl.iterators import LocalIterator
+from flowrl.operators import (
+    LAST_TARGET_UPDATE_TS,
+    LEARNER_INFO,
+    NUM_TARGET_UPDATES,
+    STEPS_SAMPLED_COUNTER,
+    STEPS_TRAINED_COUNTER,
+    ApplyGradients,
+    AverageGradients,
+    ComputeGradients,
+    TrainOneStep,
+    UpdateTargetNetwork,
+)
+from flowrl.operators.train_ops import minibatch_sgd
+
+
+def from_list(items: Iterable[Any]) -> LocalIterator[Any]:
+    items = list(items)
+    return LocalIterator(lambda timeout: iter(items))
+
+
+def id_batch(n: int) -> SampleBatch:
+    return SampleBatch({"id": np.arange(n), SampleBatch.REWARDS: np.ones(n, np.float32)})
+
+
+class FakePolicy:
+    """Records every learn_on_batch call; stats are the call number so their mean is known."""
+
+    def __init__(self) -> None:
+        self.calls: list[np.ndarray] = []
+        self.grads_applied: list[Any] = []
+        self.target_updates = 0
+
+    def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
+        self.calls.append(np.array(batch["id"]))
+        return {"loss": float(len(self.calls)), "rows": float(batch.count)}
+
+    def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, float]]:
+        return [np.full(2, float(batch.count))], {"grad_loss": 1.5}
+
+    def update_target(self) -> None:
+        self.target_updates += 1
+
+
+class FakeLocalWorker:
+    def __init__(self, policies: dict[str, FakePolicy]) -> None:
+        self.policy_map = policies
+        self.applied: list[tuple[list[np.ndarray], str]] = []
+
+    def get_policy(self, pid: str = DEFAULT_POLICY_ID) -> FakePolicy:
+        return self.policy_map[pid]
+
+    def compute_gradients(self, batch: SampleBatch, policy_id: str = DEFAULT_POLICY_ID) -> Any:
+        return self.policy_map[policy_id].compute_gradients(batch)
+
+    def apply_gradients(self, grads: list[np.ndarray], policy_id: str = DEFAULT_POLICY_ID) -> None:
+        self.applied.append((grads, policy_id))
+
+    def get_weights(self, policies: list[str] | None = None) -> dict[str, Any]:
+        return {pid: {"w": np.zeros(1)} for pid in (policies or self.policy_map)}
+
+
+class FakeWorkerSet:
+    def __init__(self, *pids: str) -> None:
+        self.local = FakeLocalWorker({pid: FakePolicy() for pid in (pids or (DEFAULT_POLICY_ID,))})
+        self.syncs: list[tuple[Any, Any]] = []
+
+    def local_worker(self) -> FakeLocalWorker:
+        return self.local
+
+    def trainable_policies(self) -> list[str]:
+        return list(self.local.policy_map)
+
+    def sync_weights(self, policies: list[str] | None = None, global_vars: Any = None) -> None:
+        self.syncs.append((policies, global_vars))
+
+
+# --- minibatch_sgd ---
+
+
+def test_minibatch_sgd_runs_num_sgd_iter_epochs_of_shuffled_minibatches() -> None:
+    policy = FakePolicy()
+    stats = minibatch_sgd(policy, id_batch(40), num_sgd_iter=3, sgd_minibatch_size=10, seed=0)  # type: ignore[arg-type]
+    assert len(policy.calls) == 12 and all(len(c) == 10 for c in policy.calls)
+    epochs = [np.concatenate(policy.calls[i : i + 4]) for i in range(0, 12, 4)]
+    for epoch in epochs:
+        assert sorted(epoch.tolist()) == list(range(40))  # every row once per epoch
+    assert any(epoch.tolist() != list(range(40)) for epoch in epochs)  # shuffled
+    assert stats == {"loss": pytest.approx(6.5), "rows": 10.0}  # mean of calls 1..12
+
+
+@pytest.mark.parametrize(
+    ("size", "per_epoch"),
+    [(16, [16, 16, 8]), (12, [12, 12, 12]), (0, [40]), (40, [40]), (100, [40])],
+)
+def test_minibatch_sizes_and_the_skipped_short_tail(size: int, per_epoch: list[int]) -> None:
+    policy = FakePolicy()
+    minibatch_sgd(policy, id_batch(40), num_sgd_iter=2, sgd_minibatch_size=size)  # type: ignore[arg-type]
+    # A trailing minibatch smaller than half the size (40 % 12 = 4 < 6) is skipped.
+    assert [len(c) for c in policy.calls] == per_epoch * 2
+
+
+def test_minibatch_sgd_with_a_seed_is_reproducible() -> None:
+    a, b = FakePolicy(), FakePolicy()
+    minibatch_sgd(a, id_batch(30), 2, 10, seed=7)  # type: ignore[arg-type]
+    minibatch_sgd(b, id_batch(30), 2, 10, seed=7)  # type: ignore[arg-type]
+    assert [c.tolist() for c in a.calls] == [c.tolist() for c in b.calls]
+
+
+# --- TrainOneStep ---
+
+
+def test_train_one_step_counts_steps_records_info_and_timers_and_syncs_weights() -> None:
+    workers = FakeWorkerSet()
+    flow = from_list([id_batch(8), id_batch(6)]).for_each(TrainOneStep(workers))  # type: ignore[arg-type]
+    outputs = list(flow)
+    metrics = flow.shared_metrics.get()
+    assert metrics.counters[STEPS_TRAINED_COUNTER] == 14
+    assert metrics.counters["num_agent_steps_trained"] == 14
+    batch, info = outputs[1]
+    assert batch.count == 6 and info == {DEFAULT_POLICY_ID: {"loss": 2.0, "rows": 6.0}}
+    assert metrics.info[LEARNER_INFO] == info
+    assert metrics.timers["learn"].count == 2 and metrics.timers["update"].count == 2
+    assert metrics.timers["learn"].units == 14
+    assert len(workers.syncs) == 2 and workers.syncs[0][0] == [DEFAULT_POLICY_ID]
+    assert workers.syncs[0][1] == {"timestep": 0}
+    assert len(workers.local.get_policy().calls) == 2
+
+
+def test_train_one_step_with_epochs_calls_learn_on_batch_num_sgd_iter_times_per_minibatch() -> None:
+    workers = FakeWorkerSet()
+    op = TrainOneStep(workers, num_sgd_iter=3, sgd_minibatch_size=5)  # type: ignore[arg-type]
+    list(from_list([id_batch(20)]).for_each(op))
+    calls = workers.local.get_policy().calls
+    assert len(calls) == 3 * 4 and all(len(c) == 5 for c in calls)
+
+
+def test_train_one_step_trains_only_the_selected_policies_of_a_multi_agent_batch() -> None:
+    workers = FakeWorkerSet("p1", "p2")
+    batch = MultiAgentBatch({"p1": id_batch(4), "p2": id_batch(6)}, env_steps=5)
+    flow = from_list([batch]).for_each(TrainOneStep(workers, policies=["p2"]))  # type: ignore[arg-type]
+    _, info = next(flow)
+    assert set(info) == {"p2"}
+    assert len(workers.local.get_policy("p1").calls) == 0 and len(workers.local.get_policy("p2").calls) == 1
+    metrics = flow.shared_metrics.get()
+    assert metrics.counters[STEPS_TRAINED_COUNTER] == 5 and metrics.counters["num_agent_steps_trained"] == 10
+    assert workers.syncs[0][0] == ["p2"]
+
+
+def test_train_one_step_rejects_zero_epochs() -> None:
+    with pytest.raises(FlowRLError, match="num_sgd_iter"):
+        TrainOneStep(FakeWorkerSet(), num_sgd_iter=0)  # type: ignore[arg-type]
+
+
+def test_train_one_step_passes_the_sampled_timestep_to_the_workers() -> None:
+    workers = FakeWorkerSet()
+
+    def sampled(batch: SampleBatch) -> SampleBatch:
+        LocalIterator.get_metrics().counters[STEPS_SAMPLED_COUNTER] += 123
+        return batch
+
+    list(from_list([id_batch(3)]).for_each(sampled).for_each(TrainOneStep(workers)))  # type: ignore[arg-type]
+    assert workers.syncs[0][1] == {"timestep": 123}
+
+
+# --- gradients ---
+
+
+def test_average_gradients_is_the_count_weighted_mean() -> None:
+    g1 = [np.array([1.0, 2.0]), np.array([[0.0]])]
+    g2 = [np.array([5.0, 6.0]), np.array([[8.0]])]
+    averaged, total = AverageGradients()([(g1, 1), (g2, 3)])
+    assert total == 4
+    np.testing.assert_array_equal(averaged[0], [4.0, 5.0])
+    np.testing.assert_array_equal(averaged[1], [[6.0]])
+
+
+def test_average_gradients_of_one_item_is_that_item() -> None:
+    g = [np.array([0.1, -0.3])]
+    averaged, total = AverageGradients()([(g, 7)])
+    assert total == 7
+    np.testing.assert_allclose(averaged[0], g[0], rtol=1e-15)
+
+
+def test_average_gradients_of_nothing_raises() -> None:
+    with pytest.raises(FlowRLError):
+        AverageGradients()([])
+
+
+def test_compute_gradients_yields_gradients_and_count() -> None:
+    workers = FakeWorkerSet()
+    flow = from_list([id_batch(5)]).for_each(ComputeGradients(workers))  # type: ignore[arg-type]
+    grads, count = next(flow)
+    assert count == 5
+    np.testing.assert_array_equal(grads[0], [5.0, 5.0])
+    metrics = flow.shared_metrics.get()
+    assert metrics.info[LEARNER_INFO] == {DEFAULT_POLICY_ID: {"grad_loss": 1.5}}
+    assert metrics.timers["compute_grads"].count == 1
+
+
+def test_apply_gradients_applies_counts_and_broadcasts_to_all() -> None:
+    workers = FakeWorkerSet()
+    grads = [np.ones(2)]
+    flow = from_list([(grads, 9)]).for_each(ApplyGradients(workers))  # type: ignore[arg-type]
+    next(flow)
+    assert workers.local.applied == [(grads, DEFAULT_POLICY_ID)]
+    assert flow.shared_metrics.get().counters[STEPS_TRAINED_COUNTER] == 9
+    assert workers.syncs == [([DEFAULT_POLICY_ID], {"timestep": 0})]
+
+
+def test_apply_gradients_to_the_source_worker_needs_a_source_actor() -> None:
+    workers = FakeWorkerSet()
+    flow = from_list([([np.ones(2)], 1)]).for_each(ApplyGradients(workers, update_all=False))  # type: ignore[arg-type]
+    with pytest.raises(FlowRLError, match="source actor"):
+        next(flow)
+
+
+# --- UpdateTargetNetwork ---
+
+
+def add_steps(sampled: int = 0, trained: int = 0) -> Any:
+    def fn(item: Any) -> Any:
+        counters = LocalIterator.get_metrics().counters
+        counters[STEPS_SAMPLED_COUNTER] += sampled
+        counters[STEPS_TRAINED_COUNTER] += trained
+        return item
+
+    return fn
+
+
+def test_update_target_network_every_target_update_freq_sampled_steps() -> None:
+    workers = FakeWorkerSet("p1", "p2")
+    flow = from_list(range(10)).for_each(add_steps(sampled=10)).for_each(UpdateTargetNetwork(workers, 25))  # type: ignore[arg-type]
+    assert list(flow) == list(range(10))  # pass-through
+    metrics = flow.shared_metrics.get()
+    assert metrics.counters[NUM_TARGET_UPDATES] == 3  # at 30, 60 and 90 steps
+    assert metrics.counters[LAST_TARGET_UPDATE_TS] == 90
+    assert [workers.local.get_policy(p).target_updates for p in ("p1", "p2")] == [3, 3]
+
+
+def test_update_target_network_by_steps_trained() -> None:
+    workers = FakeWorkerSet()
+    op = UpdateTargetNetwork(workers, 50, by_steps_trained=True)  # type: ignore[arg-type]
+    flow = from_list(range(6)).for_each(add_steps(sampled=1000, trained=20)).for_each(op)
+    list(flow)
+    metrics = flow.shared_metrics.get()
+    assert metrics.counters[NUM_TARGET_UPDATES] == 2  # at 60 and 120 trained steps
+    assert metrics.counters[LAST_TARGET_UPDATE_TS] == 120
+    assert workers.local.get_policy().target_updates == 2
+
+
+def test_update_target_network_only_for_the_given_policies() -> None:
+    workers = FakeWorkerSet("p1", "p2")
+    op = UpdateTargetNetwork(workers, 1, policies=["p2"])  # type: ignore[arg-type]
+    list(from_list(range(3)).for_each(add_steps(sampled=1)).for_each(op))
+    assert [workers.local.get_policy(p).target_updates for p in ("p1", "p2")] == [0, 3]
