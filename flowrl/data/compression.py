@@ -44,5 +44,5 @@ def compress_array(array: np.ndarray) -> CompressedColumn:
 
 def decompress_array(column: CompressedColumn) -> np.ndarray:
     """The array that :func:`compress_array` compressed, bit for bit (writable)."""
-    raw = lz4.block.decompress(column.data)
-    return np.frombuffer(bytearray(raw), dtype=np.dtype(column.dtype)).reshape(column.shape)
+    raw = lz4.block.decompress(column.data, return_bytearray=True)  # a bytearray: writable, no extra copy
+    return np.frombuffer(raw, dtype=np.dtype(column.dtype)).reshape(column.shape)
