@@ -77,3 +77,20 @@ class UnknownAlgorithmError(FlowRLError):
 
 class CLIError(FlowRLError):
     """A command-line argument, or a file it names, cannot be used; the message says why and what would work."""
+
+
+class LearnerThreadError(FlowRLError):
+    """The background learner thread of a plan failed while learning.
+
+    Raised in the driver by ``LearnerThread.check()`` (so by a ``Dequeue`` of its output
+    queue): the message carries the original exception's type, message and the
+    traceback formatted in the learner thread, and the original exception is chained as
+    ``__cause__``.
+    """
+
+
+class ReplayBufferError(FlowRLError, ValueError):
+    """A replay buffer was built with, fed, or asked for something it cannot use.
+
+    Also a ``ValueError``, so code that checks priorities with ``except ValueError`` works.
+    """
