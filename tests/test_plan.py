@@ -222,3 +222,21 @@ def test_stats_before_the_first_item_are_zero(trainer: Trainer) -> None:
     plan = build_plan("pg", trainer)
     stats = plan.stats()
     assert all(e["items"] == 0 and e["time_s"] == 0 and e["items_per_s"] == 0 for e in stats.values())
+
+
+def test_dqn_plan_runs_store_and_replay_side_by_side() -> None:
+    from flowrl import Trainer
+
+    config = {"num_workers": 0, "learning_starts": 64, "train_batch_size": 16, "timesteps_per_iteration": 100, "seed": 0}
+    trainer = Trainer("dqn", "CartPole-v1", config)
+    try:
+        labels = [stage.label for stage in trainer.plan.graph.operators.values()]
+        for expected in ("for_each(StoreToReplayBuffer)", "replay", "for_each(TrainOneStep)", "for_each(UpdatePriorities)",
+                         "for_each(UpdateTargetNetwork)", "union[deterministic]", "for_each(CollectMetrics)"):
+            assert any(label.startswith(expected) or label == expected for label in labels), (expected, labels)
+        assert not any("_Tag" in label or "_KeepOutputs" in label for label in labels)
+        result = trainer.train()
+        assert result["timesteps_total"] >= 100 and result["info"]["num_steps_trained"] > 0
+        assert "td_error" not in result["info"]["learner"].get("default_policy", {})
+    finally:
+        trainer.stop()

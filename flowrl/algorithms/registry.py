@@ -36,6 +36,7 @@ _MODULES: dict[str, str] = {
     "a2c": "flowrl.algorithms.a2c",
     "a3c": "flowrl.algorithms.a3c",
     "ppo": "flowrl.algorithms.ppo",
+    "dqn": "flowrl.algorithms.dqn",
 }
 _REGISTERED: dict[str, Algorithm] = {}
 

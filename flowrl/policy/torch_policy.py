@@ -42,7 +42,8 @@ class TorchPolicy(Policy):
     ``grad_clip`` (None: no clipping), ``explore`` (True), ``exploration_config``
     (``{"type": "StochasticSampling"}``), ``num_gpus`` (0), ``seed``.
     Algorithm-owned scalars that must survive checkpoints (e.g. PPO's KL coefficient)
-    live in ``policy.coeffs``.
+    live in ``policy.coeffs``. With ``target_network=True`` the policy keeps a frozen copy
+    of its model in ``target_model``, moved by :meth:`update_target` (DQN, DDPG, TD3).
     """
 
     def __init__(
@@ -57,12 +58,17 @@ class TorchPolicy(Policy):
         make_optimizer: OptimizerFn | None = None,
         dist_kind: str = "auto",
         coeffs: Mapping[str, float] | None = None,
+        target_network: bool = False,
     ) -> None:
         super().__init__(observation_space, action_space, config)
         use_gpu = float(self.config.get("num_gpus", 0)) > 0 and torch.cuda.is_available()
         self.device = torch.device("cuda" if use_gpu else "cpu")
         self.dist_class, num_outputs = dist_class_for(action_space, dist_kind)
         self.model = make_model(observation_space, action_space, num_outputs, model_config(self.config.get("model"))).to(self.device)
+        self.target_model: nn.Module | None = None
+        if target_network:
+            self.target_model = copy.deepcopy(self.model)
+            self.target_model.requires_grad_(False)
         self.loss_fn = loss_fn
         self.postprocess_fn = postprocess_fn
         self.optimizer = (make_optimizer or self._default_optimizer)(self)
@@ -174,6 +180,17 @@ class TorchPolicy(Policy):
             p.grad = torch.tensor(g, device=self.device).reshape(p.shape)  # a copy: Ray hands out read-only arrays
         self.optimizer.step()
 
+    def update_target(self, tau: float = 1.0) -> None:
+        """Move the target network towards the model: copy it (``tau=1``) or blend by ``tau``."""
+        if self.target_model is None:
+            raise TypeError("this policy was built without a target network (target_network=True)")
+        with torch.no_grad():
+            for target, source in zip(self.target_model.state_dict().values(), self.model.state_dict().values()):
+                if tau >= 1.0 or not target.is_floating_point():
+                    target.copy_(source)
+                else:
+                    target.lerp_(source, tau)
+
     # -- state -----------------------------------------------------------------------
 
     def get_weights(self) -> ModelWeights:
@@ -191,6 +208,7 @@ class TorchPolicy(Policy):
             "exploration": self.exploration.get_state(),
             "coeffs": dict(self.coeffs),
             "np_rng": copy.deepcopy(self._np_rng.bit_generator.state),
+            "target": None if self.target_model is None else copy.deepcopy(self.target_model.state_dict()),
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -200,3 +218,5 @@ class TorchPolicy(Policy):
         self.coeffs = dict(state["coeffs"])
         if "np_rng" in state:
             self._np_rng.bit_generator.state = state["np_rng"]
+        if self.target_model is not None and state.get("target") is not None:
+            self.target_model.load_state_dict(state["target"])

@@ -1,0 +1,195 @@
+"""The background learner of asynchronous plans (Ape-X, IMPALA, APPO).
+
+In those architectures sampling and replay never wait for gradient steps: the driver
+hands batches to a learner thread through a bounded queue and collects what the
+thread learned from a second queue. The plan writes ``Enqueue(learner.inqueue)`` on one
+side and ``Dequeue(learner.outqueue, check=learner.check)`` on the other; ``check``
+carries a failure of the thread into the driver's thread as a
+:class:`~flowrl.errors.LearnerThreadError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import traceback
+from typing import TYPE_CHECKING, Any, Callable
+
+from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from flowrl.errors import FlowRLError, LearnerThreadError
+from flowrl.iterators import EventQueue, TimerStat
+
+if TYPE_CHECKING:
+    from flowrl.actors.rollout_worker import RolloutWorker
+
+logger = logging.getLogger(__name__)
+
+Batch = SampleBatch | MultiAgentBatch
+LearnFn = Callable[["RolloutWorker", Batch], tuple[dict[str, Any], int]]
+
+
+def learn_on_local_worker(worker: "RolloutWorker", batch: Batch) -> tuple[dict[str, Any], int]:
+    """One gradient step of each policy in ``batch`` on ``worker``.
+
+    Returns ``({policy_id: learner stats}, env steps in batch)``; a plain
+    :class:`~flowrl.data.SampleBatch` trains the default policy. Stats pass through
+    untouched (Ape-X reads the ``"td_error"`` array from them to update priorities).
+    """
+    if isinstance(batch, MultiAgentBatch):
+        parts = batch.policy_batches
+    else:
+        parts = {DEFAULT_POLICY_ID: batch}
+    info = {pid: worker.learn_on_batch(policy_batch, pid) for pid, policy_batch in parts.items()}
+    return info, batch.env_steps()
+
+
+class LearnerThread(threading.Thread):
+    """A daemon thread that learns, on ``local_worker``, from the batches put on its inqueue.
+
+    ``inqueue`` (bounded by ``inqueue_size``; back-pressure for ``Enqueue``) takes
+    ``(source_actor, batch)`` items; for each one the thread calls
+    ``learn_fn(local_worker, batch) -> (learner_info, steps)`` and puts
+    ``(source_actor, learner_info, steps)`` on ``outqueue`` (``outqueue_size=0``:
+    unbounded). It sets ``weights_updated`` after every step; the plan clears it once
+    it has broadcast the new weights (:meth:`take_weights_updated` does both at once).
+
+    If ``learn_fn`` raises, the thread records the error and ends; :meth:`check` then
+    raises it in the caller's thread.
+    """
+
+    #: Longest wait on an empty inqueue (or a full outqueue) before re-reading the stop flag.
+    poll_interval_s = 0.2
+
+    def __init__(
+        self,
+        local_worker: "RolloutWorker",
+        *,
+        inqueue_size: int = 16,
+        outqueue_size: int = 0,
+        learn_fn: LearnFn | None = None,
+        name: str = "learner",
+    ) -> None:
+        if inqueue_size < 0 or outqueue_size < 0:
+            raise FlowRLError(
+                f"LearnerThread(inqueue_size={inqueue_size}, outqueue_size={outqueue_size}): "
+                "queue sizes must be >= 0 (0 = unbounded)"
+            )
+        super().__init__(name=name, daemon=True)
+        self.local_worker = local_worker
+        self.learn_fn: LearnFn = learn_fn if learn_fn is not None else learn_on_local_worker
+        self.inqueue: EventQueue = EventQueue(inqueue_size)
+        self.outqueue: EventQueue = EventQueue(outqueue_size)
+        self.queue_timer = TimerStat()  # seconds waited for each batch
+        self.learn_timer = TimerStat()  # seconds per learn_fn call; units: steps trained
+        self.num_steps_trained = 0
+        self.num_batches_trained = 0
+        self.learner_info: dict[str, Any] = {}
+        self.weights_updated = False
+        self.error: BaseException | None = None
+        self.error_traceback = ""
+        self._flag_lock = threading.Lock()
+        self._stop_event = threading.Event()
+        self._waiting_sum = 0
+
+    # -- the thread --------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            while not self._stop_event.is_set():
+                self._step()
+        except BaseException as e:  # noqa: BLE001 - carried to the driver by check()
+            self.error_traceback = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+            self.error = e
+            logger.error("learner thread %r failed:\n%s", self.name, self.error_traceback)
+
+    def _step(self) -> None:
+        waited_from = time.perf_counter()
+        while True:
+            try:
+                source_actor, batch = self.inqueue.get(timeout=self.poll_interval_s)
+                break
+            except queue.Empty:
+                if self._stop_event.is_set():
+                    return
+        self.queue_timer.push(time.perf_counter() - waited_from)
+        # Batches still waiting: near capacity on average means the learner is the bottleneck.
+        self._waiting_sum += self.inqueue.qsize()
+
+        with self.learn_timer:
+            info, steps = self.learn_fn(self.local_worker, batch)
+            self.learn_timer.push_units_processed(steps)
+        self.learner_info = info
+        self.num_steps_trained += steps
+        self.num_batches_trained += 1
+        with self._flag_lock:
+            self.weights_updated = True
+
+        result = (source_actor, info, steps)
+        while not self._stop_event.is_set():
+            try:
+                self.outqueue.put(result, timeout=self.poll_interval_s)
+                return
+            except queue.Full:
+                continue
+
+    # -- the driver's side ---------------------------------------------------------------
+
+    def check(self) -> bool:
+        """Whether the thread still produces results; meant as ``Dequeue(..., check=)``.
+
+        True while it runs; False once it was stopped; raises
+        :class:`~flowrl.errors.LearnerThreadError` (the original exception as
+        ``__cause__``) if learning failed, and :class:`~flowrl.errors.FlowRLError` if the
+        thread was never started (a plan would otherwise wait for it forever).
+        """
+        if self.error is not None:
+            e = self.error
+            raise LearnerThreadError(
+                f"learner thread {self.name!r} failed: {type(e).__name__}: {e}\n"
+                f"traceback in the learner thread:\n{self.error_traceback}"
+            ) from e
+        if self._stop_event.is_set():
+            return False
+        if self.ident is None:
+            raise FlowRLError(f"learner thread {self.name!r} was never started; call start() before reading its outqueue")
+        return self.is_alive()
+
+    def take_weights_updated(self) -> bool:
+        """Return ``weights_updated`` and clear it, atomically.
+
+        Call it *before* reading the weights to broadcast, so an update made meanwhile
+        raises the flag again instead of being lost.
+        """
+        with self._flag_lock:
+            updated, self.weights_updated = self.weights_updated, False
+        return updated
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Ask the thread to end and wait up to ``timeout`` s for it; True once it has ended.
+
+        Idempotent. The thread finishes the ``learn_fn`` call it is in; batches still on
+        the inqueue are left there.
+        """
+        self._stop_event.set()
+        if self.ident is not None and self is not threading.current_thread():
+            self.join(timeout)
+        return not self.is_alive()
+
+    def stats(self) -> dict[str, Any]:
+        """Queue sizes, mean wait and learn times, steps trained and learn throughput."""
+        taken = self.queue_timer.count
+        return {
+            "inqueue_size": self.inqueue.qsize(),
+            "inqueue_capacity": self.inqueue.maxsize,
+            "inqueue_size_mean": self._waiting_sum / taken if taken else 0.0,
+            "outqueue_size": self.outqueue.qsize(),
+            "queue_wait_mean_s": self.queue_timer.mean,
+            "learn_time_mean_s": self.learn_timer.mean,
+            "learn_throughput": self.learn_timer.mean_throughput,
+            "num_steps_trained": self.num_steps_trained,
+            "num_batches_trained": self.num_batches_trained,
+            "alive": self.is_alive(),
+            "failed": self.error is not None,
+        }

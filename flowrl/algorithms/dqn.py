@@ -1,0 +1,178 @@
+"""Deep Q-networks: double Q-learning, dueling heads, n-step returns, prioritized replay.
+
+Plan (the RLlib Flow DQN shape): two sub-flows run in round robin. One samples and stores
+into the replay buffer; the other replays, trains, updates priorities and the target
+network. Their round-robin weights set ``training_intensity`` (steps replayed per step sampled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from flowrl.actors import WorkerSet
+from flowrl.algorithms.registry import Algorithm
+from flowrl.config import TrainerConfig, cfg_field
+from flowrl.data import LocalReplayBuffer, SampleBatch
+from flowrl.iterators import LocalIterator
+from flowrl.operators import (
+    Concurrently,
+    ParallelRollouts,
+    StandardMetricsReporting,
+    TrainOneStep,
+    UpdateTargetNetwork,
+)
+from flowrl.operators.replay_ops import TD_ERROR, Replay, StoreToReplayBuffer, UpdatePriorities
+from flowrl.policy import PolicySpec, TorchPolicy, adjust_nstep
+from flowrl.policy.distributions import ActionDistribution
+from flowrl.policy.models import make_encoder
+from flowrl.policy.postprocessing import DISCOUNTS
+
+
+@dataclass(kw_only=True)
+class DQNConfig(TrainerConfig):
+    """DQN settings (shared keys: see :class:`~flowrl.config.TrainerConfig`)."""
+
+    num_workers: int = cfg_field(0, "Remote rollout workers; 0 samples in the driver.", min=0)
+    rollout_fragment_length: int = cfg_field(4, "Env steps per env per sample call (each stored at once).", min=1)
+    train_batch_size: int = cfg_field(64, "Transitions per replayed SGD minibatch.", min=1)
+    lr: float = cfg_field(1e-3, "Adam learning rate.", min=0, min_exclusive=True)
+    grad_clip: float | None = cfg_field(10.0, "Clip the gradients' global norm to this (None: no clipping).", min=0, min_exclusive=True)
+    buffer_size: int = cfg_field(50_000, "Replay buffer capacity in transitions.", min=1)
+    learning_starts: int = cfg_field(1000, "Env steps sampled before training starts.", min=0)
+    target_network_update_freq: int = cfg_field(500, "Env steps sampled between target network copies.", min=1)
+    n_step: int = cfg_field(3, "Steps of reward summed into each transition's return.", min=1)
+    double_q: bool = cfg_field(True, "Pick next actions with the online network, value them with the target network.")
+    dueling: bool = cfg_field(True, "Separate state-value and advantage streams in the Q head.")
+    prioritized_replay: bool = cfg_field(True, "Sample transitions in proportion to their TD error.")
+    prioritized_replay_alpha: float = cfg_field(0.6, "How strongly priorities skew sampling (0: uniform).", min=0)
+    prioritized_replay_beta: float = cfg_field(0.4, "Importance-sampling correction exponent.", min=0, max=1)
+    prioritized_replay_eps: float = cfg_field(1e-6, "Added to |TD error| to get a priority.", min=0, min_exclusive=True)
+    training_intensity: float | None = cfg_field(
+        None,
+        "Transitions replayed per transition sampled; None keeps the natural ratio "
+        "(one replayed minibatch per sampled fragment).",
+        min=0,
+        min_exclusive=True,
+    )
+    timesteps_per_iteration: int = cfg_field(1000, "Minimum env steps sampled per train() call.", min=0)
+    exploration_config: dict[str, Any] = cfg_field(
+        {"type": "EpsilonGreedy", "initial_epsilon": 1.0, "final_epsilon": 0.02, "epsilon_timesteps": 10_000},
+        "Epsilon-greedy exploration over the Q-values, annealed over global timesteps.",
+    )
+
+    def policy_config(self) -> dict[str, Any]:
+        return {**super().policy_config(), "double_q": self.double_q, "n_step": self.n_step}
+
+    def sampled_per_round(self) -> int:
+        """Env steps one ParallelRollouts item holds."""
+        return self.rollout_fragment_length * self.num_envs_per_worker * max(1, self.num_workers)
+
+
+class QModel(nn.Module):
+    """An encoder and a Q head (dueling: value + advantage - mean advantage); forward gives ``(q, None)``."""
+
+    def __init__(self, obs_space: gym.Space, num_actions: int, model_config: Mapping[str, Any], dueling: bool) -> None:
+        super().__init__()
+        self.encoder = make_encoder(obs_space, model_config)
+        self.advantage = nn.Linear(self.encoder.out_dim, num_actions)
+        self.value = nn.Linear(self.encoder.out_dim, 1) if dueling else None
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, None]:
+        features = self.encoder(obs)
+        advantages = self.advantage(features)
+        if self.value is None:
+            return advantages, None
+        return self.value(features) + advantages - advantages.mean(dim=1, keepdim=True), None
+
+
+def dqn_loss(policy: TorchPolicy, model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Importance-weighted Huber loss on the n-step TD error, with (double) target Q-values."""
+    q_values, _ = model(batch[SampleBatch.OBS])
+    actions = batch[SampleBatch.ACTIONS].long()
+    q_taken = q_values.gather(1, actions.unsqueeze(1)).squeeze(1)
+    assert policy.target_model is not None
+    with torch.no_grad():
+        next_target, _ = policy.target_model(batch[SampleBatch.NEW_OBS])
+        if policy.config["double_q"]:
+            next_online, _ = model(batch[SampleBatch.NEW_OBS])
+            next_q = next_target.gather(1, next_online.argmax(dim=1, keepdim=True)).squeeze(1)
+        else:
+            next_q = next_target.max(dim=1).values
+        # Bootstrap unless the episode terminated (a truncated one goes on).
+        not_done = 1.0 - batch[SampleBatch.TERMINATEDS].float()
+        target = batch[SampleBatch.REWARDS] + batch[DISCOUNTS] * not_done * next_q
+    td_error = q_taken - target
+    weights = batch.get(SampleBatch.WEIGHTS, torch.ones_like(td_error))
+    loss = (weights * nn.functional.smooth_l1_loss(q_taken, target, reduction="none")).mean()
+    return loss, {"loss": loss.item(), "mean_q": q_taken.mean().item(), TD_ERROR: td_error.detach().cpu().numpy()}
+
+
+def dqn_postprocess(policy: TorchPolicy, batch: SampleBatch) -> SampleBatch:
+    """n-step transitions (with the bootstrap discount of each row)."""
+    return adjust_nstep(batch, policy.config["n_step"], policy.config["gamma"])
+
+
+def make_dqn_policy(obs_space: gym.Space, action_space: gym.Space, config: DQNConfig) -> PolicySpec:
+    """A TorchPolicy with a Q model, a target network, the DQN loss and n-step postprocessing."""
+    kwargs = {
+        "loss_fn": dqn_loss,
+        "postprocess_fn": dqn_postprocess,
+        "make_model": _dueling_q_model if config.dueling else _q_model,
+        "target_network": True,
+    }
+    return PolicySpec(TorchPolicy, obs_space, action_space, config.policy_config(), kwargs)
+
+
+def _q_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Mapping[str, Any]) -> nn.Module:
+    return QModel(obs_space, num_outputs, model_config, dueling=False)
+
+
+def _dueling_q_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Mapping[str, Any]) -> nn.Module:
+    return QModel(obs_space, num_outputs, model_config, dueling=True)
+
+
+def round_robin_weights(config: DQNConfig) -> list[int]:
+    """Weights [store, replay] so replayed/sampled steps match ``training_intensity``."""
+    if config.training_intensity is None:
+        return [1, 1]
+    natural = config.train_batch_size / config.sampled_per_round()
+    ratio = config.training_intensity / natural
+    return [1, max(1, round(ratio))] if ratio >= 1 else [max(1, round(1 / ratio)), 1]
+
+
+def make_replay_buffer(config: DQNConfig) -> LocalReplayBuffer:
+    """The local replay buffer the DQN plan stores into and replays from."""
+    return LocalReplayBuffer(
+        capacity=config.buffer_size,
+        learning_starts=config.learning_starts,
+        replay_batch_size=config.train_batch_size,
+        prioritized_replay_alpha=config.prioritized_replay_alpha,
+        prioritized_replay_beta=config.prioritized_replay_beta,
+        prioritized_replay_eps=config.prioritized_replay_eps,
+        prioritized=config.prioritized_replay,
+        seed=config.seed,
+    )
+
+
+def execution_plan(workers: WorkerSet, config: DQNConfig) -> LocalIterator[dict[str, Any]]:
+    """Store rollouts || (Replay -> TrainOneStep -> UpdatePriorities -> UpdateTargetNetwork), round robin."""
+    buffer = make_replay_buffer(config)
+    store_op = ParallelRollouts(workers, mode="bulk_sync").for_each(StoreToReplayBuffer(local_buffer=buffer))
+    replay_op = (
+        Replay(local_buffer=buffer)
+        .for_each(TrainOneStep(workers))
+        .for_each(UpdatePriorities(buffer))
+        .for_each(UpdateTargetNetwork(workers, config.target_network_update_freq))
+    )
+    train_op = Concurrently(
+        [store_op, replay_op], mode="round_robin", output_indexes=[1], round_robin_weights=round_robin_weights(config)
+    )
+    return StandardMetricsReporting(train_op, workers, config)
+
+
+ALGORITHM = Algorithm("dqn", "deep Q-network (double, dueling, n-step, prioritized replay)", DQNConfig, make_dqn_policy, execution_plan)
