@@ -15,7 +15,8 @@ import queue
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from flowrl.errors import FlowRLError, LearnerThreadError
@@ -30,7 +31,7 @@ Batch = SampleBatch | MultiAgentBatch
 LearnFn = Callable[["RolloutWorker", Batch], tuple[dict[str, Any], int]]
 
 
-def learn_on_local_worker(worker: "RolloutWorker", batch: Batch) -> tuple[dict[str, Any], int]:
+def learn_on_local_worker(worker: RolloutWorker, batch: Batch) -> tuple[dict[str, Any], int]:
     """One gradient step of each policy in ``batch`` on ``worker``.
 
     Returns ``({policy_id: learner stats}, env steps in batch)``; a plain
@@ -64,7 +65,7 @@ class LearnerThread(threading.Thread):
 
     def __init__(
         self,
-        local_worker: "RolloutWorker",
+        local_worker: RolloutWorker,
         *,
         inqueue_size: int = 16,
         outqueue_size: int = 0,
