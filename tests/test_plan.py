@@ -240,3 +240,34 @@ def test_dqn_plan_runs_store_and_replay_side_by_side() -> None:
         assert "td_error" not in result["info"]["learner"].get("default_policy", {})
     finally:
         trainer.stop()
+
+
+def test_apex_plan_has_three_concurrent_subflows_and_releases_its_actors() -> None:
+    from flowrl import Trainer
+
+    config = {
+        "num_workers": 2,
+        "num_cpus_per_worker": 0.1,
+        "num_envs_per_worker": 1,
+        "rollout_fragment_length": 20,
+        "learning_starts": 100,
+        "train_batch_size": 16,
+        "timesteps_per_iteration": 200,
+        "seed": 0,
+    }
+    trainer = Trainer("apex", "CartPole-v1", config)
+    try:
+        plan = trainer.plan
+        labels = [stage.label for stage in plan.graph.operators.values()]
+        for expected in ("for_each(StoreToReplayBuffer)", "for_each(UpdateWorkerWeights)", "transform(Enqueue)",
+                         "dequeue", "for_each(UpdateReplayPriorities)", "for_each(UpdateTargetNetwork)", "union[async]"):
+            assert expected in labels, (expected, labels)
+        assert plan.graph.actors["RolloutWorker"] == 2 and plan.graph.actors["ReplayActor"] == 1
+        assert "LearnerThread" in plan.graph.actors
+        result = trainer.train()
+        assert result["timesteps_total"] >= 200 and result["info"]["num_steps_trained"] > 0
+        epsilons = trainer.workers.foreach_worker(lambda w: w.get_policy().exploration.epsilon(0))
+        assert epsilons[0] == 0.0 and epsilons[1] == pytest.approx(0.4) and epsilons[2] == pytest.approx(0.4**8)
+    finally:
+        trainer.stop()
+    assert not trainer.workers.remote_workers()

@@ -7,6 +7,7 @@ piece with the policy (advantages, n-step returns, ...) and concatenates them.
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ from flowrl.data import SampleBatch, concat_samples
 from flowrl.policy import Policy
 
 BATCH_MODES = ("truncate_episodes", "complete_episodes")
+_MAX_UNCOLLECTED_EPISODES = 10_000
 
 
 @dataclass
@@ -62,7 +64,8 @@ class VectorSampler:
         self.episode_rewards = np.zeros(n, dtype=np.float64)
         observations = [env.reset(seed=None if seed is None else seed + i)[0] for i, env in enumerate(envs)]
         self.obs = np.stack(observations)
-        self.finished: list[EpisodeStats] = []
+        # Bounded: a worker whose statistics nobody collects must not grow without limit.
+        self.finished: collections.deque[EpisodeStats] = collections.deque(maxlen=_MAX_UNCOLLECTED_EPISODES)
         self._carry: list[list[SampleBatch]] = [[] for _ in range(n)]
         self.steps_sampled = 0
 
@@ -157,6 +160,7 @@ class VectorSampler:
         return pieces
 
     def pop_episode_stats(self) -> list[EpisodeStats]:
-        """Episodes finished since the last call."""
-        finished, self.finished = self.finished, []
+        """Episodes finished since the last call (the most recent ones, if very many)."""
+        finished = list(self.finished)
+        self.finished.clear()
         return finished

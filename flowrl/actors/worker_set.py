@@ -58,6 +58,7 @@ class WorkerSet:
         self._remote = [self._make_remote(i + 1) for i in range(num_workers)]
         self._replacements: dict[Any, Any] = {}
         self._global_vars: Mapping[str, Any] | None = None
+        self._stop_callbacks: list[Callable[[], None]] = []
         if self._remote:
             self.sync_weights()
 
@@ -148,8 +149,16 @@ class WorkerSet:
                 self._handle_failure(worker, e)
         return dead
 
+    def on_stop(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` when the set stops: plans use it to release the actors and threads
+        they create beside the workers (replay shards, learner threads)."""
+        self._stop_callbacks.append(callback)
+
     def stop(self) -> None:
-        """Close the local worker's envs and kill the remote workers."""
+        """Run the ``on_stop`` callbacks, close the local worker's envs and kill the remote workers."""
+        callbacks, self._stop_callbacks = self._stop_callbacks, []
+        for callback in reversed(callbacks):
+            callback()
         self._local.stop()
         for worker in self._remote:
             ray.kill(worker)

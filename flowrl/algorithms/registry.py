@@ -37,6 +37,7 @@ _MODULES: dict[str, str] = {
     "a3c": "flowrl.algorithms.a3c",
     "ppo": "flowrl.algorithms.ppo",
     "dqn": "flowrl.algorithms.dqn",
+    "apex": "flowrl.algorithms.apex",
 }
 _REGISTERED: dict[str, Algorithm] = {}
 

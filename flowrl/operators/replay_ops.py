@@ -9,7 +9,7 @@ import numpy as np
 
 from flowrl.data import DEFAULT_POLICY_ID, LocalReplayBuffer, MultiAgentBatch, SampleBatch
 from flowrl.errors import FlowRLError
-from flowrl.iterators import LocalIterator, NextValueNotReady, SharedMetrics
+from flowrl.iterators import LocalIterator, NextValueNotReady, SharedMetrics, from_actors
 from flowrl.operators.names import LEARNER_INFO
 
 Batch = SampleBatch | MultiAgentBatch
@@ -37,16 +37,32 @@ class StoreToReplayBuffer:
         return batch
 
 
-def Replay(*, local_buffer: LocalReplayBuffer) -> LocalIterator[Batch]:
-    """A source of replayed batches from a local buffer.
+def _is_batch(item: Any) -> bool:
+    return item is not None
 
-    Until the buffer holds ``learning_starts`` steps it has nothing to give: inside a union
-    it yields a not-ready marker so the other sub-flows (the one filling the buffer) run.
+
+_is_batch.plan_hidden = True  # type: ignore[attr-defined]
+
+
+def Replay(
+    *, local_buffer: LocalReplayBuffer | None = None, actors: Sequence[Any] | None = None, num_async: int = 4
+) -> LocalIterator[Batch]:
+    """A source of replayed batches, from a local buffer or from replay actors.
+
+    Until a buffer holds ``learning_starts`` steps it has nothing to give: inside a union a
+    local buffer yields a not-ready marker so the other sub-flows (the one filling the
+    buffer) run, and replay actors answer None after a short wait, which is dropped here.
+    With actors, batches arrive as shards produce them (``num_async`` requests in flight
+    per shard); :meth:`~flowrl.iterators.LocalIterator.zip_with_source_actor` names the shard.
     """
+    if (local_buffer is None) == (actors is None):
+        raise FlowRLError("Replay needs exactly one of local_buffer= or actors=")
+    if actors is not None:
+        return from_actors(list(actors), name="replay_actors").gather_async(num_async=num_async).filter(_is_batch)
 
     def base(timeout: float | None) -> Iterator[Any]:
         while True:
-            batch = local_buffer.replay()
+            batch = local_buffer.replay()  # type: ignore[union-attr]
             if batch is None:
                 if timeout is None:
                     raise FlowRLError(

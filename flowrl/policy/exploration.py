@@ -110,6 +110,27 @@ class EpsilonGreedy(Exploration):
         self.rng.bit_generator.state = state["rng"]
 
 
+class PerWorkerEpsilonGreedy(EpsilonGreedy):
+    """Epsilon-greedy with a fixed epsilon per rollout worker (Ape-X, Horgan et al. 2018).
+
+    Remote worker ``i`` of ``N`` uses ``0.4 ** (1 + 7 * (i - 1) / (N - 1))`` (0.4 when N is 1),
+    so a few workers explore a lot and the rest almost not at all; the local worker
+    (index 0, which learns and evaluates) acts greedily.
+    """
+
+    def __init__(self, action_space: gym.Space, worker_index: int = 0, num_workers: int = 0, seed: int | None = None) -> None:
+        super().__init__(action_space, epsilon=self.epsilon_for(worker_index, num_workers), seed=seed)
+
+    @staticmethod
+    def epsilon_for(worker_index: int, num_workers: int) -> float:
+        """The epsilon of remote worker ``worker_index`` (1-based) among ``num_workers``."""
+        if worker_index <= 0:
+            return 0.0
+        if num_workers <= 1:
+            return 0.4
+        return 0.4 ** (1 + 7 * (worker_index - 1) / (num_workers - 1))
+
+
 class GaussianNoise(Exploration):
     """The deterministic action plus Gaussian noise, clipped to the action bounds.
 
@@ -161,12 +182,23 @@ class GaussianNoise(Exploration):
 EXPLORATIONS: dict[str, type[Exploration]] = {
     "StochasticSampling": StochasticSampling,
     "EpsilonGreedy": EpsilonGreedy,
+    "PerWorkerEpsilonGreedy": PerWorkerEpsilonGreedy,
     "GaussianNoise": GaussianNoise,
 }
 
 
-def make_exploration(action_space: gym.Space, config: Mapping[str, Any] | None, seed: int | None = None) -> Exploration:
-    """Build the exploration named by ``config["type"]`` (default ``StochasticSampling``)."""
+def make_exploration(
+    action_space: gym.Space,
+    config: Mapping[str, Any] | None,
+    seed: int | None = None,
+    worker_index: int = 0,
+    num_workers: int = 0,
+) -> Exploration:
+    """Build the exploration named by ``config["type"]`` (default ``StochasticSampling``).
+
+    ``worker_index`` and ``num_workers`` place the policy among the rollout workers, for
+    explorations that differ per worker.
+    """
     options = dict(config or {})
     name = options.pop("type", "StochasticSampling")
     if name not in EXPLORATIONS:
@@ -176,6 +208,8 @@ def make_exploration(action_space: gym.Space, config: Mapping[str, Any] | None, 
         if options:
             raise FlowRLError(f"StochasticSampling takes no options, got {sorted(options)}")
         return cls(action_space)
+    if cls is PerWorkerEpsilonGreedy:
+        options.update(worker_index=worker_index, num_workers=num_workers)
     try:
         return cls(action_space, seed=seed, **options)  # type: ignore[call-arg]
     except TypeError as e:

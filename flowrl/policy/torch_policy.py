@@ -72,7 +72,13 @@ class TorchPolicy(Policy):
         self.loss_fn = loss_fn
         self.postprocess_fn = postprocess_fn
         self.optimizer = (make_optimizer or self._default_optimizer)(self)
-        self.exploration = make_exploration(action_space, self.config.get("exploration_config"), self.config.get("seed"))
+        self.exploration = make_exploration(
+            action_space,
+            self.config.get("exploration_config"),
+            self.config.get("seed"),
+            worker_index=int(self.config.get("worker_index", 0)),
+            num_workers=int(self.config.get("num_workers", 0)),
+        )
         self.explore = bool(self.config.get("explore", True))
         self.coeffs: dict[str, float] = dict(coeffs or {})
         self._numpy_model: NumpyActorCritic | None | object = _NOT_BUILT
@@ -142,6 +148,8 @@ class TorchPolicy(Policy):
         batch.decompress_if_needed()
         tensors: TensorBatch = {}
         for key, value in batch.items():
+            if not value.flags.writeable:
+                value = value.copy()  # batches from Ray's object store are read-only; torch needs writable memory
             if key in (SampleBatch.OBS, SampleBatch.NEW_OBS):
                 tensors[key] = obs_to_tensor(value, self.observation_space, self.device)
             elif value.dtype.kind in "biuf":

@@ -43,6 +43,7 @@ def train_until(example: str, threshold: float, budget: int) -> tuple[float, int
         ("cartpole-a3c.yaml", 195.0, 300_000),
         ("cartpole-pg.yaml", 100.0, 200_000),
         ("cartpole-dqn.yaml", 195.0, 50_000),
+        ("cartpole-apex.yaml", 195.0, 150_000),
     ],
 )
 def test_reaches_threshold_within_budget(example: str, threshold: float, budget: int) -> None:

@@ -1,0 +1,176 @@
+"""Ape-X DQN: distributed prioritized experience replay (Horgan et al. 2018).
+
+Three sub-flows run concurrently (async union):
+1. rollout workers sample (each with its own epsilon) -> store into a random replay shard ->
+   send that worker fresh weights once it sampled ``max_weight_sync_delay`` steps since its last;
+2. replay shards -> batches into the learner thread's queue;
+3. the learner's results -> new priorities back to the shard that produced the batch ->
+   target network updates by steps trained. Only this sub-flow's outputs drive iterations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import ray
+
+from flowrl.actors import LearnerThread, RolloutWorker, WorkerSet, create_replay_actors
+from flowrl.actors.learner_thread import learn_on_local_worker
+from flowrl.algorithms.dqn import DQNConfig, make_dqn_policy
+from flowrl.algorithms.registry import Algorithm
+from flowrl.config import cfg_field
+from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from flowrl.iterators import LocalIterator
+from flowrl.operators import (
+    STEPS_SAMPLED_COUNTER,
+    STEPS_TRAINED_COUNTER,
+    Concurrently,
+    Dequeue,
+    Enqueue,
+    ParallelRollouts,
+    StandardMetricsReporting,
+    UpdateTargetNetwork,
+)
+from flowrl.operators.names import AGENT_STEPS_TRAINED_COUNTER, LEARNER_INFO, NUM_WEIGHT_SYNCS
+from flowrl.operators.replay_ops import TD_ERROR, Replay, StoreToReplayBuffer
+from flowrl.policy import PolicySpec
+
+BATCH_INDEXES = "batch_indexes"
+
+
+@dataclass(kw_only=True)
+class ApexConfig(DQNConfig):
+    """Ape-X settings: DQN's keys plus the replay tier and weight-sync pacing."""
+
+    num_workers: int = cfg_field(2, "Remote rollout workers, each with its own fixed epsilon.", min=1)
+    num_envs_per_worker: int = cfg_field(4, "Vectorized envs per rollout worker.", min=1)
+    rollout_fragment_length: int = cfg_field(50, "Env steps per env per sample call.", min=1)
+    train_batch_size: int = cfg_field(64, "Transitions per replayed SGD minibatch.", min=1)
+    buffer_size: int = cfg_field(100_000, "Replay capacity in transitions, split over the shards.", min=1)
+    learning_starts: int = cfg_field(2000, "Env steps stored before replay starts (split over the shards).", min=0)
+    target_network_update_freq: int = cfg_field(10_000, "Steps trained between target network copies.", min=1)
+    num_replay_shards: int = cfg_field(1, "Replay buffer shard actors.", min=1)
+    max_weight_sync_delay: int = cfg_field(400, "Steps a worker samples between weight refreshes.", min=1)
+    learner_queue_size: int = cfg_field(16, "Replayed batches the learner thread may have waiting.", min=1)
+    timesteps_per_iteration: int = cfg_field(5000, "Minimum env steps sampled per train() call.", min=0)
+    exploration_config: dict[str, Any] = cfg_field(
+        {"type": "PerWorkerEpsilonGreedy"}, "Per-worker fixed epsilons 0.4 ** (1 + 7 * i / (N - 1))."
+    )
+
+    def policy_config(self) -> dict[str, Any]:
+        return {**super().policy_config(), "num_workers": self.num_workers}
+
+
+def learn_with_indexes(worker: RolloutWorker, batch: SampleBatch | MultiAgentBatch) -> tuple[dict[str, Any], int]:
+    """The learner's step, keeping each policy batch's replay indexes beside its TD errors."""
+    info, count = learn_on_local_worker(worker, batch)
+    parts = batch.policy_batches if isinstance(batch, MultiAgentBatch) else {DEFAULT_POLICY_ID: batch}
+    for pid, stats in info.items():
+        stats[BATCH_INDEXES] = parts[pid][BATCH_INDEXES]
+    return info, count
+
+
+class UpdateWorkerWeights:
+    """Send the learner's latest weights to a rollout worker once it sampled enough since its last.
+
+    Consumes ``(worker, batch)`` (after ``zip_with_source_actor``); weights are put in the
+    object store once per learner update and shared by every worker that gets them.
+    """
+
+    def __init__(self, learner: LearnerThread, workers: WorkerSet, max_weight_sync_delay: int) -> None:
+        self.learner = learner
+        self.workers = workers
+        self.max_weight_sync_delay = max_weight_sync_delay
+        self.steps_since_update: dict[Any, int] = {}
+        self.weights: Any = None
+
+    def plan_links(self) -> list[tuple[str, str]]:
+        """What this operator does to actors, for the plan graph."""
+        return [("RolloutWorker", "send weights")]
+
+    def __call__(self, item: tuple[Any, SampleBatch | MultiAgentBatch]) -> tuple[Any, SampleBatch | MultiAgentBatch]:
+        actor, batch = item
+        metrics = LocalIterator.get_metrics()
+        self.steps_since_update[actor] = self.steps_since_update.get(actor, 0) + batch.env_steps()
+        if self.steps_since_update[actor] >= self.max_weight_sync_delay:
+            if self.weights is None or self.learner.take_weights_updated():
+                self.weights = ray.put(self.workers.local_worker().get_weights())
+            actor.set_weights.remote(self.weights, {"timestep": metrics.counters[STEPS_SAMPLED_COUNTER]})
+            self.steps_since_update[actor] = 0
+            metrics.counters[NUM_WEIGHT_SYNCS] += 1
+        return item
+
+
+class UpdateReplayPriorities:
+    """Count what the learner trained and send new priorities back to the replay shard of each batch."""
+
+    def plan_links(self) -> list[tuple[str, str]]:
+        """What this operator does to actors, for the plan graph."""
+        return [("ReplayActor", "update priorities")]
+
+    def __call__(self, item: tuple[Any, dict[str, dict[str, Any]], int]) -> dict[str, dict[str, Any]]:
+        replay_actor, info, count = item
+        metrics = LocalIterator.get_metrics()
+        metrics.counters[STEPS_TRAINED_COUNTER] += count
+        metrics.counters[AGENT_STEPS_TRAINED_COUNTER] += count
+        priorities = {}
+        for pid, stats in info.items():
+            td_error, indexes = stats.pop(TD_ERROR, None), stats.pop(BATCH_INDEXES, None)
+            if td_error is not None and indexes is not None:
+                priorities[pid] = (indexes, np.asarray(td_error))
+        if priorities:
+            replay_actor.update_priorities.remote(priorities)
+        metrics.info[LEARNER_INFO] = info
+        return info
+
+
+def make_apex_policy(obs_space: gym.Space, action_space: gym.Space, config: ApexConfig) -> PolicySpec:
+    """DQN's policy (per-worker epsilons come from the exploration config)."""
+    return make_dqn_policy(obs_space, action_space, config)
+
+
+def execution_plan(workers: WorkerSet, config: ApexConfig) -> LocalIterator[dict[str, Any]]:
+    """Store rollouts || replay into the learner || learner results -> priorities, target updates."""
+    replay_actors = create_replay_actors(
+        config.num_replay_shards,
+        learning_starts=config.learning_starts,
+        buffer_size=config.buffer_size,
+        replay_batch_size=config.train_batch_size,
+        prioritized_replay_alpha=config.prioritized_replay_alpha,
+        prioritized_replay_beta=config.prioritized_replay_beta,
+        prioritized_replay_eps=config.prioritized_replay_eps,
+        prioritized=config.prioritized_replay,
+        seed=config.seed,
+    )
+    learner = LearnerThread(workers.local_worker(), inqueue_size=config.learner_queue_size, learn_fn=learn_with_indexes)
+    learner.start()
+
+    def release() -> None:
+        learner.stop()
+        for actor in replay_actors:
+            ray.kill(actor)
+
+    workers.on_stop(release)
+
+    store_op = (
+        ParallelRollouts(workers, mode="async", num_async=2)
+        .for_each(StoreToReplayBuffer(actors=replay_actors))
+        .zip_with_source_actor()
+        .for_each(UpdateWorkerWeights(learner, workers, config.max_weight_sync_delay))
+    )
+    replay_op = Replay(actors=replay_actors, num_async=4).zip_with_source_actor().transform(Enqueue(learner.inqueue))
+    update_op = (
+        Dequeue(learner.outqueue, check=learner.check)
+        .for_each(UpdateReplayPriorities())
+        .for_each(UpdateTargetNetwork(workers, config.target_network_update_freq, by_steps_trained=True))
+    )
+    merged = Concurrently([store_op, replay_op, update_op], mode="async", output_indexes=[2])
+    # Episode statistics from the lowest-epsilon third of the workers: what the policy can do.
+    remote = workers.remote_workers()
+    return StandardMetricsReporting(merged, workers, config, selected_workers=remote[-max(1, len(remote) // 3):])
+
+
+ALGORITHM = Algorithm("apex", "Ape-X DQN: distributed prioritized replay", ApexConfig, make_apex_policy, execution_plan)
