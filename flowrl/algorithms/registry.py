@@ -30,14 +30,16 @@ class Algorithm:
     execution_plan: ExecutionPlan
 
 
-# name -> module defining ``ALGORITHM``; imported lazily so `flowrl list` stays fast.
-_MODULES: dict[str, str] = {
-    "pg": "flowrl.algorithms.pg",
-    "a2c": "flowrl.algorithms.a2c",
-    "a3c": "flowrl.algorithms.a3c",
-    "ppo": "flowrl.algorithms.ppo",
-    "dqn": "flowrl.algorithms.dqn",
-    "apex": "flowrl.algorithms.apex",
+# name -> (module, attribute holding its Algorithm); imported lazily so `flowrl list` stays fast.
+_MODULES: dict[str, tuple[str, str]] = {
+    "pg": ("flowrl.algorithms.pg", "ALGORITHM"),
+    "a2c": ("flowrl.algorithms.a2c", "ALGORITHM"),
+    "a3c": ("flowrl.algorithms.a3c", "ALGORITHM"),
+    "ppo": ("flowrl.algorithms.ppo", "ALGORITHM"),
+    "dqn": ("flowrl.algorithms.dqn", "ALGORITHM"),
+    "apex": ("flowrl.algorithms.apex", "ALGORITHM"),
+    "ddpg": ("flowrl.algorithms.ddpg", "DDPG"),
+    "td3": ("flowrl.algorithms.ddpg", "TD3"),
 }
 _REGISTERED: dict[str, Algorithm] = {}
 
@@ -64,7 +66,8 @@ def get_algorithm(name: str) -> Algorithm:
     if key in _REGISTERED:
         return _REGISTERED[key]
     if key in _MODULES:
-        algorithm = importlib.import_module(_MODULES[key]).ALGORITHM
+        module, attribute = _MODULES[key]
+        algorithm = getattr(importlib.import_module(module), attribute)
         _REGISTERED[key] = algorithm
         return algorithm
     names = list_algorithms()

@@ -182,10 +182,11 @@ class ApplyGradients:
 
 
 class UpdateTargetNetwork:
-    """Every ``target_update_freq`` steps, copy each policy's network into its target network.
+    """Every ``target_update_freq`` steps, move each policy's target network to its network.
 
-    Pass-through. Counts steps sampled, or steps trained with ``by_steps_trained``. The
-    policies must have an ``update_target()`` method.
+    Pass-through. Counts steps sampled, or steps trained with ``by_steps_trained``; a
+    frequency of 0 updates on every item. ``tau`` < 1 blends instead of copying (soft
+    updates). The policies must have an ``update_target(tau)`` method.
     """
 
     def __init__(
@@ -194,9 +195,11 @@ class UpdateTargetNetwork:
         target_update_freq: int,
         by_steps_trained: bool = False,
         policies: Sequence[str] | None = None,
+        tau: float = 1.0,
     ) -> None:
         self.workers = workers
         self.target_update_freq = target_update_freq
+        self.tau = tau
         self.counter = STEPS_TRAINED_COUNTER if by_steps_trained else STEPS_SAMPLED_COUNTER
         self.policies = list(policies) if policies is not None else workers.trainable_policies()
 
@@ -206,7 +209,7 @@ class UpdateTargetNetwork:
         if now - metrics.counters[LAST_TARGET_UPDATE_TS] >= self.target_update_freq:
             local = self.workers.local_worker()
             for pid in self.policies:
-                local.get_policy(pid).update_target()  # type: ignore[attr-defined]
+                local.get_policy(pid).update_target(self.tau)  # type: ignore[attr-defined]
             metrics.counters[NUM_TARGET_UPDATES] += 1
             metrics.counters[LAST_TARGET_UPDATE_TS] = now
         return item

@@ -1,4 +1,4 @@
-"""Learning tests: each algorithm must reach a reward threshold on CartPole-v1 within a step budget.
+"""Learning tests: each algorithm must reach a reward threshold within a step budget.
 
 Fixed seeds; the configs are the tuned examples in ``tuned_examples/``, so what CI checks is
 what users run.
@@ -44,6 +44,8 @@ def train_until(example: str, threshold: float, budget: int) -> tuple[float, int
         ("cartpole-pg.yaml", 100.0, 200_000),
         ("cartpole-dqn.yaml", 195.0, 50_000),
         ("cartpole-apex.yaml", 195.0, 150_000),
+        ("pendulum-td3.yaml", -250.0, 30_000),
+        ("pendulum-ddpg.yaml", -300.0, 40_000),
     ],
 )
 def test_reaches_threshold_within_budget(example: str, threshold: float, budget: int) -> None:

@@ -49,8 +49,9 @@ class FakePolicy:
     def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, float]]:
         return [np.full(2, float(batch.count))], {"grad_loss": 1.5}
 
-    def update_target(self) -> None:
+    def update_target(self, tau: float = 1.0) -> None:
         self.target_updates += 1
+        self.last_tau = tau
 
 
 class FakeLocalWorker:
