@@ -469,3 +469,28 @@ def test_episodes_total_survives_a_restore(tmp_path: Path) -> None:
         after = fresh.train()
     assert after["training_iteration"] == before["training_iteration"] + 1
     assert after["episodes_total"] == before["episodes_total"] + after["episodes_this_iter"]
+
+
+@pytest.mark.parametrize("with_contents", [False, True])
+def test_dqn_checkpoint_keeps_the_replay_buffer_on_request(tmp_path: Any, with_contents: bool) -> None:
+    from flowrl.operators.replay_ops import StoreToReplayBuffer
+
+    def replay_buffer(trainer: Trainer) -> Any:
+        return next(s.fn.local_buffer for s in trainer.plan.graph.operators.values() if isinstance(s.fn, StoreToReplayBuffer))
+
+    config = {"num_workers": 0, "learning_starts": 50, "train_batch_size": 16, "timesteps_per_iteration": 100,
+              "seed": 0, "store_buffer_in_checkpoints": with_contents}
+    trainer = Trainer("dqn", "CartPole-v1", config)
+    try:
+        trainer.train()
+        path = trainer.save(tmp_path)
+        added = replay_buffer(trainer).num_steps_added
+    finally:
+        trainer.stop()
+    restored = Trainer.from_checkpoint(path)
+    try:
+        buffer = replay_buffer(restored)
+        assert buffer.num_steps_added == added > 0
+        assert (sum(len(b) for b in buffer.buffers.values()) > 0) == with_contents
+    finally:
+        restored.stop()

@@ -200,7 +200,8 @@ def make_ddpg_policy(obs_space: gym.Space, action_space: gym.Space, config: DDPG
 def execution_plan(workers: WorkerSet, config: DDPGConfig) -> LocalIterator[dict[str, Any]]:
     """DQN's shape: store rollouts || (Replay -> TrainOneStep -> priorities -> soft target update)."""
     buffer = make_replay_buffer(config)
-    store_op = ParallelRollouts(workers, mode="bulk_sync").for_each(StoreToReplayBuffer(local_buffer=buffer))
+    store = StoreToReplayBuffer(local_buffer=buffer, checkpoint_contents=config.store_buffer_in_checkpoints)
+    store_op = ParallelRollouts(workers, mode="bulk_sync").for_each(store)
     replay_op = (
         Replay(local_buffer=buffer)
         .for_each(TrainOneStep(workers))

@@ -52,6 +52,9 @@ class DQNConfig(TrainerConfig):
     prioritized_replay_alpha: float = cfg_field(0.6, "How strongly priorities skew sampling (0: uniform).", min=0)
     prioritized_replay_beta: float = cfg_field(0.4, "Importance-sampling correction exponent.", min=0, max=1)
     prioritized_replay_eps: float = cfg_field(1e-6, "Added to |TD error| to get a priority.", min=0, min_exclusive=True)
+    store_buffer_in_checkpoints: bool = cfg_field(
+        False, "Save the replay buffer's contents in checkpoints (large), not only its counters."
+    )
     training_intensity: float | None = cfg_field(
         None,
         "Transitions replayed per transition sampled; None keeps the natural ratio "
@@ -162,7 +165,8 @@ def make_replay_buffer(config: DQNConfig) -> LocalReplayBuffer:
 def execution_plan(workers: WorkerSet, config: DQNConfig) -> LocalIterator[dict[str, Any]]:
     """Store rollouts || (Replay -> TrainOneStep -> UpdatePriorities -> UpdateTargetNetwork), round robin."""
     buffer = make_replay_buffer(config)
-    store_op = ParallelRollouts(workers, mode="bulk_sync").for_each(StoreToReplayBuffer(local_buffer=buffer))
+    store = StoreToReplayBuffer(local_buffer=buffer, checkpoint_contents=config.store_buffer_in_checkpoints)
+    store_op = ParallelRollouts(workers, mode="bulk_sync").for_each(store)
     replay_op = (
         Replay(local_buffer=buffer)
         .for_each(TrainOneStep(workers))

@@ -19,11 +19,29 @@ TD_ERROR = "td_error"
 class StoreToReplayBuffer:
     """Add each batch to a local replay buffer, or to a random one of the replay actors (pass-through)."""
 
-    def __init__(self, *, local_buffer: LocalReplayBuffer | None = None, actors: Sequence[Any] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        local_buffer: LocalReplayBuffer | None = None,
+        actors: Sequence[Any] | None = None,
+        checkpoint_contents: bool = False,
+    ) -> None:
         if (local_buffer is None) == (actors is None):
             raise FlowRLError("StoreToReplayBuffer needs exactly one of local_buffer= or actors=")
         self.local_buffer = local_buffer
         self.actors = list(actors) if actors is not None else []
+        self.checkpoint_contents = checkpoint_contents
+
+    def get_state(self) -> dict[str, Any]:
+        """The local buffer's state for checkpoints (its contents only with ``checkpoint_contents``)."""
+        if self.local_buffer is None:
+            return {}
+        return {"buffer": self.local_buffer.get_state(include_contents=self.checkpoint_contents)}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`get_state`'s output."""
+        if self.local_buffer is not None and "buffer" in state:
+            self.local_buffer.set_state(state["buffer"])
 
     def plan_links(self) -> list[tuple[str, str]]:
         """What this operator does to actors, for the plan graph."""
