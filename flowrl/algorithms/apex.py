@@ -35,7 +35,7 @@ from flowrl.operators import (
     UpdateTargetNetwork,
 )
 from flowrl.operators.names import AGENT_STEPS_TRAINED_COUNTER, LEARNER_INFO, NUM_WEIGHT_SYNCS
-from flowrl.operators.replay_ops import TD_ERROR, Replay, StoreToReplayBuffer
+from flowrl.operators.replay_ops import TD_ERROR, Replay, StoreToReplayBuffer, ThrottleSampling
 from flowrl.policy import PolicySpec
 
 BATCH_INDEXES = "batch_indexes"
@@ -47,17 +47,27 @@ class ApexConfig(DQNConfig):
 
     num_workers: int = cfg_field(2, "Remote rollout workers, each with its own fixed epsilon.", min=1)
     num_envs_per_worker: int = cfg_field(4, "Vectorized envs per rollout worker.", min=1)
-    rollout_fragment_length: int = cfg_field(50, "Env steps per env per sample call.", min=1)
+    rollout_fragment_length: int = cfg_field(25, "Env steps per env per sample call.", min=1)
     train_batch_size: int = cfg_field(64, "Transitions per replayed SGD minibatch.", min=1)
-    buffer_size: int = cfg_field(100_000, "Replay capacity in transitions, split over the shards.", min=1)
+    buffer_size: int = cfg_field(50_000, "Replay capacity in transitions, split over the shards.", min=1)
     learning_starts: int = cfg_field(2000, "Env steps stored before replay starts (split over the shards).", min=0)
-    target_network_update_freq: int = cfg_field(10_000, "Steps trained between target network copies.", min=1)
+    target_network_update_freq: int = cfg_field(2000, "Steps trained between target network copies.", min=1)
     num_replay_shards: int = cfg_field(1, "Replay buffer shard actors.", min=1)
-    max_weight_sync_delay: int = cfg_field(400, "Steps a worker samples between weight refreshes.", min=1)
+    max_weight_sync_delay: int = cfg_field(200, "Steps a worker samples between weight refreshes.", min=1)
     learner_queue_size: int = cfg_field(16, "Replayed batches the learner thread may have waiting.", min=1)
-    timesteps_per_iteration: int = cfg_field(5000, "Minimum env steps sampled per train() call.", min=0)
+    timesteps_per_iteration: int = cfg_field(2000, "Minimum env steps sampled per train() call.", min=0)
+    model: dict[str, Any] = cfg_field(
+        {"fcnet_hiddens": [128, 128], "fcnet_activation": "relu"}, "Q network options (see flowrl.policy.models)."
+    )
     exploration_config: dict[str, Any] = cfg_field(
         {"type": "PerWorkerEpsilonGreedy"}, "Per-worker fixed epsilons 0.4 ** (1 + 7 * i / (N - 1))."
+    )
+    training_intensity: float | None = cfg_field(
+        4.0,
+        "If set, sampling waits while it is ahead of learning_starts + steps_trained / training_intensity "
+        "(steps replayed per step sampled); None: sample as fast as the workers can.",
+        min=0,
+        min_exclusive=True,
     )
 
     def policy_config(self) -> dict[str, Any]:
@@ -155,9 +165,11 @@ def execution_plan(workers: WorkerSet, config: ApexConfig) -> LocalIterator[dict
 
     workers.on_stop(release)
 
+    rollouts = ParallelRollouts(workers, mode="async", num_async=2)
+    if config.training_intensity is not None:
+        rollouts = rollouts.transform(ThrottleSampling(config.training_intensity, config.learning_starts))
     store_op = (
-        ParallelRollouts(workers, mode="async", num_async=2)
-        .for_each(StoreToReplayBuffer(actors=replay_actors))
+        rollouts.for_each(StoreToReplayBuffer(actors=replay_actors))
         .zip_with_source_actor()
         .for_each(UpdateWorkerWeights(learner, workers, config.max_weight_sync_delay))
     )

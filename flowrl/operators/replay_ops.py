@@ -10,7 +10,7 @@ import numpy as np
 from flowrl.data import DEFAULT_POLICY_ID, LocalReplayBuffer, MultiAgentBatch, SampleBatch
 from flowrl.errors import FlowRLError
 from flowrl.iterators import LocalIterator, NextValueNotReady, SharedMetrics, from_actors
-from flowrl.operators.names import LEARNER_INFO
+from flowrl.operators.names import LEARNER_INFO, STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER
 
 Batch = SampleBatch | MultiAgentBatch
 TD_ERROR = "td_error"
@@ -116,3 +116,33 @@ class UpdatePriorities:
             self.local_buffer.update_priorities(updates)
         LocalIterator.get_metrics().info[LEARNER_INFO] = info
         return item
+
+
+class ThrottleSampling:
+    """Hold back sampling so that training keeps up: a transform for the sampling sub-flow.
+
+    Once ``start_after`` steps were sampled, the next batch is pulled only while
+    ``steps_sampled <= start_after + steps_trained / training_intensity``; otherwise it
+    yields a not-ready marker, so an async union serves the learner's sub-flows until they
+    have trained enough. Keeps the replay ratio of asynchronous plans (Ape-X) close to
+    ``training_intensity`` whatever the relative speed of sampling and learning.
+    """
+
+    def __init__(self, training_intensity: float, start_after: int) -> None:
+        if training_intensity <= 0:
+            raise FlowRLError(f"ThrottleSampling(training_intensity={training_intensity}): must be > 0")
+        self.training_intensity = training_intensity
+        self.start_after = start_after
+
+    def __call__(self, upstream: Iterator[Any]) -> Iterator[Any]:
+        while True:
+            counters = LocalIterator.get_metrics().counters
+            allowed = self.start_after + counters[STEPS_TRAINED_COUNTER] / self.training_intensity
+            if counters[STEPS_SAMPLED_COUNTER] > allowed:
+                yield NextValueNotReady(waits_on_siblings=True)
+                continue
+            try:
+                item = next(upstream)
+            except StopIteration:
+                return
+            yield item
