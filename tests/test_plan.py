@@ -271,3 +271,19 @@ def test_apex_plan_has_three_concurrent_subflows_and_releases_its_actors() -> No
     finally:
         trainer.stop()
     assert not trainer.workers.remote_workers()
+
+
+def test_apex_ddpg_runs_ddpg_on_the_apex_plan() -> None:
+    from flowrl import Trainer
+
+    config = {"num_workers": 2, "num_cpus_per_worker": 0.1, "num_envs_per_worker": 1, "rollout_fragment_length": 20,
+              "learning_starts": 100, "train_batch_size": 16, "timesteps_per_iteration": 200, "seed": 0}
+    trainer = Trainer("apex_ddpg", "Pendulum-v1", config)
+    try:
+        labels = [stage.label for stage in trainer.plan.graph.operators.values()]
+        assert "for_each(UpdateReplayPriorities)" in labels and "transform(Enqueue)" in labels
+        result = trainer.train()
+        assert result["info"]["num_steps_trained"] > 0
+        assert type(trainer.workers.local_worker().get_policy().model).__name__ == "ActorCritics"
+    finally:
+        trainer.stop()

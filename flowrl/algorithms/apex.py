@@ -19,6 +19,7 @@ import ray
 
 from flowrl.actors import LearnerThread, RolloutWorker, WorkerSet, create_replay_actors
 from flowrl.actors.learner_thread import learn_on_local_worker
+from flowrl.algorithms.ddpg import DDPGConfig, make_ddpg_policy
 from flowrl.algorithms.dqn import DQNConfig, make_dqn_policy
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import cfg_field
@@ -177,7 +178,11 @@ def execution_plan(workers: WorkerSet, config: ApexConfig) -> LocalIterator[dict
     update_op = (
         Dequeue(learner.outqueue, check=learner.check)
         .for_each(UpdateReplayPriorities())
-        .for_each(UpdateTargetNetwork(workers, config.target_network_update_freq, by_steps_trained=True))
+        .for_each(
+            UpdateTargetNetwork(
+                workers, config.target_network_update_freq, by_steps_trained=True, tau=getattr(config, "tau", 1.0)
+            )
+        )
     )
     merged = Concurrently([store_op, replay_op, update_op], mode="async", output_indexes=[2])
     # Episode statistics from the lowest-epsilon third of the workers: what the policy can do.
@@ -186,3 +191,17 @@ def execution_plan(workers: WorkerSet, config: ApexConfig) -> LocalIterator[dict
 
 
 ALGORITHM = Algorithm("apex", "Ape-X DQN: distributed prioritized replay", ApexConfig, make_apex_policy, execution_plan)
+
+
+@dataclass(kw_only=True)
+class ApexDDPGConfig(ApexConfig, DDPGConfig):
+    """Ape-X DDPG: DDPG's actor-critic on the Ape-X plan (Gaussian exploration noise on every worker)."""
+
+    exploration_config: dict[str, Any] = cfg_field({}, "Set from exploration_noise and learning_starts; leave empty.")
+    target_network_update_freq: int = cfg_field(0, "Steps trained between soft target updates (0: every step).", min=0)
+    model: dict[str, Any] = cfg_field({}, "Unused: the actor and critic sizes are actor_hiddens and critic_hiddens.")
+
+
+APEX_DDPG = Algorithm(
+    "apex_ddpg", "Ape-X DDPG: DDPG on distributed prioritized replay", ApexDDPGConfig, make_ddpg_policy, execution_plan
+)

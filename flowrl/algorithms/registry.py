@@ -38,6 +38,7 @@ _MODULES: dict[str, tuple[str, str]] = {
     "ppo": ("flowrl.algorithms.ppo", "ALGORITHM"),
     "dqn": ("flowrl.algorithms.dqn", "ALGORITHM"),
     "apex": ("flowrl.algorithms.apex", "ALGORITHM"),
+    "apex_ddpg": ("flowrl.algorithms.apex", "APEX_DDPG"),
     "ddpg": ("flowrl.algorithms.ddpg", "DDPG"),
     "td3": ("flowrl.algorithms.ddpg", "TD3"),
 }
