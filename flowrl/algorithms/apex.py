@@ -20,7 +20,7 @@ import ray
 from flowrl.actors import LearnerThread, RolloutWorker, WorkerSet, create_replay_actors
 from flowrl.actors.learner_thread import learn_on_local_worker
 from flowrl.algorithms.ddpg import DDPGConfig, make_ddpg_policy
-from flowrl.algorithms.dqn import DQNConfig, make_dqn_policy
+from flowrl.algorithms.dqn import DQNConfig, make_dqn_policy, replay_buffer_args
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import cfg_field
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
@@ -145,17 +145,7 @@ def make_apex_policy(obs_space: gym.Space, action_space: gym.Space, config: Apex
 
 def execution_plan(workers: WorkerSet, config: ApexConfig) -> LocalIterator[dict[str, Any]]:
     """Store rollouts || replay into the learner || learner results -> priorities, target updates."""
-    replay_actors = create_replay_actors(
-        config.num_replay_shards,
-        learning_starts=config.learning_starts,
-        buffer_size=config.buffer_size,
-        replay_batch_size=config.train_batch_size,
-        prioritized_replay_alpha=config.prioritized_replay_alpha,
-        prioritized_replay_beta=config.prioritized_replay_beta,
-        prioritized_replay_eps=config.prioritized_replay_eps,
-        prioritized=config.prioritized_replay,
-        seed=config.seed,
-    )
+    replay_actors = create_replay_actors(config.num_replay_shards, buffer_size=config.buffer_size, **replay_buffer_args(config))
     learner = LearnerThread(workers.local_worker(), inqueue_size=config.learner_queue_size, learn_fn=learn_with_indexes)
     learner.start()
 
@@ -180,7 +170,7 @@ def execution_plan(workers: WorkerSet, config: ApexConfig) -> LocalIterator[dict
         .for_each(UpdateReplayPriorities())
         .for_each(
             UpdateTargetNetwork(
-                workers, config.target_network_update_freq, by_steps_trained=True, tau=getattr(config, "tau", 1.0)
+                workers, config.target_network_update_freq, by_steps_trained=True, tau=config.tau
             )
         )
     )

@@ -15,18 +15,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from flowrl.actors import WorkerSet
-from flowrl.algorithms.dqn import DQNConfig, dqn_postprocess, make_replay_buffer, round_robin_weights
+from flowrl.algorithms.dqn import DQNConfig, dqn_postprocess
+from flowrl.algorithms.dqn import execution_plan as dqn_execution_plan
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import cfg_field
 from flowrl.data import SampleBatch
 from flowrl.errors import ConfigError
-from flowrl.iterators import LocalIterator
-from flowrl.operators import Concurrently, ParallelRollouts, StandardMetricsReporting, TrainOneStep, UpdateTargetNetwork
-from flowrl.operators.replay_ops import TD_ERROR, Replay, StoreToReplayBuffer, UpdatePriorities
+from flowrl.operators.replay_ops import TD_ERROR
 from flowrl.policy import PolicySpec, TorchPolicy
 from flowrl.policy.distributions import ActionDistribution
-from flowrl.policy.models import flat_obs_dim, mlp, obs_to_tensor
+from flowrl.policy.models import flat_obs_dim, mlp
 from flowrl.policy.postprocessing import DISCOUNTS
 
 ACTOR_STEPS = "actor_steps"
@@ -47,7 +45,7 @@ class DDPGConfig(DQNConfig):
     critic_hiddens: list[int] = cfg_field([256, 256], "Hidden layer sizes of each critic (ReLU).")
     actor_lr: float = cfg_field(1e-3, "Adam learning rate of the actor.", min=0, min_exclusive=True)
     critic_lr: float = cfg_field(1e-3, "Adam learning rate of the critic(s).", min=0, min_exclusive=True)
-    tau: float = cfg_field(0.005, "Soft target update rate after each training step (1: copy).", min=0, max=1, min_exclusive=True)
+    tau: float = cfg_field(0.005, "Soft target update rate after each training step.", min=0, max=1, min_exclusive=True)
     target_network_update_freq: int = cfg_field(0, "Steps sampled between target updates (0: every training step).", min=0)
     twin_q: bool = cfg_field(False, "Two critics; targets use the smaller (TD3).")
     policy_delay: int = cfg_field(1, "Critic updates per actor update (TD3: 2).", min=1)
@@ -197,23 +195,6 @@ def make_ddpg_policy(obs_space: gym.Space, action_space: gym.Space, config: DDPG
     return PolicySpec(TorchPolicy, obs_space, action_space, policy_config, kwargs)
 
 
-def execution_plan(workers: WorkerSet, config: DDPGConfig) -> LocalIterator[dict[str, Any]]:
-    """DQN's shape: store rollouts || (Replay -> TrainOneStep -> priorities -> soft target update)."""
-    buffer = make_replay_buffer(config)
-    store = StoreToReplayBuffer(local_buffer=buffer, checkpoint_contents=config.store_buffer_in_checkpoints)
-    store_op = ParallelRollouts(workers, mode="bulk_sync").for_each(store)
-    replay_op = (
-        Replay(local_buffer=buffer)
-        .for_each(TrainOneStep(workers))
-        .for_each(UpdatePriorities(buffer))
-        .for_each(UpdateTargetNetwork(workers, config.target_network_update_freq, tau=config.tau))
-    )
-    train_op = Concurrently(
-        [store_op, replay_op], mode="round_robin", output_indexes=[1], round_robin_weights=round_robin_weights(config)
-    )
-    return StandardMetricsReporting(train_op, workers, config)
-
-
-DDPG = Algorithm("ddpg", "deep deterministic policy gradient", DDPGConfig, make_ddpg_policy, execution_plan)
-TD3 = Algorithm("td3", "twin delayed DDPG", TD3Config, make_ddpg_policy, execution_plan)
+DDPG = Algorithm("ddpg", "deep deterministic policy gradient", DDPGConfig, make_ddpg_policy, dqn_execution_plan)
+TD3 = Algorithm("td3", "twin delayed DDPG", TD3Config, make_ddpg_policy, dqn_execution_plan)
 ALGORITHM = DDPG

@@ -44,7 +44,10 @@ class DQNConfig(TrainerConfig):
     grad_clip: float | None = cfg_field(10.0, "Clip the gradients' global norm to this (None: no clipping).", min=0, min_exclusive=True)
     buffer_size: int = cfg_field(50_000, "Replay buffer capacity in transitions.", min=1)
     learning_starts: int = cfg_field(1000, "Env steps sampled before training starts.", min=0)
-    target_network_update_freq: int = cfg_field(500, "Env steps sampled between target network copies.", min=1)
+    target_network_update_freq: int = cfg_field(
+        500, "Env steps sampled between target network updates (0: after every training step).", min=0
+    )
+    tau: float = cfg_field(1.0, "Target update rate: 1 copies the network, smaller values blend it in.", min=0, max=1, min_exclusive=True)
     n_step: int = cfg_field(3, "Steps of reward summed into each transition's return.", min=1)
     double_q: bool = cfg_field(True, "Pick next actions with the online network, value them with the target network.")
     dueling: bool = cfg_field(True, "Separate state-value and advantage streams in the Q head.")
@@ -148,30 +151,32 @@ def round_robin_weights(config: DQNConfig) -> list[int]:
     return [1, max(1, round(ratio))] if ratio >= 1 else [max(1, round(1 / ratio)), 1]
 
 
-def make_replay_buffer(config: DQNConfig) -> LocalReplayBuffer:
-    """The local replay buffer the DQN plan stores into and replays from."""
-    return LocalReplayBuffer(
-        capacity=config.buffer_size,
-        learning_starts=config.learning_starts,
-        replay_batch_size=config.train_batch_size,
-        prioritized_replay_alpha=config.prioritized_replay_alpha,
-        prioritized_replay_beta=config.prioritized_replay_beta,
-        prioritized_replay_eps=config.prioritized_replay_eps,
-        prioritized=config.prioritized_replay,
-        seed=config.seed,
-    )
+def replay_buffer_args(config: DQNConfig) -> dict[str, Any]:
+    """The replay settings of a config, as keyword arguments of the replay buffers and shards."""
+    return {
+        "learning_starts": config.learning_starts,
+        "replay_batch_size": config.train_batch_size,
+        "prioritized_replay_alpha": config.prioritized_replay_alpha,
+        "prioritized_replay_beta": config.prioritized_replay_beta,
+        "prioritized_replay_eps": config.prioritized_replay_eps,
+        "prioritized": config.prioritized_replay,
+        "seed": config.seed,
+    }
 
 
 def execution_plan(workers: WorkerSet, config: DQNConfig) -> LocalIterator[dict[str, Any]]:
-    """Store rollouts || (Replay -> TrainOneStep -> UpdatePriorities -> UpdateTargetNetwork), round robin."""
-    buffer = make_replay_buffer(config)
+    """Store rollouts || (Replay -> TrainOneStep -> UpdatePriorities -> UpdateTargetNetwork), round robin.
+
+    DDPG and TD3 run this same plan with their own policy (soft target updates via ``tau``).
+    """
+    buffer = LocalReplayBuffer(capacity=config.buffer_size, **replay_buffer_args(config))
     store = StoreToReplayBuffer(local_buffer=buffer, checkpoint_contents=config.store_buffer_in_checkpoints)
     store_op = ParallelRollouts(workers, mode="bulk_sync").for_each(store)
     replay_op = (
         Replay(local_buffer=buffer)
         .for_each(TrainOneStep(workers))
         .for_each(UpdatePriorities(buffer))
-        .for_each(UpdateTargetNetwork(workers, config.target_network_update_freq))
+        .for_each(UpdateTargetNetwork(workers, config.target_network_update_freq, tau=config.tau))
     )
     train_op = Concurrently(
         [store_op, replay_op], mode="round_robin", output_indexes=[1], round_robin_weights=round_robin_weights(config)
