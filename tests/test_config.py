@@ -187,10 +187,11 @@ def test_model_keys_are_checked_against_default_model_config() -> None:
 def test_exploration_type_and_options_are_checked() -> None:
     config = TrainerConfig.from_dict({"exploration_config": {"type": "EpsilonGreedy", "initial_epsilon": 0.5}})
     assert config.exploration_config["initial_epsilon"] == 0.5
-    assert problems_of({"exploration_config": {"type": "EpsilonGreed"}}) == [
-        "exploration_config['type']='EpsilonGreed' is not a known exploration; did you mean 'EpsilonGreedy'? "
-        "(known: 'EpsilonGreedy', 'GaussianNoise', 'StochasticSampling')"
-    ]
+    [problem] = problems_of({"exploration_config": {"type": "EpsilonGreed"}})
+    assert problem.startswith(
+        "exploration_config['type']='EpsilonGreed' is not a known exploration; did you mean 'EpsilonGreedy'"
+    )
+    assert "(known: 'EpsilonGreedy', 'GaussianNoise', " in problem
     [problem] = problems_of({"exploration_config": {"type": "EpsilonGreedy", "epsilon_timestep": 10}})
     assert problem.startswith(
         "exploration_config option 'epsilon_timestep' is not an option of EpsilonGreedy; did you mean 'epsilon_timesteps'"
