@@ -73,9 +73,9 @@ class Trainer:
             raise
         self.iteration = 0
         self.time_total_s = 0.0
-        # The plan's state as of the last finished iteration: what a checkpoint records, so one
-        # taken while an iteration is interrupted does not count that iteration's partial work.
-        self._plan_state = self.plan.get_state()
+        # The counters as of the last finished iteration: what a checkpoint records, so one taken
+        # while an iteration is interrupted does not count that iteration's partial work.
+        self._finished_metrics = self.plan.metrics.save()
 
     def _configure_driver(self) -> None:
         # Spinning OpenMP threads competing with rollout workers for a few cores slow small
@@ -107,7 +107,7 @@ class Trainer:
             timestamp=time.time(),
             plan=self.plan.stats(),
         )
-        self._plan_state = self.plan.get_state()
+        self._finished_metrics = self.plan.metrics.save()
         return result
 
     def evaluate(self, num_episodes: int = 10, seed: int | None = None) -> dict[str, float]:
@@ -142,7 +142,7 @@ class Trainer:
             "iteration": self.iteration,
             "time_total_s": self.time_total_s,
             "worker": self.workers.local_worker().get_state(),
-            "plan": self._plan_state,
+            "plan": {**self.plan.get_state(), "metrics": self._finished_metrics},
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
         }
 
@@ -154,7 +154,7 @@ class Trainer:
             )
         self.workers.local_worker().set_state(state["worker"])
         self.plan.set_state(state["plan"])
-        self._plan_state = self.plan.get_state()
+        self._finished_metrics = self.plan.metrics.save()
         self.iteration = int(state["iteration"])
         self.time_total_s = float(state["time_total_s"])
         random.setstate(state["rng"]["python"])
@@ -170,7 +170,7 @@ class Trainer:
             "algo": self.algorithm.name,
             "env": self.env if isinstance(self.env, str) else repr(self.env),
             "iteration": self.iteration,
-            "timesteps_total": self._plan_state["metrics"][0].get(STEPS_SAMPLED_COUNTER, 0),
+            "timesteps_total": self._finished_metrics[0].get(STEPS_SAMPLED_COUNTER, 0),
             "config": self.config.to_dict(),
         }
         return str(write_checkpoint(path, self.get_state(), metadata))
