@@ -586,15 +586,11 @@ def _resolve_checkpoint(path: Path) -> Path:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from flowrl.trainer import Trainer
+    from flowrl.trainer import evaluate_checkpoint
 
     checkpoint = _resolve_checkpoint(Path(args.checkpoint))
-    trainer = Trainer.from_checkpoint(checkpoint, address=args.address, config_overrides={"num_workers": 0})
-    try:
-        stats = trainer.evaluate(num_episodes=args.episodes, seed=args.seed)
-    finally:
-        trainer.stop()
-    print(f"checkpoint: {checkpoint} ({trainer.algorithm.name} on {trainer.env}, iteration {trainer.iteration})")
+    stats = evaluate_checkpoint(checkpoint, num_episodes=args.episodes, seed=args.seed)
+    print(f"checkpoint: {checkpoint} ({stats['algo']} on {stats['env']}, iteration {stats['iteration']})")
     print(f"{args.episodes} episode{'s' if args.episodes != 1 else ''}, deterministic actions:")
     print(f"episode_reward_mean {_fmt(stats.get('episode_reward_mean'), '.2f')}  "
           f"min {_fmt(stats.get('episode_reward_min'), '.2f')}  max {_fmt(stats.get('episode_reward_max'), '.2f')}  "
@@ -705,7 +701,6 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its latest checkpoint)")
     evaluate.add_argument("--episodes", type=_int_at_least(1), default=10, metavar="N", help="episodes to run (default 10)")
     evaluate.add_argument("--seed", type=int, default=None, help="reset episode i with seed + i (default: unseeded)")
-    evaluate.add_argument("--address", default=None, help=_ADDRESS_HELP)
     evaluate.set_defaults(func=_evaluate)
 
     demo = sub.add_parser("demo", help="run a small dataflow over Ray shard actors")

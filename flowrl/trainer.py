@@ -21,6 +21,7 @@ from flowrl.errors import CheckpointError, FlowRLError
 from flowrl.operators import STEPS_SAMPLED_COUNTER
 from flowrl.operators.metric_ops import summarize_episodes
 from flowrl.plan import Plan
+from flowrl.policy import Policy
 from flowrl.ray_runtime import start_ray, stop_ray
 
 EnvSpec = str | Callable[[dict[str, Any]], gym.Env]
@@ -113,22 +114,7 @@ class Trainer:
     def evaluate(self, num_episodes: int = 10, seed: int | None = None) -> dict[str, float]:
         """Run ``num_episodes`` episodes with deterministic actions in this process; return their statistics."""
         policy = self.workers.local_worker().get_policy()
-        env = get_env_creator(self.env)(dict(self.config.env_config))
-        episodes: list[dict[str, float]] = []
-        try:
-            for i in range(num_episodes):
-                obs, _ = env.reset(seed=None if seed is None else seed + i)
-                total, length, done = 0.0, 0, False
-                while not done:
-                    action = policy.compute_single_action(obs, explore=False)
-                    obs, reward, terminated, truncated, _ = env.step(action)
-                    total += float(reward)
-                    length += 1
-                    done = terminated or truncated
-                episodes.append({"episode_reward": total, "episode_length": length})
-        finally:
-            env.close()
-        return {**summarize_episodes(episodes), "episodes": num_episodes}
+        return evaluate_policy(policy, self.env, self.config.env_config, num_episodes, seed)
 
     # -- checkpoints -----------------------------------------------------------------
 
@@ -209,3 +195,44 @@ class Trainer:
 
     def __repr__(self) -> str:
         return f"Trainer(algo={self.algorithm.name!r}, env={self.env!r}, iteration={self.iteration})"
+
+
+def evaluate_policy(
+    policy: Policy, env: EnvSpec, env_config: Mapping[str, Any], num_episodes: int, seed: int | None = None
+) -> dict[str, float]:
+    """Episode statistics of ``policy`` acting deterministically for ``num_episodes`` episodes in this process."""
+    instance = get_env_creator(env)(dict(env_config))
+    episodes: list[dict[str, float]] = []
+    try:
+        for i in range(num_episodes):
+            obs, _ = instance.reset(seed=None if seed is None else seed + i)
+            total, length, done = 0.0, 0, False
+            while not done:
+                obs, reward, terminated, truncated, _ = instance.step(policy.compute_single_action(obs, explore=False))
+                total += float(reward)
+                length += 1
+                done = terminated or truncated
+            episodes.append({"episode_reward": total, "episode_length": length})
+    finally:
+        instance.close()
+    return {**summarize_episodes(episodes), "episodes": num_episodes}
+
+
+def evaluate_checkpoint(checkpoint_path: str | Path, num_episodes: int = 10, seed: int | None = None) -> dict[str, Any]:
+    """Evaluate a Trainer checkpoint's policy without Ray or rollout workers.
+
+    Returns the episode statistics plus the checkpoint's ``algo``, ``env`` and ``iteration``.
+    """
+    state, _ = read_checkpoint(checkpoint_path)
+    for key in ("algo", "env", "config", "worker"):
+        if key not in state:
+            raise CheckpointError(f"checkpoint {str(checkpoint_path)!r} has no {key!r}: not a flowrl Trainer checkpoint")
+    algorithm = get_algorithm(state["algo"])
+    config = algorithm.config_class.from_dict(state["config"])
+    probe = get_env_creator(state["env"])(dict(config.env_config))
+    observation_space, action_space = probe.observation_space, probe.action_space
+    probe.close()
+    policy = algorithm.make_policy(observation_space, action_space, config).build({"worker_index": 0})
+    policy.set_state(state["worker"]["policies"][DEFAULT_POLICY_ID])
+    stats = evaluate_policy(policy, state["env"], config.env_config, num_episodes, seed)
+    return {**stats, "algo": state["algo"], "env": state["env"], "iteration": state["iteration"]}

@@ -494,3 +494,19 @@ def test_dqn_checkpoint_keeps_the_replay_buffer_on_request(tmp_path: Any, with_c
         assert (sum(len(b) for b in buffer.buffers.values()) > 0) == with_contents
     finally:
         restored.stop()
+
+
+def test_evaluate_checkpoint_needs_no_workers_even_for_algorithms_that_require_them(tmp_path: Any) -> None:
+    from flowrl.trainer import evaluate_checkpoint
+
+    config = {"num_workers": 1, "num_cpus_per_worker": 0.1, "rollout_fragment_length": 10, "num_envs_per_worker": 1, "seed": 0}
+    trainer = Trainer("a3c", "CartPole-v1", config)  # A3C needs at least one remote worker to train
+    try:
+        trainer.train()
+        path = trainer.save(tmp_path)
+        expected = trainer.evaluate(num_episodes=2, seed=3)
+    finally:
+        trainer.stop()
+    stats = evaluate_checkpoint(path, num_episodes=2, seed=3)
+    assert stats["algo"] == "a3c" and stats["iteration"] == 1
+    assert stats["episode_reward_mean"] == expected["episode_reward_mean"]
