@@ -510,3 +510,29 @@ def test_evaluate_checkpoint_needs_no_workers_even_for_algorithms_that_require_t
     stats = evaluate_checkpoint(path, num_episodes=2, seed=3)
     assert stats["algo"] == "a3c" and stats["iteration"] == 1
     assert stats["episode_reward_mean"] == expected["episode_reward_mean"]
+
+
+def test_apex_checkpoints_carry_the_replay_shards(tmp_path: Any) -> None:
+    from flowrl.operators.replay_ops import StoreToReplayBuffer
+
+    def shard_states(trainer: Trainer) -> list[dict[str, Any]]:
+        store = next(s.fn for s in trainer.plan.graph.operators.values() if isinstance(s.fn, StoreToReplayBuffer))
+        return store.get_state()["shards"]
+
+    config = {"num_workers": 1, "num_cpus_per_worker": 0.1, "num_envs_per_worker": 1, "rollout_fragment_length": 20,
+              "learning_starts": 50, "train_batch_size": 16, "timesteps_per_iteration": 100, "seed": 0,
+              "store_buffer_in_checkpoints": True}
+    trainer = Trainer("apex", "CartPole-v1", config)
+    try:
+        trainer.train()
+        path = trainer.save(tmp_path)
+        saved = trainer.plan.get_state()["operators"]
+    finally:
+        trainer.stop()
+    restored = Trainer.from_checkpoint(path)
+    try:
+        [shard] = shard_states(restored)
+        [original] = next(v["shards"] for k, v in saved.items() if "StoreToReplayBuffer" in k)
+        assert shard["num_steps_added"] >= original["num_steps_added"] > 0
+    finally:
+        restored.stop()

@@ -161,7 +161,7 @@ def execution_plan(workers: WorkerSet, config: ApexConfig) -> LocalIterator[dict
     if config.training_intensity is not None:
         rollouts = rollouts.transform(ThrottleSampling(config.training_intensity, config.learning_starts))
     store_op = (
-        rollouts.for_each(StoreToReplayBuffer(actors=replay_actors))
+        rollouts.for_each(StoreToReplayBuffer(actors=replay_actors, checkpoint_contents=config.store_buffer_in_checkpoints))
         .zip_with_source_actor()
         .for_each(UpdateWorkerWeights(learner, workers, config.max_weight_sync_delay))
     )

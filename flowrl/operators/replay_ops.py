@@ -6,6 +6,7 @@ import random
 from typing import Any, Iterator, Sequence
 
 import numpy as np
+import ray
 
 from flowrl.data import DEFAULT_POLICY_ID, LocalReplayBuffer, MultiAgentBatch, SampleBatch
 from flowrl.errors import FlowRLError
@@ -33,15 +34,17 @@ class StoreToReplayBuffer:
         self.checkpoint_contents = checkpoint_contents
 
     def get_state(self) -> dict[str, Any]:
-        """The local buffer's state for checkpoints (its contents only with ``checkpoint_contents``)."""
-        if self.local_buffer is None:
-            return {}
-        return {"buffer": self.local_buffer.get_state(include_contents=self.checkpoint_contents)}
+        """The buffer's (or each replay shard's) state for checkpoints; contents only with ``checkpoint_contents``."""
+        if self.local_buffer is not None:
+            return {"buffer": self.local_buffer.get_state(include_contents=self.checkpoint_contents)}
+        return {"shards": ray.get([actor.get_state.remote(self.checkpoint_contents) for actor in self.actors])}
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`get_state`'s output."""
         if self.local_buffer is not None and "buffer" in state:
             self.local_buffer.set_state(state["buffer"])
+        if self.actors and len(state.get("shards", [])) == len(self.actors):
+            ray.get([actor.set_state.remote(shard) for actor, shard in zip(self.actors, state["shards"])])
 
     def plan_links(self) -> list[tuple[str, str]]:
         """What this operator does to actors, for the plan graph."""
