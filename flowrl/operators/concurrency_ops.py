@@ -6,7 +6,7 @@ import queue
 from typing import Any, Callable, Iterator, Sequence
 
 from flowrl.errors import FlowRLError
-from flowrl.iterators import EventQueue, LocalIterator, NextValueNotReady, SharedMetrics
+from flowrl.iterators import EventQueue, LocalIterator, NextValueNotReady, SharedMetrics, StageNode
 
 CONCURRENCY_MODES = ("round_robin", "async")
 
@@ -128,4 +128,12 @@ def Dequeue(input_queue: EventQueue, check: Callable[[], bool] = lambda: True) -
             else:
                 yield NextValueNotReady(events=[input_queue.not_empty_event])
 
-    return LocalIterator(base, SharedMetrics(), name="dequeue")
+    return LocalIterator(base, SharedMetrics(), name="dequeue", stages=[StageNode("source", "dequeue", (), _LearnerResults())])
+
+
+class _LearnerResults:
+    """Marks a Dequeue source in the plan graph as reading a learner thread's results."""
+
+    def plan_links(self) -> list[tuple[str, str]]:
+        """What this source does to actors, for the plan graph."""
+        return [("LearnerThread", "take results")]
