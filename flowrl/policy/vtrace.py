@@ -1,0 +1,58 @@
+"""V-trace off-policy value targets and policy-gradient advantages (Espeholt et al. 2018, eq. 1).
+
+Inputs are time-major ``[T, B]`` tensors of one trajectory piece per column. ``next_values``
+is V(x_{t+1}) for each step, the value of the step's own next observation, so a truncated
+episode bootstraps from its final observation. ``discounts`` is gamma where the episode
+goes on after step t and 0 where it terminated; ``continues`` is 0 wherever the next row
+of the column belongs to another episode (terminated or truncated), which cuts the
+correction that otherwise flows back from later steps.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class VTraceReturns(NamedTuple):
+    """``vs``: V-trace value targets; ``pg_advantages``: advantages for the policy gradient."""
+
+    vs: torch.Tensor
+    pg_advantages: torch.Tensor
+
+
+@torch.no_grad()
+def vtrace(
+    log_rhos: torch.Tensor,
+    discounts: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    continues: torch.Tensor,
+    clip_rho_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+    clip_c_threshold: float | None = 1.0,
+) -> VTraceReturns:
+    """V-trace targets ``v_s`` and advantages ``rho_s (r_s + gamma v_{s+1} - V(x_s))``.
+
+    ``log_rhos`` = log pi(a|x) - log mu(a|x) (target minus behaviour). The thresholds are
+    rho-bar (for the targets), the policy-gradient rho clip, and c-bar; None disables one.
+    """
+    rhos = torch.exp(log_rhos)
+    clipped_rhos = rhos if clip_rho_threshold is None else torch.clamp(rhos, max=clip_rho_threshold)
+    cs = rhos if clip_c_threshold is None else torch.clamp(rhos, max=clip_c_threshold)
+    deltas = clipped_rhos * (rewards + discounts * next_values - values)
+    # vs_t - V(x_t) = delta_t + gamma_t c_t (vs_{t+1} - V(x_{t+1})), cut where the episode ends.
+    corrections = torch.zeros_like(values)
+    acc = torch.zeros_like(values[0])
+    for t in range(values.shape[0] - 1, -1, -1):
+        acc = deltas[t] + discounts[t] * cs[t] * continues[t] * acc
+        corrections[t] = acc
+    vs = values + corrections
+    # v_{s+1}: the next row's target while the episode goes on, else the bootstrap value.
+    next_vs = next_values.clone()
+    next_vs[:-1] = torch.where(continues[:-1].bool(), vs[1:], next_values[:-1])
+    pg_rhos = rhos if clip_pg_rho_threshold is None else torch.clamp(rhos, max=clip_pg_rho_threshold)
+    pg_advantages = pg_rhos * (rewards + discounts * next_vs - values)
+    return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
