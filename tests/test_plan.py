@@ -287,3 +287,27 @@ def test_apex_ddpg_runs_ddpg_on_the_apex_plan() -> None:
         assert type(trainer.workers.local_worker().get_policy().model).__name__ == "ActorCritics"
     finally:
         trainer.stop()
+
+
+def test_impala_plan_feeds_a_learner_thread_and_counts_what_it_trained() -> None:
+    from flowrl import Trainer
+
+    config = {"num_workers": 2, "num_cpus_per_worker": 0.1, "num_envs_per_worker": 2, "rollout_fragment_length": 10,
+              "train_batch_size": 40, "timesteps_per_iteration": 200, "seed": 0}
+    trainer = Trainer("impala", "CartPole-v1", config)
+    try:
+        labels = [stage.label for stage in trainer.plan.graph.operators.values()]
+        for expected in ("for_each(BroadcastToSource)", "combine(ConcatBatches)", "transform(Enqueue)", "dequeue",
+                         "for_each(record_learner_results)", "union[async]"):
+            assert expected in labels, (expected, labels)
+        assert "LearnerThread" in trainer.plan.graph.actors
+        result = trainer.train()
+        assert result["info"]["num_steps_trained"] > 0
+        assert set(result["info"]["learner"]["default_policy"]) >= {"policy_loss", "vf_loss", "entropy"}
+        for _ in range(20):  # workers get new weights once the learner has updated since their last batch
+            if result["info"].get("num_weight_syncs", 0) > 0:
+                break
+            result = trainer.train()
+        assert result["info"]["num_weight_syncs"] > 0
+    finally:
+        trainer.stop()

@@ -41,6 +41,7 @@ _MODULES: dict[str, tuple[str, str]] = {
     "apex_ddpg": ("flowrl.algorithms.apex", "APEX_DDPG"),
     "ddpg": ("flowrl.algorithms.ddpg", "DDPG"),
     "td3": ("flowrl.algorithms.ddpg", "TD3"),
+    "impala": ("flowrl.algorithms.impala", "ALGORITHM"),
 }
 _REGISTERED: dict[str, Algorithm] = {}
 
