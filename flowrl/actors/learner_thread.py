@@ -18,7 +18,11 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from flowrl.data import (
+    MultiAgentBatch,
+    SampleBatch,
+    as_policy_batches,
+)
 from flowrl.errors import FlowRLError, LearnerThreadError
 from flowrl.iterators import EventQueue, TimerStat
 
@@ -38,11 +42,7 @@ def learn_on_local_worker(worker: RolloutWorker, batch: Batch) -> tuple[dict[str
     :class:`~flowrl.data.SampleBatch` trains the default policy. Stats pass through
     untouched (Ape-X reads the ``"td_error"`` array from them to update priorities).
     """
-    if isinstance(batch, MultiAgentBatch):
-        parts = batch.policy_batches
-    else:
-        parts = {DEFAULT_POLICY_ID: batch}
-    info = {pid: worker.learn_on_batch(policy_batch, pid) for pid, policy_batch in parts.items()}
+    info = {pid: worker.learn_on_batch(policy_batch, pid) for pid, policy_batch in as_policy_batches(batch).items()}
     return info, batch.env_steps()
 
 

@@ -26,7 +26,11 @@ from typing import Any
 import numpy as np
 
 from flowrl.data.compression import CompressedColumn, decompress_array
-from flowrl.data.sample_batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from flowrl.data.sample_batch import (
+    MultiAgentBatch,
+    SampleBatch,
+    as_policy_batches,
+)
 from flowrl.data.segment_tree import MinSegmentTree, SumSegmentTree
 from flowrl.errors import ReplayBufferError
 
@@ -465,13 +469,9 @@ class LocalReplayBuffer:
 
     def add_batch(self, batch: SampleBatch | MultiAgentBatch) -> None:
         """Store each policy's rows in that policy's buffer and count the batch's env steps."""
-        if isinstance(batch, MultiAgentBatch):
-            policy_batches: Mapping[str, SampleBatch] = batch.policy_batches
-        elif isinstance(batch, SampleBatch):
-            policy_batches = {DEFAULT_POLICY_ID: batch}
-        else:
+        if not isinstance(batch, (SampleBatch, MultiAgentBatch)):
             raise ReplayBufferError(f"add_batch takes a SampleBatch or MultiAgentBatch, got {type(batch).__name__}")
-        for policy_id, policy_batch in policy_batches.items():
+        for policy_id, policy_batch in as_policy_batches(batch).items():
             self._buffer(policy_id).add(policy_batch)
         self._num_steps_added += batch.env_steps()
 

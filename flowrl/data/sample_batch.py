@@ -159,6 +159,13 @@ class SampleBatch(dict):
         return f"SampleBatch({self.count} rows: {cols})"
 
 
+def as_policy_batches(batch: "SampleBatch | MultiAgentBatch") -> dict[str, SampleBatch]:
+    """A batch as ``{policy_id: SampleBatch}``: a plain SampleBatch belongs to the default policy."""
+    if isinstance(batch, MultiAgentBatch):
+        return dict(batch.policy_batches)
+    return {DEFAULT_POLICY_ID: batch}
+
+
 def concat_samples(batches: Sequence[SampleBatch | "MultiAgentBatch"]) -> Any:
     """Concatenate batches row-wise (multi-agent batches policy by policy)."""
     batches = [b for b in batches if b.count > 0] or list(batches[:1])

@@ -8,10 +8,24 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import ray
 
-from flowrl.data import DEFAULT_POLICY_ID, LocalReplayBuffer, MultiAgentBatch, SampleBatch
+from flowrl.data import (
+    LocalReplayBuffer,
+    MultiAgentBatch,
+    SampleBatch,
+    as_policy_batches,
+)
 from flowrl.errors import FlowRLError
-from flowrl.iterators import LocalIterator, NextValueNotReady, SharedMetrics, from_actors
-from flowrl.operators.names import LEARNER_INFO, STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER
+from flowrl.iterators import (
+    LocalIterator,
+    NextValueNotReady,
+    SharedMetrics,
+    from_actors,
+)
+from flowrl.operators.names import (
+    LEARNER_INFO,
+    STEPS_SAMPLED_COUNTER,
+    STEPS_TRAINED_COUNTER,
+)
 
 Batch = SampleBatch | MultiAgentBatch
 TD_ERROR = "td_error"
@@ -109,7 +123,7 @@ class UpdatePriorities:
 
     def __call__(self, item: tuple[Batch, dict[str, dict[str, Any]]]) -> tuple[Batch, dict[str, dict[str, Any]]]:
         batch, info = item
-        batches = batch.policy_batches if isinstance(batch, MultiAgentBatch) else {DEFAULT_POLICY_ID: batch}
+        batches = as_policy_batches(batch)
         updates = {}
         for pid, stats in info.items():
             td_error = stats.pop(TD_ERROR, None)

@@ -7,7 +7,13 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from flowrl.actors import WorkerSet, get_global_worker
-from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch, concat_samples
+from flowrl.data import (
+    DEFAULT_POLICY_ID,
+    MultiAgentBatch,
+    SampleBatch,
+    as_policy_batches,
+    concat_samples,
+)
 from flowrl.errors import FlowRLError
 from flowrl.iterators import LocalIterator, ParallelIterator, SharedMetrics, from_actors
 from flowrl.operators.names import (
@@ -129,8 +135,7 @@ class StandardizeFields:
         self.fields = list(fields)
 
     def __call__(self, batch: Batch) -> Batch:
-        batches = batch.policy_batches.values() if isinstance(batch, MultiAgentBatch) else [batch]
-        for b in batches:
+        for b in as_policy_batches(batch).values():
             for field in self.fields:
                 column = b[field].astype(np.float32)
                 b[field] = (column - column.mean()) / max(float(column.std()), 1e-4)

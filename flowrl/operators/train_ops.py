@@ -8,7 +8,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from flowrl.actors import WorkerSet
-from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from flowrl.data import (
+    DEFAULT_POLICY_ID,
+    MultiAgentBatch,
+    SampleBatch,
+    as_policy_batches,
+)
 from flowrl.errors import FlowRLError
 from flowrl.iterators import LocalIterator
 from flowrl.operators.names import (
@@ -28,11 +33,6 @@ from flowrl.policy import Policy
 
 Batch = SampleBatch | MultiAgentBatch
 Gradients = list[np.ndarray]
-
-
-def policy_batches(batch: Batch) -> dict[str, SampleBatch]:
-    """A batch as ``{policy_id: SampleBatch}``."""
-    return dict(batch.policy_batches) if isinstance(batch, MultiAgentBatch) else {DEFAULT_POLICY_ID: batch}
 
 
 def minibatch_sgd(
@@ -97,7 +97,7 @@ class TrainOneStep:
         local = self.workers.local_worker()
         info: dict[str, dict[str, float]] = {}
         with metrics.timers[LEARN_ON_BATCH_TIMER] as timer:
-            for pid, policy_batch in policy_batches(batch).items():
+            for pid, policy_batch in as_policy_batches(batch).items():
                 if pid not in self.policies:
                     continue
                 policy = local.get_policy(pid)
@@ -127,7 +127,7 @@ class ComputeGradients:
     def __call__(self, batch: Batch) -> tuple[Gradients, int]:
         metrics = LocalIterator.get_metrics()
         with metrics.timers[COMPUTE_GRADS_TIMER]:
-            grads, info = self.workers.local_worker().compute_gradients(policy_batches(batch)[self.policy_id], self.policy_id)
+            grads, info = self.workers.local_worker().compute_gradients(as_policy_batches(batch)[self.policy_id], self.policy_id)
         metrics.info[LEARNER_INFO] = {self.policy_id: info}
         return grads, batch.env_steps()
 
