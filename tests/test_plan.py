@@ -259,7 +259,7 @@ def test_apex_plan_has_three_concurrent_subflows_and_releases_its_actors() -> No
     try:
         plan = trainer.plan
         labels = [stage.label for stage in plan.graph.operators.values()]
-        for expected in ("transform(ThrottleSampling)", "for_each(StoreToReplayBuffer)", "for_each(UpdateWorkerWeights)", "transform(Enqueue)",
+        for expected in ("transform(ThrottleSampling)", "for_each(StoreToReplayBuffer)", "for_each(SendWeightsToSource)", "transform(Enqueue)",
                          "dequeue", "for_each(UpdateReplayPriorities)", "for_each(UpdateTargetNetwork)", "union[async]"):
             assert expected in labels, (expected, labels)
         assert plan.graph.actors["RolloutWorker"] == 2 and plan.graph.actors["ReplayActor"] == 1
@@ -297,7 +297,7 @@ def test_impala_plan_feeds_a_learner_thread_and_counts_what_it_trained() -> None
     trainer = Trainer("impala", "CartPole-v1", config)
     try:
         labels = [stage.label for stage in trainer.plan.graph.operators.values()]
-        for expected in ("for_each(BroadcastToSource)", "combine(ConcatBatches)", "transform(Enqueue)", "dequeue",
+        for expected in ("for_each(SendWeightsToSource)", "combine(ConcatBatches)", "transform(Enqueue)", "dequeue",
                          "for_each(record_learner_results)", "union[async]"):
             assert expected in labels, (expected, labels)
         assert "LearnerThread" in trainer.plan.graph.actors

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import ray
 
@@ -23,11 +22,13 @@ from flowrl.algorithms.ddpg import DDPGConfig, make_ddpg_policy
 from flowrl.algorithms.dqn import DQNConfig, make_dqn_policy, replay_buffer_args
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import cfg_field
-from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from flowrl.data import (
+    MultiAgentBatch,
+    SampleBatch,
+    as_policy_batches,
+)
 from flowrl.iterators import LocalIterator
 from flowrl.operators import (
-    STEPS_SAMPLED_COUNTER,
-    STEPS_TRAINED_COUNTER,
     Concurrently,
     Dequeue,
     Enqueue,
@@ -35,9 +36,13 @@ from flowrl.operators import (
     StandardMetricsReporting,
     UpdateTargetNetwork,
 )
-from flowrl.operators.names import AGENT_STEPS_TRAINED_COUNTER, LEARNER_INFO, NUM_WEIGHT_SYNCS
-from flowrl.operators.replay_ops import TD_ERROR, Replay, StoreToReplayBuffer, ThrottleSampling
-from flowrl.policy import PolicySpec
+from flowrl.operators.learner_ops import SendWeightsToSource, record_learner_results
+from flowrl.operators.replay_ops import (
+    TD_ERROR,
+    Replay,
+    StoreToReplayBuffer,
+    ThrottleSampling,
+)
 
 BATCH_INDEXES = "batch_indexes"
 
@@ -79,55 +84,21 @@ class ApexConfig(DQNConfig):
 def learn_with_indexes(worker: RolloutWorker, batch: SampleBatch | MultiAgentBatch) -> tuple[dict[str, Any], int]:
     """The learner's step, keeping each policy batch's replay indexes beside its TD errors."""
     info, count = learn_on_local_worker(worker, batch)
-    parts = batch.policy_batches if isinstance(batch, MultiAgentBatch) else {DEFAULT_POLICY_ID: batch}
+    parts = as_policy_batches(batch)
     for pid, stats in info.items():
         stats[BATCH_INDEXES] = parts[pid][BATCH_INDEXES]
     return info, count
 
 
-class UpdateWorkerWeights:
-    """Send the learner's latest weights to a rollout worker once it sampled enough since its last.
-
-    Consumes ``(worker, batch)`` (after ``zip_with_source_actor``); weights are put in the
-    object store once per learner update and shared by every worker that gets them.
-    """
-
-    def __init__(self, learner: LearnerThread, workers: WorkerSet, max_weight_sync_delay: int) -> None:
-        self.learner = learner
-        self.workers = workers
-        self.max_weight_sync_delay = max_weight_sync_delay
-        self.steps_since_update: dict[Any, int] = {}
-        self.weights: Any = None
-
-    def plan_links(self) -> list[tuple[str, str]]:
-        """What this operator does to actors, for the plan graph."""
-        return [("RolloutWorker", "send weights")]
-
-    def __call__(self, item: tuple[Any, SampleBatch | MultiAgentBatch]) -> tuple[Any, SampleBatch | MultiAgentBatch]:
-        actor, batch = item
-        metrics = LocalIterator.get_metrics()
-        self.steps_since_update[actor] = self.steps_since_update.get(actor, 0) + batch.env_steps()
-        if self.steps_since_update[actor] >= self.max_weight_sync_delay:
-            if self.weights is None or self.learner.take_weights_updated():
-                self.weights = ray.put(self.workers.local_worker().get_weights())
-            actor.set_weights.remote(self.weights, {"timestep": metrics.counters[STEPS_SAMPLED_COUNTER]})
-            self.steps_since_update[actor] = 0
-            metrics.counters[NUM_WEIGHT_SYNCS] += 1
-        return item
-
-
 class UpdateReplayPriorities:
-    """Count what the learner trained and send new priorities back to the replay shard of each batch."""
+    """Send new priorities back to the replay shard each learned batch came from (pass-through)."""
 
     def plan_links(self) -> list[tuple[str, str]]:
         """What this operator does to actors, for the plan graph."""
         return [("ReplayActor", "update priorities")]
 
-    def __call__(self, item: tuple[Any, dict[str, dict[str, Any]], int]) -> dict[str, dict[str, Any]]:
-        replay_actor, info, count = item
-        metrics = LocalIterator.get_metrics()
-        metrics.counters[STEPS_TRAINED_COUNTER] += count
-        metrics.counters[AGENT_STEPS_TRAINED_COUNTER] += count
+    def __call__(self, item: tuple[Any, dict[str, dict[str, Any]], int]) -> tuple[Any, dict[str, dict[str, Any]], int]:
+        replay_actor, info, _ = item
         priorities = {}
         for pid, stats in info.items():
             td_error, indexes = stats.pop(TD_ERROR, None), stats.pop(BATCH_INDEXES, None)
@@ -135,13 +106,7 @@ class UpdateReplayPriorities:
                 priorities[pid] = (indexes, np.asarray(td_error))
         if priorities:
             replay_actor.update_priorities.remote(priorities)
-        metrics.info[LEARNER_INFO] = info
-        return info
-
-
-def make_apex_policy(obs_space: gym.Space, action_space: gym.Space, config: ApexConfig) -> PolicySpec:
-    """DQN's policy (per-worker epsilons come from the exploration config)."""
-    return make_dqn_policy(obs_space, action_space, config)
+        return item
 
 
 def execution_plan(workers: WorkerSet, config: ApexConfig) -> LocalIterator[dict[str, Any]]:
@@ -163,12 +128,13 @@ def execution_plan(workers: WorkerSet, config: ApexConfig) -> LocalIterator[dict
     store_op = (
         rollouts.for_each(StoreToReplayBuffer(actors=replay_actors, checkpoint_contents=config.store_buffer_in_checkpoints))
         .zip_with_source_actor()
-        .for_each(UpdateWorkerWeights(learner, workers, config.max_weight_sync_delay))
+        .for_each(SendWeightsToSource(learner, workers, min_steps=config.max_weight_sync_delay))
     )
     replay_op = Replay(actors=replay_actors, num_async=4).zip_with_source_actor().transform(Enqueue(learner.inqueue))
     update_op = (
         Dequeue(learner.outqueue, check=learner.check)
         .for_each(UpdateReplayPriorities())
+        .for_each(record_learner_results)
         .for_each(
             UpdateTargetNetwork(
                 workers, config.target_network_update_freq, by_steps_trained=True, tau=config.tau
@@ -181,7 +147,7 @@ def execution_plan(workers: WorkerSet, config: ApexConfig) -> LocalIterator[dict
     return StandardMetricsReporting(merged, workers, config, selected_workers=remote[-max(1, len(remote) // 3):])
 
 
-ALGORITHM = Algorithm("apex", "Ape-X DQN: distributed prioritized replay", ApexConfig, make_apex_policy, execution_plan)
+ALGORITHM = Algorithm("apex", "Ape-X DQN: distributed prioritized replay", ApexConfig, make_dqn_policy, execution_plan)
 
 
 @dataclass(kw_only=True)

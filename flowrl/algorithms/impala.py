@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
-import ray
 import torch
 from torch import nn
 
@@ -21,8 +20,6 @@ from flowrl.config import TrainerConfig, cfg_field
 from flowrl.data import SampleBatch
 from flowrl.iterators import LocalIterator
 from flowrl.operators import (
-    STEPS_SAMPLED_COUNTER,
-    STEPS_TRAINED_COUNTER,
     ConcatBatches,
     Concurrently,
     Dequeue,
@@ -30,7 +27,7 @@ from flowrl.operators import (
     ParallelRollouts,
     StandardMetricsReporting,
 )
-from flowrl.operators.names import LEARNER_INFO, NUM_WEIGHT_SYNCS
+from flowrl.operators.learner_ops import SendWeightsToSource, record_learner_results
 from flowrl.policy import PolicySpec, TorchPolicy
 from flowrl.policy.distributions import ActionDistribution
 from flowrl.policy.vtrace import vtrace
@@ -111,49 +108,8 @@ def make_impala_policy(obs_space: gym.Space, action_space: gym.Space, config: Im
     return PolicySpec(TorchPolicy, obs_space, action_space, config.policy_config(), {"loss_fn": impala_loss})
 
 
-class BroadcastToSource:
-    """Send the learner's weights to the worker a batch came from, once per ``broadcast_interval`` learner updates.
-
-    Consumes ``(worker, batch)`` (after ``zip_with_source_actor``) and yields the batch.
-    """
-
-    def __init__(self, learner: LearnerThread, workers: WorkerSet, broadcast_interval: int) -> None:
-        self.learner = learner
-        self.workers = workers
-        self.broadcast_interval = broadcast_interval
-        self.sent_at: dict[Any, int] = {}
-        self.weights: Any = None
-        self.weights_version = -1
-
-    def plan_links(self) -> list[tuple[str, str]]:
-        """What this operator does to actors, for the plan graph."""
-        return [("RolloutWorker", "send weights to the source worker")]
-
-    def __call__(self, item: tuple[Any, SampleBatch]) -> SampleBatch:
-        actor, batch = item
-        version = self.learner.num_batches_trained
-        if version - self.sent_at.get(actor, 0) >= self.broadcast_interval:
-            if self.weights_version != version:
-                self.weights = ray.put(self.workers.local_worker().get_weights())
-                self.weights_version = version
-            metrics = LocalIterator.get_metrics()
-            actor.set_weights.remote(self.weights, {"timestep": metrics.counters[STEPS_SAMPLED_COUNTER]})
-            self.sent_at[actor] = version
-            metrics.counters[NUM_WEIGHT_SYNCS] += 1
-        return batch
-
-
 def _without_source(batch: SampleBatch) -> tuple[None, SampleBatch]:
     return None, batch
-
-
-def record_learner_results(item: tuple[Any, dict[str, Any], int]) -> dict[str, Any]:
-    """Count the steps the learner trained and keep its stats as the learner info."""
-    _, info, count = item
-    metrics = LocalIterator.get_metrics()
-    metrics.counters[STEPS_TRAINED_COUNTER] += count
-    metrics.info[LEARNER_INFO] = info
-    return info
 
 
 def execution_plan(workers: WorkerSet, config: ImpalaConfig) -> LocalIterator[dict[str, Any]]:
@@ -164,7 +120,7 @@ def execution_plan(workers: WorkerSet, config: ImpalaConfig) -> LocalIterator[di
     enqueue_op = (
         ParallelRollouts(workers, mode="async", num_async=2)
         .zip_with_source_actor()
-        .for_each(BroadcastToSource(learner, workers, config.broadcast_interval))
+        .for_each(SendWeightsToSource(learner, workers, min_learner_updates=config.broadcast_interval))
         .combine(ConcatBatches(config.train_batch_size))
         .for_each(_without_source)
         .transform(Enqueue(learner.inqueue))

@@ -5,6 +5,7 @@ tested without a cluster. Replay operators arrive with the off-policy algorithms
 """
 
 from flowrl.operators.concurrency_ops import Concurrently, Dequeue, Enqueue
+from flowrl.operators.learner_ops import SendWeightsToSource, record_learner_results
 from flowrl.operators.metric_ops import (
     CollectMetrics,
     OncePerTimeInterval,
@@ -56,8 +57,10 @@ __all__ = [
     "OncePerTimestepsElapsed",
     "ParallelRollouts",
     "SelectExperiences",
+    "SendWeightsToSource",
     "StandardMetricsReporting",
     "StandardizeFields",
     "TrainOneStep",
     "UpdateTargetNetwork",
+    "record_learner_results",
 ]
