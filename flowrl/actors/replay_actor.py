@@ -26,25 +26,14 @@ class ReplayActor(ParallelIteratorWorker):
     def __init__(
         self,
         num_shards: int,
-        learning_starts: int,
         buffer_size: int,
-        replay_batch_size: int,
-        prioritized_replay_alpha: float = 0.6,
-        prioritized_replay_beta: float = 0.4,
-        prioritized_replay_eps: float = 1e-6,
-        prioritized: bool = True,
-        seed: int | None = None,
+        learning_starts: int,
         empty_wait_s: float = 0.01,
+        **buffer_args: Any,
     ) -> None:
+        # buffer_args: the other keyword arguments of LocalReplayBuffer (batch size, priorities, seed).
         self.buffer = LocalReplayBuffer(
-            capacity=max(1, buffer_size // num_shards),
-            learning_starts=learning_starts // num_shards,
-            replay_batch_size=replay_batch_size,
-            prioritized_replay_alpha=prioritized_replay_alpha,
-            prioritized_replay_beta=prioritized_replay_beta,
-            prioritized_replay_eps=prioritized_replay_eps,
-            prioritized=prioritized,
-            seed=seed,
+            capacity=max(1, buffer_size // num_shards), learning_starts=learning_starts // num_shards, **buffer_args
         )
         self.empty_wait_s = empty_wait_s
         super().__init__(self._replay_forever)

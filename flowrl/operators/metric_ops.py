@@ -7,6 +7,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+import ray
 
 from flowrl.actors import WorkerSet
 from flowrl.iterators import LocalIterator
@@ -97,8 +98,6 @@ class CollectMetrics:
 
     def _new_episodes(self) -> list[dict[str, float]]:
         if self.selected_workers is not None:
-            import ray
-
             return [e for stats in ray.get([w.get_metrics.remote() for w in self.selected_workers]) for e in stats]
         local = not self.workers.remote_workers()
         return [e for stats in self.workers.foreach_worker(lambda w: w.get_metrics(), local=local) for e in stats]
