@@ -10,6 +10,7 @@ carries a failure of the thread into the driver's thread as a
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -25,6 +26,7 @@ from flowrl.data import (
 )
 from flowrl.errors import FlowRLError, LearnerThreadError
 from flowrl.iterators import EventQueue, TimerStat
+from flowrl.policy.sgd import minibatch_sgd
 
 if TYPE_CHECKING:
     from flowrl.actors.rollout_worker import RolloutWorker
@@ -35,14 +37,31 @@ Batch = SampleBatch | MultiAgentBatch
 LearnFn = Callable[["RolloutWorker", Batch], tuple[dict[str, Any], int]]
 
 
-def learn_on_local_worker(worker: RolloutWorker, batch: Batch) -> tuple[dict[str, Any], int]:
-    """One gradient step of each policy in ``batch`` on ``worker``.
+def learn_on_local_worker(
+    worker: RolloutWorker,
+    batch: Batch,
+    *,
+    num_sgd_iter: int = 1,
+    sgd_minibatch_size: int = 0,
+    sequence_length: int = 1,
+) -> tuple[dict[str, Any], int]:
+    """Learn on ``batch`` with each of its policies on ``worker``.
 
+    One gradient step per policy by default; with ``num_sgd_iter`` > 1 or a
+    ``sgd_minibatch_size``, that many epochs of shuffled minibatches that keep runs of
+    ``sequence_length`` rows whole (see :func:`flowrl.policy.sgd.minibatch_sgd`).
     Returns ``({policy_id: learner stats}, env steps in batch)``; a plain
-    :class:`~flowrl.data.SampleBatch` trains the default policy. Stats pass through
-    untouched (Ape-X reads the ``"td_error"`` array from them to update priorities).
+    :class:`~flowrl.data.SampleBatch` trains the default policy. Stats of a single step
+    pass through untouched (Ape-X reads the ``"td_error"`` array from them).
     """
-    info = {pid: worker.learn_on_batch(policy_batch, pid) for pid, policy_batch in as_policy_batches(batch).items()}
+    info: dict[str, Any] = {}
+    for pid, policy_batch in as_policy_batches(batch).items():
+        if num_sgd_iter == 1 and sgd_minibatch_size == 0:
+            info[pid] = worker.learn_on_batch(policy_batch, pid)
+        else:
+            info[pid] = minibatch_sgd(
+                worker.get_policy(pid), policy_batch, num_sgd_iter, sgd_minibatch_size, sequence_length=sequence_length
+            )
     return info, batch.env_steps()
 
 
@@ -53,7 +72,8 @@ class LearnerThread(threading.Thread):
     ``(source_actor, batch)`` items; for each one the thread calls
     ``learn_fn(local_worker, batch) -> (learner_info, steps)`` and puts
     ``(source_actor, learner_info, steps)`` on ``outqueue`` (``outqueue_size=0``:
-    unbounded). It sets ``weights_updated`` after every step; the plan clears it once
+    unbounded). The default ``learn_fn`` is :func:`learn_on_local_worker` with
+    ``num_sgd_iter``, ``sgd_minibatch_size`` and ``sequence_length``. It sets ``weights_updated`` after every step; the plan clears it once
     it has broadcast the new weights (:meth:`take_weights_updated` does both at once).
 
     If ``learn_fn`` raises, the thread records the error and ends; :meth:`check` then
@@ -70,6 +90,9 @@ class LearnerThread(threading.Thread):
         inqueue_size: int = 16,
         outqueue_size: int = 0,
         learn_fn: LearnFn | None = None,
+        num_sgd_iter: int = 1,
+        sgd_minibatch_size: int = 0,
+        sequence_length: int = 1,
         name: str = "learner",
     ) -> None:
         if inqueue_size < 0 or outqueue_size < 0:
@@ -77,9 +100,19 @@ class LearnerThread(threading.Thread):
                 f"LearnerThread(inqueue_size={inqueue_size}, outqueue_size={outqueue_size}): "
                 "queue sizes must be >= 0 (0 = unbounded)"
             )
+        if num_sgd_iter < 1 or sgd_minibatch_size < 0 or sequence_length < 1:
+            raise FlowRLError(
+                f"LearnerThread(num_sgd_iter={num_sgd_iter}, sgd_minibatch_size={sgd_minibatch_size}, "
+                f"sequence_length={sequence_length}): need num_sgd_iter >= 1, sgd_minibatch_size >= 0, sequence_length >= 1"
+            )
         super().__init__(name=name, daemon=True)
         self.local_worker = local_worker
-        self.learn_fn: LearnFn = learn_fn if learn_fn is not None else learn_on_local_worker
+        self.learn_fn: LearnFn = learn_fn or functools.partial(
+            learn_on_local_worker,
+            num_sgd_iter=num_sgd_iter,
+            sgd_minibatch_size=sgd_minibatch_size,
+            sequence_length=sequence_length,
+        )
         self.inqueue: EventQueue = EventQueue(inqueue_size)
         self.outqueue: EventQueue = EventQueue(outqueue_size)
         self.queue_timer = TimerStat()  # seconds waited for each batch
@@ -90,6 +123,9 @@ class LearnerThread(threading.Thread):
         self.weights_updated = False
         self.error: BaseException | None = None
         self.error_traceback = ""
+        # Held during each learn_fn call: driver-side operators that touch the learning
+        # policies' other state (target networks) take it to stay out of a step.
+        self.lock = threading.Lock()
         self._flag_lock = threading.Lock()
         self._stop_event = threading.Event()
         self._waiting_sum = 0
@@ -118,7 +154,7 @@ class LearnerThread(threading.Thread):
         # Batches still waiting: near capacity on average means the learner is the bottleneck.
         self._waiting_sum += self.inqueue.qsize()
 
-        with self.learn_timer:
+        with self.lock, self.learn_timer:
             info, steps = self.learn_fn(self.local_worker, batch)
             self.learn_timer.push_units_processed(steps)
         self.learner_info = info

@@ -27,11 +27,9 @@ from flowrl.operators import (
     StandardMetricsReporting,
     TrainOneStep,
 )
+from flowrl.operators.train_ops import KL_COEFF, UpdateKL
 from flowrl.policy import PolicySpec, TorchPolicy
 from flowrl.policy.distributions import ActionDistribution
-
-KL_COEFF = "kl_coeff"
-
 
 @dataclass(kw_only=True)
 class PPOConfig(TrainerConfig):
@@ -95,30 +93,6 @@ def make_ppo_policy(obs_space: gym.Space, action_space: gym.Space, config: PPOCo
     """A TorchPolicy with the PPO loss, GAE postprocessing and the KL coefficient as state."""
     kwargs = {"loss_fn": ppo_loss, "postprocess_fn": actor_critic_postprocess, "coeffs": {KL_COEFF: config.kl_coeff}}
     return PolicySpec(TorchPolicy, obs_space, action_space, config.policy_config(), kwargs)
-
-
-class UpdateKL:
-    """After each training step, adapt every policy's KL coefficient to its measured KL.
-
-    The coefficient grows by half when the KL exceeds twice ``kl_target`` and halves when
-    the KL is below half of it.
-    """
-
-    def __init__(self, workers: WorkerSet) -> None:
-        self.workers = workers
-
-    def __call__(self, item: tuple[Any, dict[str, dict[str, float]]]) -> Any:
-        _, info = item
-        for pid, stats in info.items():
-            policy = self.workers.local_worker().get_policy(pid)
-            kl, target = stats.get("kl"), policy.config["kl_target"]
-            if kl is None or policy.coeffs[KL_COEFF] == 0:
-                continue
-            if kl > 2.0 * target:
-                policy.coeffs[KL_COEFF] *= 1.5
-            elif kl < 0.5 * target:
-                policy.coeffs[KL_COEFF] *= 0.5
-        return item
 
 
 def execution_plan(workers: WorkerSet, config: PPOConfig) -> LocalIterator[dict[str, Any]]:

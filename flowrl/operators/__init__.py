@@ -1,7 +1,7 @@
 """The RL dataflow vocabulary built on ``flowrl.iterators``: rollouts, training, concurrency, metrics.
 
 Each operator is a small callable (or a function returning an iterator) that can be
-tested without a cluster. Replay operators arrive with the off-policy algorithms.
+tested without a cluster.
 """
 
 from flowrl.operators.concurrency_ops import Concurrently, Dequeue, Enqueue
@@ -21,6 +21,13 @@ from flowrl.operators.names import (
     STEPS_SAMPLED_COUNTER,
     STEPS_TRAINED_COUNTER,
 )
+from flowrl.operators.replay_ops import (
+    MixInReplay,
+    Replay,
+    StoreToReplayBuffer,
+    ThrottleSampling,
+    UpdatePriorities,
+)
 from flowrl.operators.rollout_ops import (
     AsyncGradients,
     ConcatBatches,
@@ -29,16 +36,19 @@ from flowrl.operators.rollout_ops import (
     StandardizeFields,
 )
 from flowrl.operators.train_ops import (
+    KL_COEFF,
     ApplyGradients,
     AverageGradients,
     ComputeGradients,
     TrainOneStep,
+    UpdateKL,
     UpdateTargetNetwork,
 )
 
 __all__ = [
     "AGENT_STEPS_SAMPLED_COUNTER",
     "AGENT_STEPS_TRAINED_COUNTER",
+    "KL_COEFF",
     "LAST_TARGET_UPDATE_TS",
     "LEARNER_INFO",
     "NUM_TARGET_UPDATES",
@@ -53,14 +63,20 @@ __all__ = [
     "Concurrently",
     "Dequeue",
     "Enqueue",
+    "MixInReplay",
     "OncePerTimeInterval",
     "OncePerTimestepsElapsed",
     "ParallelRollouts",
+    "Replay",
     "SelectExperiences",
     "SendWeightsToSource",
     "StandardMetricsReporting",
     "StandardizeFields",
+    "StoreToReplayBuffer",
+    "ThrottleSampling",
     "TrainOneStep",
+    "UpdatePriorities",
+    "UpdateKL",
     "UpdateTargetNetwork",
     "record_learner_results",
 ]

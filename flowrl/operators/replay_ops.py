@@ -111,6 +111,47 @@ def Replay(
     return LocalIterator(base, SharedMetrics(), name="replay")
 
 
+class MixInReplay:
+    """Mix replayed batches into a stream of fresh ones; use with ``combine``.
+
+    Keeps the last ``num_slots`` input batches. Each input comes out first, followed on
+    average by ``replay_proportion`` batches drawn uniformly from the slots (the whole
+    part always, the fractional part by chance), so the train batches it feeds are
+    ``replay_proportion / (1 + replay_proportion)`` replay. Off-policy learners (IMPALA's
+    V-trace) correct for the older behaviour policy of the replayed batches.
+    """
+
+    def __init__(self, num_slots: int, replay_proportion: float, seed: int | None = None) -> None:
+        if num_slots < 1:
+            raise FlowRLError(f"MixInReplay(num_slots={num_slots}): must be >= 1")
+        if replay_proportion < 0:
+            raise FlowRLError(f"MixInReplay(replay_proportion={replay_proportion}): must be >= 0")
+        self.num_slots = num_slots
+        self.replay_proportion = replay_proportion
+        self.slots: list[Batch] = []
+        self.next_slot = 0
+        self.rng = np.random.default_rng(seed)
+
+    def get_state(self) -> dict[str, Any]:
+        """The sampling RNG, for checkpoints (the slots are not saved: they refill within ``num_slots`` batches)."""
+        return {"rng": self.rng.bit_generator.state}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`get_state`'s output."""
+        self.rng.bit_generator.state = state["rng"]
+
+    def __call__(self, batch: Batch) -> list[Batch]:
+        whole = int(self.replay_proportion)
+        num_replays = whole + int(self.rng.random() < self.replay_proportion - whole)
+        replayed = [self.slots[i] for i in self.rng.integers(len(self.slots), size=num_replays)] if self.slots else []
+        if len(self.slots) < self.num_slots:
+            self.slots.append(batch)
+        else:
+            self.slots[self.next_slot] = batch
+            self.next_slot = (self.next_slot + 1) % self.num_slots
+        return [batch, *replayed]
+
+
 class UpdatePriorities:
     """Set the replayed rows' priorities from the TD errors the learner reported (pass-through).
 

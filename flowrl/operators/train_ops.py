@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import collections
-from typing import Any, Sequence
+import contextlib
+from typing import Any, ContextManager, Sequence
 
 import numpy as np
 
@@ -29,34 +29,14 @@ from flowrl.operators.names import (
     STEPS_TRAINED_COUNTER,
     WORKER_UPDATE_TIMER,
 )
-from flowrl.policy import Policy
+from flowrl.policy.sgd import minibatch_sgd
 
 Batch = SampleBatch | MultiAgentBatch
 Gradients = list[np.ndarray]
+LearnerInfo = dict[str, dict[str, Any]]
 
-
-def minibatch_sgd(
-    policy: Policy, batch: SampleBatch, num_sgd_iter: int, sgd_minibatch_size: int, seed: int | list[int] | None = None
-) -> dict[str, float]:
-    """``num_sgd_iter`` epochs over ``batch`` in shuffled minibatches; returns mean learner stats.
-
-    With ``sgd_minibatch_size`` 0 (or not smaller than the batch), each epoch is one step
-    on the whole batch. A trailing minibatch smaller than half the size is skipped.
-    """
-    rng = np.random.default_rng(seed)
-    sums: dict[str, float] = collections.defaultdict(float)
-    steps = 0
-    size = sgd_minibatch_size if 0 < sgd_minibatch_size < batch.count else batch.count
-    for _ in range(num_sgd_iter):
-        epoch = batch.shuffle(rng) if size < batch.count else batch
-        for start in range(0, batch.count, size):
-            minibatch = epoch.slice(start, min(start + size, batch.count))
-            if minibatch.count < max(1, size // 2):
-                continue
-            for key, value in policy.learn_on_batch(minibatch).items():
-                sums[key] += float(value)
-            steps += 1
-    return {key: total / steps for key, total in sums.items()} if steps else {}
+#: The ``policy.coeffs`` entry holding the weight of a KL penalty (PPO, APPO).
+KL_COEFF = "kl_coeff"
 
 
 def _global_vars() -> dict[str, Any]:
@@ -186,7 +166,9 @@ class UpdateTargetNetwork:
 
     Pass-through. Counts steps sampled, or steps trained with ``by_steps_trained``; a
     frequency of 0 updates on every item. ``tau`` < 1 blends instead of copying (soft
-    updates). The policies must have an ``update_target(tau)`` method.
+    updates). The policies must have an ``update_target(tau)`` method. ``lock`` (e.g. a
+    :class:`~flowrl.actors.LearnerThread`'s) is held while the target moves, so a learner
+    training in another thread never reads a half-copied target.
     """
 
     def __init__(
@@ -196,10 +178,12 @@ class UpdateTargetNetwork:
         by_steps_trained: bool = False,
         policies: Sequence[str] | None = None,
         tau: float = 1.0,
+        lock: ContextManager[Any] | None = None,
     ) -> None:
         self.workers = workers
         self.target_update_freq = target_update_freq
         self.tau = tau
+        self.lock = lock if lock is not None else contextlib.nullcontext()
         self.counter = STEPS_TRAINED_COUNTER if by_steps_trained else STEPS_SAMPLED_COUNTER
         self.policies = list(policies) if policies is not None else workers.trainable_policies()
 
@@ -208,8 +192,36 @@ class UpdateTargetNetwork:
         now = metrics.counters[self.counter]
         if now - metrics.counters[LAST_TARGET_UPDATE_TS] >= self.target_update_freq:
             local = self.workers.local_worker()
-            for pid in self.policies:
-                local.get_policy(pid).update_target(self.tau)  # type: ignore[attr-defined]
+            with self.lock:
+                for pid in self.policies:
+                    local.get_policy(pid).update_target(self.tau)  # type: ignore[attr-defined]
             metrics.counters[NUM_TARGET_UPDATES] += 1
             metrics.counters[LAST_TARGET_UPDATE_TS] = now
+        return item
+
+
+class UpdateKL:
+    """After each training step, adapt every policy's KL coefficient to its measured KL (pass-through).
+
+    Reads the learner info from TrainOneStep's ``(batch, learner_info)`` or from a learner
+    thread's results (``learner_info`` itself, after ``record_learner_results``). The
+    coefficient, ``policy.coeffs[KL_COEFF]``, grows by half when the KL exceeds twice the
+    policy's ``kl_target`` and halves when the KL is below half of it; a coefficient of 0
+    stays off.
+    """
+
+    def __init__(self, workers: WorkerSet) -> None:
+        self.workers = workers
+
+    def __call__(self, item: tuple[Any, LearnerInfo] | LearnerInfo) -> Any:
+        info = item[1] if isinstance(item, tuple) else item
+        for pid, stats in info.items():
+            policy = self.workers.local_worker().get_policy(pid)
+            kl, target = stats.get("kl"), policy.config["kl_target"]
+            if kl is None or policy.coeffs[KL_COEFF] == 0:
+                continue
+            if kl > 2.0 * target:
+                policy.coeffs[KL_COEFF] *= 1.5
+            elif kl < 0.5 * target:
+                policy.coeffs[KL_COEFF] *= 0.5
         return item

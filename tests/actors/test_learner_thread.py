@@ -378,3 +378,50 @@ def test_weights_updated_is_raised_by_learning_and_cleared_by_the_plan(learners:
     assert learner.weights_updated is True
     learner.weights_updated = False  # a plan may also clear the attribute itself
     assert learner.take_weights_updated() is False
+
+
+class RecordingPolicy:
+    """Stands in for a policy: records the rows of each minibatch it learns on."""
+
+    def __init__(self) -> None:
+        self.calls: list[np.ndarray] = []
+
+    def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
+        self.calls.append(np.asarray(batch[SampleBatch.OBS][:, 0]))
+        return {"loss": 1.0}
+
+
+class MinibatchWorker:
+    def __init__(self) -> None:
+        self.policy = RecordingPolicy()
+
+    def get_policy(self, policy_id: str = DEFAULT_POLICY_ID) -> RecordingPolicy:
+        return self.policy
+
+
+@pytest.mark.timeout(30)
+def test_minibatch_epochs_keep_whole_fragments_together(learners: Any) -> None:
+    worker = MinibatchWorker()
+    learner = learners(worker, num_sgd_iter=3, sgd_minibatch_size=20, sequence_length=10)
+    learner.start()
+    rows = np.arange(60, dtype=np.float32)
+    learner.inqueue.put((None, SampleBatch({SampleBatch.OBS: np.stack([rows, rows], axis=1)})))
+    _, info, count = learner.outqueue.get(timeout=10)
+
+    assert count == 60 and info[DEFAULT_POLICY_ID] == {"loss": 1.0}
+    calls = worker.policy.calls
+    assert len(calls) == 9 and all(len(c) == 20 for c in calls)  # 3 epochs of 3 minibatches
+    for epoch in range(3):
+        seen = np.concatenate(calls[3 * epoch : 3 * epoch + 3])
+        assert sorted(seen.tolist()) == rows.tolist()
+        # Each run of 10 rows is one fragment, in its own order.
+        for run in seen.reshape(-1, 10):
+            assert run[0] % 10 == 0 and np.array_equal(run, run[0] + np.arange(10))
+    assert any(not np.array_equal(np.concatenate(calls[i : i + 3]), rows) for i in (0, 3, 6))
+
+
+def test_minibatch_settings_are_checked() -> None:
+    with pytest.raises(FlowRLError, match="num_sgd_iter=0"):
+        LearnerThread(FakeWorker(), num_sgd_iter=0)
+    with pytest.raises(FlowRLError, match="sequence_length=0"):
+        LearnerThread(FakeWorker(), sequence_length=0)

@@ -11,6 +11,7 @@ from flowrl.data import LocalReplayBuffer, SampleBatch
 from flowrl.errors import FlowRLError
 from flowrl.iterators import LocalIterator, NextValueNotReady
 from flowrl.operators import STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER, Concurrently
+from flowrl.operators import MixInReplay
 from flowrl.operators.replay_ops import TD_ERROR, Replay, StoreToReplayBuffer, ThrottleSampling, UpdatePriorities
 
 
@@ -67,3 +68,48 @@ def test_throttle_holds_sampling_until_training_catches_up() -> None:
     metrics.counters[STEPS_TRAINED_COUNTER] = 40  # allows pulling while sampled <= 20 + 40 / 2
     assert [next(throttled), next(throttled)] == [3, 4]  # at 30 and 40 sampled
     assert isinstance(next(throttled), NextValueNotReady)  # 50 > 40
+
+
+# --- MixInReplay ---
+
+
+def numbered(i: int) -> SampleBatch:
+    return SampleBatch({SampleBatch.OBS: np.full((2, 1), i, np.float32)})
+
+
+def test_mix_in_replay_passes_fresh_batches_first_and_replays_only_older_ones() -> None:
+    op = MixInReplay(num_slots=3, replay_proportion=2.0, seed=0)
+    assert [int(b[SampleBatch.OBS][0, 0]) for b in op(numbered(0))] == [0]  # nothing to replay yet
+    for i in range(1, 10):
+        out = op(numbered(i))
+        ids = [int(b[SampleBatch.OBS][0, 0]) for b in out]
+        assert ids[0] == i and len(ids) == 3
+        # Only the last num_slots batches before this one can come back.
+        assert all(max(0, i - 3) <= j < i for j in ids[1:])
+
+
+def test_mix_in_replay_averages_replay_proportion_replays_per_batch() -> None:
+    op = MixInReplay(num_slots=10, replay_proportion=0.5, seed=1)
+    op(numbered(0))
+    replays = [len(op(numbered(i))) - 1 for i in range(1, 2001)]
+    assert set(replays) == {0, 1}
+    assert np.mean(replays) == pytest.approx(0.5, abs=0.05)
+    assert [len(MixInReplay(5, 0.0)(numbered(i))) for i in range(5)] == [1] * 5
+
+
+def test_mix_in_replay_state_round_trip_repeats_its_draws() -> None:
+    a = MixInReplay(num_slots=4, replay_proportion=1.5, seed=3)
+    for i in range(4):
+        a(numbered(i))
+    b = MixInReplay(num_slots=4, replay_proportion=1.5)
+    b.slots, b.next_slot = list(a.slots), a.next_slot
+    b.set_state(a.get_state())
+    for i in range(4, 8):
+        assert [x[SampleBatch.OBS][0, 0] for x in a(numbered(i))] == [x[SampleBatch.OBS][0, 0] for x in b(numbered(i))]
+
+
+def test_mix_in_replay_rejects_bad_settings() -> None:
+    with pytest.raises(FlowRLError, match="num_slots=0"):
+        MixInReplay(0, 0.5)
+    with pytest.raises(FlowRLError, match="replay_proportion=-1"):
+        MixInReplay(4, -1)

@@ -22,7 +22,7 @@ from flowrl.operators import (
     TrainOneStep,
     UpdateTargetNetwork,
 )
-from flowrl.operators.train_ops import minibatch_sgd
+from flowrl.policy.sgd import minibatch_sgd
 
 
 def from_list(items: Iterable[Any]) -> LocalIterator[Any]:

@@ -1,0 +1,54 @@
+"""Minibatch SGD over a train batch: the epochs-of-minibatches loop PPO, IMPALA and APPO share."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from flowrl.data import SampleBatch
+from flowrl.policy.policy import Policy
+
+
+def _shuffle_sequences(batch: SampleBatch, sequence_length: int, rng: np.random.Generator) -> SampleBatch:
+    """A copy with whole runs of ``sequence_length`` rows in a random order (rows inside a run keep theirs)."""
+    if sequence_length == 1:
+        return batch.shuffle(rng)
+    order = rng.permutation(batch.count // sequence_length)
+    rows = (order[:, None] * sequence_length + np.arange(sequence_length)).reshape(-1)
+    return SampleBatch({k: v[rows] for k, v in batch.items()})
+
+
+def minibatch_sgd(
+    policy: Policy,
+    batch: SampleBatch,
+    num_sgd_iter: int,
+    sgd_minibatch_size: int,
+    seed: int | list[int] | None = None,
+    sequence_length: int = 1,
+) -> dict[str, float]:
+    """``num_sgd_iter`` epochs over ``batch`` in shuffled minibatches; returns mean learner stats.
+
+    With ``sgd_minibatch_size`` 0 (or not smaller than the batch), each epoch is one step
+    on the whole batch. A trailing minibatch smaller than half the size is skipped.
+    ``sequence_length`` > 1 keeps runs of that many rows together (the fixed-length
+    fragments V-trace reads time-major): the batch must hold whole runs, and the
+    minibatch size is rounded down to whole runs (at least one).
+    """
+    if sequence_length < 1 or batch.count % sequence_length:
+        raise ValueError(f"minibatch_sgd: a batch of {batch.count} rows does not split into runs of sequence_length={sequence_length}")
+    rng = np.random.default_rng(seed)
+    sums: dict[str, float] = collections.defaultdict(float)
+    steps = 0
+    size = sgd_minibatch_size if 0 < sgd_minibatch_size < batch.count else batch.count
+    size = max(sequence_length, size - size % sequence_length)
+    for _ in range(num_sgd_iter):
+        epoch = _shuffle_sequences(batch, sequence_length, rng) if size < batch.count else batch
+        for start in range(0, batch.count, size):
+            minibatch = epoch.slice(start, min(start + size, batch.count))
+            if minibatch.count < max(1, size // 2):
+                continue
+            for key, value in policy.learn_on_batch(minibatch).items():
+                sums[key] += float(value)
+            steps += 1
+    return {key: total / steps for key, total in sums.items()} if steps else {}

@@ -1,0 +1,57 @@
+"""The import paths DESIGN.md promises users are importable, with the promised constant values."""
+
+from __future__ import annotations
+
+
+def test_every_contract_name_imports() -> None:
+    from flowrl import Trainer  # noqa: F401
+    from flowrl.actors import LearnerThread, ReplayActor, RolloutWorker, WorkerSet  # noqa: F401
+    from flowrl.algorithms import get_algorithm, list_algorithms  # noqa: F401
+    from flowrl.data import (  # noqa: F401
+        DEFAULT_POLICY_ID,
+        LocalReplayBuffer,
+        MultiAgentBatch,
+        PrioritizedReplayBuffer,
+        ReplayBuffer,
+        SampleBatch,
+    )
+    from flowrl.iterators import (  # noqa: F401
+        LocalIterator,
+        MetricsContext,
+        NextValueNotReady,
+        ParallelIterator,
+        ParallelIteratorWorker,
+        SharedMetrics,
+        from_actors,
+        from_items,
+        from_iterators,
+        from_range,
+    )
+    from flowrl.operators import (  # noqa: F401
+        AsyncGradients,
+        ApplyGradients,
+        AverageGradients,
+        CollectMetrics,
+        ComputeGradients,
+        ConcatBatches,
+        Concurrently,
+        Dequeue,
+        Enqueue,
+        MixInReplay,
+        OncePerTimeInterval,
+        OncePerTimestepsElapsed,
+        ParallelRollouts,
+        Replay,
+        SelectExperiences,
+        StandardizeFields,
+        StandardMetricsReporting,
+        StoreToReplayBuffer,
+        TrainOneStep,
+        UpdateTargetNetwork,
+    )
+
+
+def test_counter_names() -> None:
+    from flowrl.operators import STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER
+
+    assert (STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER) == ("num_steps_sampled", "num_steps_trained")
