@@ -3,7 +3,9 @@
 A :class:`Plan` wraps the iterator an algorithm's ``execution_plan`` returns. Its graph
 is read from the stage nodes the iterators recorded while the plan was built; actor
 nodes come from the actors that gathers pull from and from operators that declare, with
-a ``plan_links()`` method, what they do to which actors. Per-stage statistics come from
+a ``plan_links()`` method, what they do to which actors (``(actor class, label)``) or
+which actors feed which (``(source class, target class, label)``), and with
+``plan_actor_counts()`` how many actors of a class there are when no gather shows them. Per-stage statistics come from
 the plan's metrics context.
 """
 
@@ -79,13 +81,24 @@ def build_graph(output: StageNode) -> PlanGraph:
             for actor_class, count in counts.items():
                 graph.actors[actor_class] = max(graph.actors.get(actor_class, 0), count)
                 graph.edges.append((PlanGraph.actor_id(actor_class), PlanGraph.op_id(stage), stage.kind))
+        counts_fn = getattr(stage.fn, "plan_actor_counts", None)
+        for actor_class, count in (counts_fn() if callable(counts_fn) else {}).items():
+            graph.actors[actor_class] = max(graph.actors.get(actor_class, 0), count)
         links = getattr(stage.fn, "plan_links", None)
         if callable(links):
-            for actor_class, label in links():
-                graph.actors.setdefault(actor_class, 1)
+            for link in links():
+                if len(link) == 3:  # (source actor class, target actor class, label): actors feeding actors
+                    source, target, label = link
+                    graph.edges.append((PlanGraph.actor_id(source), PlanGraph.actor_id(target), label))
+                    continue
+                actor_class, label = link
                 graph.edges.append((PlanGraph.op_id(stage), PlanGraph.actor_id(actor_class), label))
 
     visit(output)
+    for source, target, _ in graph.edges:
+        for node in (source, target):
+            if node.startswith("actor_"):
+                graph.actors.setdefault(node.removeprefix("actor_"), 1)
     return graph
 
 
@@ -173,7 +186,7 @@ class Plan:
             lines.append(f"    {g.actor_label(actor_class)}")
         links = [(labels[s], labels[d], lbl) for s, d, lbl in g.edges if lbl and d.startswith("actor_")]
         if links:
-            lines.append("  operator -> actor:")
+            lines.append("  links to actors:")
             lines.extend(f"    {src} --{lbl}--> {dst}" for src, dst, lbl in links)
         return "\n".join(lines)
 

@@ -112,6 +112,9 @@ INVALID = [
     ("pg", {"num_sgd_iter": 3}, ["unknown config key 'num_sgd_iter'", "PGConfig.describe()"]),
     ("ppo", {"lambda": 1.5}, ["lambda_=1.5 must be <= 1"]),
     ("pg", {"env_config": 3}, ["env_config=3 must be a dict, got int"]),
+    ("impala", {"num_workers": 2, "num_aggregation_workers": 3}, ["num_aggregation_workers=3 > num_workers=2"]),
+    ("appo", {"sgd_minibatch_size": 1000, "train_batch_size": 800}, ["sgd_minibatch_size=1000 > train_batch_size=800"]),
+    ("appo", {"clip_param": 0}, ["clip_param=0 must be > 0"]),
 ]
 
 

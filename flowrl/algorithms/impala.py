@@ -1,13 +1,16 @@
 """IMPALA: asynchronous actor-learner training with V-trace off-policy corrections (Espeholt et al. 2018).
 
 Plan: async rollouts (weights sent back to a worker once the learner has made
-``broadcast_interval`` updates since its last) -> ConcatBatches -> the learner thread's
-queue; the learner's results drive the counters and the iterations.
+``broadcast_interval`` updates since its last) -> optional MixInReplay -> ConcatBatches
+-> the learner thread's queue; the learner's results drive the counters and the
+iterations. With ``num_aggregation_workers`` the gathering, replay and batching run in
+aggregator actors, each over a group of rollout workers (tree aggregation).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -20,17 +23,19 @@ from flowrl.config import TrainerConfig, cfg_field
 from flowrl.data import SampleBatch
 from flowrl.iterators import LocalIterator
 from flowrl.operators import (
+    AggregatedRollouts,
     ConcatBatches,
     Concurrently,
     Dequeue,
     Enqueue,
+    MixInReplay,
     ParallelRollouts,
     StandardMetricsReporting,
 )
 from flowrl.operators.learner_ops import SendWeightsToSource, record_learner_results
 from flowrl.policy import PolicySpec, TorchPolicy
 from flowrl.policy.distributions import ActionDistribution
-from flowrl.policy.vtrace import vtrace
+from flowrl.policy.vtrace import VTraceReturns, vtrace
 
 
 @dataclass(kw_only=True)
@@ -50,7 +55,28 @@ class ImpalaConfig(TrainerConfig):
     vtrace_clip_c_threshold: float = cfg_field(1.0, "c-bar: clip of the trace-cutting coefficients.", min=0)
     broadcast_interval: int = cfg_field(1, "Learner updates between weight refreshes of a worker.", min=1)
     learner_queue_size: int = cfg_field(16, "Train batches the learner thread may have waiting.", min=1)
+    num_sgd_iter: int = cfg_field(1, "Epochs the learner makes over each train batch.", min=1)
+    sgd_minibatch_size: int = cfg_field(
+        0, "Env steps per learner minibatch, rounded down to whole fragments (0: the whole train batch).", min=0
+    )
+    replay_proportion: float = cfg_field(0.0, "Replayed fragments mixed in per fresh fragment, on average (0: no replay).", min=0)
+    replay_buffer_num_slots: int = cfg_field(100, "Most recent fragments kept for MixInReplay.", min=1)
+    num_aggregation_workers: int = cfg_field(
+        0, "Aggregator actors that gather and batch for groups of rollout workers (0: the driver does it).", min=0
+    )
+    num_cpus_per_aggregator: float = cfg_field(0.5, "CPUs Ray reserves for each aggregator actor.", min=0)
     batch_mode: str = cfg_field("truncate_episodes", "V-trace needs fixed-length fragments.", choices=("truncate_episodes",))
+
+    def check(self) -> list[str]:
+        problems = super().check()
+        if self.sgd_minibatch_size > self.train_batch_size:
+            problems.append(f"sgd_minibatch_size={self.sgd_minibatch_size} > train_batch_size={self.train_batch_size}")
+        if self.num_aggregation_workers > self.num_workers:
+            problems.append(
+                f"num_aggregation_workers={self.num_aggregation_workers} > num_workers={self.num_workers}: "
+                "each aggregator needs at least one rollout worker"
+            )
+        return problems
 
     def policy_config(self) -> dict[str, Any]:
         return {
@@ -64,9 +90,34 @@ class ImpalaConfig(TrainerConfig):
         }
 
 
-def _time_major(x: torch.Tensor, horizon: int) -> torch.Tensor:
+def time_major(x: torch.Tensor, horizon: int) -> torch.Tensor:
     """Rows of whole fragments (one env's ``horizon`` steps after another) as ``[horizon, num_fragments, ...]``."""
     return x.reshape(-1, horizon, *x.shape[1:]).transpose(0, 1)
+
+
+def batch_vtrace(config: Mapping[str, Any], batch: dict[str, torch.Tensor], target_logp: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor) -> VTraceReturns:
+    """V-trace targets (time-major) of a batch of whole fragments for a target policy's log-probabilities.
+
+    ``target_logp``, ``values`` and ``next_values`` are per row; no gradient flows through them.
+    """
+    horizon = int(config["rollout_fragment_length"])
+    terminated = batch[SampleBatch.TERMINATEDS].float()
+    ended = torch.maximum(terminated, batch[SampleBatch.TRUNCATEDS].float())
+
+    def tm(x: torch.Tensor) -> torch.Tensor:
+        return time_major(x.detach(), horizon)
+
+    return vtrace(
+        log_rhos=tm(target_logp - batch[SampleBatch.ACTION_LOGP]),
+        discounts=tm(float(config["gamma"]) * (1.0 - terminated)),
+        rewards=tm(batch[SampleBatch.REWARDS].float()),
+        values=tm(values),
+        next_values=tm(next_values),
+        continues=tm(1.0 - ended),
+        clip_rho_threshold=config["clip_rho"],
+        clip_pg_rho_threshold=config["clip_pg_rho"],
+        clip_c_threshold=config["clip_c"],
+    )
 
 
 def impala_loss(policy: TorchPolicy, model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -78,26 +129,9 @@ def impala_loss(policy: TorchPolicy, model: nn.Module, dist_class: type[ActionDi
         _, next_values = model(batch[SampleBatch.NEW_OBS])
     dist = dist_class(logits)
     logp = dist.logp(batch[SampleBatch.ACTIONS])
-    terminated = batch[SampleBatch.TERMINATEDS].float()
-    ended = torch.maximum(terminated, batch[SampleBatch.TRUNCATEDS].float())
-    gamma = float(config["gamma"])
-
-    def tm(x: torch.Tensor) -> torch.Tensor:
-        return _time_major(x, horizon)
-
-    targets = vtrace(
-        log_rhos=tm(logp.detach() - batch[SampleBatch.ACTION_LOGP]),
-        discounts=tm(gamma * (1.0 - terminated)),
-        rewards=tm(batch[SampleBatch.REWARDS].float()),
-        values=tm(values.detach()),
-        next_values=tm(next_values),
-        continues=tm(1.0 - ended),
-        clip_rho_threshold=config["clip_rho"],
-        clip_pg_rho_threshold=config["clip_pg_rho"],
-        clip_c_threshold=config["clip_c"],
-    )
-    policy_loss = -(tm(logp) * targets.pg_advantages).mean()
-    vf_loss = 0.5 * (tm(values) - targets.vs).pow(2).mean()
+    targets = batch_vtrace(config, batch, logp, values, next_values)
+    policy_loss = -(time_major(logp, horizon) * targets.pg_advantages).mean()
+    vf_loss = 0.5 * (time_major(values, horizon) - targets.vs).pow(2).mean()
     entropy = dist.entropy().mean()
     loss = policy_loss + config["vf_loss_coeff"] * vf_loss - config["entropy_coeff"] * entropy
     return loss, {"policy_loss": policy_loss.item(), "vf_loss": vf_loss.item(), "entropy": entropy.item()}
@@ -112,19 +146,51 @@ def _without_source(batch: SampleBatch) -> tuple[None, SampleBatch]:
     return None, batch
 
 
-def execution_plan(workers: WorkerSet, config: ImpalaConfig) -> LocalIterator[dict[str, Any]]:
-    """Async rollouts -> weights to the source -> ConcatBatches -> learner queue || learner results."""
-    learner = LearnerThread(workers.local_worker(), inqueue_size=config.learner_queue_size)
+def start_learner(workers: WorkerSet, config: ImpalaConfig) -> LearnerThread:
+    """The learner thread: minibatch epochs that keep fragments whole; stopped with the workers."""
+    learner = LearnerThread(
+        workers.local_worker(),
+        inqueue_size=config.learner_queue_size,
+        num_sgd_iter=config.num_sgd_iter,
+        sgd_minibatch_size=config.sgd_minibatch_size,
+        sequence_length=config.rollout_fragment_length,
+    )
     learner.start()
     workers.on_stop(learner.stop)
-    enqueue_op = (
-        ParallelRollouts(workers, mode="async", num_async=2)
-        .zip_with_source_actor()
-        .for_each(SendWeightsToSource(learner, workers, min_learner_updates=config.broadcast_interval))
-        .combine(ConcatBatches(config.train_batch_size))
-        .for_each(_without_source)
-        .transform(Enqueue(learner.inqueue))
-    )
+    return learner
+
+
+def train_batches(workers: WorkerSet, config: ImpalaConfig, learner: LearnerThread) -> LocalIterator[tuple[None, SampleBatch]]:
+    """Train batches for ``learner``'s inqueue, fresh weights going back to where each came from.
+
+    The gather, MixInReplay and ConcatBatches run in the driver, or inside aggregator
+    actors when ``num_aggregation_workers`` > 0.
+    """
+
+    def batching(fragments: LocalIterator[SampleBatch]) -> LocalIterator[SampleBatch]:
+        if config.replay_proportion > 0:
+            fragments = fragments.combine(MixInReplay(config.replay_buffer_num_slots, config.replay_proportion, config.seed))
+        return fragments.combine(ConcatBatches(config.train_batch_size))
+
+    def weights_back(source_class: str) -> SendWeightsToSource:
+        return SendWeightsToSource(learner, workers, min_learner_updates=config.broadcast_interval, source_class=source_class)
+
+    if config.num_aggregation_workers:
+        batches = (
+            AggregatedRollouts(workers, config.num_aggregation_workers, batching, num_cpus_per_aggregator=config.num_cpus_per_aggregator)
+            .zip_with_source_actor()
+            .for_each(weights_back("AggregatorWorker"))
+        )
+    else:
+        fragments = ParallelRollouts(workers, mode="async", num_async=2).zip_with_source_actor().for_each(weights_back("RolloutWorker"))
+        batches = batching(fragments)
+    return batches.for_each(_without_source)
+
+
+def execution_plan(workers: WorkerSet, config: ImpalaConfig) -> LocalIterator[dict[str, Any]]:
+    """Train batches (weights back to their sources) -> learner queue || learner results -> metrics."""
+    learner = start_learner(workers, config)
+    enqueue_op = train_batches(workers, config, learner).transform(Enqueue(learner.inqueue))
     dequeue_op = Dequeue(learner.outqueue, check=learner.check).for_each(record_learner_results)
     merged = Concurrently([enqueue_op, dequeue_op], mode="async", output_indexes=[1])
     return StandardMetricsReporting(merged, workers, config)

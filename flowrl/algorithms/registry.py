@@ -42,6 +42,7 @@ _MODULES: dict[str, tuple[str, str]] = {
     "ddpg": ("flowrl.algorithms.ddpg", "DDPG"),
     "td3": ("flowrl.algorithms.ddpg", "TD3"),
     "impala": ("flowrl.algorithms.impala", "ALGORITHM"),
+    "appo": ("flowrl.algorithms.appo", "ALGORITHM"),
 }
 _REGISTERED: dict[str, Algorithm] = {}
 

@@ -29,6 +29,7 @@ from flowrl.operators.replay_ops import (
     UpdatePriorities,
 )
 from flowrl.operators.rollout_ops import (
+    AggregatedRollouts,
     AsyncGradients,
     ConcatBatches,
     ParallelRollouts,
@@ -54,6 +55,7 @@ __all__ = [
     "NUM_TARGET_UPDATES",
     "STEPS_SAMPLED_COUNTER",
     "STEPS_TRAINED_COUNTER",
+    "AggregatedRollouts",
     "ApplyGradients",
     "AsyncGradients",
     "AverageGradients",

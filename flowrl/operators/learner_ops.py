@@ -27,10 +27,21 @@ class SendWeightsToSource:
     worker is due once it sampled ``min_steps`` env steps and the learner made
     ``min_learner_updates`` updates since its last weights (Ape-X paces by steps, IMPALA by
     updates). Weights go to the object store once per learner update, shared by every worker.
+    The sources may be aggregators (tree aggregation) that pass the weights on to their
+    workers; ``source_class`` names them in the plan graph.
     """
 
-    def __init__(self, learner: LearnerThread, workers: WorkerSet, *, min_steps: int = 0, min_learner_updates: int = 0) -> None:
+    def __init__(
+        self,
+        learner: LearnerThread,
+        workers: WorkerSet,
+        *,
+        min_steps: int = 0,
+        min_learner_updates: int = 0,
+        source_class: str = "RolloutWorker",
+    ) -> None:
         self.learner = learner
+        self.source_class = source_class
         self.workers = workers
         self.min_steps = min_steps
         self.min_learner_updates = min_learner_updates
@@ -41,7 +52,7 @@ class SendWeightsToSource:
 
     def plan_links(self) -> list[tuple[str, str]]:
         """What this operator does to actors, for the plan graph."""
-        return [("RolloutWorker", "send weights to the source worker")]
+        return [(self.source_class, "send weights to the source")]
 
     def __call__(self, item: tuple[Any, Batch]) -> Batch:
         actor, batch = item

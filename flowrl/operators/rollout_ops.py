@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+import ray
 
-from flowrl.actors import WorkerSet, get_global_worker
+from flowrl.actors import WorkerSet, create_aggregators, get_global_worker
+from flowrl.actors.aggregator import StreamFn
 from flowrl.data import (
     DEFAULT_POLICY_ID,
     MultiAgentBatch,
@@ -61,6 +63,42 @@ def ParallelRollouts(workers: WorkerSet, *, mode: str = "bulk_sync", num_async: 
     if mode == "bulk_sync":
         return actors.batch_across_shards().for_each(concat_samples).for_each(count_steps_sampled)
     return actors.gather_async(num_async=num_async).for_each(count_steps_sampled)
+
+
+class _CountAggregatedSteps:
+    """count_steps_sampled for batches that aggregators built from rollout workers' fragments."""
+
+    def __init__(self, num_rollout_workers: int) -> None:
+        self.num_rollout_workers = num_rollout_workers
+
+    def plan_actor_counts(self) -> dict[str, int]:
+        """The rollout workers behind the aggregators, which no driver-side gather shows."""
+        return {"RolloutWorker": self.num_rollout_workers}
+
+    def plan_links(self) -> list[tuple[str, ...]]:
+        """Rollout workers feed the aggregators (a gather inside each), which get the weights back."""
+        return [("RolloutWorker", "AggregatorWorker", "gather_async"), ("AggregatorWorker", "RolloutWorker", "forward weights")]
+
+    def __call__(self, batch: Batch) -> Batch:
+        return count_steps_sampled(batch)
+
+
+def AggregatedRollouts(
+    workers: WorkerSet, num_aggregators: int, make_stream: StreamFn, *, num_cpus_per_aggregator: float = 0.5
+) -> LocalIterator[Any]:
+    """Experience gathered through ``num_aggregators`` aggregator actors (tree aggregation).
+
+    Each aggregator gathers asynchronously from its share of the remote rollout workers
+    and serves ``make_stream(fragments)`` (e.g. ``ConcatBatches`` to train batches); the
+    driver gathers those items as they arrive and counts their steps as sampled. Weights
+    sent to an aggregator (``set_weights``) reach its workers as they next deliver. The
+    aggregators are killed when the worker set stops.
+    """
+    if not workers.remote_workers():
+        raise FlowRLError("AggregatedRollouts needs remote workers (num_workers >= 1)")
+    aggregators = create_aggregators(workers.remote_workers(), num_aggregators, make_stream, num_cpus_per_aggregator)
+    workers.on_stop(lambda: [ray.kill(a) for a in aggregators])
+    return from_actors(aggregators, name="aggregators").gather_async().for_each(_CountAggregatedSteps(len(workers.remote_workers())))
 
 
 def _sample_and_compute_gradients(batch: Batch) -> tuple[tuple[list[np.ndarray], dict[str, float]], int]:

@@ -47,6 +47,7 @@ def train_until(example: str, threshold: float, budget: int) -> tuple[float, int
         ("pendulum-td3.yaml", -250.0, 30_000),
         ("pendulum-ddpg.yaml", -300.0, 40_000),
         ("cartpole-impala.yaml", 195.0, 500_000),
+        ("cartpole-appo.yaml", 195.0, 500_000),
     ],
 )
 def test_reaches_threshold_within_budget(example: str, threshold: float, budget: int) -> None:
