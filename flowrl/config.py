@@ -258,6 +258,8 @@ def _jsonable(value: Any) -> Any:
         return {k: _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
+    if isinstance(value, (types.FunctionType, type)):
+        return f"{value.__module__}:{value.__qualname__}"  # importable again unless it is a lambda or local
     return value
 
 
@@ -314,6 +316,43 @@ def _exploration_problems(exploration_config: dict[str, Any]) -> list[str]:
     return problems
 
 
+_POLICY_SPEC_KEYS = ("observation_space", "action_space", "config")
+
+
+def _policies_problems(policies: dict[str, Any]) -> list[str]:
+    """Policy ids that are not strings and specs that are not dicts of the known keys."""
+    problems = []
+    for pid, spec in policies.items():
+        if not isinstance(pid, str) or not pid:
+            problems.append(f"policies: policy ids must be non-empty strings, got {pid!r}")
+        if spec is None:
+            continue
+        if not isinstance(spec, Mapping):
+            problems.append(f"policies[{pid!r}]={spec!r} must be a dict with keys among {_POLICY_SPEC_KEYS} (or None)")
+            continue
+        for key in spec:
+            if key not in _POLICY_SPEC_KEYS:
+                problems.append(f"policies[{pid!r}] has the unknown key {key!r}{_suggestion(str(key), _POLICY_SPEC_KEYS)}; valid keys are {_POLICY_SPEC_KEYS}")
+        if "config" in spec and not isinstance(spec["config"], Mapping):
+            problems.append(f"policies[{pid!r}]['config']={spec['config']!r} must be a dict of config overrides")
+    return problems
+
+
+def _mapping_fn_problems(fn: Any) -> list[str]:
+    """A mapping that is neither callable nor the ``"module:function"`` path of one."""
+    if callable(fn):
+        return []
+    if isinstance(fn, str):
+        from flowrl.actors.multi_agent_sampler import import_callable
+
+        try:
+            import_callable(fn)
+        except FlowRLError as e:
+            return [f"policy_mapping_fn={fn!r}: {e}"]
+        return []
+    return [f"policy_mapping_fn={fn!r} must be a callable agent_id -> policy id, a 'module:function' path to one, or None"]
+
+
 # --- the shared config ----------------------------------------------------------------------------
 
 
@@ -362,6 +401,21 @@ class TrainerConfig:
         "the other keys are its options (e.g. EpsilonGreedy's initial_epsilon).",
         validator=_exploration_problems,
     )
+    # Multi-agent.
+    policies: dict[str, Any] = cfg_field(
+        {},
+        "Multi-agent envs: policy id -> None or a dict with optional 'observation_space', 'action_space' (default: "
+        "those of the agents mapped to it) and 'config' (this algorithm's keys, overridden for that policy). "
+        "{}: one policy, default_policy, shared by every agent.",
+        validator=_policies_problems,
+    )
+    policy_mapping_fn: Any | None = cfg_field(
+        None,
+        "Multi-agent envs: agent_id -> policy id, called once per agent and episode; a callable or a "
+        "'module:function' path. None: every agent acts with the only policy.",
+        validator=_mapping_fn_problems,
+    )
+    policies_to_train: list[str] | None = cfg_field(None, "Ids of the policies to train; the others only act. None: all.")
     # Environment.
     env_config: dict[str, Any] = cfg_field({}, "Passed to the env creator (each env gets its own copy).")
     check_env: bool = cfg_field(True, "Check one env against the Gymnasium API before any worker actor starts.")
@@ -457,12 +511,17 @@ class TrainerConfig:
         ``super().check()``. Conditions that flowrl works around (``num_gpus > 0`` without
         CUDA: the policy runs on CPU) are warnings, not problems.
         """
+        problems = []
+        known = list(self.policies) or ["default_policy"]
+        for pid in self.policies_to_train or []:
+            if pid not in known:
+                problems.append(f"policies_to_train names {pid!r}, which is not a policy; the policies are {known}")
         if self.num_gpus > 0:
             import torch
 
             if not torch.cuda.is_available():
                 warnings.warn(f"num_gpus={self.num_gpus} but CUDA is not available; the policy will run on CPU", stacklevel=2)
-        return []
+        return problems
 
     def validate(self) -> None:
         """Check every field (type, range, choices) and :meth:`check`; raise one ``ConfigError`` with all problems.

@@ -13,15 +13,16 @@ import torch
 
 from flowrl.algorithms import Algorithm, get_algorithm
 from flowrl.actors import WorkerSet
+from flowrl.actors.multi_agent_sampler import policy_mapping
 from flowrl.checkpoint import read_checkpoint, write_checkpoint
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
-from flowrl.envs import get_env_creator
-from flowrl.errors import CheckpointError, FlowRLError
+from flowrl.envs import get_env_creator, is_multi_agent_env
+from flowrl.errors import CheckpointError, ConfigError, FlowRLError
 from flowrl.operators import STEPS_SAMPLED_COUNTER
 from flowrl.operators.metric_ops import summarize_episodes
 from flowrl.plan import Plan
-from flowrl.policy import Policy
+from flowrl.policy import Policy, PolicySpec
 from flowrl.ray_runtime import start_ray, stop_ray
 
 EnvSpec = str | Callable[[dict[str, Any]], gym.Env]
@@ -55,13 +56,9 @@ class Trainer:
         self._owns_ray = start_ray(address)
         try:
             self._configure_driver()
-            probe = env_creator(dict(self.config.env_config))
-            observation_space, action_space = probe.observation_space, probe.action_space
-            probe.close()
-            spec = self.algorithm.make_policy(observation_space, action_space, self.config)
             self.workers = WorkerSet(
                 env_creator=env_creator,
-                policy_specs={DEFAULT_POLICY_ID: spec},
+                policy_specs=policy_specs(self.algorithm, self.config, env_creator),
                 config=self.config.rollout_config(),
                 num_workers=self.config.num_workers,
                 num_cpus_per_worker=self.config.num_cpus_per_worker,
@@ -111,10 +108,9 @@ class Trainer:
         self._finished_metrics = self.plan.metrics.save()
         return result
 
-    def evaluate(self, num_episodes: int = 10, seed: int | None = None) -> dict[str, float]:
+    def evaluate(self, num_episodes: int = 10, seed: int | None = None) -> dict[str, Any]:
         """Run ``num_episodes`` episodes with deterministic actions in this process; return their statistics."""
-        policy = self.workers.local_worker().get_policy()
-        return evaluate_policy(policy, self.env, self.config.env_config, num_episodes, seed)
+        return evaluate_policies(self.workers.local_worker().policy_map, self.env, self.config, num_episodes, seed)
 
     # -- checkpoints -----------------------------------------------------------------
 
@@ -197,25 +193,118 @@ class Trainer:
         return f"Trainer(algo={self.algorithm.name!r}, env={self.env!r}, iteration={self.iteration})"
 
 
-def evaluate_policy(
-    policy: Policy, env: EnvSpec, env_config: Mapping[str, Any], num_episodes: int, seed: int | None = None
-) -> dict[str, float]:
-    """Episode statistics of ``policy`` acting deterministically for ``num_episodes`` episodes in this process."""
-    instance = get_env_creator(env)(dict(env_config))
-    episodes: list[dict[str, float]] = []
+def policy_specs(algorithm: Algorithm, config: TrainerConfig, env_creator: Callable[[dict[str, Any]], Any]) -> dict[str, PolicySpec]:
+    """The policies to build for ``env_creator``'s env: ``default_policy`` for a Gymnasium env; for
+    a multi-agent env, ``config.policies`` with spaces from the agents mapped to each.
+
+    Problems a user can cause (a mapping to an unknown policy, agents of one policy with
+    different spaces, ``policies`` on a single-agent env) raise one :class:`~flowrl.errors.ConfigError`.
+    """
+    probe = env_creator(dict(config.env_config))
+    try:
+        if not is_multi_agent_env(probe):
+            if config.policies:
+                raise ConfigError(
+                    [f"policies={sorted(config.policies)} needs a multi-agent env, but {type(probe).__name__} is a single-agent Gymnasium env"]
+                )
+            return {DEFAULT_POLICY_ID: algorithm.make_policy(probe.observation_space, probe.action_space, config)}
+        spaces = multi_agent_policy_spaces(probe, config)
+    finally:
+        probe.close()
+    if algorithm.make_policies is not None:
+        return algorithm.make_policies(spaces, config)
+    specs = {}
+    for pid, (observation_space, action_space) in spaces.items():
+        overrides = (config.policies.get(pid) or {}).get("config", {})
+        specs[pid] = algorithm.make_policy(observation_space, action_space, config.replace(**overrides) if overrides else config)
+    return specs
+
+
+def multi_agent_policy_spaces(env: Any, config: TrainerConfig) -> dict[str, tuple[gym.Space, gym.Space]]:
+    """Each policy's (observation space, action space): given in ``config.policies``, else those of
+    the agents ``config.policy_mapping_fn`` maps to it, which must all agree."""
+    policy_ids = list(config.policies) or [DEFAULT_POLICY_ID]
+    problems: list[str] = []
+    try:
+        mapping = policy_mapping(config.policy_mapping_fn, policy_ids)
+    except FlowRLError as e:
+        raise ConfigError([str(e)]) from None
+    found: dict[str, tuple[gym.Space, gym.Space, Any]] = {}
+    for pid in policy_ids:
+        given = config.policies.get(pid) or {}
+        if "observation_space" in given and "action_space" in given:
+            found[pid] = (given["observation_space"], given["action_space"], "its policies entry")
+    for agent in env.possible_agents:
+        pid = mapping(agent)
+        if pid not in policy_ids:
+            problems.append(f"policy_mapping_fn({agent!r}) returned {pid!r}, which is not a policy; the policies are {policy_ids}")
+            continue
+        agent_spaces = (env.observation_space(agent), env.action_space(agent))
+        if pid not in found:
+            found[pid] = (*agent_spaces, f"agent {agent!r}")
+            continue
+        for kind, mine, theirs in (("observation", agent_spaces[0], found[pid][0]), ("action", agent_spaces[1], found[pid][1])):
+            if mine != theirs:
+                problems.append(
+                    f"agent {agent!r}'s {kind} space {mine} does not match policy {pid!r}'s {theirs} (from {found[pid][2]})"
+                )
+    for pid in policy_ids:
+        if pid not in found:
+            problems.append(f"no agent maps to policy {pid!r}: give its 'observation_space' and 'action_space' in policies[{pid!r}]")
+    if problems:
+        raise ConfigError(problems)
+    return {pid: (found[pid][0], found[pid][1]) for pid in policy_ids}
+
+
+def evaluate_policies(
+    policy_map: Mapping[str, Policy], env: EnvSpec, config: TrainerConfig, num_episodes: int, seed: int | None = None
+) -> dict[str, Any]:
+    """Episode statistics of the policies acting deterministically for ``num_episodes`` episodes in this process.
+
+    A Gymnasium env acts with ``default_policy``; in a multi-agent env each agent acts with
+    the policy ``config.policy_mapping_fn`` maps it to.
+    """
+    instance = get_env_creator(env)(dict(config.env_config))
+    episodes: list[dict[str, Any]] = []
     try:
         for i in range(num_episodes):
-            obs, _ = instance.reset(seed=None if seed is None else seed + i)
-            total, length, done = 0.0, 0, False
-            while not done:
-                obs, reward, terminated, truncated, _ = instance.step(policy.compute_single_action(obs, explore=False))
-                total += float(reward)
-                length += 1
-                done = terminated or truncated
-            episodes.append({"episode_reward": total, "episode_length": length})
+            episode_seed = None if seed is None else seed + i
+            if is_multi_agent_env(instance):
+                mapping = policy_mapping(config.policy_mapping_fn, list(policy_map))
+                episodes.append(_multi_agent_episode(instance, policy_map, mapping, episode_seed))
+            else:
+                episodes.append(_episode(instance, policy_map[DEFAULT_POLICY_ID], episode_seed))
     finally:
         instance.close()
     return {**summarize_episodes(episodes), "episodes": num_episodes}
+
+
+def _episode(env: gym.Env, policy: Policy, seed: int | None) -> dict[str, Any]:
+    obs, _ = env.reset(seed=seed)
+    total, length, done = 0.0, 0, False
+    while not done:
+        obs, reward, terminated, truncated, _ = env.step(policy.compute_single_action(obs, explore=False))
+        total += float(reward)
+        length += 1
+        done = terminated or truncated
+    return {"episode_reward": total, "episode_length": length}
+
+
+def _multi_agent_episode(env: Any, policy_map: Mapping[str, Policy], mapping: Callable[[Any], str], seed: int | None) -> dict[str, Any]:
+    obs, _ = env.reset(seed=seed)
+    policy_ids = {agent: mapping(agent) for agent in env.possible_agents}
+    returns: dict[Any, float] = {}
+    length = 0
+    while env.agents:
+        actions = {agent: policy_map[policy_ids[agent]].compute_single_action(obs[agent], explore=False) for agent in env.agents}
+        obs, rewards, _, _, _ = env.step(actions)
+        for agent, reward in rewards.items():
+            returns[agent] = returns.get(agent, 0.0) + float(reward)
+        length += 1
+    policy_rewards: dict[str, list[float]] = {}
+    for agent, total in returns.items():
+        policy_rewards.setdefault(policy_ids[agent], []).append(total)
+    return {"episode_reward": sum(returns.values()), "episode_length": length, "policy_rewards": policy_rewards}
 
 
 def evaluate_checkpoint(checkpoint_path: str | Path, num_episodes: int = 10, seed: int | None = None) -> dict[str, Any]:
@@ -229,10 +318,9 @@ def evaluate_checkpoint(checkpoint_path: str | Path, num_episodes: int = 10, see
             raise CheckpointError(f"checkpoint {str(checkpoint_path)!r} has no {key!r}: not a flowrl Trainer checkpoint")
     algorithm = get_algorithm(state["algo"])
     config = algorithm.config_class.from_dict(state["config"])
-    probe = get_env_creator(state["env"])(dict(config.env_config))
-    observation_space, action_space = probe.observation_space, probe.action_space
-    probe.close()
-    policy = algorithm.make_policy(observation_space, action_space, config).build({"worker_index": 0})
-    policy.set_state(state["worker"]["policies"][DEFAULT_POLICY_ID])
-    stats = evaluate_policy(policy, state["env"], config.env_config, num_episodes, seed)
+    policy_map = {}
+    for pid, spec in policy_specs(algorithm, config, get_env_creator(state["env"])).items():
+        policy_map[pid] = spec.build({"worker_index": 0})
+        policy_map[pid].set_state(state["worker"]["policies"][pid])
+    stats = evaluate_policies(policy_map, state["env"], config, num_episodes, seed)
     return {**stats, "algo": state["algo"], "env": state["env"], "iteration": state["iteration"]}

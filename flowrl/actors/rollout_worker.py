@@ -8,8 +8,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from flowrl.actors.multi_agent_sampler import MultiAgentSampler, policy_mapping
 from flowrl.actors.sampler import VectorSampler
-from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
+from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from flowrl.envs import is_multi_agent_env
 from flowrl.errors import FlowRLError
 from flowrl.iterators import ParallelIteratorWorker
 from flowrl.policy import Policy, PolicySpec
@@ -35,11 +37,17 @@ ROLLOUT_DEFAULTS: dict[str, Any] = {
     "env_config": {},
     "compress_observations": False,
     "clip_actions": True,
+    "policy_mapping_fn": None,
+    "policies_to_train": None,
 }
 
 
 class RolloutWorker(ParallelIteratorWorker):
     """Steps ``num_envs_per_worker`` envs with its policies and returns sample batches.
+
+    Gymnasium envs act with the policy ``default_policy``. Multi-agent envs (PettingZoo's
+    Parallel API) act with every policy: config ``policy_mapping_fn(agent_id)`` picks each
+    agent's (None: the only policy), and samples are :class:`~flowrl.data.MultiAgentBatch`.
 
     Works as a plain object (the local worker, in the driver) or as a Ray actor (remote
     workers). As a :class:`~flowrl.iterators.ParallelIteratorWorker`, its shard yields
@@ -67,34 +75,57 @@ class RolloutWorker(ParallelIteratorWorker):
         if worker_seed is not None:
             torch.manual_seed(worker_seed)
             np.random.seed(worker_seed % 2**32)
-        if DEFAULT_POLICY_ID not in policy_specs:
-            raise FlowRLError(
-                f"single-agent sampling acts with the policy {DEFAULT_POLICY_ID!r}, but the policies are "
-                f"{sorted(policy_specs)}; multi-agent sampling is not available yet"
-            )
         num_envs = int(self.config["num_envs_per_worker"])
         self.envs = [env_creator(dict(self.config["env_config"])) for _ in range(num_envs)]
-        policy_config = {"seed": worker_seed, "worker_index": worker_index}
-        self.policy_map: dict[str, Policy] = {pid: spec.build(policy_config) for pid, spec in policy_specs.items()}
-        self.sampler = VectorSampler(
-            self.envs,
-            self.policy_map[DEFAULT_POLICY_ID],
-            fragment_length=int(self.config["rollout_fragment_length"]),
-            batch_mode=self.config["batch_mode"],
-            seed=worker_seed,
-            episode_id_base=worker_index << 40,
-            clip_actions=bool(self.config["clip_actions"]),
-        )
+        self.multi_agent = is_multi_agent_env(self.envs[0])
+        if not self.multi_agent and DEFAULT_POLICY_ID not in policy_specs:
+            raise FlowRLError(
+                f"a single-agent env acts with the policy {DEFAULT_POLICY_ID!r}, but the policies are "
+                f"{sorted(policy_specs)}; several policies need a multi-agent env"
+            )
+        self.policy_map: dict[str, Policy] = {}
+        for k, (pid, spec) in enumerate(policy_specs.items()):
+            # Distinct seeds per policy: two policies of one class must not start identical.
+            policy_seed = None if worker_seed is None else worker_seed + 1000 * k
+            self.policy_map[pid] = spec.build({"seed": policy_seed, "worker_index": worker_index})
+        self.sampler: VectorSampler | MultiAgentSampler
+        if self.multi_agent:
+            if self.config["batch_mode"] != "truncate_episodes":
+                raise FlowRLError(
+                    f"batch_mode={self.config['batch_mode']!r}: multi-agent envs are sampled with 'truncate_episodes' only"
+                )
+            self.sampler = MultiAgentSampler(
+                self.envs,
+                self.policy_map,
+                policy_mapping(self.config["policy_mapping_fn"], list(self.policy_map)),
+                fragment_length=int(self.config["rollout_fragment_length"]),
+                seed=worker_seed,
+                episode_id_base=worker_index << 40,
+                clip_actions=bool(self.config["clip_actions"]),
+            )
+        else:
+            self.sampler = VectorSampler(
+                self.envs,
+                self.policy_map[DEFAULT_POLICY_ID],
+                fragment_length=int(self.config["rollout_fragment_length"]),
+                batch_mode=self.config["batch_mode"],
+                seed=worker_seed,
+                episode_id_base=worker_index << 40,
+                clip_actions=bool(self.config["clip_actions"]),
+            )
         super().__init__(self._sample_forever)
         global _global_worker
         _global_worker = self
 
-    def _sample_forever(self) -> Iterator[SampleBatch]:
+    def _sample_forever(self) -> Iterator[SampleBatch | MultiAgentBatch]:
         while True:
             yield self.sample()
 
-    def sample(self) -> SampleBatch:
-        """``rollout_fragment_length x num_envs_per_worker`` steps (more in complete_episodes mode)."""
+    def sample(self) -> SampleBatch | MultiAgentBatch:
+        """``rollout_fragment_length x num_envs_per_worker`` env steps (more in complete_episodes mode).
+
+        A :class:`~flowrl.data.MultiAgentBatch` (one batch per policy) for multi-agent envs.
+        """
         batch = self.sampler.sample()
         if self.config["compress_observations"]:
             batch.compress()

@@ -8,7 +8,7 @@ piece with the policy (advantages, n-step returns, ...) and concatenates them.
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -23,10 +23,15 @@ _MAX_UNCOLLECTED_EPISODES = 10_000
 
 @dataclass
 class EpisodeStats:
-    """Return and length of one finished episode."""
+    """Return and length (env steps) of one finished episode.
+
+    In multi-agent episodes ``episode_reward`` sums every agent's rewards and
+    ``policy_rewards`` lists each agent's return under the id of the policy it acted with.
+    """
 
     episode_reward: float
     episode_length: int
+    policy_rewards: dict[str, list[float]] = field(default_factory=dict)
 
 
 class VectorSampler:

@@ -10,6 +10,7 @@ import ray
 
 from flowrl.actors.rollout_worker import RolloutWorker
 from flowrl.envs import check_env as check_env_api
+from flowrl.envs import check_multi_agent_env, is_multi_agent_env
 from flowrl.errors import FlowRLError, ShardFailedError
 from flowrl.policy import PolicySpec
 
@@ -44,7 +45,7 @@ class WorkerSet:
             # Reject a broken env here, with a message naming the fault, before any actor starts.
             env = env_creator(dict(config.get("env_config", {})))
             try:
-                check_env_api(env)
+                check_multi_agent_env(env) if is_multi_agent_env(env) else check_env_api(env)
             finally:
                 env.close()
         self._env_creator = env_creator

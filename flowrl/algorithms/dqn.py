@@ -7,8 +7,9 @@ network. Their round-robin weights set ``training_intensity`` (steps replayed pe
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import gymnasium as gym
 import torch
@@ -164,24 +165,33 @@ def replay_buffer_args(config: DQNConfig) -> dict[str, Any]:
     }
 
 
+def training_flow(
+    rollouts: LocalIterator[Any], workers: WorkerSet, config: DQNConfig, policies: Sequence[str] | None = None
+) -> LocalIterator[Any]:
+    """DQN's learning from a stream of rollouts: store them || (Replay -> TrainOneStep ->
+    UpdatePriorities -> UpdateTargetNetwork), round robin; only ``policies`` (default all
+    trainable) train. A building block of composed plans (``ppo_dqn``)."""
+    buffer = LocalReplayBuffer(capacity=config.buffer_size, **replay_buffer_args(config))
+    store = StoreToReplayBuffer(local_buffer=buffer, checkpoint_contents=config.store_buffer_in_checkpoints)
+    store_op = rollouts.for_each(store)
+    replay_op = (
+        Replay(local_buffer=buffer)
+        .for_each(TrainOneStep(workers, policies))
+        .for_each(UpdatePriorities(buffer))
+        .for_each(UpdateTargetNetwork(workers, config.target_network_update_freq, policies=policies, tau=config.tau))
+    )
+    return Concurrently(
+        [store_op, replay_op], mode="round_robin", output_indexes=[1], round_robin_weights=round_robin_weights(config)
+    )
+
+
 def execution_plan(workers: WorkerSet, config: DQNConfig) -> LocalIterator[dict[str, Any]]:
     """Store rollouts || (Replay -> TrainOneStep -> UpdatePriorities -> UpdateTargetNetwork), round robin.
 
     DDPG and TD3 run this same plan with their own policy (soft target updates via ``tau``).
     """
-    buffer = LocalReplayBuffer(capacity=config.buffer_size, **replay_buffer_args(config))
-    store = StoreToReplayBuffer(local_buffer=buffer, checkpoint_contents=config.store_buffer_in_checkpoints)
-    store_op = ParallelRollouts(workers, mode="bulk_sync").for_each(store)
-    replay_op = (
-        Replay(local_buffer=buffer)
-        .for_each(TrainOneStep(workers))
-        .for_each(UpdatePriorities(buffer))
-        .for_each(UpdateTargetNetwork(workers, config.target_network_update_freq, tau=config.tau))
-    )
-    train_op = Concurrently(
-        [store_op, replay_op], mode="round_robin", output_indexes=[1], round_robin_weights=round_robin_weights(config)
-    )
-    return StandardMetricsReporting(train_op, workers, config)
+    rollouts = ParallelRollouts(workers, mode="bulk_sync")
+    return StandardMetricsReporting(training_flow(rollouts, workers, config), workers, config)
 
 
 ALGORITHM = Algorithm("dqn", "deep Q-network (double, dueling, n-step, prioritized replay)", DQNConfig, make_dqn_policy, execution_plan)

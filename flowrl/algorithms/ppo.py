@@ -7,6 +7,7 @@ weights -> adapt the KL coefficient -> metrics.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,20 +96,27 @@ def make_ppo_policy(obs_space: gym.Space, action_space: gym.Space, config: PPOCo
     return PolicySpec(TorchPolicy, obs_space, action_space, config.policy_config(), kwargs)
 
 
+def training_flow(
+    rollouts: LocalIterator[Any], workers: WorkerSet, config: PPOConfig, policies: Sequence[str] | None = None
+) -> LocalIterator[Any]:
+    """PPO's learning from a stream of rollouts: ConcatBatches -> StandardizeFields -> TrainOneStep
+    (minibatch epochs; only ``policies``, default all trainable) -> UpdateKL. A building block of
+    composed plans (``ppo_dqn``)."""
+    train_step = TrainOneStep(
+        workers, policies, num_sgd_iter=config.num_sgd_iter, sgd_minibatch_size=config.sgd_minibatch_size, seed=config.seed
+    )
+    return (
+        rollouts.combine(ConcatBatches(config.train_batch_size))
+        .for_each(StandardizeFields([SampleBatch.ADVANTAGES]))
+        .for_each(train_step)
+        .for_each(UpdateKL(workers))
+    )
+
+
 def execution_plan(workers: WorkerSet, config: PPOConfig) -> LocalIterator[dict[str, Any]]:
     """Rollouts -> ConcatBatches -> StandardizeFields -> TrainOneStep (minibatch epochs) -> UpdateKL -> metrics."""
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
-    train_op = (
-        rollouts.combine(ConcatBatches(config.train_batch_size))
-        .for_each(StandardizeFields([SampleBatch.ADVANTAGES]))
-        .for_each(
-            TrainOneStep(
-                workers, num_sgd_iter=config.num_sgd_iter, sgd_minibatch_size=config.sgd_minibatch_size, seed=config.seed
-            )
-        )
-        .for_each(UpdateKL(workers))
-    )
-    return StandardMetricsReporting(train_op, workers, config)
+    return StandardMetricsReporting(training_flow(rollouts, workers, config), workers, config)
 
 
 ALGORITHM = Algorithm("ppo", "proximal policy optimisation", PPOConfig, make_ppo_policy, execution_plan)

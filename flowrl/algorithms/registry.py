@@ -17,6 +17,7 @@ from flowrl.policy import PolicySpec
 
 ExecutionPlan = Callable[[WorkerSet, Any], LocalIterator[dict[str, Any]]]
 PolicyFactory = Callable[[gym.Space, gym.Space, Any], PolicySpec]
+MultiPolicyFactory = Callable[[dict[str, tuple[gym.Space, gym.Space]], Any], dict[str, PolicySpec]]
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class Algorithm:
     config_class: type[TrainerConfig]
     make_policy: PolicyFactory
     execution_plan: ExecutionPlan
+    #: For algorithms whose policies differ by id (compositions such as ``ppo_dqn``):
+    #: ``{policy_id: (observation_space, action_space)}, config -> {policy_id: PolicySpec}``.
+    make_policies: MultiPolicyFactory | None = None
 
 
 # name -> (module, attribute holding its Algorithm); imported lazily so `flowrl list` stays fast.
@@ -43,6 +47,7 @@ _MODULES: dict[str, tuple[str, str]] = {
     "td3": ("flowrl.algorithms.ddpg", "TD3"),
     "impala": ("flowrl.algorithms.impala", "ALGORITHM"),
     "appo": ("flowrl.algorithms.appo", "ALGORITHM"),
+    "ppo_dqn": ("flowrl.algorithms.ppo_dqn", "ALGORITHM"),
 }
 _REGISTERED: dict[str, Algorithm] = {}
 

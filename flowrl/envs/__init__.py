@@ -1,18 +1,35 @@
-"""Env creation (flowrl names, Gymnasium ids, creator functions), env checks and Atari preprocessing.
+"""Env creation (flowrl names, Gymnasium ids, creator functions), env checks, Atari preprocessing,
+and the multi-agent env API (PettingZoo's Parallel API) with built-in multi-agent envs.
 
-See :mod:`flowrl.envs.registry` for how names resolve and how creators reach Ray actors.
+See :mod:`flowrl.envs.registry` for how names resolve and how creators reach Ray actors, and
+:mod:`flowrl.envs.multi_agent` for the multi-agent API.
 """
 
 from flowrl.envs.atari import is_atari_id, make_atari_env
 from flowrl.envs.checker import check_env
-from flowrl.envs.registry import env_spaces, get_env_creator, make_env, register_env
+from flowrl.envs.multi_agent import (
+    CooperativeMatching,
+    MultiAgentCartPole,
+    MultiAgentEnv,
+    check_multi_agent_env,
+    is_multi_agent_env,
+    seed_action_spaces,
+)
+from flowrl.envs.registry import env_spaces, get_env_creator, make_env, multi_agent_env_spaces, register_env
 
 __all__ = [
+    "CooperativeMatching",
+    "MultiAgentCartPole",
+    "MultiAgentEnv",
     "check_env",
+    "check_multi_agent_env",
     "env_spaces",
     "get_env_creator",
     "is_atari_id",
+    "is_multi_agent_env",
     "make_atari_env",
     "make_env",
+    "multi_agent_env_spaces",
     "register_env",
+    "seed_action_spaces",
 ]

@@ -68,15 +68,17 @@ def _space(env: Any, attribute: str) -> spaces.Space:
     return space
 
 
-def _check_reset_accepts_seed(env: Any) -> None:
+def _check_reset_accepts_seed(
+    env: Any, *, api: str = "Gymnasium's API is reset(*, seed=None, options=None) -> (obs, info)"
+) -> None:
+    """Raise unless ``env.reset`` takes the keyword ``seed``; ``api`` says which reset signature is expected."""
     try:
         parameters = inspect.signature(env.reset).parameters.values()
     except (TypeError, ValueError):
         return  # no introspectable signature (e.g. a C extension); calling it will tell
     if not any(p.name == "seed" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         raise EnvCheckError(
-            "env.reset() does not accept the keyword seed; Gymnasium's API is "
-            "reset(*, seed=None, options=None) -> (obs, info), and flowrl seeds every env through it"
+            f"env.reset() does not accept the keyword seed; {api}, and flowrl seeds every env through it"
         )
 
 

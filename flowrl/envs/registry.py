@@ -1,8 +1,10 @@
 """Env creation from a flowrl name, a Gymnasium id or a creator function.
 
-A *creator* is a callable ``env_config -> gymnasium.Env``. Names resolve in this order:
-names given to :func:`register_env`, then Atari ids (through :func:`make_atari_env`), then
-Gymnasium ids (``gymnasium.registry``, or ``"package.module:EnvId"`` to import a plugin first).
+A *creator* is a callable ``env_config -> env``, where the env is a ``gymnasium.Env`` or a
+multi-agent env with PettingZoo's Parallel API (see :mod:`flowrl.envs.multi_agent`). Names resolve
+in this order: names given to :func:`register_env`, then flowrl's built-in multi-agent envs
+(``MultiAgentCartPole``, ``CooperativeMatching``), then Atari ids (through :func:`make_atari_env`),
+then Gymnasium ids (``gymnasium.registry``, or ``"package.module:EnvId"`` to import a plugin first).
 
 The registry is per process: a creator registered in the driver is unknown inside Ray actor
 processes. Resolve the name once in the driver with :func:`get_env_creator` and ship the
@@ -20,25 +22,37 @@ from typing import Any, Callable, Union
 import gymnasium
 
 from flowrl.envs.atari import is_atari_id, make_atari_env, require_ale_py, require_atari_dependencies
+from flowrl.envs.multi_agent import (
+    BUILTIN_MULTI_AGENT_ENVS,
+    AgentID,
+    MultiAgentEnv,
+    _is_aec_env,
+    aec_env_message,
+    is_multi_agent_env,
+    multi_agent_spaces,
+    seed_action_spaces,
+)
 from flowrl.errors import EnvError, FlowRLError, UnknownEnvError
 
-EnvCreator = Callable[[dict], gymnasium.Env]
+# A multi-agent env need not subclass MultiAgentEnv (PettingZoo envs don't); is_multi_agent_env decides.
+AnyEnv = Union[gymnasium.Env, MultiAgentEnv]
+EnvCreator = Callable[[dict], AnyEnv]
 EnvSpec = Union[str, EnvCreator]
 
 _REGISTRY: dict[str, EnvCreator] = {}
 
 
 def register_env(name: str, creator: EnvCreator) -> None:
-    """Register ``creator`` (``env_config -> gymnasium.Env``) under ``name`` in this process.
+    """Register ``creator`` (``env_config -> env``, single- or multi-agent) under ``name`` in this process.
 
-    Re-registering a name replaces its creator. A registered name shadows a Gymnasium id of
-    the same name.
+    Re-registering a name replaces its creator. A registered name shadows a built-in name or a
+    Gymnasium id of the same name.
     """
     if not isinstance(name, str) or not name:
         raise EnvError(f"register_env needs a non-empty string name; got {name!r}")
     if not callable(creator):
         raise EnvError(
-            f"register_env({name!r}, ...) needs a callable env_config -> gymnasium.Env; "
+            f"register_env({name!r}, ...) needs a callable env_config -> gymnasium.Env or multi-agent env; "
             f"got {creator!r} of type {type(creator).__name__}"
         )
     _REGISTRY[name] = creator
@@ -64,7 +78,8 @@ class GymnasiumCreator:
 def get_env_creator(env: EnvSpec) -> EnvCreator:
     """Resolve a name or creator to a creator, without creating an env.
 
-    Registered names give their registered creator; Gymnasium and Atari ids give a picklable
+    Registered names give their registered creator; built-in multi-agent names give their env
+    class (picklable; the class is the creator); Gymnasium and Atari ids give a picklable
     :class:`GymnasiumCreator`; a callable is returned unchanged. Raises :class:`UnknownEnvError`
     (with the closest valid names) for an unknown name, and :class:`EnvError` when an Atari id
     is asked for without its optional dependencies (ale-py, OpenCV) installed.
@@ -72,6 +87,8 @@ def get_env_creator(env: EnvSpec) -> EnvCreator:
     if isinstance(env, str):
         if env in _REGISTRY:
             return _REGISTRY[env]
+        if env in BUILTIN_MULTI_AGENT_ENVS:
+            return BUILTIN_MULTI_AGENT_ENVS[env]
         if is_atari_id(env):
             require_atari_dependencies()  # reports a missing optional dependency here, in the driver
         if _is_gymnasium_id(env):
@@ -80,18 +97,21 @@ def get_env_creator(env: EnvSpec) -> EnvCreator:
     if callable(env):
         return env
     raise EnvError(
-        f"env must be a registered flowrl name, a Gymnasium id or a callable env_config -> gymnasium.Env; "
+        f"env must be a registered flowrl name, a built-in flowrl env, a Gymnasium id or a callable "
+        f"env_config -> env (a gymnasium.Env or a multi-agent env); "
         f"got {env!r} of type {type(env).__name__}"
     )
 
 
-def make_env(env: EnvSpec, env_config: dict | None = None, *, seed: int | None = None) -> gymnasium.Env:
-    """Create an env from a registered name, a Gymnasium id or a creator, passing it ``env_config``.
+def make_env(env: EnvSpec, env_config: dict | None = None, *, seed: int | None = None) -> AnyEnv:
+    """Create an env from a registered or built-in name, a Gymnasium id or a creator, passing it ``env_config``.
 
-    The creator receives a copy of ``env_config`` (``{}`` when None). With ``seed``, the action
-    space is seeded so that sampled actions are reproducible; the env itself is *not* reset,
-    the caller resets it with ``env.reset(seed=seed)``. Raises :class:`UnknownEnvError` for
-    an unknown name and :class:`EnvError` (chaining the original) when the creator fails.
+    The creator receives a copy of ``env_config`` (``{}`` when None) and must return a
+    ``gymnasium.Env`` or a multi-agent env (:func:`is_multi_agent_env`). With ``seed``, the action
+    space is seeded so that sampled actions are reproducible (for a multi-agent env, the action
+    space of the ``i``-th possible agent gets ``seed + i``); the env itself is *not* reset, the
+    caller resets it with ``env.reset(seed=seed)``. Raises :class:`UnknownEnvError` for an
+    unknown name and :class:`EnvError` (chaining the original) when the creator fails.
     """
     creator = get_env_creator(env)
     config = dict(env_config or {})
@@ -105,23 +125,69 @@ def make_env(env: EnvSpec, env_config: dict | None = None, *, seed: int | None =
         raise EnvError(
             f"creating env {label!r} with env_config={config_text} failed: {type(exc).__name__}: {exc}"
         ) from exc
-    if not isinstance(instance, gymnasium.Env):
-        raise EnvError(
-            f"the creator of env {label!r} returned {instance!r} of type {type(instance).__name__}; "
-            f"it must return a gymnasium.Env"
-        )
-    if seed is not None:
-        instance.action_space.seed(seed)
-    return instance
+    if isinstance(instance, gymnasium.Env):
+        if seed is not None:
+            instance.action_space.seed(seed)
+        return instance
+    if is_multi_agent_env(instance):
+        if seed is not None:
+            seed_action_spaces(instance, seed)
+        return instance
+    hint = f" ({aec_env_message(instance)})" if _is_aec_env(instance) else ""
+    raise EnvError(
+        f"the creator of env {label!r} returned {instance!r} of type {type(instance).__name__}; "
+        f"it must return a gymnasium.Env or a multi-agent env with PettingZoo's Parallel API "
+        f"(possible_agents, observation_space(agent), action_space(agent), reset, step){hint}"
+    )
 
 
 def env_spaces(env: EnvSpec, env_config: dict | None = None) -> tuple[gymnasium.spaces.Space, gymnasium.spaces.Space]:
-    """Create the env once to read its ``(observation_space, action_space)``, then close it."""
+    """Create a single-agent env once to read its ``(observation_space, action_space)``, then close it.
+
+    Raises :class:`EnvError` for a multi-agent env, whose spaces are per agent: use
+    :func:`multi_agent_env_spaces` for those.
+    """
     instance = make_env(env, env_config)
     try:
+        if not isinstance(instance, gymnasium.Env):
+            label = env if isinstance(env, str) else _describe_creator(env)
+            raise EnvError(
+                f"env {label!r} is a multi-agent env with agents {_short_list(instance.possible_agents)}: "
+                f"it has one observation and action space per agent, not one pair; "
+                f"use flowrl.envs.multi_agent_env_spaces(env) -> {{agent: (observation_space, action_space)}}"
+            )
         return instance.observation_space, instance.action_space
     finally:
         instance.close()
+
+
+def multi_agent_env_spaces(
+    env: EnvSpec | MultiAgentEnv, env_config: dict | None = None
+) -> dict[AgentID, tuple[gymnasium.spaces.Space, gymnasium.spaces.Space]]:
+    """``{agent: (observation_space, action_space)}`` for every possible agent of a multi-agent env.
+
+    ``env`` is a name or creator (the env is created once and closed) or an existing multi-agent
+    env (read, left open). Raises :class:`EnvError` for a single-agent env (use :func:`env_spaces`).
+    """
+    if is_multi_agent_env(env):
+        return multi_agent_spaces(env)
+    instance = make_env(env, env_config)
+    try:
+        if isinstance(instance, gymnasium.Env):
+            label = env if isinstance(env, str) else _describe_creator(env)
+            raise EnvError(
+                f"env {label!r} is a single-agent gymnasium.Env; use flowrl.envs.env_spaces(env) -> "
+                f"(observation_space, action_space)"
+            )
+        return multi_agent_spaces(instance)
+    finally:
+        instance.close()
+
+
+def _short_list(items: Any, limit: int = 6) -> str:
+    items = list(items)
+    shown = ", ".join(repr(item) for item in items[:limit])
+    return f"[{shown}{', ...' if len(items) > limit else ''}]"
 
 
 def _is_gymnasium_id(env_id: str) -> bool:
@@ -149,7 +215,8 @@ def _unknown_env_message(name: str) -> str:
     except EnvError:
         pass
     registered = sorted(_REGISTRY)
-    candidates = registered + sorted(set(gymnasium.registry) - set(registered))
+    builtin = sorted(set(BUILTIN_MULTI_AGENT_ENVS) - set(registered))
+    candidates = registered + builtin + sorted(set(gymnasium.registry) - set(registered) - set(builtin))
     # Match case-insensitively: "cartpole-v1" should still find "CartPole-v1".
     by_lower: dict[str, str] = {}
     for candidate in candidates:
@@ -158,7 +225,8 @@ def _unknown_env_message(name: str) -> str:
     shown = ", ".join(repr(n) for n in registered[:10]) + (", ..." if len(registered) > 10 else "")
     valid = (
         f"a valid env is a name given to flowrl.envs.register_env (registered: {shown or 'none'}), "
-        f"one of the {len(gymnasium.registry)} ids in gymnasium.registry, or a callable env_config -> gymnasium.Env"
+        f"a built-in flowrl multi-agent env ({', '.join(repr(n) for n in sorted(BUILTIN_MULTI_AGENT_ENVS))}), "
+        f"one of the {len(gymnasium.registry)} ids in gymnasium.registry, or a callable env_config -> env"
     )
     if not matches:
         return f"unknown env {name!r}; no registered flowrl env or Gymnasium id is close ({valid})"

@@ -51,19 +51,32 @@ class OncePerTimestepsElapsed:
         return False
 
 
-def summarize_episodes(episodes: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Reward and length statistics of finished episodes (NaN when there are none)."""
+def summarize_episodes(episodes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Reward and length statistics of finished episodes (NaN when there are none).
+
+    Multi-agent episodes add ``policy_reward_mean/min/max``: per policy id, statistics of
+    the returns of the agents that acted with it.
+    """
     rewards = np.array([e["episode_reward"] for e in episodes], dtype=np.float64)
     lengths = np.array([e["episode_length"] for e in episodes], dtype=np.float64)
     if not len(rewards):
         nan = float("nan")
         return {"episode_reward_mean": nan, "episode_reward_min": nan, "episode_reward_max": nan, "episode_len_mean": nan}
-    return {
+    summary: dict[str, Any] = {
         "episode_reward_mean": float(rewards.mean()),
         "episode_reward_min": float(rewards.min()),
         "episode_reward_max": float(rewards.max()),
         "episode_len_mean": float(lengths.mean()),
     }
+    per_policy: dict[str, list[float]] = collections.defaultdict(list)
+    for episode in episodes:
+        for policy_id, returns in episode.get("policy_rewards", {}).items():
+            per_policy[policy_id].extend(returns)
+    if per_policy:
+        summary["policy_reward_mean"] = {pid: float(np.mean(r)) for pid, r in per_policy.items()}
+        summary["policy_reward_min"] = {pid: float(np.min(r)) for pid, r in per_policy.items()}
+        summary["policy_reward_max"] = {pid: float(np.max(r)) for pid, r in per_policy.items()}
+    return summary
 
 
 class CollectMetrics:

@@ -54,3 +54,32 @@ def test_reaches_threshold_within_budget(example: str, threshold: float, budget:
     reward, steps, curve = train_until(example, threshold, budget)
     assert reward >= threshold, f"{example}: mean reward {reward:.1f} < {threshold} after {steps} steps; curve {curve}"
     assert steps <= budget
+
+
+def train_until_each_policy(example: str, threshold: float, budget: int) -> tuple[dict[str, float], int, list[dict[str, float]]]:
+    """Train until every policy's mean return per agent reaches ``threshold`` in one iteration."""
+    spec = yaml.safe_load((TUNED / example).read_text())
+    trainer = Trainer(spec["algo"], spec["env"], {**spec["config"], "seed": 0, "num_cpus_per_worker": 0.5})
+    curve: list[dict[str, float]] = []
+    try:
+        while True:
+            result = trainer.train()
+            rewards = result.get("policy_reward_mean", {})
+            curve.append({pid: round(r, 1) for pid, r in rewards.items()})
+            if (rewards and min(rewards.values()) >= threshold) or result["timesteps_total"] >= budget:
+                return rewards, result["timesteps_total"], curve
+    finally:
+        trainer.stop()
+
+
+@pytest.mark.parametrize(
+    ("example", "policies", "budget"),
+    [
+        ("multiagent-cartpole-ppo.yaml", {"default_policy"}, 100_000),
+        ("multiagent-cartpole-ppo_dqn.yaml", {"ppo_policy", "dqn_policy"}, 400_000),
+    ],
+)
+def test_multi_agent_policies_reach_150_per_agent(example: str, policies: set[str], budget: int) -> None:
+    rewards, steps, curve = train_until_each_policy(example, 150.0, budget)
+    assert set(rewards) == policies
+    assert min(rewards.values()) >= 150.0, f"{example}: {rewards} after {steps} steps; curve {curve[-10:]}"

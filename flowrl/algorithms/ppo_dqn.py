@@ -1,0 +1,130 @@
+"""PPO and DQN trained side by side on one multi-agent rollout stream: a composed plan.
+
+Even agent ids act with ``ppo_policy`` and odd ones with ``dqn_policy`` (by default). The
+plan duplicates the rollouts; one branch keeps the DQN policy's experience and runs DQN's
+replay sub-flow on it, the other keeps the PPO policy's and runs PPO's; an async union
+joins them. Each sub-flow broadcasts only the weights of the policy it trained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Hashable
+
+import gymnasium as gym
+
+from flowrl.actors import WorkerSet
+from flowrl.algorithms import dqn, ppo
+from flowrl.algorithms.registry import Algorithm
+from flowrl.config import TrainerConfig, cfg_field
+from flowrl.errors import ConfigError
+from flowrl.iterators import LocalIterator
+from flowrl.operators import Concurrently, ParallelRollouts, SelectExperiences, StandardMetricsReporting
+from flowrl.policy import PolicySpec
+
+PPO_POLICY, DQN_POLICY = "ppo_policy", "dqn_policy"
+# The keys that describe sampling and the run, not learning: the sub-algorithms take them from here.
+SHARED_KEYS = (
+    "num_workers",
+    "num_envs_per_worker",
+    "rollout_fragment_length",
+    "env_config",
+    "seed",
+    "num_gpus",
+    "clip_actions",
+    "compress_observations",
+    "num_cpus_per_worker",
+)
+
+
+def even_ppo_odd_dqn(agent_id: Hashable) -> str:
+    """The default mapping: agents with an even id (or an even position in a name ending in a digit) to PPO."""
+    digits = "".join(ch for ch in str(agent_id) if ch.isdigit())
+    return PPO_POLICY if not digits or int(digits) % 2 == 0 else DQN_POLICY
+
+
+def _sub_config_problems(algorithm: str, config_class: type[TrainerConfig]) -> Any:
+    def problems(values: dict[str, Any]) -> list[str]:
+        try:
+            config_class.from_dict(values)
+        except ConfigError as e:
+            return [f"{algorithm}: {problem}" for problem in e.problems]
+        return []
+
+    return problems
+
+
+@dataclass(kw_only=True)
+class PPODQNConfig(TrainerConfig):
+    """Sampling keys for both (see :class:`~flowrl.config.TrainerConfig`), and each algorithm's own keys in ``ppo`` and ``dqn``."""
+
+    num_envs_per_worker: int = cfg_field(1, "Multi-agent envs each worker steps together.", min=1)
+    rollout_fragment_length: int = cfg_field(50, "Env steps per env per sample call.", min=1)
+    timesteps_per_iteration: int = cfg_field(2000, "Minimum env steps sampled per train() call.", min=0)
+    policies: dict[str, Any] = cfg_field({PPO_POLICY: None, DQN_POLICY: None}, "The two policies (spaces from their agents).")
+    policy_mapping_fn: Any | None = cfg_field(even_ppo_odd_dqn, "agent_id -> 'ppo_policy' or 'dqn_policy' (default: even ids to PPO).")
+    ppo: dict[str, Any] = cfg_field(
+        {"train_batch_size": 2000, "sgd_minibatch_size": 128, "num_sgd_iter": 10, "lr": 3e-4},
+        "PPO's keys (PPOConfig) for ppo_policy; the sampling keys above apply to both.",
+        validator=_sub_config_problems("ppo", ppo.PPOConfig),
+    )
+    dqn: dict[str, Any] = cfg_field(
+        {
+            "train_batch_size": 64,
+            "lr": 1e-3,
+            "target_network_update_freq": 500,
+            "learning_starts": 1000,
+            "n_step": 3,
+            "training_intensity": 4,
+            "model": {"fcnet_hiddens": [128, 128], "fcnet_activation": "relu"},
+        },
+        "DQN's keys (DQNConfig) for dqn_policy; the sampling keys above apply to both.",
+        validator=_sub_config_problems("dqn", dqn.DQNConfig),
+    )
+
+    def check(self) -> list[str]:
+        problems = super().check()
+        if sorted(self.policies) != sorted([PPO_POLICY, DQN_POLICY]):
+            problems.append(f"policies={sorted(self.policies)}: ppo_dqn trains exactly {[PPO_POLICY, DQN_POLICY]}")
+        return problems
+
+    def _shared(self) -> dict[str, Any]:
+        return {key: getattr(self, key) for key in SHARED_KEYS}
+
+    def ppo_config(self) -> ppo.PPOConfig:
+        """The PPO config of ``ppo_policy``: the shared sampling keys plus ``ppo``."""
+        return ppo.PPOConfig.from_dict({**self._shared(), **self.ppo})
+
+    def dqn_config(self) -> dqn.DQNConfig:
+        """The DQN config of ``dqn_policy``: the shared sampling keys plus ``dqn``."""
+        return dqn.DQNConfig.from_dict({**self._shared(), **self.dqn})
+
+
+def make_policies(spaces: dict[str, tuple[gym.Space, gym.Space]], config: PPODQNConfig) -> dict[str, PolicySpec]:
+    """A PPO policy and a DQN policy, each built by its own algorithm from its own config."""
+    return {
+        PPO_POLICY: ppo.make_ppo_policy(*spaces[PPO_POLICY], config.ppo_config()),
+        DQN_POLICY: dqn.make_dqn_policy(*spaces[DQN_POLICY], config.dqn_config()),
+    }
+
+
+def _needs_multi_agent(obs_space: gym.Space, action_space: gym.Space, config: PPODQNConfig) -> PolicySpec:
+    raise ConfigError(["ppo_dqn trains the policies of a multi-agent env (e.g. MultiAgentCartPole), not a single-agent one"])
+
+
+def execution_plan(workers: WorkerSet, config: PPODQNConfig) -> LocalIterator[dict[str, Any]]:
+    """Rollouts -> duplicate: DQN's sub-flow on dqn_policy's experience || PPO's on ppo_policy's -> metrics."""
+    ppo_rollouts, dqn_rollouts = ParallelRollouts(workers, mode="bulk_sync").duplicate(2)
+    dqn_op = dqn.training_flow(dqn_rollouts.for_each(SelectExperiences([DQN_POLICY])), workers, config.dqn_config(), [DQN_POLICY])
+    ppo_op = ppo.training_flow(ppo_rollouts.for_each(SelectExperiences([PPO_POLICY])), workers, config.ppo_config(), [PPO_POLICY])
+    return StandardMetricsReporting(Concurrently([ppo_op, dqn_op], mode="async"), workers, config)
+
+
+ALGORITHM = Algorithm(
+    "ppo_dqn",
+    "PPO and DQN policies trained side by side on one multi-agent rollout stream",
+    PPODQNConfig,
+    _needs_multi_agent,
+    execution_plan,
+    make_policies=make_policies,
+)
