@@ -369,10 +369,11 @@ def _fmt(value: Any, spec: str = ".1f") -> str:
 
 
 def format_iteration(result: Mapping[str, Any], steps_this_iter: int) -> str:
-    """One line per iteration: iteration, timesteps, reward mean (min/max), steps/s, total time."""
+    """One line per iteration: iteration, timesteps, reward mean (min/max), steps/s, total time,
+    and each policy's mean return per agent in multi-agent runs."""
     elapsed = result.get("time_this_iter_s") or 0.0
     rate = steps_this_iter / elapsed if elapsed > 0 else float("nan")
-    return (
+    line = (
         f"iter {result.get('training_iteration', 0):>4}  "
         f"timesteps {result.get('timesteps_total', 0):>9}  "
         f"reward {_fmt(result.get('episode_reward_mean')):>8} "
@@ -380,6 +381,10 @@ def format_iteration(result: Mapping[str, Any], steps_this_iter: int) -> str:
         f"steps/s {_fmt(rate, ',.0f'):>7}  "
         f"time {_fmt(result.get('time_total_s'), '.2f'):>8}s"
     )
+    per_policy = result.get("policy_reward_mean") or {}
+    if per_policy:
+        line += "  " + " ".join(f"{pid} {_fmt(value)}" for pid, value in sorted(per_policy.items()))
+    return line
 
 
 def stop_reason(stop: Mapping[str, float], result: Mapping[str, Any]) -> str | None:

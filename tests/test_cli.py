@@ -307,3 +307,11 @@ def test_evaluate_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str
     shutil.copytree(run, moved)
     assert cli.main(["evaluate", str(moved), "--episodes", "1"]) == 0
     assert "checkpoint_000001" in capsys.readouterr().out
+
+
+def test_the_iteration_line_shows_each_policys_return_in_multi_agent_runs() -> None:
+    base = {"training_iteration": 3, "timesteps_total": 600, "episode_reward_mean": 80.0, "time_this_iter_s": 2.0}
+    single = cli.format_iteration(base, 600)
+    assert "policy" not in single and "steps/s     300" in single
+    multi = cli.format_iteration({**base, "policy_reward_mean": {"ppo_policy": 150.25, "dqn_policy": 40.0}}, 600)
+    assert multi.startswith(single) and multi.endswith("dqn_policy 40.0 ppo_policy 150.2")
