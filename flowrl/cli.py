@@ -663,7 +663,7 @@ _ADDRESS_HELP = "Ray cluster to join (default: $RAY_ADDRESS, else start an embed
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--algo", help="algorithm name (see `flowrl list`)")
-    parser.add_argument("--env", help="Gymnasium id or flowrl-registered env name, e.g. CartPole-v1")
+    parser.add_argument("--env", help="Gymnasium id or flowrl env name, e.g. CartPole-v1 or the multi-agent MultiAgentCartPole")
     parser.add_argument("--num-workers", type=_int_at_least(0), metavar="N",
                         help="remote rollout workers (0: sample in this process); overrides --config and --set")
     parser.add_argument("--config", metavar="FILE", help="YAML or JSON experiment file (algo, env, stop, config; or flat config keys)")

@@ -332,7 +332,8 @@ def _policies_problems(policies: dict[str, Any]) -> list[str]:
             continue
         for key in spec:
             if key not in _POLICY_SPEC_KEYS:
-                problems.append(f"policies[{pid!r}] has the unknown key {key!r}{_suggestion(str(key), _POLICY_SPEC_KEYS)}; valid keys are {_POLICY_SPEC_KEYS}")
+                hint = _suggestion(str(key), _POLICY_SPEC_KEYS) or f"; valid keys are {', '.join(map(repr, _POLICY_SPEC_KEYS))}"
+                problems.append(f"policies[{pid!r}] has the unknown key {key!r}{hint}")
         if "config" in spec and not isinstance(spec["config"], Mapping):
             problems.append(f"policies[{pid!r}]['config']={spec['config']!r} must be a dict of config overrides")
     return problems

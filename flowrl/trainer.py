@@ -246,10 +246,11 @@ def multi_agent_policy_spaces(env: Any, config: TrainerConfig) -> dict[str, tupl
         for kind, mine, theirs in (("observation", agent_spaces[0], found[pid][0]), ("action", agent_spaces[1], found[pid][1])):
             if mine != theirs:
                 problems.append(
-                    f"agent {agent!r}'s {kind} space {mine} does not match policy {pid!r}'s {theirs} (from {found[pid][2]})"
+                    f"the {kind} space of agent {agent!r}, {mine}, does not match that of policy {pid!r}, {theirs} (from {found[pid][2]})"
                 )
+    mapping_failed = bool(problems)
     for pid in policy_ids:
-        if pid not in found:
+        if pid not in found and not mapping_failed:  # after a bad mapping this would only add noise
             problems.append(f"no agent maps to policy {pid!r}: give its 'observation_space' and 'action_space' in policies[{pid!r}]")
     if problems:
         raise ConfigError(problems)

@@ -19,6 +19,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # Pages whose python blocks must run, relative to the repository root.
 DOC_PATHS = [
     "docs/iterators.md",
+    "docs/multi-agent.md",
     "docs/concepts.md",
     "docs/writing-an-algorithm.md",
 ]

@@ -8,6 +8,7 @@ joins them. Each sub-flow broadcasts only the weights of the policy it trained.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Hashable
 
@@ -16,7 +17,7 @@ import gymnasium as gym
 from flowrl.actors import WorkerSet
 from flowrl.algorithms import dqn, ppo
 from flowrl.algorithms.registry import Algorithm
-from flowrl.config import TrainerConfig, cfg_field
+from flowrl.config import TrainerConfig, _mapping_fn_problems, _policies_problems, cfg_field
 from flowrl.errors import ConfigError
 from flowrl.iterators import LocalIterator
 from flowrl.operators import Concurrently, ParallelRollouts, SelectExperiences, StandardMetricsReporting
@@ -35,6 +36,14 @@ SHARED_KEYS = (
     "compress_observations",
     "num_cpus_per_worker",
 )
+
+
+# Keys of the shared config that only the sub-algorithms' configs use.
+LEARNING_KEYS = ("lr", "gamma", "grad_clip", "model", "explore", "exploration_config", "train_batch_size")
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default  # type: ignore[misc]
 
 
 def even_ppo_odd_dqn(agent_id: Hashable) -> str:
@@ -61,8 +70,12 @@ class PPODQNConfig(TrainerConfig):
     num_envs_per_worker: int = cfg_field(1, "Multi-agent envs each worker steps together.", min=1)
     rollout_fragment_length: int = cfg_field(50, "Env steps per env per sample call.", min=1)
     timesteps_per_iteration: int = cfg_field(2000, "Minimum env steps sampled per train() call.", min=0)
-    policies: dict[str, Any] = cfg_field({PPO_POLICY: None, DQN_POLICY: None}, "The two policies (spaces from their agents).")
-    policy_mapping_fn: Any | None = cfg_field(even_ppo_odd_dqn, "agent_id -> 'ppo_policy' or 'dqn_policy' (default: even ids to PPO).")
+    policies: dict[str, Any] = cfg_field(
+        {PPO_POLICY: None, DQN_POLICY: None}, "The two policies (spaces from their agents).", validator=_policies_problems
+    )
+    policy_mapping_fn: Any | None = cfg_field(
+        even_ppo_odd_dqn, "agent_id -> 'ppo_policy' or 'dqn_policy' (default: even ids to PPO).", validator=_mapping_fn_problems
+    )
     ppo: dict[str, Any] = cfg_field(
         {"train_batch_size": 2000, "sgd_minibatch_size": 128, "num_sgd_iter": 10, "lr": 3e-4},
         "PPO's keys (PPOConfig) for ppo_policy; the sampling keys above apply to both.",
@@ -86,6 +99,19 @@ class PPODQNConfig(TrainerConfig):
         problems = super().check()
         if sorted(self.policies) != sorted([PPO_POLICY, DQN_POLICY]):
             problems.append(f"policies={sorted(self.policies)}: ppo_dqn trains exactly {[PPO_POLICY, DQN_POLICY]}")
+        for pid, spec in self.policies.items():
+            if spec and "config" in spec:
+                problems.append(f"policies[{pid!r}]['config']: ppo_dqn takes each policy's keys from 'ppo' and 'dqn' instead")
+        if self.policies_to_train is not None and sorted(self.policies_to_train) != sorted([PPO_POLICY, DQN_POLICY]):
+            problems.append(f"policies_to_train={self.policies_to_train}: ppo_dqn trains both of its policies")
+        # Learning keys at the top level would reach neither sub-flow: say where they go.
+        for f in dataclasses.fields(TrainerConfig):
+            if f.name in LEARNING_KEYS and getattr(self, f.name) != _default(f):
+                value = getattr(self, f.name)
+                problems.append(f"{f.name}={value!r} applies to neither policy in ppo_dqn; set ppo.{f.name} or dqn.{f.name}")
+        for name, sub in (("ppo", self.ppo), ("dqn", self.dqn)):
+            for key in sorted(set(sub) & set(SHARED_KEYS)):
+                problems.append(f"{name}[{key!r}]: a sampling key shared by both policies; set {key} at the top level")
         return problems
 
     def _shared(self) -> dict[str, Any]:

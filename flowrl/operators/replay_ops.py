@@ -172,7 +172,8 @@ class UpdatePriorities:
                 updates[pid] = (batches[pid]["batch_indexes"], np.asarray(td_error))
         if updates:
             self.local_buffer.update_priorities(updates)
-        LocalIterator.get_metrics().info[LEARNER_INFO] = info
+        metrics = LocalIterator.get_metrics()
+        metrics.info[LEARNER_INFO] = {**metrics.info.get(LEARNER_INFO, {}), **info}
         return item
 
 

@@ -90,7 +90,9 @@ class TrainOneStep:
             timer.push_units_processed(batch.env_steps())
         metrics.counters[STEPS_TRAINED_COUNTER] += batch.env_steps()
         metrics.counters[AGENT_STEPS_TRAINED_COUNTER] += batch.agent_steps()
-        metrics.info[LEARNER_INFO] = info
+        # Merged: in composed plans each sub-flow trains its own policies, and every policy's
+        # latest stats belong in the result.
+        metrics.info[LEARNER_INFO] = {**metrics.info.get(LEARNER_INFO, {}), **info}
         with metrics.timers[WORKER_UPDATE_TIMER]:
             self.workers.sync_weights(self.policies, global_vars=_global_vars())
         metrics.counters[NUM_WEIGHT_SYNCS] += 1

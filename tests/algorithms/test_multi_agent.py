@@ -81,7 +81,7 @@ def test_agents_whose_spaces_differ_cannot_share_a_policy() -> None:
             return super().observation_space(agent)
 
     register_env("MixedSpaces", MixedSpaces)
-    with pytest.raises(ConfigError, match=r"agent 'agent_1''s observation space Box.*\(7,\).* does not match policy 'default_policy'"):
+    with pytest.raises(ConfigError, match=r"the observation space of agent 'agent_1', Box.*\(7,\).*, does not match that of policy 'default_policy'"):
         Trainer("ppo", "MixedSpaces", {**SMALL, "check_env": False})
 
 
@@ -170,3 +170,19 @@ def _pettingzoo_env(env_config: dict[str, Any]) -> Any:
             return obs, rewards, terms, truncs, infos
 
     return Echo()
+
+
+def test_ppo_dqn_config_says_where_misplaced_keys_belong() -> None:
+    from flowrl.algorithms.ppo_dqn import PPODQNConfig
+
+    with pytest.raises(ConfigError) as info:
+        PPODQNConfig.from_dict({"lr": 0.1, "ppo": {"rollout_fragment_length": 7}, "policies_to_train": ["ppo_policy"]})
+    assert info.value.problems == [
+        "policies_to_train=['ppo_policy']: ppo_dqn trains both of its policies",
+        "lr=0.1 applies to neither policy in ppo_dqn; set ppo.lr or dqn.lr",
+        "ppo['rollout_fragment_length']: a sampling key shared by both policies; set rollout_fragment_length at the top level",
+    ]
+    with pytest.raises(ConfigError, match="cannot import 'no.such:fn'"):
+        PPODQNConfig.from_dict({"policy_mapping_fn": "no.such:fn"})
+    config = PPODQNConfig.from_dict({"seed": 3, "rollout_fragment_length": 20, "dqn": {"lr": 0.01}})
+    assert (config.dqn_config().lr, config.dqn_config().rollout_fragment_length, config.ppo_config().seed) == (0.01, 20, 3)
