@@ -317,19 +317,24 @@ def test_the_iteration_line_shows_each_policys_return_in_multi_agent_runs() -> N
     assert multi.startswith(single) and multi.endswith("dqn_policy 40.0 ppo_policy 150.2")
 
 
-SMALL_ASYNC = ["--num-workers", "2", "--set", "num_cpus_per_worker=0.1", "--set", "num_envs_per_worker=2",
-               "--set", "rollout_fragment_length=10", "--set", "train_batch_size=40"]
+SMALL_ASYNC = ["--num-workers", "2", "--set", "num_cpus_per_worker=0.1", "--set", "rollout_fragment_length=10"]
+SMALL_IMPALA = ["--set", "num_envs_per_worker=2", "--set", "train_batch_size=40"]
 
 
 @pytest.mark.parametrize(
     ("algo", "env", "extra", "expected"),
     [
-        ("impala", "CartPole-v1", ["--set", "num_aggregation_workers=1", "--set", "num_cpus_per_aggregator=0.1"],
+        ("impala", "CartPole-v1", [*SMALL_IMPALA, "--set", "num_aggregation_workers=1", "--set", "num_cpus_per_aggregator=0.1"],
          ["gather_async(aggregators)", "AggregatorWorker", "RolloutWorker x2", "LearnerThread",
           "RolloutWorker x2 --gather_async--> AggregatorWorker", "AggregatorWorker --forward weights--> RolloutWorker x2"]),
-        ("appo", "CartPole-v1", [], ["transform(Enqueue)", "LearnerThread", "for_each(UpdateTargetNetwork)", "for_each(UpdateKL)"]),
+        ("appo", "CartPole-v1", SMALL_IMPALA, ["transform(Enqueue)", "LearnerThread", "for_each(UpdateTargetNetwork)", "for_each(UpdateKL)"]),
         ("ppo_dqn", "MultiAgentCartPole", ["--set", "ppo.train_batch_size=40", "--set", "ppo.sgd_minibatch_size=20"],
          ["duplicate[0]", "for_each(SelectExperiences)", "for_each(StoreToReplayBuffer)", "replay", "for_each(UpdateKL)", "union[async]"]),
+        ("es", "CartPole-v1", ["--set", "noise_table_size=100000"],
+         ["batch_across_shards(rollout_workers.transform())", "combine(CollectPerturbations)", "for_each(ESUpdate)",
+          "for_each(BroadcastWeights)", "RolloutWorker x2"]),
+        ("ars", "CartPole-v1", ["--set", "noise_table_size=100000"],
+         ["combine(CollectPerturbations)", "for_each(ARSUpdate)", "for_each(UpdateObservationFilter)", "for_each(BroadcastWeights)"]),
     ],
 )
 def test_plan_shows_each_algorithms_graph(

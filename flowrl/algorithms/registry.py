@@ -48,6 +48,8 @@ _MODULES: dict[str, tuple[str, str]] = {
     "impala": ("flowrl.algorithms.impala", "ALGORITHM"),
     "appo": ("flowrl.algorithms.appo", "ALGORITHM"),
     "ppo_dqn": ("flowrl.algorithms.ppo_dqn", "ALGORITHM"),
+    "es": ("flowrl.algorithms.es", "ALGORITHM"),
+    "ars": ("flowrl.algorithms.ars", "ALGORITHM"),
 }
 _REGISTERED: dict[str, Algorithm] = {}
 

@@ -1,0 +1,146 @@
+"""Augmented Random Search, V2-t (Mania et al. 2018): a random-search step over the best directions.
+
+Plan: synchronous rounds of ``num_rollouts`` antithetic directions on the rollout workers
+(noise indices, returns and observation statistics come back) -> the top ``rollouts_used``
+directions by ``max(r+, r-)`` give the step ``sgd_stepsize / (b * sigma_R) * sum (r+ - r-)
+eps`` -> merge the observation statistics into the policy's filter -> broadcast weights ->
+metrics. The policy is linear by default (``model: {fcnet_hiddens: []}``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from flowrl.actors import WorkerSet
+from flowrl.algorithms.perturbation_config import PerturbationConfig
+from flowrl.algorithms.registry import Algorithm
+from flowrl.config import cfg_field
+from flowrl.data import DEFAULT_POLICY_ID
+from flowrl.iterators import LocalIterator
+from flowrl.operators import StandardMetricsReporting
+from flowrl.operators.names import (
+    LEARN_ON_BATCH_TIMER,
+    LEARNER_INFO,
+    STEPS_TRAINED_COUNTER,
+)
+from flowrl.operators.perturbation_ops import (
+    BroadcastWeights,
+    CollectPerturbations,
+    NoiseTable,
+    PerturbationResult,
+    PerturbationRollouts,
+    UpdateObservationFilter,
+)
+from flowrl.policy.perturbable import ascend, flat_parameters, perturbation_policy_spec
+from flowrl.policy import PolicySpec, TorchPolicy
+
+
+@dataclass(kw_only=True)
+class ARSConfig(PerturbationConfig):
+    """ARS settings (shared keys: :class:`~flowrl.algorithms.perturbation_config.PerturbationConfig`)."""
+
+    num_rollouts: int = cfg_field(32, "N: antithetic directions evaluated per update (2 episodes each).", min=1)
+    rollouts_used: int = cfg_field(16, "b: directions with the highest max(r+, r-) that make the step (b <= N).", min=1)
+    sgd_stepsize: float = cfg_field(0.02, "alpha: step size of the update.", min=0, min_exclusive=True)
+    noise_stdev: float = cfg_field(0.03, "nu: std of the parameter perturbations theta +- nu * eps.", min=0, min_exclusive=True)
+    model: dict[str, Any] = cfg_field(
+        {"fcnet_hiddens": []}, "Policy network options; the default (no hidden layers) is ARS's linear policy."
+    )
+
+    def check(self) -> list[str]:
+        problems = super().check()
+        if self.rollouts_used > self.num_rollouts:
+            problems.append(f"rollouts_used={self.rollouts_used} > num_rollouts={self.num_rollouts}")
+        return problems
+
+    def policy_config(self) -> dict[str, Any]:
+        return {**super().policy_config(), "sgd_stepsize": self.sgd_stepsize}
+
+
+def make_ars_optimizer(policy: TorchPolicy) -> torch.optim.Optimizer:
+    """Plain SGD at ``sgd_stepsize``: the ARS step is the search direction times the step size."""
+    return torch.optim.SGD(policy.model.parameters(), lr=policy.config["sgd_stepsize"])
+
+
+def make_ars_policy(obs_space: gym.Space, action_space: gym.Space, config: ARSConfig) -> PolicySpec:
+    """A deterministic TorchPolicy over a perturbable (by default linear) model starting at zero."""
+    return perturbation_policy_spec(obs_space, action_space, config.policy_config(), make_ars_optimizer, zero_init=True)
+
+
+def ars_direction(result: PerturbationResult, noise: NoiseTable, dim: int, rollouts_used: int) -> tuple[np.ndarray, float]:
+    """The ARS search direction (before the step size) and sigma_R, the std of the returns it used.
+
+    Keeps the ``rollouts_used`` pairs with the highest ``max(r+, r-)`` and returns
+    ``sum_k (r+_k - r-_k) eps_k / (b * sigma_R)``.
+    """
+    returns = result.returns
+    top = np.argsort(-returns.max(axis=1), kind="stable")[:rollouts_used]
+    used = returns[top]
+    sigma_r = float(used.std())
+    # All 2b returns equal: every difference is 0 and so is the direction.
+    scale = rollouts_used * (sigma_r if sigma_r > 0 else 1.0)
+    return noise.weighted_sum(used[:, 0] - used[:, 1], result.noise_indices[top], dim) / scale, sigma_r
+
+
+class ARSUpdate:
+    """One ARS step of the local worker's policy from the first ``num_rollouts`` pairs (pass-through).
+
+    Counts the perturbed steps used in ``num_steps_trained``; sigma_R and the step size go
+    to ``info["learner"]``.
+    """
+
+    def __init__(self, workers: WorkerSet, noise: NoiseTable, config: ARSConfig) -> None:
+        self.policy = workers.local_worker().get_policy()
+        self.dim = len(flat_parameters(self.policy.model))
+        noise.check_dim(self.dim)
+        self.noise = noise
+        self.num_rollouts = config.num_rollouts
+        self.rollouts_used = config.rollouts_used
+
+    def __call__(self, result: PerturbationResult) -> PerturbationResult:
+        metrics = LocalIterator.get_metrics()
+        used = result.take(self.num_rollouts)
+        with metrics.timers[LEARN_ON_BATCH_TIMER] as timer:
+            theta = flat_parameters(self.policy.model)
+            direction, sigma_r = ars_direction(used, self.noise, self.dim, self.rollouts_used)
+            ascend(self.policy, direction)
+            step = flat_parameters(self.policy.model) - theta
+            timer.push_units_processed(used.perturbed_steps())
+        metrics.counters[STEPS_TRAINED_COUNTER] += used.perturbed_steps()
+        metrics.info[LEARNER_INFO] = {
+            DEFAULT_POLICY_ID: {
+                "reward_std": sigma_r,
+                "step_norm": float(np.linalg.norm(step)),
+                "weights_norm": float(np.linalg.norm(theta)),
+                "perturbed_return_mean": float(used.returns.mean()),
+                "perturbed_return_max": float(used.returns.max()),
+                "num_pairs": used.num_pairs,
+            }
+        }
+        return result
+
+
+def execution_plan(workers: WorkerSet, config: ARSConfig) -> LocalIterator[dict[str, Any]]:
+    """Perturbation rounds -> CollectPerturbations (N pairs) -> ARSUpdate -> observation filter -> BroadcastWeights -> metrics."""
+    noise = NoiseTable(config.noise_table_size, seed=config.seed or 0)
+    filtered = config.observation_filter == "MeanStdFilter"
+    rounds = PerturbationRollouts(
+        workers,
+        noise,
+        pairs_per_round=config.num_rollouts,
+        noise_stdev=config.noise_stdev,
+        eval_prob=config.eval_prob,
+        collect_obs_stats=filtered,
+    )
+    train_op = rounds.combine(CollectPerturbations(2 * config.num_rollouts)).for_each(ARSUpdate(workers, noise, config))
+    if filtered:
+        train_op = train_op.for_each(UpdateObservationFilter(workers))
+    return StandardMetricsReporting(train_op.for_each(BroadcastWeights(workers)), workers, config)
+
+
+ALGORITHM = Algorithm("ars", "augmented random search (V2-t, linear policy)", ARSConfig, make_ars_policy, execution_plan)

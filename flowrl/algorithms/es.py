@@ -1,0 +1,149 @@
+"""Evolution Strategies (Salimans et al. 2017): a gradient estimate from antithetic weight perturbations.
+
+Plan: synchronous rounds of antithetic pairs on the rollout workers (noise indices and
+returns come back, never parameters) -> gather ``episodes_per_batch`` episodes and
+``train_batch_size`` of their steps -> centered-rank fitness shaping and one Adam (or SGD)
+step in the driver -> merge the observation filter -> broadcast weights -> metrics.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from flowrl.actors import WorkerSet
+from flowrl.algorithms.perturbation_config import PerturbationConfig
+from flowrl.algorithms.registry import Algorithm
+from flowrl.config import cfg_field
+from flowrl.data import DEFAULT_POLICY_ID
+from flowrl.iterators import LocalIterator
+from flowrl.operators import StandardMetricsReporting
+from flowrl.operators.names import (
+    LEARN_ON_BATCH_TIMER,
+    LEARNER_INFO,
+    STEPS_TRAINED_COUNTER,
+)
+from flowrl.operators.perturbation_ops import (
+    BroadcastWeights,
+    CollectPerturbations,
+    NoiseTable,
+    PerturbationResult,
+    PerturbationRollouts,
+    UpdateObservationFilter,
+    centered_ranks,
+)
+from flowrl.policy.perturbable import ascend, flat_parameters, perturbation_policy_spec
+from flowrl.policy import PolicySpec, TorchPolicy
+
+
+@dataclass(kw_only=True)
+class ESConfig(PerturbationConfig):
+    """ES settings (shared keys: :class:`~flowrl.algorithms.perturbation_config.PerturbationConfig`)."""
+
+    episodes_per_batch: int = cfg_field(
+        100, "Perturbed episodes (2 per antithetic pair) per update, at least; a round asks the workers for this many.", min=2
+    )
+    train_batch_size: int = cfg_field(
+        1000, "Env steps of perturbed episodes per update, at least (more rounds are run until both minimums are met).", min=1
+    )
+    stepsize: float = cfg_field(0.01, "Step size (learning rate) of the optimizer applying the ES gradient.", min=0, min_exclusive=True)
+    optimizer: Literal["adam", "sgd"] = cfg_field("adam", "Optimizer of the update: 'adam' or 'sgd' (with sgd_momentum).")
+    sgd_momentum: float = cfg_field(0.9, "Momentum of the 'sgd' optimizer.", min=0, max=1)
+    l2_coeff: float = cfg_field(0.005, "L2 weight decay: l2_coeff * theta is subtracted from the ES gradient.", min=0)
+    noise_stdev: float = cfg_field(0.02, "sigma: std of the parameter perturbations theta +- sigma * eps.", min=0, min_exclusive=True)
+    model: dict[str, Any] = cfg_field(
+        {"fcnet_hiddens": [32, 32]}, "Policy network options (fcnet_hiddens, fcnet_activation); [] hiddens: linear."
+    )
+
+    def policy_config(self) -> dict[str, Any]:
+        return {**super().policy_config(), "optimizer": self.optimizer, "stepsize": self.stepsize, "sgd_momentum": self.sgd_momentum}
+
+
+def make_es_optimizer(policy: TorchPolicy) -> torch.optim.Optimizer:
+    """Adam or SGD with momentum over the model's parameters, at ``stepsize``."""
+    config = policy.config
+    if config["optimizer"] == "sgd":
+        return torch.optim.SGD(policy.model.parameters(), lr=config["stepsize"], momentum=config["sgd_momentum"])
+    return torch.optim.Adam(policy.model.parameters(), lr=config["stepsize"])
+
+
+def make_es_policy(obs_space: gym.Space, action_space: gym.Space, config: ESConfig) -> PolicySpec:
+    """A deterministic TorchPolicy over a perturbable MLP, stepped by the ES optimizer."""
+    return perturbation_policy_spec(obs_space, action_space, config.policy_config(), make_es_optimizer)
+
+
+def es_gradient(result: PerturbationResult, noise: NoiseTable, dim: int, noise_stdev: float) -> np.ndarray:
+    """The ES estimate of the gradient of the expected (rank-shaped) return.
+
+    ``sum_i (F(theta + sigma eps_i) - F(theta - sigma eps_i)) eps_i / (2 n sigma)`` with the
+    returns replaced by their centered ranks over all ``2n`` episodes.
+    """
+    ranks = centered_ranks(result.returns)
+    weights = ranks[:, 0] - ranks[:, 1]
+    return noise.weighted_sum(weights, result.noise_indices, dim) / (result.returns.size * noise_stdev)
+
+
+class ESUpdate:
+    """One optimizer step of the local worker's policy along the ES gradient (pass-through).
+
+    Counts the perturbed steps used in ``num_steps_trained``; the gradient's and the
+    step's sizes go to ``info["learner"]``.
+    """
+
+    def __init__(self, workers: WorkerSet, noise: NoiseTable, config: ESConfig) -> None:
+        self.policy = workers.local_worker().get_policy()
+        self.dim = len(flat_parameters(self.policy.model))
+        noise.check_dim(self.dim)
+        self.noise = noise
+        self.noise_stdev = config.noise_stdev
+        self.l2_coeff = config.l2_coeff
+
+    def __call__(self, result: PerturbationResult) -> PerturbationResult:
+        metrics = LocalIterator.get_metrics()
+        with metrics.timers[LEARN_ON_BATCH_TIMER] as timer:
+            theta = flat_parameters(self.policy.model)
+            gradient = es_gradient(result, self.noise, self.dim, self.noise_stdev)
+            ascend(self.policy, gradient, self.l2_coeff)
+            step = flat_parameters(self.policy.model) - theta
+            timer.push_units_processed(result.perturbed_steps())
+        metrics.counters[STEPS_TRAINED_COUNTER] += result.perturbed_steps()
+        weights_norm = float(np.linalg.norm(theta))
+        metrics.info[LEARNER_INFO] = {
+            DEFAULT_POLICY_ID: {
+                "gradient_norm": float(np.linalg.norm(gradient)),
+                "weights_norm": weights_norm,
+                "update_ratio": float(np.linalg.norm(step)) / max(weights_norm, 1e-8),
+                "perturbed_return_mean": float(result.returns.mean()),
+                "perturbed_return_max": float(result.returns.max()),
+                "num_pairs": result.num_pairs,
+            }
+        }
+        return result
+
+
+def execution_plan(workers: WorkerSet, config: ESConfig) -> LocalIterator[dict[str, Any]]:
+    """Perturbation rounds -> CollectPerturbations -> ESUpdate -> observation filter -> BroadcastWeights -> metrics."""
+    noise = NoiseTable(config.noise_table_size, seed=config.seed or 0)
+    filtered = config.observation_filter == "MeanStdFilter"
+    rounds = PerturbationRollouts(
+        workers,
+        noise,
+        pairs_per_round=math.ceil(config.episodes_per_batch / 2),
+        noise_stdev=config.noise_stdev,
+        eval_prob=config.eval_prob,
+        collect_obs_stats=filtered,
+    )
+    train_op = rounds.combine(CollectPerturbations(config.episodes_per_batch, config.train_batch_size)).for_each(
+        ESUpdate(workers, noise, config)
+    )
+    if filtered:
+        train_op = train_op.for_each(UpdateObservationFilter(workers))
+    return StandardMetricsReporting(train_op.for_each(BroadcastWeights(workers)), workers, config)
+
+
+ALGORITHM = Algorithm("es", "evolution strategies (antithetic perturbations, centered ranks)", ESConfig, make_es_policy, execution_plan)
