@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from flowrl.actors.multi_agent_sampler import MultiAgentSampler, policy_mapping
-from flowrl.actors.sampler import VectorSampler
+from flowrl.actors.sampler import EpisodeStats, VectorSampler
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from flowrl.envs import is_multi_agent_env
 from flowrl.errors import FlowRLError
@@ -162,6 +162,10 @@ class RolloutWorker(ParallelIteratorWorker):
     def apply_gradients(self, gradients: list[np.ndarray], policy_id: str = DEFAULT_POLICY_ID) -> None:
         """Apply gradients to ``policy_id``."""
         self.policy_map[policy_id].apply_gradients(gradients)
+
+    def record_episode(self, stats: EpisodeStats) -> None:
+        """Report an episode run outside the sampler (e.g. ES's evaluation episodes) with the sampled ones."""
+        self.sampler.finished.append(stats)
 
     def get_metrics(self) -> list[dict[str, float]]:
         """Return and forget the episodes finished since the last call."""

@@ -261,7 +261,7 @@ class PerturbationEvaluator:
 
     def _record(self, reward: float, length: int) -> None:
         # The worker's sampler owns the episode statistics that get_metrics() hands out.
-        self.worker.sampler.finished.append(EpisodeStats(reward, length))
+        self.worker.record_episode(EpisodeStats(reward, length))
 
     def run_round(self, num_pairs: int) -> PerturbationResult:
         """Evaluate ``num_pairs`` antithetic pairs around the worker's current weights."""
