@@ -1,0 +1,148 @@
+"""Benchmark training throughput: IMPALA against PPO and A2C, and ES evaluation with 1 and 2 workers.
+
+1. IMPALA, PPO and A2C on CartPole-v1 with the SAME rollout workers: 2 remote workers
+   (one Ray CPU each), ``num_envs_per_worker=8``, ``rollout_fragment_length=50``. Training
+   settings are each algorithm's tuned example (``tuned_examples/cartpole-*.yaml``) apart
+   from those worker keys. Each repetition builds a fresh Trainer, runs one warm-up
+   iteration, then trains for ``--seconds`` of wall time; env steps sampled and trained per
+   second over that window are recorded. Algorithms alternate within each repetition
+   (I P A I P A ...), and medians and IMPALA / PPO, IMPALA / A2C ratios (of sampling
+   throughput) are reported (goal: IMPALA / PPO >= 1.5 on 2 workers).
+
+2. ES (the tuned CartPole example) with 1 and then 2 remote workers, sizes alternating:
+   env steps evaluated per second (perturbed and unperturbed episodes) and 2 / 1.
+
+The 1-minute load average is saved before every measurement: on a shared 2-core machine it
+explains noisy figures. Run from the repository root::
+
+    python benchmarks/throughput.py                 # about three minutes
+    python benchmarks/throughput.py --quick         # a smoke test (~1 minute)
+    python benchmarks/throughput.py --reps 5 --seconds 15 --out /tmp/throughput.json
+
+It prints tables and writes the figures as JSON to ``--out`` (default
+``benchmarks/results/throughput.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+import yaml
+
+from flowrl import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "throughput.json"
+WORKERS = {"num_workers": 2, "num_envs_per_worker": 8, "rollout_fragment_length": 50, "num_cpus_per_worker": 1.0}
+ALGOS = ("impala", "ppo", "a2c")
+
+
+def tuned_config(algo: str) -> dict[str, Any]:
+    spec = yaml.safe_load((ROOT / "tuned_examples" / f"cartpole-{algo}.yaml").read_text())
+    return dict(spec["config"])
+
+
+def measure(algo: str, config: dict[str, Any], seconds: float) -> dict[str, float]:
+    """Env steps sampled and trained per second of wall time, after one warm-up iteration."""
+    load = os.getloadavg()[0]
+    trainer = Trainer(algo, "CartPole-v1", {**config, "seed": 0})
+    try:
+        result = trainer.train()
+        sampled0, trained0, start = result["timesteps_total"], result["timesteps_trained"], time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            result = trainer.train()
+        wall = time.perf_counter() - start
+    finally:
+        trainer.stop()
+    return {
+        "sampled_per_s": (result["timesteps_total"] - sampled0) / wall,
+        "trained_per_s": (result["timesteps_trained"] - trained0) / wall,
+        "wall_s": wall,
+        "load_avg_1m": load,
+    }
+
+
+def median_of(runs: list[dict[str, float]], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def compare_algorithms(reps: int, seconds: float) -> dict[str, Any]:
+    configs = {algo: {**tuned_config(algo), **WORKERS, "timesteps_per_iteration": 2000} for algo in ALGOS}
+    runs: dict[str, list[dict[str, float]]] = {algo: [] for algo in ALGOS}
+    for rep in range(reps):
+        for algo in ALGOS:
+            runs[algo].append(measure(algo, configs[algo], seconds))
+            print(f"  rep {rep + 1}/{reps} {algo:6s} sampled {runs[algo][-1]['sampled_per_s']:9.0f}/s  "
+                  f"trained {runs[algo][-1]['trained_per_s']:9.0f}/s", flush=True)
+    medians = {
+        algo: {"sampled_per_s": median_of(runs[algo], "sampled_per_s"), "trained_per_s": median_of(runs[algo], "trained_per_s")}
+        for algo in ALGOS
+    }
+    ratios = {
+        "impala_over_ppo_sampled": medians["impala"]["sampled_per_s"] / medians["ppo"]["sampled_per_s"],
+        "impala_over_a2c_sampled": medians["impala"]["sampled_per_s"] / medians["a2c"]["sampled_per_s"],
+    }
+    print("\nalgorithm   sampled env steps/s   trained env steps/s   (medians)")
+    for algo in ALGOS:
+        print(f"{algo:10s}  {medians[algo]['sampled_per_s']:19.0f}   {medians[algo]['trained_per_s']:19.0f}")
+    print(f"IMPALA / PPO (sampled): {ratios['impala_over_ppo_sampled']:.2f}   (goal >= 1.5)")
+    print(f"IMPALA / A2C (sampled): {ratios['impala_over_a2c_sampled']:.2f}")
+    return {"workers": WORKERS, "configs": configs, "runs": runs, "medians": medians, "ratios": ratios}
+
+
+def es_scaling(reps: int, seconds: float) -> dict[str, Any]:
+    base = {**tuned_config("es"), "num_cpus_per_worker": 1.0}
+    runs: dict[int, list[dict[str, float]]] = {1: [], 2: []}
+    for rep in range(reps):
+        for n in (1, 2):
+            runs[n].append(measure("es", {**base, "num_workers": n}, seconds))
+            print(f"  rep {rep + 1}/{reps} ES {n} worker(s): {runs[n][-1]['sampled_per_s']:9.0f} env steps/s", flush=True)
+    medians = {n: median_of(runs[n], "sampled_per_s") for n in runs}
+    print("\nES workers   evaluated env steps/s (median)")
+    for n in (1, 2):
+        print(f"{n:10d}   {medians[n]:12.0f}")
+    print(f"2 / 1 workers: {medians[2] / medians[1]:.2f}")
+    return {"config": base, "runs": {str(n): r for n, r in runs.items()}, "medians": {str(n): m for n, m in medians.items()},
+            "two_over_one": medians[2] / medians[1]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=3, help="repetitions per algorithm (medians are reported)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured wall time per repetition")
+    parser.add_argument("--quick", action="store_true", help="1 repetition of 4 s: a smoke test")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON figures")
+    args = parser.parse_args()
+    reps, seconds = (1, 4.0) if args.quick else (args.reps, args.seconds)
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    try:
+        print(f"IMPALA vs PPO vs A2C on CartPole-v1, {reps} x {seconds:.0f} s each, workers {WORKERS}", flush=True)
+        algorithms = compare_algorithms(reps, seconds)
+        print(f"\nES evaluation throughput, {reps} x {seconds:.0f} s each", flush=True)
+        es = es_scaling(reps, seconds)
+    finally:
+        ray.shutdown()
+    report = {
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "reps": reps,
+        "seconds": seconds,
+        "algorithms": algorithms,
+        "es": es,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
