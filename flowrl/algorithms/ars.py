@@ -20,24 +20,19 @@ from flowrl.actors import WorkerSet
 from flowrl.algorithms.perturbation_config import PerturbationConfig
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import cfg_field
-from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.iterators import LocalIterator
 from flowrl.operators import StandardMetricsReporting
-from flowrl.operators.names import (
-    LEARN_ON_BATCH_TIMER,
-    LEARNER_INFO,
-    STEPS_TRAINED_COUNTER,
-)
 from flowrl.operators.perturbation_ops import (
     BroadcastWeights,
     CollectPerturbations,
     NoiseTable,
     PerturbationResult,
     PerturbationRollouts,
+    PerturbationUpdate,
     UpdateObservationFilter,
 )
-from flowrl.policy.perturbable import ascend, flat_parameters, perturbation_policy_spec
 from flowrl.policy import PolicySpec, TorchPolicy
+from flowrl.policy.perturbable import perturbation_policy_spec
 
 
 @dataclass(kw_only=True)
@@ -87,42 +82,18 @@ def ars_direction(result: PerturbationResult, noise: NoiseTable, dim: int, rollo
     return noise.weighted_sum(used[:, 0] - used[:, 1], result.noise_indices[top], dim) / scale, sigma_r
 
 
-class ARSUpdate:
-    """One ARS step of the local worker's policy from the first ``num_rollouts`` pairs (pass-through).
-
-    Counts the perturbed steps used in ``num_steps_trained``; sigma_R and the step size go
-    to ``info["learner"]``.
-    """
+class ARSUpdate(PerturbationUpdate):
+    """One ARS step of the local worker's policy from the first ``num_rollouts`` pairs (pass-through)."""
 
     def __init__(self, workers: WorkerSet, noise: NoiseTable, config: ARSConfig) -> None:
-        self.policy = workers.local_worker().get_policy()
-        self.dim = len(flat_parameters(self.policy.model))
-        noise.check_dim(self.dim)
-        self.noise = noise
+        super().__init__(workers, noise)
         self.num_rollouts = config.num_rollouts
         self.rollouts_used = config.rollouts_used
 
-    def __call__(self, result: PerturbationResult) -> PerturbationResult:
-        metrics = LocalIterator.get_metrics()
+    def estimate(self, result: PerturbationResult) -> tuple[np.ndarray, PerturbationResult, dict[str, float]]:
         used = result.take(self.num_rollouts)
-        with metrics.timers[LEARN_ON_BATCH_TIMER] as timer:
-            theta = flat_parameters(self.policy.model)
-            direction, sigma_r = ars_direction(used, self.noise, self.dim, self.rollouts_used)
-            ascend(self.policy, direction)
-            step = flat_parameters(self.policy.model) - theta
-            timer.push_units_processed(used.perturbed_steps())
-        metrics.counters[STEPS_TRAINED_COUNTER] += used.perturbed_steps()
-        metrics.info[LEARNER_INFO] = {
-            DEFAULT_POLICY_ID: {
-                "reward_std": sigma_r,
-                "step_norm": float(np.linalg.norm(step)),
-                "weights_norm": float(np.linalg.norm(theta)),
-                "perturbed_return_mean": float(used.returns.mean()),
-                "perturbed_return_max": float(used.returns.max()),
-                "num_pairs": used.num_pairs,
-            }
-        }
-        return result
+        direction, sigma_r = ars_direction(used, self.noise, self.dim, self.rollouts_used)
+        return direction, used, {"reward_std": sigma_r}
 
 
 def execution_plan(workers: WorkerSet, config: ARSConfig) -> LocalIterator[dict[str, Any]]:

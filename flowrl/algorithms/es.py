@@ -20,25 +20,20 @@ from flowrl.actors import WorkerSet
 from flowrl.algorithms.perturbation_config import PerturbationConfig
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import cfg_field
-from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.iterators import LocalIterator
 from flowrl.operators import StandardMetricsReporting
-from flowrl.operators.names import (
-    LEARN_ON_BATCH_TIMER,
-    LEARNER_INFO,
-    STEPS_TRAINED_COUNTER,
-)
 from flowrl.operators.perturbation_ops import (
     BroadcastWeights,
     CollectPerturbations,
     NoiseTable,
     PerturbationResult,
     PerturbationRollouts,
+    PerturbationUpdate,
     UpdateObservationFilter,
     centered_ranks,
 )
-from flowrl.policy.perturbable import ascend, flat_parameters, perturbation_policy_spec
 from flowrl.policy import PolicySpec, TorchPolicy
+from flowrl.policy.perturbable import perturbation_policy_spec
 
 
 @dataclass(kw_only=True)
@@ -88,42 +83,16 @@ def es_gradient(result: PerturbationResult, noise: NoiseTable, dim: int, noise_s
     return noise.weighted_sum(weights, result.noise_indices, dim) / (result.returns.size * noise_stdev)
 
 
-class ESUpdate:
-    """One optimizer step of the local worker's policy along the ES gradient (pass-through).
-
-    Counts the perturbed steps used in ``num_steps_trained``; the gradient's and the
-    step's sizes go to ``info["learner"]``.
-    """
+class ESUpdate(PerturbationUpdate):
+    """One optimizer step of the local worker's policy along the ES gradient, with L2 decay (pass-through)."""
 
     def __init__(self, workers: WorkerSet, noise: NoiseTable, config: ESConfig) -> None:
-        self.policy = workers.local_worker().get_policy()
-        self.dim = len(flat_parameters(self.policy.model))
-        noise.check_dim(self.dim)
-        self.noise = noise
+        super().__init__(workers, noise, config.l2_coeff)
         self.noise_stdev = config.noise_stdev
-        self.l2_coeff = config.l2_coeff
 
-    def __call__(self, result: PerturbationResult) -> PerturbationResult:
-        metrics = LocalIterator.get_metrics()
-        with metrics.timers[LEARN_ON_BATCH_TIMER] as timer:
-            theta = flat_parameters(self.policy.model)
-            gradient = es_gradient(result, self.noise, self.dim, self.noise_stdev)
-            ascend(self.policy, gradient, self.l2_coeff)
-            step = flat_parameters(self.policy.model) - theta
-            timer.push_units_processed(result.perturbed_steps())
-        metrics.counters[STEPS_TRAINED_COUNTER] += result.perturbed_steps()
-        weights_norm = float(np.linalg.norm(theta))
-        metrics.info[LEARNER_INFO] = {
-            DEFAULT_POLICY_ID: {
-                "gradient_norm": float(np.linalg.norm(gradient)),
-                "weights_norm": weights_norm,
-                "update_ratio": float(np.linalg.norm(step)) / max(weights_norm, 1e-8),
-                "perturbed_return_mean": float(result.returns.mean()),
-                "perturbed_return_max": float(result.returns.max()),
-                "num_pairs": result.num_pairs,
-            }
-        }
-        return result
+    def estimate(self, result: PerturbationResult) -> tuple[np.ndarray, PerturbationResult, dict[str, float]]:
+        gradient = es_gradient(result, self.noise, self.dim, self.noise_stdev)
+        return gradient, result, {"gradient_norm": float(np.linalg.norm(gradient))}
 
 
 def execution_plan(workers: WorkerSet, config: ESConfig) -> LocalIterator[dict[str, Any]]:

@@ -32,11 +32,14 @@ from flowrl.errors import ConfigError, FlowRLError
 from flowrl.iterators import LocalIterator, SharedMetrics, from_actors
 from flowrl.operators.names import (
     AGENT_STEPS_SAMPLED_COUNTER,
+    LEARN_ON_BATCH_TIMER,
+    LEARNER_INFO,
     NUM_WEIGHT_SYNCS,
     STEPS_SAMPLED_COUNTER,
+    STEPS_TRAINED_COUNTER,
     WORKER_UPDATE_TIMER,
 )
-from flowrl.policy.perturbable import FlatActor, PerturbableModel, RunningStats, flat_parameters
+from flowrl.policy.perturbable import FlatActor, PerturbableModel, RunningStats, ascend, flat_parameters
 
 PERTURBED_EPISODES_COUNTER = "num_perturbed_episodes"
 EVAL_EPISODES_COUNTER = "num_eval_episodes"
@@ -381,6 +384,50 @@ class CollectPerturbations:
         out = PerturbationResult.concat(self.buffer)
         self.buffer = []
         return [out]
+
+
+class PerturbationUpdate:
+    """One optimizer step of the local worker's policy up a direction estimated from perturbation results (pass-through).
+
+    Subclasses (ES's and ARS's updates) give :meth:`estimate`. Counts the perturbed steps
+    used in ``num_steps_trained``; the step's size and the returns go to ``info["learner"]``.
+    With ``l2_coeff`` the step also decays the weights (see
+    :func:`~flowrl.policy.perturbable.ascend`).
+    """
+
+    def __init__(self, workers: WorkerSet, noise: NoiseTable, l2_coeff: float = 0.0) -> None:
+        self.policy = workers.local_worker().get_policy()
+        self.dim = len(flat_parameters(self.policy.model))
+        noise.check_dim(self.dim)
+        self.noise = noise
+        self.l2_coeff = l2_coeff
+
+    def estimate(self, result: PerturbationResult) -> tuple[np.ndarray, PerturbationResult, dict[str, float]]:
+        """``(ascent direction, the part of result it used, extra learner stats)``."""
+        raise NotImplementedError
+
+    def __call__(self, result: PerturbationResult) -> PerturbationResult:
+        metrics = LocalIterator.get_metrics()
+        with metrics.timers[LEARN_ON_BATCH_TIMER] as timer:
+            theta = flat_parameters(self.policy.model)
+            direction, used, stats = self.estimate(result)
+            ascend(self.policy, direction, self.l2_coeff)
+            step_norm = float(np.linalg.norm(flat_parameters(self.policy.model) - theta))
+            timer.push_units_processed(used.perturbed_steps())
+        metrics.counters[STEPS_TRAINED_COUNTER] += used.perturbed_steps()
+        weights_norm = float(np.linalg.norm(theta))
+        metrics.info[LEARNER_INFO] = {
+            DEFAULT_POLICY_ID: {
+                **stats,
+                "step_norm": step_norm,
+                "weights_norm": weights_norm,
+                "update_ratio": step_norm / max(weights_norm, 1e-8),
+                "perturbed_return_mean": float(used.returns.mean()),
+                "perturbed_return_max": float(used.returns.max()),
+                "num_pairs": used.num_pairs,
+            }
+        }
+        return result
 
 
 class UpdateObservationFilter:
