@@ -154,3 +154,36 @@ def test_a_rollout_worker_on_a_multi_agent_env_counts_env_and_agent_steps() -> N
             policy_specs={"even": spec},
             config={"batch_mode": "complete_episodes"},
         )
+
+
+class LateJoinerEnv(StaggeredEnv):
+    """'a' acts from the start; 'b' enters after the second step; the episode is truncated for both at t=5."""
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        self.t = 0
+        self.agents = ["a"]
+        return {"a": self._obs("a")}, {"a": {}}
+
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        assert set(actions) == set(self.agents), (actions, self.agents)
+        acted = list(self.agents)
+        self.t += 1
+        rewards = {a: 1.0 for a in acted}
+        done = self.t >= 5
+        terminated = {a: False for a in acted}
+        truncated = {a: done for a in acted}
+        self.agents = [] if done else (["a", "b"] if self.t >= 2 else ["a"])
+        obs = {a: self._obs(a) for a in set(acted) | set(self.agents)}
+        return obs, rewards, terminated, truncated, {a: {} for a in obs}
+
+
+def test_an_agent_entering_mid_episode_starts_its_trajectory_there() -> None:
+    policies = {"pa": StubPolicy(), "pb": StubPolicy()}
+    s = MultiAgentSampler([LateJoinerEnv()], policies, by_agent, fragment_length=5)  # type: ignore[arg-type]
+    batch = s.sample()
+    a, b = batch.policy_batches["pa"], batch.policy_batches["pb"]
+    assert a[SampleBatch.T].tolist() == [0, 1, 2, 3, 4] and b[SampleBatch.T].tolist() == [2, 3, 4]
+    assert a[SampleBatch.TRUNCATEDS][-1] and b[SampleBatch.TRUNCATEDS][-1]
+    assert batch.env_steps() == 5 and batch.agent_steps() == 8
+    [episode] = s.pop_episode_stats()
+    assert episode.policy_rewards == {"pa": [5.0], "pb": [3.0]} and episode.episode_length == 5
