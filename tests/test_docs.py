@@ -22,6 +22,7 @@ DOC_PATHS = [
     "docs/multi-agent.md",
     "docs/concepts.md",
     "docs/writing-an-algorithm.md",
+    "docs/algorithms.md",
 ]
 
 # A fence opening with exactly "python", its body, and the closing fence at the same indent.

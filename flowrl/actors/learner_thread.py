@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from flowrl.data import (
@@ -41,27 +41,30 @@ def learn_on_local_worker(
     worker: RolloutWorker,
     batch: Batch,
     *,
+    policies: Sequence[str] | None = None,
     num_sgd_iter: int = 1,
     sgd_minibatch_size: int = 0,
     sequence_length: int = 1,
+    seed: int | list[int] | None = None,
 ) -> tuple[dict[str, Any], int]:
-    """Learn on ``batch`` with each of its policies on ``worker``.
+    """Learn on ``batch`` with each of its policies on ``worker`` (only ``policies``, if given).
 
     One gradient step per policy by default; with ``num_sgd_iter`` > 1 or a
-    ``sgd_minibatch_size``, that many epochs of shuffled minibatches that keep runs of
-    ``sequence_length`` rows whole (see :func:`flowrl.policy.sgd.minibatch_sgd`).
+    ``sgd_minibatch_size``, that many epochs of minibatches shuffled with ``seed``, keeping
+    runs of ``sequence_length`` rows whole (see :func:`flowrl.policy.sgd.minibatch_sgd`).
     Returns ``({policy_id: learner stats}, env steps in batch)``; a plain
     :class:`~flowrl.data.SampleBatch` trains the default policy. Stats of a single step
     pass through untouched (Ape-X reads the ``"td_error"`` array from them).
     """
     info: dict[str, Any] = {}
     for pid, policy_batch in as_policy_batches(batch).items():
+        if policies is not None and pid not in policies:
+            continue
+        policy = worker.get_policy(pid)
         if num_sgd_iter == 1 and sgd_minibatch_size == 0:
-            info[pid] = worker.learn_on_batch(policy_batch, pid)
+            info[pid] = policy.learn_on_batch(policy_batch)
         else:
-            info[pid] = minibatch_sgd(
-                worker.get_policy(pid), policy_batch, num_sgd_iter, sgd_minibatch_size, sequence_length=sequence_length
-            )
+            info[pid] = minibatch_sgd(policy, policy_batch, num_sgd_iter, sgd_minibatch_size, seed, sequence_length)
     return info, batch.env_steps()
 
 
@@ -73,7 +76,8 @@ class LearnerThread(threading.Thread):
     ``learn_fn(local_worker, batch) -> (learner_info, steps)`` and puts
     ``(source_actor, learner_info, steps)`` on ``outqueue`` (``outqueue_size=0``:
     unbounded). The default ``learn_fn`` is :func:`learn_on_local_worker` with
-    ``num_sgd_iter``, ``sgd_minibatch_size`` and ``sequence_length``. It sets ``weights_updated`` after every step; the plan clears it once
+    ``policies``, ``num_sgd_iter``, ``sgd_minibatch_size`` and ``sequence_length`` (which a
+    custom ``learn_fn`` must not be combined with). It sets ``weights_updated`` after every step; the plan clears it once
     it has broadcast the new weights (:meth:`take_weights_updated` does both at once).
 
     If ``learn_fn`` raises, the thread records the error and ends; :meth:`check` then
@@ -90,6 +94,7 @@ class LearnerThread(threading.Thread):
         inqueue_size: int = 16,
         outqueue_size: int = 0,
         learn_fn: LearnFn | None = None,
+        policies: Sequence[str] | None = None,
         num_sgd_iter: int = 1,
         sgd_minibatch_size: int = 0,
         sequence_length: int = 1,
@@ -100,6 +105,8 @@ class LearnerThread(threading.Thread):
                 f"LearnerThread(inqueue_size={inqueue_size}, outqueue_size={outqueue_size}): "
                 "queue sizes must be >= 0 (0 = unbounded)"
             )
+        if learn_fn is not None and (policies is not None or (num_sgd_iter, sgd_minibatch_size, sequence_length) != (1, 0, 1)):
+            raise FlowRLError("LearnerThread: a custom learn_fn decides itself what to learn; drop policies and the SGD settings")
         if num_sgd_iter < 1 or sgd_minibatch_size < 0 or sequence_length < 1:
             raise FlowRLError(
                 f"LearnerThread(num_sgd_iter={num_sgd_iter}, sgd_minibatch_size={sgd_minibatch_size}, "
@@ -109,6 +116,7 @@ class LearnerThread(threading.Thread):
         self.local_worker = local_worker
         self.learn_fn: LearnFn = learn_fn or functools.partial(
             learn_on_local_worker,
+            policies=policies,
             num_sgd_iter=num_sgd_iter,
             sgd_minibatch_size=sgd_minibatch_size,
             sequence_length=sequence_length,

@@ -137,7 +137,7 @@ def execution_plan(workers: WorkerSet, config: ApexConfig) -> LocalIterator[dict
         .for_each(record_learner_results)
         .for_each(
             UpdateTargetNetwork(
-                workers, config.target_network_update_freq, by_steps_trained=True, tau=config.tau
+                workers, config.target_network_update_freq, by_steps_trained=True, tau=config.tau, lock=learner.lock
             )
         )
     )

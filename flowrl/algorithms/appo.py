@@ -32,6 +32,7 @@ from flowrl.operators import (
     UpdateTargetNetwork,
 )
 from flowrl.operators.learner_ops import record_learner_results
+from flowrl.operators.names import NUM_LEARNER_UPDATES
 from flowrl.policy import PolicySpec, TorchPolicy
 from flowrl.policy.distributions import ActionDistribution
 
@@ -91,12 +92,11 @@ def execution_plan(workers: WorkerSet, config: APPOConfig) -> LocalIterator[dict
     """IMPALA's train batches -> learner queue || learner results -> target sync -> KL update -> metrics."""
     learner = start_learner(workers, config)
     enqueue_op = train_batches(workers, config, learner).transform(Enqueue(learner.inqueue))
-    # Steps trained between syncs: the first result syncs, then every target_update_frequency-th.
-    sync_every = (config.target_update_frequency - 1) * config.train_batch_size + 1
+    sync_target = UpdateTargetNetwork(workers, config.target_update_frequency, counter=NUM_LEARNER_UPDATES, lock=learner.lock)
     dequeue_op = (
         Dequeue(learner.outqueue, check=learner.check)
         .for_each(record_learner_results)
-        .for_each(UpdateTargetNetwork(workers, sync_every, by_steps_trained=True, lock=learner.lock))
+        .for_each(sync_target)
         .for_each(UpdateKL(workers))
     )
     merged = Concurrently([enqueue_op, dequeue_op], mode="async", output_indexes=[1])

@@ -151,6 +151,7 @@ def start_learner(workers: WorkerSet, config: ImpalaConfig) -> LearnerThread:
     learner = LearnerThread(
         workers.local_worker(),
         inqueue_size=config.learner_queue_size,
+        policies=workers.trainable_policies(),
         num_sgd_iter=config.num_sgd_iter,
         sgd_minibatch_size=config.sgd_minibatch_size,
         sequence_length=config.rollout_fragment_length,

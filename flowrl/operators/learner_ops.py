@@ -12,6 +12,7 @@ from flowrl.iterators import LocalIterator
 from flowrl.operators.names import (
     AGENT_STEPS_TRAINED_COUNTER,
     LEARNER_INFO,
+    NUM_LEARNER_UPDATES,
     NUM_WEIGHT_SYNCS,
     STEPS_SAMPLED_COUNTER,
     STEPS_TRAINED_COUNTER,
@@ -60,7 +61,9 @@ class SendWeightsToSource:
         version = self.learner.num_batches_trained
         if self.steps_since[actor] >= self.min_steps and version - self.version_sent.get(actor, 0) >= self.min_learner_updates:
             if self.weights_version != version:
-                self.weights = ray.put(self.workers.local_worker().get_weights())
+                with self.learner.lock:  # not halfway through a learner step
+                    weights = self.workers.local_worker().get_weights()
+                self.weights = ray.put(weights)
                 self.weights_version = version
             metrics = LocalIterator.get_metrics()
             actor.set_weights.remote(self.weights, {"timestep": metrics.counters[STEPS_SAMPLED_COUNTER]})
@@ -71,10 +74,12 @@ class SendWeightsToSource:
 
 
 def record_learner_results(item: tuple[Any, dict[str, Any], int]) -> dict[str, Any]:
-    """Count the steps a learner thread trained (its out-queue's ``(source, info, count)``) and keep its stats."""
+    """Count what a learner thread trained (its out-queue's ``(source, info, count)``): the steps
+    and one learner update; keep its stats beside those of other policies."""
     _, info, count = item
     metrics = LocalIterator.get_metrics()
     metrics.counters[STEPS_TRAINED_COUNTER] += count
     metrics.counters[AGENT_STEPS_TRAINED_COUNTER] += count
-    metrics.info[LEARNER_INFO] = info
+    metrics.counters[NUM_LEARNER_UPDATES] += 1
+    metrics.info[LEARNER_INFO] = {**metrics.info.get(LEARNER_INFO, {}), **info}
     return info

@@ -8,6 +8,7 @@ from typing import Any, ContextManager, Sequence
 import numpy as np
 
 from flowrl.actors import WorkerSet
+from flowrl.actors.learner_thread import learn_on_local_worker
 from flowrl.data import (
     DEFAULT_POLICY_ID,
     MultiAgentBatch,
@@ -29,7 +30,6 @@ from flowrl.operators.names import (
     STEPS_TRAINED_COUNTER,
     WORKER_UPDATE_TIMER,
 )
-from flowrl.policy.sgd import minibatch_sgd
 
 Batch = SampleBatch | MultiAgentBatch
 Gradients = list[np.ndarray]
@@ -75,18 +75,17 @@ class TrainOneStep:
     def __call__(self, batch: Batch) -> tuple[Batch, dict[str, dict[str, float]]]:
         metrics = LocalIterator.get_metrics()
         local = self.workers.local_worker()
-        info: dict[str, dict[str, float]] = {}
+        # Shuffles seeded by (seed, steps trained): reproducible, also after a restore.
+        seed = None if self.seed is None else [self.seed, metrics.counters[STEPS_TRAINED_COUNTER]]
         with metrics.timers[LEARN_ON_BATCH_TIMER] as timer:
-            for pid, policy_batch in as_policy_batches(batch).items():
-                if pid not in self.policies:
-                    continue
-                policy = local.get_policy(pid)
-                if self.num_sgd_iter == 1 and self.sgd_minibatch_size == 0:
-                    info[pid] = policy.learn_on_batch(policy_batch)
-                else:
-                    # Shuffles seeded by (seed, steps trained): reproducible, also after a restore.
-                    seed = None if self.seed is None else [self.seed, metrics.counters[STEPS_TRAINED_COUNTER]]
-                    info[pid] = minibatch_sgd(policy, policy_batch, self.num_sgd_iter, self.sgd_minibatch_size, seed)
+            info, _ = learn_on_local_worker(
+                local,
+                batch,
+                policies=self.policies,
+                num_sgd_iter=self.num_sgd_iter,
+                sgd_minibatch_size=self.sgd_minibatch_size,
+                seed=seed,
+            )
             timer.push_units_processed(batch.env_steps())
         metrics.counters[STEPS_TRAINED_COUNTER] += batch.env_steps()
         metrics.counters[AGENT_STEPS_TRAINED_COUNTER] += batch.agent_steps()
@@ -170,7 +169,8 @@ class UpdateTargetNetwork:
     frequency of 0 updates on every item. ``tau`` < 1 blends instead of copying (soft
     updates). The policies must have an ``update_target(tau)`` method. ``lock`` (e.g. a
     :class:`~flowrl.actors.LearnerThread`'s) is held while the target moves, so a learner
-    training in another thread never reads a half-copied target.
+    training in another thread never reads a half-copied target. ``counter`` paces the
+    updates by another metrics counter (e.g. ``NUM_LEARNER_UPDATES``: train batches learned).
     """
 
     def __init__(
@@ -181,12 +181,13 @@ class UpdateTargetNetwork:
         policies: Sequence[str] | None = None,
         tau: float = 1.0,
         lock: ContextManager[Any] | None = None,
+        counter: str | None = None,
     ) -> None:
         self.workers = workers
         self.target_update_freq = target_update_freq
         self.tau = tau
         self.lock = lock if lock is not None else contextlib.nullcontext()
-        self.counter = STEPS_TRAINED_COUNTER if by_steps_trained else STEPS_SAMPLED_COUNTER
+        self.counter = counter or (STEPS_TRAINED_COUNTER if by_steps_trained else STEPS_SAMPLED_COUNTER)
         self.policies = list(policies) if policies is not None else workers.trainable_policies()
 
     def __call__(self, item: Any) -> Any:

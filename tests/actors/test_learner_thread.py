@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 from typing import Any
 
 import gymnasium as gym
@@ -36,6 +37,9 @@ class FakeWorker:
         self.gate = gate
         self.fail_at = fail_at
         self.delay_s = delay_s
+
+    def get_policy(self, policy_id: str = DEFAULT_POLICY_ID) -> Any:
+        return types.SimpleNamespace(learn_on_batch=lambda batch: self.learn_on_batch(batch, policy_id))
 
     def learn_on_batch(self, batch: SampleBatch, policy_id: str = DEFAULT_POLICY_ID) -> dict[str, Any]:
         self.calls.append((policy_id, batch.count))
@@ -425,3 +429,18 @@ def test_minibatch_settings_are_checked() -> None:
         LearnerThread(FakeWorker(), num_sgd_iter=0)
     with pytest.raises(FlowRLError, match="sequence_length=0"):
         LearnerThread(FakeWorker(), sequence_length=0)
+
+
+@pytest.mark.timeout(30)
+def test_only_the_policies_to_train_learn(learners: Any) -> None:
+    worker = FakeWorker()
+    learner = learners(worker, policies=["p1"])
+    learner.start()
+    learner.inqueue.put((None, MultiAgentBatch({"p0": make_batch(4), "p1": make_batch(6)}, env_steps=5)))
+    _, info, _ = learner.outqueue.get(timeout=10)
+    assert set(info) == {"p1"} and worker.calls == [("p1", 6)]
+
+
+def test_a_custom_learn_fn_excludes_the_sgd_settings() -> None:
+    with pytest.raises(FlowRLError, match="custom learn_fn"):
+        LearnerThread(FakeWorker(), learn_fn=lambda w, b: ({}, 0), num_sgd_iter=2)

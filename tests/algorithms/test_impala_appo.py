@@ -16,6 +16,7 @@ from flowrl.algorithms.appo import APPOConfig, appo_loss, make_appo_policy
 from flowrl.algorithms.impala import ImpalaConfig, impala_loss, make_impala_policy
 from flowrl.data import SampleBatch
 from flowrl.operators import KL_COEFF, NUM_TARGET_UPDATES
+from flowrl.operators.names import NUM_LEARNER_UPDATES
 
 SMALL = {
     "num_workers": 2,
@@ -166,3 +167,17 @@ def test_appo_plan_syncs_its_target_network_on_the_learner_results(tmp_path: Pat
             torch.testing.assert_close(v, target[k])
     finally:
         restored.stop()
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_appo_syncs_its_target_every_target_update_frequency_learner_updates() -> None:
+    # Train batches overshoot train_batch_size (whole fragments of 20 rows for a size of 30):
+    # the pace is counted in learner updates, not steps.
+    trainer = Trainer("appo", "CartPole-v1", {**SMALL, "train_batch_size": 30, "target_update_frequency": 3})
+    try:
+        result = trainer.train()
+        while result["info"][NUM_LEARNER_UPDATES] < 7:
+            result = trainer.train()
+        assert result["info"][NUM_TARGET_UPDATES] == result["info"][NUM_LEARNER_UPDATES] // 3
+    finally:
+        trainer.stop()
