@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from flowrl.algorithms import Algorithm, get_algorithm
+from flowrl.algorithms import Algorithm, get_algorithm, list_algorithms
 from flowrl.actors import WorkerSet
 from flowrl.actors.multi_agent_sampler import policy_mapping
 from flowrl.checkpoint import read_checkpoint, write_checkpoint
@@ -65,7 +65,11 @@ class Trainer:
                 recreate_failed_workers=self.config.recreate_failed_workers,
                 check_env=self.config.check_env,
             )
-            self.plan = Plan(self.algorithm.execution_plan(self.workers, self.config), name=self.algorithm.name)
+            try:
+                self.plan = Plan(self.algorithm.execution_plan(self.workers, self.config), name=self.algorithm.name)
+            except BaseException:
+                self.workers.stop()  # also what the plan had started (learner threads, replay and aggregator actors)
+                raise
         except BaseException:
             stop_ray(self._owns_ray)
             raise
@@ -208,6 +212,12 @@ def policy_specs(algorithm: Algorithm, config: TrainerConfig, env_creator: Calla
                     [f"policies={sorted(config.policies)} needs a multi-agent env, but {type(probe).__name__} is a single-agent Gymnasium env"]
                 )
             return {DEFAULT_POLICY_ID: algorithm.make_policy(probe.observation_space, probe.action_space, config)}
+        if not algorithm.multi_agent:
+            able = [name for name in list_algorithms() if get_algorithm(name).multi_agent]
+            raise ConfigError(
+                [f"algorithm {algorithm.name!r} trains single-agent envs, but {type(probe).__name__} is multi-agent; "
+                 f"algorithms for multi-agent envs: {', '.join(able)}"]
+            )
         spaces = multi_agent_policy_spaces(probe, config)
     finally:
         probe.close()

@@ -21,11 +21,12 @@ StreamFn = Callable[[LocalIterator[Any]], LocalIterator[Any]]
 
 
 class AggregatorWorker(ParallelIteratorWorker):
-    """Gathers fragments from ``rollout_workers`` and yields what ``make_stream`` makes of them.
+    """Gathers fragments from ``rollout_workers`` and serves what ``make_stream`` makes of them.
 
     ``make_stream`` receives the gathered fragments as a :class:`~flowrl.iterators.LocalIterator`
-    (``num_async`` requests in flight per worker) and returns the iterator this actor's
-    shard serves, e.g. with ``MixInReplay`` and ``ConcatBatches`` applied. Weights set with
+    (``num_async`` requests in flight per worker) and returns an iterator, e.g. with
+    ``MixInReplay`` and ``ConcatBatches`` applied. The shard yields ``(item, env_steps,
+    agent_steps)``: each item with the steps sampled since the one before. Weights set with
     :meth:`set_weights` are forwarded to each rollout worker of the group the next time
     it delivers a fragment, so its next sample uses them.
 
@@ -43,19 +44,25 @@ class AggregatorWorker(ParallelIteratorWorker):
         self.global_vars: Mapping[str, Any] | None = None
         self.weights_version = 0
         self.version_sent: dict[Any, int] = {}
+        self.env_steps = self.agent_steps = 0
         super().__init__(self._stream)
 
-    def _stream(self) -> Iterator[Any]:
+    def _stream(self) -> Iterator[tuple[Any, int, int]]:
         fragments = (
             from_actors(self.rollout_workers, name="rollout_workers")
             .gather_async(num_async=self.num_async)
             .zip_with_source_actor()
             .for_each(self._forward_weights)
         )
-        return iter(self.make_stream(fragments))
+        for item in self.make_stream(fragments):
+            # The steps freshly sampled since the last item: replayed rows must not count as sampled.
+            yield item, self.env_steps, self.agent_steps
+            self.env_steps = self.agent_steps = 0
 
     def _forward_weights(self, item: tuple[Any, Any]) -> Any:
         worker, fragment = item
+        self.env_steps += fragment.env_steps()
+        self.agent_steps += fragment.agent_steps()
         if self.weights is not None and self.version_sent.get(worker, 0) < self.weights_version:
             worker.set_weights.remote(self.weights, self.global_vars)
             self.version_sent[worker] = self.weights_version

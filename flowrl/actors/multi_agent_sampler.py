@@ -78,11 +78,20 @@ class _Trajectory:
         self.eps_id = eps_id
         self.columns: dict[str, list[Any]] = collections.defaultdict(list)
         self.total_reward = 0.0
+        # Rewards the env gave the agent on steps it did not act in (e.g. the step it joined):
+        # they go into its next row.
+        self.pending_reward = 0.0
 
-    def add(self, row: Mapping[str, Any]) -> None:
+    def add(self, row: dict[str, Any]) -> None:
+        self.total_reward += float(row[SampleBatch.REWARDS])
+        row[SampleBatch.REWARDS] += self.pending_reward
+        self.pending_reward = 0.0
         for key, value in row.items():
             self.columns[key].append(value)
-        self.total_reward += float(row[SampleBatch.REWARDS])
+
+    def reward_without_acting(self, reward: float) -> None:
+        self.total_reward += reward
+        self.pending_reward += reward
 
     def cut(self) -> SampleBatch | None:
         """The rows so far as a batch (None if there are none); the piece starts afresh."""
@@ -219,6 +228,11 @@ class MultiAgentSampler:
                 self.agent_returns[i][agent] = (trajectory.policy_id, trajectory.total_reward)
                 if terminated or truncated:
                     close(trajectory)
+            for agent, reward in rewards.items():
+                if agent not in actions[i]:
+                    trajectory = self._trajectory(i, agent)
+                    trajectory.reward_without_acting(float(reward))
+                    self.agent_returns[i][agent] = (trajectory.policy_id, trajectory.total_reward)
             self.ts[i] += 1
             live = list(env.agents)
             if live:
@@ -231,6 +245,7 @@ class MultiAgentSampler:
             for trajectory in self.trajectories[i].values():
                 if trajectory.columns:  # an agent the env dropped without a done flag: its piece ends here
                     trajectory.columns[SampleBatch.TRUNCATEDS][-1] = True
+                    trajectory.columns[SampleBatch.REWARDS][-1] += trajectory.pending_reward
                     close(trajectory)
             self._record_episode(i)
             self._start_episode(i)

@@ -18,7 +18,8 @@ from torch import nn
 from flowrl.actors import WorkerSet
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import TrainerConfig, cfg_field
-from flowrl.data import SampleBatch
+from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
+from flowrl.errors import ConfigError
 from flowrl.iterators import LocalIterator
 from flowrl.operators import (
     ApplyGradients,
@@ -92,6 +93,11 @@ def execution_plan(workers: WorkerSet, config: A2CConfig) -> LocalIterator[dict[
     if config.microbatch_size is None:
         train_op = rollouts.combine(ConcatBatches(config.train_batch_size)).for_each(TrainOneStep(workers))
     else:
+        if workers.trainable_policies() != [DEFAULT_POLICY_ID]:
+            raise ConfigError(
+                [f"microbatch_size={config.microbatch_size} accumulates the gradients of one policy, but this run "
+                 f"trains {workers.trainable_policies()}; leave microbatch_size unset"]
+            )
         num_microbatches = math.ceil(config.train_batch_size / config.microbatch_size)
         train_op = (
             rollouts.combine(ConcatBatches(config.microbatch_size))
@@ -103,4 +109,4 @@ def execution_plan(workers: WorkerSet, config: A2CConfig) -> LocalIterator[dict[
     return StandardMetricsReporting(train_op, workers, config)
 
 
-ALGORITHM = Algorithm("a2c", "synchronous advantage actor-critic", A2CConfig, make_actor_critic_policy, execution_plan)
+ALGORITHM = Algorithm("a2c", "synchronous advantage actor-critic", A2CConfig, make_actor_critic_policy, execution_plan, multi_agent=True)

@@ -156,6 +156,7 @@ class ApexDDPGConfig(ApexConfig, DDPGConfig):
 
     exploration_config: dict[str, Any] = cfg_field({}, "Set from exploration_noise and learning_starts; leave empty.")
     target_network_update_freq: int = cfg_field(0, "Steps trained between soft target updates (0: every step).", min=0)
+    tau: float = cfg_field(0.005, "Soft target update rate after each training step.", min=0, max=1, min_exclusive=True)
     model: dict[str, Any] = cfg_field({}, "Unused: the actor and critic sizes are actor_hiddens and critic_hiddens.")
 
 

@@ -194,4 +194,4 @@ def execution_plan(workers: WorkerSet, config: DQNConfig) -> LocalIterator[dict[
     return StandardMetricsReporting(training_flow(rollouts, workers, config), workers, config)
 
 
-ALGORITHM = Algorithm("dqn", "deep Q-network (double, dueling, n-step, prioritized replay)", DQNConfig, make_dqn_policy, execution_plan)
+ALGORITHM = Algorithm("dqn", "deep Q-network (double, dueling, n-step, prioritized replay)", DQNConfig, make_dqn_policy, execution_plan, multi_agent=True)

@@ -61,4 +61,4 @@ def execution_plan(workers: WorkerSet, config: PGConfig) -> LocalIterator[dict[s
     return StandardMetricsReporting(train_op, workers, config)
 
 
-ALGORITHM = Algorithm("pg", "vanilla policy gradient (REINFORCE)", PGConfig, make_pg_policy, execution_plan)
+ALGORITHM = Algorithm("pg", "vanilla policy gradient (REINFORCE)", PGConfig, make_pg_policy, execution_plan, multi_agent=True)

@@ -119,4 +119,4 @@ def execution_plan(workers: WorkerSet, config: PPOConfig) -> LocalIterator[dict[
     return StandardMetricsReporting(training_flow(rollouts, workers, config), workers, config)
 
 
-ALGORITHM = Algorithm("ppo", "proximal policy optimisation", PPOConfig, make_ppo_policy, execution_plan)
+ALGORITHM = Algorithm("ppo", "proximal policy optimisation", PPOConfig, make_ppo_policy, execution_plan, multi_agent=True)

@@ -152,5 +152,6 @@ ALGORITHM = Algorithm(
     PPODQNConfig,
     _needs_multi_agent,
     execution_plan,
+    multi_agent=True,
     make_policies=make_policies,
 )

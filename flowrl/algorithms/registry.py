@@ -29,6 +29,8 @@ class Algorithm:
     config_class: type[TrainerConfig]
     make_policy: PolicyFactory
     execution_plan: ExecutionPlan
+    #: Whether the plan trains the policies of multi-agent envs (``MultiAgentBatch`` samples).
+    multi_agent: bool = False
     #: For algorithms whose policies differ by id (compositions such as ``ppo_dqn``):
     #: ``{policy_id: (observation_space, action_space)}, config -> {policy_id: PolicySpec}``.
     make_policies: MultiPolicyFactory | None = None

@@ -66,7 +66,7 @@ def ParallelRollouts(workers: WorkerSet, *, mode: str = "bulk_sync", num_async: 
 
 
 class _CountAggregatedSteps:
-    """count_steps_sampled for batches that aggregators built from rollout workers' fragments."""
+    """Count the steps the aggregators' workers sampled (not the replayed rows mixed in) and pass the batch on."""
 
     def __init__(self, num_rollout_workers: int) -> None:
         self.num_rollout_workers = num_rollout_workers
@@ -79,8 +79,12 @@ class _CountAggregatedSteps:
         """Rollout workers feed the aggregators (a gather inside each), which get the weights back."""
         return [("RolloutWorker", "AggregatorWorker", "gather_async"), ("AggregatorWorker", "RolloutWorker", "forward weights")]
 
-    def __call__(self, batch: Batch) -> Batch:
-        return count_steps_sampled(batch)
+    def __call__(self, item: tuple[Batch, int, int]) -> Batch:
+        batch, env_steps, agent_steps = item
+        metrics = LocalIterator.get_metrics()
+        metrics.counters[STEPS_SAMPLED_COUNTER] += env_steps
+        metrics.counters[AGENT_STEPS_SAMPLED_COUNTER] += agent_steps
+        return batch
 
 
 def AggregatedRollouts(

@@ -187,3 +187,22 @@ def test_an_agent_entering_mid_episode_starts_its_trajectory_there() -> None:
     assert batch.env_steps() == 5 and batch.agent_steps() == 8
     [episode] = s.pop_episode_stats()
     assert episode.policy_rewards == {"pa": [5.0], "pb": [3.0]} and episode.episode_length == 5
+
+
+class RewardOnJoinEnv(LateJoinerEnv):
+    """Like LateJoinerEnv, and 'b' gets a reward of 5 in the step it joins (before it has acted)."""
+
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        obs, rewards, terminated, truncated, infos = super().step(actions)
+        if self.t == 2:
+            rewards["b"] = 5.0
+        return obs, rewards, terminated, truncated, infos
+
+
+def test_a_reward_given_before_an_agent_acts_goes_into_its_next_row_and_its_return() -> None:
+    policies = {"pa": StubPolicy(), "pb": StubPolicy()}
+    s = MultiAgentSampler([RewardOnJoinEnv()], policies, by_agent, fragment_length=5)  # type: ignore[arg-type]
+    b = s.sample().policy_batches["pb"]
+    assert b[SampleBatch.REWARDS].tolist() == [6.0, 1.0, 1.0]
+    [episode] = s.pop_episode_stats()
+    assert episode.policy_rewards == {"pa": [5.0], "pb": [8.0]} and episode.episode_reward == 13.0

@@ -181,3 +181,18 @@ def test_appo_syncs_its_target_every_target_update_frequency_learner_updates() -
         assert result["info"][NUM_TARGET_UPDATES] == result["info"][NUM_LEARNER_UPDATES] // 3
     finally:
         trainer.stop()
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_aggregators_count_only_fresh_steps_as_sampled() -> None:
+    config = {**SMALL, "num_aggregation_workers": 1, "num_cpus_per_aggregator": 0.1, "replay_proportion": 1.0}
+    trainer = Trainer("impala", "CartPole-v1", config)
+    try:
+        for _ in range(3):
+            result = trainer.train()
+        sampled_by_workers = sum(trainer.workers.foreach_worker(lambda w: w.sampler.steps_sampled, local=False))
+        # Replay doubles the rows trained on, but not the steps counted as sampled.
+        assert result["timesteps_total"] <= sampled_by_workers
+        assert result["timesteps_trained"] > 1.3 * result["timesteps_total"]
+    finally:
+        trainer.stop()
