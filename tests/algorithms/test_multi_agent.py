@@ -186,3 +186,48 @@ def test_ppo_dqn_config_says_where_misplaced_keys_belong() -> None:
         PPODQNConfig.from_dict({"policy_mapping_fn": "no.such:fn"})
     config = PPODQNConfig.from_dict({"seed": 3, "rollout_fragment_length": 20, "dqn": {"lr": 0.01}})
     assert (config.dqn_config().lr, config.dqn_config().rollout_fragment_length, config.ppo_config().seed) == (0.01, 20, 3)
+
+
+def test_single_agent_algorithms_refuse_a_multi_agent_env_before_any_actor_starts() -> None:
+    with pytest.raises(ConfigError, match=r"algorithm 'impala' trains single-agent envs.*multi-agent envs: a2c, dqn, pg, ppo, ppo_dqn"):
+        Trainer("impala", "MultiAgentCartPole", SMALL)
+
+
+@pytest.mark.parametrize("algo", ["pg", "a2c", "dqn"])
+def test_other_multi_agent_algorithms_train_two_policies(algo: str) -> None:
+    config = {**SMALL, "policies": {"even": None, "odd": None}, "policy_mapping_fn": by_parity}
+    if algo == "dqn":
+        config |= {"learning_starts": 50, "train_batch_size": 16}
+    else:
+        config |= {"train_batch_size": 80}
+    trainer = Trainer(algo, "MultiAgentCartPole", config)
+    try:
+        learned: set[str] = set()
+        for _ in range(5):
+            learned |= set(trainer.train()["info"]["learner"])
+        assert learned == {"even", "odd"}
+    finally:
+        trainer.stop()
+
+
+def test_a_plan_that_fails_to_build_leaves_no_actors_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    from flowrl.actors import WorkerSet
+
+    created: list[list[Any]] = []
+    original_init = WorkerSet.__init__
+
+    def recording_init(self: WorkerSet, **kwargs: Any) -> None:
+        original_init(self, **kwargs)
+        created.append(self.remote_workers())
+
+    monkeypatch.setattr(WorkerSet, "__init__", recording_init)
+    config = {**SMALL, "policies": {"even": None, "odd": None}, "policy_mapping_fn": by_parity, "microbatch_size": 20}
+    with pytest.raises(ConfigError, match="microbatch_size=20 accumulates the gradients of one policy"):
+        Trainer("a2c", "MultiAgentCartPole", config)
+    [remote] = created
+    assert len(remote) == 2
+    for actor in remote:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.ping.remote(), timeout=30)
