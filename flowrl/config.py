@@ -547,9 +547,16 @@ class TrainerConfig:
 
     # --- views ---
 
-    def to_dict(self) -> dict[str, Any]:
-        """Every key and its value, as plain dicts and lists (JSON-friendly if the values are)."""
-        return {spec.name: _jsonable(getattr(self, spec.name)) for spec in _specs(type(self))}
+    def to_dict(self, *, jsonable: bool = True) -> dict[str, Any]:
+        """Every key and its value, as plain dicts and lists.
+
+        With ``jsonable`` (for params.json and metadata), functions and classes become their
+        ``"module:name"`` paths; without it values are kept as they are (for checkpoints,
+        which pickle them, so a lambda ``policy_mapping_fn`` survives a restore).
+        """
+        if jsonable:
+            return {spec.name: _jsonable(getattr(self, spec.name)) for spec in _specs(type(self))}
+        return {spec.name: copy.deepcopy(getattr(self, spec.name)) for spec in _specs(type(self))}
 
     def rollout_config(self) -> dict[str, Any]:
         """The keys a :class:`~flowrl.actors.RolloutWorker` reads (``ROLLOUT_DEFAULTS``); subclasses may extend it."""

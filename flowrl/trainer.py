@@ -49,7 +49,7 @@ class Trainer:
         self.algorithm: Algorithm = get_algorithm(algo)
         config_class = self.algorithm.config_class
         if isinstance(config, TrainerConfig):
-            config = config.to_dict()
+            config = config.to_dict(jsonable=False)
         self.config = config_class.from_dict(config)
         self.env = env
         env_creator = get_env_creator(env)
@@ -124,7 +124,7 @@ class Trainer:
             "version": CHECKPOINT_VERSION,
             "algo": self.algorithm.name,
             "env": self.env,
-            "config": self.config.to_dict(),
+            "config": self.config.to_dict(jsonable=False),
             "iteration": self.iteration,
             "time_total_s": self.time_total_s,
             "worker": self.workers.local_worker().get_state(),

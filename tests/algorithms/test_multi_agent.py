@@ -231,3 +231,25 @@ def test_a_plan_that_fails_to_build_leaves_no_actors_behind(monkeypatch: pytest.
     for actor in remote:
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(actor.ping.remote(), timeout=30)
+
+
+def test_a_checkpoint_keeps_a_lambda_mapping_and_restores(tmp_path: Any) -> None:
+    from flowrl.trainer import evaluate_checkpoint
+
+    config = {**SMALL, "train_batch_size": 80, "sgd_minibatch_size": 40, "num_sgd_iter": 1,
+              "policies": {"even": None, "odd": None}, "policy_mapping_fn": lambda agent: ["even", "odd"][agent % 2]}
+    trainer = Trainer("ppo", "MultiAgentCartPole", config)
+    try:
+        trainer.train()
+        path = trainer.save(tmp_path)
+        weights = trainer.workers.local_worker().get_policy("odd").get_weights()
+    finally:
+        trainer.stop()
+    restored = Trainer.from_checkpoint(path)
+    try:
+        assert restored.config.policy_mapping_fn(3) == "odd"
+        restored_weights = restored.workers.local_worker().get_policy("odd").get_weights()
+        assert all(np.array_equal(weights[k], restored_weights[k]) for k in weights)
+    finally:
+        restored.stop()
+    assert set(evaluate_checkpoint(path, num_episodes=1, seed=0)["policy_reward_mean"]) == {"even", "odd"}
