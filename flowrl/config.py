@@ -319,7 +319,7 @@ def _exploration_problems(exploration_config: dict[str, Any]) -> list[str]:
 _POLICY_SPEC_KEYS = ("observation_space", "action_space", "config")
 
 
-def _policies_problems(policies: dict[str, Any]) -> list[str]:
+def policies_problems(policies: dict[str, Any]) -> list[str]:
     """Policy ids that are not strings and specs that are not dicts of the known keys."""
     problems = []
     for pid, spec in policies.items():
@@ -339,7 +339,7 @@ def _policies_problems(policies: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _mapping_fn_problems(fn: Any) -> list[str]:
+def policy_mapping_fn_problems(fn: Any) -> list[str]:
     """A mapping that is neither callable nor the ``"module:function"`` path of one."""
     if callable(fn):
         return []
@@ -408,13 +408,13 @@ class TrainerConfig:
         "Multi-agent envs: policy id -> None or a dict with optional 'observation_space', 'action_space' (default: "
         "those of the agents mapped to it) and 'config' (this algorithm's keys, overridden for that policy). "
         "{}: one policy, default_policy, shared by every agent.",
-        validator=_policies_problems,
+        validator=policies_problems,
     )
     policy_mapping_fn: Any | None = cfg_field(
         None,
         "Multi-agent envs: agent_id -> policy id, called once per agent and episode; a callable or a "
         "'module:function' path. None: every agent acts with the only policy.",
-        validator=_mapping_fn_problems,
+        validator=policy_mapping_fn_problems,
     )
     policies_to_train: list[str] | None = cfg_field(None, "Ids of the policies to train; the others only act. None: all.")
     # Environment.

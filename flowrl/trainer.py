@@ -21,6 +21,7 @@ from flowrl.envs import get_env_creator, is_multi_agent_env
 from flowrl.errors import CheckpointError, ConfigError, FlowRLError
 from flowrl.operators import STEPS_SAMPLED_COUNTER
 from flowrl.operators.metric_ops import summarize_episodes
+from flowrl.operators.perturbation_ops import run_episode
 from flowrl.plan import Plan
 from flowrl.policy import Policy, PolicySpec
 from flowrl.ray_runtime import start_ray, stop_ray
@@ -223,6 +224,15 @@ def policy_specs(algorithm: Algorithm, config: TrainerConfig, env_creator: Calla
         probe.close()
     if algorithm.make_policies is not None:
         return algorithm.make_policies(spaces, config)
+    policy_keys = set(config.policy_config())
+    problems = [
+        f"policies[{pid!r}]['config'] sets {key!r}, which is not a policy key; per-policy keys are {sorted(policy_keys)}"
+        for pid, spec in config.policies.items()
+        for key in (spec or {}).get("config", {})
+        if key not in policy_keys
+    ]
+    if problems:
+        raise ConfigError(problems)
     specs = {}
     for pid, (observation_space, action_space) in spaces.items():
         overrides = (config.policies.get(pid) or {}).get("config", {})
@@ -284,21 +294,12 @@ def evaluate_policies(
                 mapping = policy_mapping(config.policy_mapping_fn, list(policy_map))
                 episodes.append(_multi_agent_episode(instance, policy_map, mapping, episode_seed))
             else:
-                episodes.append(_episode(instance, policy_map[DEFAULT_POLICY_ID], episode_seed))
+                policy = policy_map[DEFAULT_POLICY_ID]
+                total, length = run_episode(instance, lambda obs: policy.compute_single_action(obs, explore=False), episode_seed)
+                episodes.append({"episode_reward": total, "episode_length": length})
     finally:
         instance.close()
     return {**summarize_episodes(episodes), "episodes": num_episodes}
-
-
-def _episode(env: gym.Env, policy: Policy, seed: int | None) -> dict[str, Any]:
-    obs, _ = env.reset(seed=seed)
-    total, length, done = 0.0, 0, False
-    while not done:
-        obs, reward, terminated, truncated, _ = env.step(policy.compute_single_action(obs, explore=False))
-        total += float(reward)
-        length += 1
-        done = terminated or truncated
-    return {"episode_reward": total, "episode_length": length}
 
 
 def _multi_agent_episode(env: Any, policy_map: Mapping[str, Policy], mapping: Callable[[Any], str], seed: int | None) -> dict[str, Any]:

@@ -50,7 +50,6 @@ class ESConfig(PerturbationConfig):
     optimizer: Literal["adam", "sgd"] = cfg_field("adam", "Optimizer of the update: 'adam' or 'sgd' (with sgd_momentum).")
     sgd_momentum: float = cfg_field(0.9, "Momentum of the 'sgd' optimizer.", min=0, max=1)
     l2_coeff: float = cfg_field(0.005, "L2 weight decay: l2_coeff * theta is subtracted from the ES gradient.", min=0)
-    noise_stdev: float = cfg_field(0.02, "sigma: std of the parameter perturbations theta +- sigma * eps.", min=0, min_exclusive=True)
     model: dict[str, Any] = cfg_field(
         {"fcnet_hiddens": [32, 32]}, "Policy network options (fcnet_hiddens, fcnet_activation); [] hiddens: linear."
     )

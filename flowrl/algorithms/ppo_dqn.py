@@ -17,7 +17,7 @@ import gymnasium as gym
 from flowrl.actors import WorkerSet
 from flowrl.algorithms import dqn, ppo
 from flowrl.algorithms.registry import Algorithm
-from flowrl.config import TrainerConfig, _mapping_fn_problems, _policies_problems, cfg_field
+from flowrl.config import TrainerConfig, cfg_field, policies_problems, policy_mapping_fn_problems
 from flowrl.errors import ConfigError
 from flowrl.iterators import LocalIterator
 from flowrl.operators import Concurrently, ParallelRollouts, SelectExperiences, StandardMetricsReporting
@@ -71,10 +71,10 @@ class PPODQNConfig(TrainerConfig):
     rollout_fragment_length: int = cfg_field(50, "Env steps per env per sample call.", min=1)
     timesteps_per_iteration: int = cfg_field(2000, "Minimum env steps sampled per train() call.", min=0)
     policies: dict[str, Any] = cfg_field(
-        {PPO_POLICY: None, DQN_POLICY: None}, "The two policies (spaces from their agents).", validator=_policies_problems
+        {PPO_POLICY: None, DQN_POLICY: None}, "The two policies (spaces from their agents).", validator=policies_problems
     )
     policy_mapping_fn: Any | None = cfg_field(
-        even_ppo_odd_dqn, "agent_id -> 'ppo_policy' or 'dqn_policy' (default: even ids to PPO).", validator=_mapping_fn_problems
+        even_ppo_odd_dqn, "agent_id -> 'ppo_policy' or 'dqn_policy' (default: even ids to PPO).", validator=policy_mapping_fn_problems
     )
     ppo: dict[str, Any] = cfg_field(
         {"train_batch_size": 2000, "sgd_minibatch_size": 128, "num_sgd_iter": 10, "lr": 3e-4},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -62,10 +63,12 @@ def test_ppo_with_two_policies_trains_only_those_to_train_and_syncs_only_their_w
         ({"policies_to_train": ["nope"]}, "policies_to_train names 'nope'"),
         ({"policies": {"a": {"observation_spaces": 1}}}, "unknown key 'observation_spaces'"),
         ({"policy_mapping_fn": "no.such.module:fn"}, "cannot import 'no.such.module:fn'"),
+        ({"policies": {"a": {"config": {"num_workers": 1}}}, "policy_mapping_fn": lambda agent: "a"},
+         "policies['a']['config'] sets 'num_workers', which is not a policy key"),
     ],
 )
 def test_bad_multi_agent_configs_raise_before_any_actor_starts(config: dict[str, Any], message: str) -> None:
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         Trainer("ppo", "MultiAgentCartPole", {**SMALL, **config})
 
 
