@@ -128,10 +128,15 @@ class Trainer:
             "config": self.config.to_dict(jsonable=False),
             "iteration": self.iteration,
             "time_total_s": self.time_total_s,
-            "worker": self.workers.local_worker().get_state(),
+            "worker": self._worker_state(),
             "plan": {**self.plan.get_state(), "metrics": self._finished_metrics},
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
         }
+
+    def _worker_state(self) -> dict[str, Any]:
+        local = self.workers.local_worker()
+        with local.lock:  # not halfway through a learner thread's step
+            return local.get_state()
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`get_state`'s output into this trainer (same algorithm)."""

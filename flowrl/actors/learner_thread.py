@@ -131,9 +131,10 @@ class LearnerThread(threading.Thread):
         self.weights_updated = False
         self.error: BaseException | None = None
         self.error_traceback = ""
-        # Held during each learn_fn call: driver-side operators that touch the learning
-        # policies' other state (target networks) take it to stay out of a step.
-        self.lock = threading.Lock()
+        # Held during each learn_fn call: driver-side code that reads the learning policies
+        # (weights to broadcast, checkpoints) or changes them (target networks) takes it to
+        # stay out of a step. The local worker's own lock, so a checkpoint takes the same one.
+        self.lock = getattr(local_worker, "lock", None) or threading.RLock()
         self._flag_lock = threading.Lock()
         self._stop_event = threading.Event()
         self._waiting_sum = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import gymnasium as gym
@@ -66,6 +67,9 @@ class RolloutWorker(ParallelIteratorWorker):
     ) -> None:
         self.config = {**ROLLOUT_DEFAULTS, **config}
         self.worker_index = worker_index
+        # Held by whoever changes or reads the policies while another thread may train them
+        # (a LearnerThread learns under it; checkpoints and weight broadcasts read under it).
+        self.lock = threading.RLock()
         if worker_index > 0:
             # Remote workers share a few cores with the learner: oversubscribed torch
             # threads slow everything down by an order of magnitude.
