@@ -62,7 +62,10 @@ class ImpalaConfig(TrainerConfig):
     replay_proportion: float = cfg_field(0.0, "Replayed fragments mixed in per fresh fragment, on average (0: no replay).", min=0)
     replay_buffer_num_slots: int = cfg_field(100, "Most recent fragments kept for MixInReplay.", min=1)
     num_aggregation_workers: int = cfg_field(
-        0, "Aggregator actors that gather and batch for groups of rollout workers (0: the driver does it).", min=0
+        0,
+        "Aggregator actors that gather and batch for groups of rollout workers (0: the driver does it). "
+        "Aggregators do not replace rollout workers: one that dies ends the run.",
+        min=0,
     )
     num_cpus_per_aggregator: float = cfg_field(0.5, "CPUs Ray reserves for each aggregator actor.", min=0)
     batch_mode: str = cfg_field("truncate_episodes", "V-trace needs fixed-length fragments.", choices=("truncate_episodes",))

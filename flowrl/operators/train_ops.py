@@ -69,8 +69,10 @@ class TrainOneStep:
         self.seed = seed
 
     def plan_links(self) -> list[tuple[str, str]]:
-        """What this operator does to actors, for the plan graph."""
-        return [("RolloutWorker", "broadcast weights")]
+        """What this operator does to actors, for the plan graph (naming the policies unless it is only the default one)."""
+        if self.policies == [DEFAULT_POLICY_ID]:
+            return [("RolloutWorker", "broadcast weights")]
+        return [("RolloutWorker", f"broadcast weights of {', '.join(self.policies)}")]
 
     def __call__(self, batch: Batch) -> tuple[Batch, dict[str, dict[str, float]]]:
         metrics = LocalIterator.get_metrics()
