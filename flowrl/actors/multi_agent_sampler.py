@@ -19,7 +19,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from flowrl.actors.sampler import _MAX_UNCOLLECTED_EPISODES, EpisodeStats
+from flowrl.actors.sampler import MAX_UNCOLLECTED_EPISODES, EpisodeStats
 from flowrl.data import MultiAgentBatch, SampleBatch, concat_samples
 from flowrl.errors import EnvError, FlowRLError
 from flowrl.policy import Policy
@@ -139,10 +139,9 @@ class MultiAgentSampler:
         self._agent_index = {agent: i for i, agent in enumerate(envs[0].possible_agents)}
         self._next_episode_id = episode_id_base
         n = len(envs)
-        self.finished: collections.deque[EpisodeStats] = collections.deque(maxlen=_MAX_UNCOLLECTED_EPISODES)
+        self.finished: collections.deque[EpisodeStats] = collections.deque(maxlen=MAX_UNCOLLECTED_EPISODES)
         self.steps_sampled = 0
-        self.agent_steps_sampled = 0
-        self.obs: list[dict[Hashable, Any]] = []
+        self.obs: list[dict[Hashable, Any]] = [{} for _ in envs]
         self.ts = np.zeros(n, dtype=np.int64)
         self.eps_ids = np.zeros(n, dtype=np.int64)
         self.trajectories: list[dict[Hashable, _Trajectory]] = [{} for _ in range(n)]
@@ -152,7 +151,7 @@ class MultiAgentSampler:
 
     def _start_episode(self, i: int, seed: int | None = None) -> None:
         obs, _ = self.envs[i].reset(seed=seed)
-        self.obs[i:i + 1] = [dict(obs)]
+        self.obs[i] = dict(obs)
         self.ts[i] = 0
         self._next_episode_id += 1
         self.eps_ids[i] = self._next_episode_id
@@ -191,7 +190,6 @@ class MultiAgentSampler:
         env_steps = self.fragment_length * len(self.envs)
         self.steps_sampled += env_steps
         batches = {pid: concat_samples(batches) if len(batches) > 1 else batches[0] for pid, batches in pieces.items()}
-        self.agent_steps_sampled += sum(b.count for b in batches.values())
         return MultiAgentBatch(batches, env_steps)
 
     def _step(self, close: Callable[[_Trajectory], None]) -> None:

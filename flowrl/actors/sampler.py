@@ -18,7 +18,8 @@ from flowrl.data import SampleBatch, concat_samples
 from flowrl.policy import Policy
 
 BATCH_MODES = ("truncate_episodes", "complete_episodes")
-_MAX_UNCOLLECTED_EPISODES = 10_000
+#: Finished episodes a sampler keeps until they are collected (a worker nobody asks must not grow).
+MAX_UNCOLLECTED_EPISODES = 10_000
 
 
 @dataclass
@@ -70,7 +71,7 @@ class VectorSampler:
         observations = [env.reset(seed=None if seed is None else seed + i)[0] for i, env in enumerate(envs)]
         self.obs = np.stack(observations)
         # Bounded: a worker whose statistics nobody collects must not grow without limit.
-        self.finished: collections.deque[EpisodeStats] = collections.deque(maxlen=_MAX_UNCOLLECTED_EPISODES)
+        self.finished: collections.deque[EpisodeStats] = collections.deque(maxlen=MAX_UNCOLLECTED_EPISODES)
         self._carry: list[list[SampleBatch]] = [[] for _ in range(n)]
         self.steps_sampled = 0
 

@@ -9,9 +9,9 @@ import ray
 from flowrl.actors import LearnerThread, WorkerSet
 from flowrl.data import MultiAgentBatch, SampleBatch
 from flowrl.iterators import LocalIterator
+from flowrl.operators.metric_ops import record_learner_info
 from flowrl.operators.names import (
     AGENT_STEPS_TRAINED_COUNTER,
-    LEARNER_INFO,
     NUM_LEARNER_UPDATES,
     NUM_WEIGHT_SYNCS,
     STEPS_SAMPLED_COUNTER,
@@ -81,5 +81,5 @@ def record_learner_results(item: tuple[Any, dict[str, Any], int]) -> dict[str, A
     metrics.counters[STEPS_TRAINED_COUNTER] += count
     metrics.counters[AGENT_STEPS_TRAINED_COUNTER] += count
     metrics.counters[NUM_LEARNER_UPDATES] += 1
-    metrics.info[LEARNER_INFO] = {**metrics.info.get(LEARNER_INFO, {}), **info}
+    record_learner_info(info)
     return info

@@ -51,6 +51,13 @@ class OncePerTimestepsElapsed:
         return False
 
 
+def record_learner_info(info: Mapping[str, Any]) -> None:
+    """Keep each policy's latest learner stats in the metrics context, beside those of policies
+    that other sub-flows of the plan train (what ``info["learner"]`` of a result shows)."""
+    metrics = LocalIterator.get_metrics()
+    metrics.info[LEARNER_INFO] = {**metrics.info.get(LEARNER_INFO, {}), **info}
+
+
 def summarize_episodes(episodes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Reward and length statistics of finished episodes (NaN when there are none).
 

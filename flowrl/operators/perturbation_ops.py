@@ -30,10 +30,10 @@ from flowrl.actors.sampler import EpisodeStats
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.errors import ConfigError, FlowRLError
 from flowrl.iterators import LocalIterator, SharedMetrics, from_actors
+from flowrl.operators.metric_ops import record_learner_info
+from flowrl.operators.rollout_ops import count_sampled
 from flowrl.operators.names import (
-    AGENT_STEPS_SAMPLED_COUNTER,
     LEARN_ON_BATCH_TIMER,
-    LEARNER_INFO,
     NUM_WEIGHT_SYNCS,
     STEPS_SAMPLED_COUNTER,
     STEPS_TRAINED_COUNTER,
@@ -322,9 +322,8 @@ class EvaluatePerturbations:
 
 def count_perturbation_steps(result: PerturbationResult) -> PerturbationResult:
     """Add a result's env steps (evaluation included) and episodes to the counters (pass-through)."""
+    count_sampled(result.env_steps(), result.env_steps())
     counters = LocalIterator.get_metrics().counters
-    counters[STEPS_SAMPLED_COUNTER] += result.env_steps()
-    counters[AGENT_STEPS_SAMPLED_COUNTER] += result.env_steps()
     counters[PERTURBED_EPISODES_COUNTER] += 2 * result.num_pairs
     counters[EVAL_EPISODES_COUNTER] += result.eval_episodes
     counters[EVAL_STEPS_COUNTER] += result.eval_steps
@@ -416,17 +415,19 @@ class PerturbationUpdate:
             timer.push_units_processed(used.perturbed_steps())
         metrics.counters[STEPS_TRAINED_COUNTER] += used.perturbed_steps()
         weights_norm = float(np.linalg.norm(theta))
-        metrics.info[LEARNER_INFO] = {
-            DEFAULT_POLICY_ID: {
-                **stats,
-                "step_norm": step_norm,
-                "weights_norm": weights_norm,
-                "update_ratio": step_norm / max(weights_norm, 1e-8),
-                "perturbed_return_mean": float(used.returns.mean()),
-                "perturbed_return_max": float(used.returns.max()),
-                "num_pairs": used.num_pairs,
+        record_learner_info(
+            {
+                DEFAULT_POLICY_ID: {
+                    **stats,
+                    "step_norm": step_norm,
+                    "weights_norm": weights_norm,
+                    "update_ratio": step_norm / max(weights_norm, 1e-8),
+                    "perturbed_return_mean": float(used.returns.mean()),
+                    "perturbed_return_max": float(used.returns.max()),
+                    "num_pairs": used.num_pairs,
+                }
             }
-        }
+        )
         return result
 
 

@@ -21,8 +21,8 @@ from flowrl.iterators import (
     SharedMetrics,
     from_actors,
 )
+from flowrl.operators.metric_ops import record_learner_info
 from flowrl.operators.names import (
-    LEARNER_INFO,
     STEPS_SAMPLED_COUNTER,
     STEPS_TRAINED_COUNTER,
 )
@@ -172,8 +172,7 @@ class UpdatePriorities:
                 updates[pid] = (batches[pid]["batch_indexes"], np.asarray(td_error))
         if updates:
             self.local_buffer.update_priorities(updates)
-        metrics = LocalIterator.get_metrics()
-        metrics.info[LEARNER_INFO] = {**metrics.info.get(LEARNER_INFO, {}), **info}
+        record_learner_info(info)
         return item
 
 

@@ -18,9 +18,9 @@ from flowrl.data import (
 )
 from flowrl.errors import FlowRLError
 from flowrl.iterators import LocalIterator, ParallelIterator, SharedMetrics, from_actors
+from flowrl.operators.metric_ops import record_learner_info
 from flowrl.operators.names import (
     AGENT_STEPS_SAMPLED_COUNTER,
-    LEARNER_INFO,
     STEPS_SAMPLED_COUNTER,
 )
 
@@ -28,11 +28,16 @@ Batch = SampleBatch | MultiAgentBatch
 ROLLOUT_MODES = ("bulk_sync", "async", "raw")
 
 
+def count_sampled(env_steps: int, agent_steps: int) -> None:
+    """Add to the env-step and agent-step sampled counters of the plan's metrics."""
+    metrics = LocalIterator.get_metrics()
+    metrics.counters[STEPS_SAMPLED_COUNTER] += env_steps
+    metrics.counters[AGENT_STEPS_SAMPLED_COUNTER] += agent_steps
+
+
 def count_steps_sampled(batch: Batch) -> Batch:
     """Add a batch's env and agent steps to the sampled counters (pass-through)."""
-    metrics = LocalIterator.get_metrics()
-    metrics.counters[STEPS_SAMPLED_COUNTER] += batch.env_steps()
-    metrics.counters[AGENT_STEPS_SAMPLED_COUNTER] += batch.agent_steps()
+    count_sampled(batch.env_steps(), batch.agent_steps())
     return batch
 
 
@@ -81,9 +86,7 @@ class _CountAggregatedSteps:
 
     def __call__(self, item: tuple[Batch, int, int]) -> Batch:
         batch, env_steps, agent_steps = item
-        metrics = LocalIterator.get_metrics()
-        metrics.counters[STEPS_SAMPLED_COUNTER] += env_steps
-        metrics.counters[AGENT_STEPS_SAMPLED_COUNTER] += agent_steps
+        count_sampled(env_steps, agent_steps)
         return batch
 
 
@@ -112,10 +115,8 @@ def _sample_and_compute_gradients(batch: Batch) -> tuple[tuple[list[np.ndarray],
 
 def _record_gradient_source(item: tuple[tuple[list[np.ndarray], dict[str, float]], int]) -> tuple[list[np.ndarray], int]:
     (grads, info), count = item
-    metrics = LocalIterator.get_metrics()
-    metrics.counters[STEPS_SAMPLED_COUNTER] += count
-    metrics.counters[AGENT_STEPS_SAMPLED_COUNTER] += count
-    metrics.info[LEARNER_INFO] = {DEFAULT_POLICY_ID: info}
+    count_sampled(count, count)
+    record_learner_info({DEFAULT_POLICY_ID: info})
     return grads, count
 
 

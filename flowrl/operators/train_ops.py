@@ -17,6 +17,7 @@ from flowrl.data import (
 )
 from flowrl.errors import FlowRLError
 from flowrl.iterators import LocalIterator
+from flowrl.operators.metric_ops import record_learner_info
 from flowrl.operators.names import (
     AGENT_STEPS_TRAINED_COUNTER,
     APPLY_GRADS_TIMER,
@@ -91,9 +92,7 @@ class TrainOneStep:
             timer.push_units_processed(batch.env_steps())
         metrics.counters[STEPS_TRAINED_COUNTER] += batch.env_steps()
         metrics.counters[AGENT_STEPS_TRAINED_COUNTER] += batch.agent_steps()
-        # Merged: in composed plans each sub-flow trains its own policies, and every policy's
-        # latest stats belong in the result.
-        metrics.info[LEARNER_INFO] = {**metrics.info.get(LEARNER_INFO, {}), **info}
+        record_learner_info(info)
         with metrics.timers[WORKER_UPDATE_TIMER]:
             self.workers.sync_weights(self.policies, global_vars=_global_vars())
         metrics.counters[NUM_WEIGHT_SYNCS] += 1
@@ -111,7 +110,7 @@ class ComputeGradients:
         metrics = LocalIterator.get_metrics()
         with metrics.timers[COMPUTE_GRADS_TIMER]:
             grads, info = self.workers.local_worker().compute_gradients(as_policy_batches(batch)[self.policy_id], self.policy_id)
-        metrics.info[LEARNER_INFO] = {self.policy_id: info}
+        record_learner_info({self.policy_id: info})
         return grads, batch.env_steps()
 
 
