@@ -145,7 +145,6 @@ class MultiAgentSampler:
         self.ts = np.zeros(n, dtype=np.int64)
         self.eps_ids = np.zeros(n, dtype=np.int64)
         self.trajectories: list[dict[Hashable, _Trajectory]] = [{} for _ in range(n)]
-        self.agent_returns: list[dict[Hashable, tuple[str, float]]] = [{} for _ in range(n)]
         for i, env in enumerate(envs):
             self._start_episode(i, None if seed is None else seed + i)
 
@@ -156,7 +155,6 @@ class MultiAgentSampler:
         self._next_episode_id += 1
         self.eps_ids[i] = self._next_episode_id
         self.trajectories[i] = {}
-        self.agent_returns[i] = {}
 
     def _trajectory(self, i: int, agent: Hashable) -> _Trajectory:
         trajectory = self.trajectories[i].get(agent)
@@ -223,14 +221,11 @@ class MultiAgentSampler:
                 })
                 trajectory = self.trajectories[i][agent]
                 trajectory.add(row)
-                self.agent_returns[i][agent] = (trajectory.policy_id, trajectory.total_reward)
                 if terminated or truncated:
                     close(trajectory)
             for agent, reward in rewards.items():
                 if agent not in actions[i]:
-                    trajectory = self._trajectory(i, agent)
-                    trajectory.reward_without_acting(float(reward))
-                    self.agent_returns[i][agent] = (trajectory.policy_id, trajectory.total_reward)
+                    self._trajectory(i, agent).reward_without_acting(float(reward))
             self.ts[i] += 1
             live = list(env.agents)
             if live:
@@ -250,8 +245,8 @@ class MultiAgentSampler:
 
     def _record_episode(self, i: int) -> None:
         policy_rewards: dict[str, list[float]] = collections.defaultdict(list)
-        for policy_id, total in self.agent_returns[i].values():
-            policy_rewards[policy_id].append(total)
+        for trajectory in self.trajectories[i].values():  # one per agent of the episode: its return so far
+            policy_rewards[trajectory.policy_id].append(trajectory.total_reward)
         total_reward = sum(sum(returns) for returns in policy_rewards.values())
         self.finished.append(EpisodeStats(float(total_reward), int(self.ts[i]), dict(policy_rewards)))
 
