@@ -60,6 +60,7 @@ import ray
 import torch
 
 from flowrl.actors import RolloutWorker, WorkerSet
+from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
 from flowrl.data.compression import compress_array, decompress_array
 from flowrl.envs import get_env_creator
@@ -101,7 +102,7 @@ def worker_args(num_envs: int = NUM_ENVS) -> dict[str, Any]:
     """RolloutWorker / WorkerSet arguments: the default-model TorchPolicy, vectorised envs, truncated fragments."""
     env = gym.make(ENV_ID)
     spec = PolicySpec(
-        TorchPolicy, env.observation_space, env.action_space, {}, {"loss_fn": bc_loss, "postprocess_fn": gae}
+        TorchPolicy, env.observation_space, env.action_space, TrainerConfig(), {"loss_fn": bc_loss, "postprocess_fn": gae}
     )
     return {
         "env_creator": get_env_creator(ENV_ID),

@@ -3,13 +3,15 @@
 A config is a keyword-only dataclass whose every field is declared with :func:`cfg_field`,
 so each key carries its doc (meaning, units, default) and its valid range or choices.
 :class:`TrainerConfig` holds the keys every algorithm shares, with RLlib's names; an
-algorithm's config subclasses it, adds its own keys, may redeclare a base key to change
-its default, and adds cross-field checks in :meth:`TrainerConfig.check`::
+algorithm's config subclasses it, adds its own keys, changes inherited defaults in its
+``defaults`` mapping (the key keeps its type, doc and bounds, declared once), and adds
+cross-field checks in :meth:`TrainerConfig.check`::
 
     @dataclass(kw_only=True)
     class PPOConfig(TrainerConfig):
+        defaults = {"train_batch_size": 4000, "lr": 3e-4}
+
         sgd_minibatch_size: int = cfg_field(128, "Minibatch size (steps) for each SGD step.", min=1)
-        train_batch_size: int = cfg_field(4000, "Steps per training batch (PPO's default).", min=1)
 
         def check(self) -> list[str]:
             problems = super().check()
@@ -27,6 +29,11 @@ types, values out of range, bad choices and the cross-field checks, for example:
       - unknown config key 'lrr'; did you mean 'lr'?
       - gamma=1.5 must be <= 1
       - sgd_minibatch_size=512 > train_batch_size=256
+
+A key redeclared with ``cfg_field`` instead may change its doc, bounds or choices too.
+Keys a loss or a policy reads are declared ``per_policy=True``: a multi-agent config may
+override them for one policy (``policies[pid]["config"]``). Policies receive the whole
+config object, frozen (:meth:`TrainerConfig.frozen`), and read typed attributes from it.
 
 Types come from the annotations: ``int``, ``float``, ``bool``, ``str``, ``dict``, ``list``
 (and their parametrised forms), ``Any``, ``Literal[...]`` (the choices) and unions of
@@ -48,11 +55,11 @@ import types
 import typing
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Mapping, Sequence, TypeVar, Union
+from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence, TypeVar, Union
 
-from flowrl.errors import ConfigError, FlowRLError
+from flowrl.errors import ConfigError, FlowRLError, FrozenConfigError
 
-__all__ = ["ConfigError", "TrainerConfig", "cfg_field"]
+__all__ = ["ConfigError", "FrozenConfigError", "TrainerConfig", "cfg_field"]
 
 C = TypeVar("C", bound="TrainerConfig")
 
@@ -71,6 +78,14 @@ class _FieldMeta:
     min_exclusive: bool
     choices: tuple[Any, ...] | None
     validator: Callable[[Any], list[str]] | None
+    per_policy: bool = False
+
+
+def _dataclass_field(default: Any, meta: _FieldMeta) -> Any:
+    metadata = {_META_KEY: meta}
+    if isinstance(default, (dict, list)):
+        return dataclasses.field(default_factory=functools.partial(copy.deepcopy, default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def cfg_field(
@@ -82,6 +97,7 @@ def cfg_field(
     min_exclusive: bool = False,
     choices: Sequence[Any] | None = None,
     validator: Callable[[Any], list[str]] | None = None,
+    per_policy: bool = False,
 ) -> Any:
     """A config dataclass field with its doc and its valid values.
 
@@ -90,14 +106,12 @@ def cfg_field(
     ``min``/``max``: inclusive bounds for numbers (``min_exclusive=True``: the value must be
     strictly greater than ``min``). ``choices``: the allowed values. ``validator(value)``:
     more checks of a value that has the right type, returning problem messages.
+    ``per_policy``: a policy reads it, so a multi-agent config may set it for one policy.
     """
     if not doc or not doc.strip():
         raise TypeError("cfg_field needs a non-empty doc")
     allowed = tuple(choices) if choices is not None else None
-    meta = {_META_KEY: _FieldMeta(doc.strip(), min, max, min_exclusive, allowed, validator)}
-    if isinstance(default, (dict, list)):
-        return dataclasses.field(default_factory=functools.partial(copy.deepcopy, default), metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+    return _dataclass_field(default, _FieldMeta(doc.strip(), min, max, min_exclusive, allowed, validator, per_policy))
 
 
 # --- field specs: what each annotation and cfg_field allow ---------------------------------------
@@ -363,8 +377,13 @@ class TrainerConfig:
 
     Constructing one directly also validates it (``ConfigError`` on any problem), and so
     does :meth:`replace`. Fields may be assigned afterwards; call :meth:`validate` then.
+    :meth:`frozen` gives a copy that refuses assignments (what policies and workers get).
     Subclasses defining ``__post_init__`` call ``super().__post_init__()`` last.
     """
+
+    #: Inherited keys whose default a subclass changes: ``{key: new default}``. The key keeps
+    #: its type, doc and bounds from the base class; the new default is checked like any value.
+    defaults: ClassVar[Mapping[str, Any]] = {}
 
     # Workers and sampling.
     num_workers: int = cfg_field(
@@ -384,23 +403,29 @@ class TrainerConfig:
     )
     train_batch_size: int = cfg_field(4000, "Steps (env transitions) per training batch.", min=1)
     # Learning.
-    lr: float = cfg_field(5e-4, "Learning rate of the policy's optimizer (Adam).", min=0, min_exclusive=True)
-    gamma: float = cfg_field(0.99, "Discount factor per env step, in [0, 1].", min=0, max=1)
+    lr: float = cfg_field(5e-4, "Learning rate of the policy's optimizer (Adam).", min=0, min_exclusive=True, per_policy=True)
+    gamma: float = cfg_field(0.99, "Discount factor per env step, in [0, 1].", min=0, max=1, per_policy=True)
     grad_clip: float | None = cfg_field(
-        None, "Clip the global L2 norm of the gradients to this before each step. None: no clipping.", min=0, min_exclusive=True
+        None,
+        "Clip the global L2 norm of the gradients to this before each step. None: no clipping.",
+        min=0,
+        min_exclusive=True,
+        per_policy=True,
     )
     model: dict[str, Any] = cfg_field(
         {},
         "Options overriding flowrl.policy.models.DEFAULT_MODEL_CONFIG (fcnet_hiddens, fcnet_activation, "
         "conv_filters, conv_activation, vf_share_layers). {}: every default.",
         validator=_model_problems,
+        per_policy=True,
     )
-    explore: bool = cfg_field(True, "Explore while sampling (False: greedy / deterministic actions).")
+    explore: bool = cfg_field(True, "Explore while sampling (False: greedy / deterministic actions).", per_policy=True)
     exploration_config: dict[str, Any] = cfg_field(
         {},
         "Exploration: 'type' names one of flowrl.policy.exploration.EXPLORATIONS (default StochasticSampling); "
         "the other keys are its options (e.g. EpsilonGreedy's initial_epsilon).",
         validator=_exploration_problems,
+        per_policy=True,
     )
     # Multi-agent.
     policies: dict[str, Any] = cfg_field(
@@ -426,10 +451,10 @@ class TrainerConfig:
     )
     # Resources and faults.
     seed: int | None = cfg_field(
-        None, "Random seed; worker i seeds torch, numpy and its envs from seed + 10000*i. None: unseeded runs."
+        None, "Random seed; worker i seeds torch, numpy and its envs from seed + 10000*i. None: unseeded runs.", per_policy=True
     )
     num_gpus: float = cfg_field(
-        0.0, "GPUs for the learner policy in the driver (fractions share one); without CUDA it runs on CPU.", min=0
+        0.0, "GPUs for the learner policy in the driver (fractions share one); without CUDA it runs on CPU.", min=0, per_policy=True
     )
     num_cpus_per_worker: float = cfg_field(1.0, "CPUs Ray reserves for each remote rollout worker (fractions allowed).", min=0)
     learner_threads: int = cfg_field(
@@ -450,8 +475,40 @@ class TrainerConfig:
         0, "Minimum env steps sampled per train() call; it runs plan steps until then. 0: none.", min=0
     )
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Runs before @dataclass processes the subclass: each ``defaults`` entry becomes a
+        # redeclaration of the inherited field with the base's annotation and metadata.
+        changed = cls.__dict__.get("defaults") or {}
+        annotations = cls.__dict__.get("__annotations__")
+        if annotations is None:
+            annotations = {}
+            cls.__annotations__ = annotations
+        for name, default in changed.items():
+            if name in annotations:
+                raise TypeError(f"{cls.__name__}.{name} is declared in the class body and in defaults; keep one")
+            base = next((b for b in cls.__mro__[1:] if name in getattr(b, "__dataclass_fields__", {})), None)
+            if base is None:
+                raise TypeError(f"{cls.__name__}.defaults names {name!r}, which no base config declares")
+            meta = base.__dataclass_fields__[name].metadata[_META_KEY]
+            annotation = annotations[name] = typing.get_type_hints(base)[name]
+            # A bad default fails here, at import, not when someone first builds the config.
+            kinds, literals, allows_none = _parse_annotation(cls.__name__, name, annotation)
+            _, found = _check_value(_Spec(name, kinds, literals, allows_none, meta, default), default)
+            if found:
+                raise TypeError(f"{cls.__name__}.defaults[{name!r}] is invalid: {'; '.join(found)}")
+            setattr(cls, name, _dataclass_field(default, meta))
+
     def __post_init__(self) -> None:
         self.validate()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_frozen"):
+            raise FrozenConfigError(
+                f"{type(self).__name__} is frozen: it was handed to policies and workers; "
+                f"build a new one with replace({name}=...)"
+            )
+        super().__setattr__(name, value)
 
     # --- building and checking ---
 
@@ -532,7 +589,7 @@ class TrainerConfig:
         problems: list[str] = []
         for spec in _specs(type(self)):
             value, found = _check_value(spec, getattr(self, spec.name))
-            if not found:
+            if not found and not self.is_frozen:  # a frozen config was normalised before it froze
                 setattr(self, spec.name, value)
             problems += found
         if not problems:
@@ -541,9 +598,28 @@ class TrainerConfig:
             raise ConfigError(problems)
 
     def replace(self: C, **changes: Any) -> C:
-        """A new validated config with ``changes`` applied (unknown keys get suggestions)."""
+        """A new validated config with ``changes`` applied (unknown keys get suggestions); frozen if this one is."""
         values = {spec.name: getattr(self, spec.name) for spec in _specs(type(self))}
-        return type(self).from_dict({**values, **changes})
+        config = type(self).from_dict({**values, **changes})
+        return config.frozen() if self.is_frozen else config
+
+    def frozen(self: C) -> C:
+        """A copy whose keys can no longer be assigned (``FrozenConfigError``); itself if already frozen."""
+        if self.is_frozen:
+            return self
+        config = copy.deepcopy(self)
+        config.__dict__["_frozen"] = True
+        return config
+
+    @property
+    def is_frozen(self) -> bool:
+        """Whether assignments to the keys raise."""
+        return bool(self.__dict__.get("_frozen"))
+
+    @classmethod
+    def per_policy_keys(cls) -> frozenset[str]:
+        """Keys a policy reads, which a multi-agent config may override per policy (``policies[pid]["config"]``)."""
+        return frozenset(spec.name for spec in _specs(cls) if spec.meta.per_policy)
 
     # --- views ---
 
@@ -557,17 +633,6 @@ class TrainerConfig:
         if jsonable:
             return {spec.name: _jsonable(getattr(self, spec.name)) for spec in _specs(type(self))}
         return {spec.name: copy.deepcopy(getattr(self, spec.name)) for spec in _specs(type(self))}
-
-    def rollout_config(self) -> dict[str, Any]:
-        """The keys a :class:`~flowrl.actors.RolloutWorker` reads (``ROLLOUT_DEFAULTS``); subclasses may extend it."""
-        from flowrl.actors.rollout_worker import ROLLOUT_DEFAULTS
-
-        return {key: copy.deepcopy(getattr(self, key)) for key in ROLLOUT_DEFAULTS}
-
-    def policy_config(self) -> dict[str, Any]:
-        """The keys a :class:`~flowrl.policy.TorchPolicy` reads; algorithm configs add their loss's keys via ``super()``."""
-        keys = ("lr", "gamma", "model", "grad_clip", "explore", "exploration_config", "num_gpus", "seed")
-        return {key: copy.deepcopy(getattr(self, key)) for key in keys}
 
     @classmethod
     def describe(cls, doc_width: int = 60) -> str:

@@ -48,8 +48,8 @@ class EnvCheckError(EnvError):
     """
 
 
-class ConfigError(FlowRLError):
-    """A config had unknown keys or invalid values.
+class ConfigError(FlowRLError, ValueError):
+    """A config had unknown keys or invalid values (also a ``ValueError``, as Python's own bad-value errors are).
 
     ``problems`` lists every problem found, one message each (the key, the value seen
     and what would be valid), and the error's message shows them one per line, so a
@@ -65,6 +65,13 @@ class ConfigError(FlowRLError):
     def __reduce__(self) -> tuple[type[ConfigError], tuple[list[str]]]:
         # Ray ships exceptions between processes by pickling; keep the list, not the text.
         return (type(self), (self.problems,))
+
+
+class FrozenConfigError(FlowRLError, AttributeError):
+    """A key of a frozen config (one handed to policies and workers) was assigned.
+
+    Also an ``AttributeError``, what assigning to a read-only attribute raises in Python.
+    """
 
 
 class CheckpointError(FlowRLError):

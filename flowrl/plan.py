@@ -2,30 +2,33 @@
 
 A :class:`Plan` wraps the iterator an algorithm's ``execution_plan`` returns. Its graph
 is read from the stage nodes the iterators recorded while the plan was built; actor
-nodes come from the actors that gathers pull from and from operators that declare, with
-a ``plan_links()`` method, what they do to which actors (``(actor class, label)``) or
-which actors feed which (``(source class, target class, label)``), and with
-``plan_actor_counts()`` how many actors of a class there are when no gather shows them. Per-stage statistics come from
-the plan's metrics context.
+nodes come from the actors that gathers pull from and from what operators declare
+through the operator protocol (:mod:`flowrl.operators.protocol`): links to actors,
+actors feeding actors, actor counts, hidden plumbing. Stateful operators' state goes
+into checkpoints under their declared ``state_key``. Per-stage statistics come from the
+plan's metrics context.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from flowrl.errors import FlowRLError
 from flowrl.iterators import LocalIterator, MetricsContext, StageNode
+from flowrl.operators.protocol import ActorFlow, Operator, StatefulOperator
 
 
 def _actor_class(actor: Any) -> str:
     descriptor = getattr(actor, "_ray_actor_creation_function_descriptor", None)
-    return getattr(descriptor, "class_name", None) or type(actor).__name__
+    name = getattr(descriptor, "class_name", None)
+    return name if isinstance(name, str) and name else type(actor).__name__
 
 
 def _hidden(stage: StageNode) -> bool:
-    return bool(getattr(stage.fn, "plan_hidden", False))
+    return isinstance(stage.fn, Operator) and stage.fn.plan_hidden
 
 
 @dataclass
@@ -81,18 +84,15 @@ def build_graph(output: StageNode) -> PlanGraph:
             for actor_class, count in counts.items():
                 graph.actors[actor_class] = max(graph.actors.get(actor_class, 0), count)
                 graph.edges.append((PlanGraph.actor_id(actor_class), PlanGraph.op_id(stage), stage.kind))
-        counts_fn = getattr(stage.fn, "plan_actor_counts", None)
-        for actor_class, count in (counts_fn() if callable(counts_fn) else {}).items():
+        if not isinstance(stage.fn, Operator):
+            return
+        for actor_class, count in stage.fn.plan_actor_counts().items():
             graph.actors[actor_class] = max(graph.actors.get(actor_class, 0), count)
-        links = getattr(stage.fn, "plan_links", None)
-        if callable(links):
-            for link in links():
-                if len(link) == 3:  # (source actor class, target actor class, label): actors feeding actors
-                    source, target, label = link
-                    graph.edges.append((PlanGraph.actor_id(source), PlanGraph.actor_id(target), label))
-                    continue
-                actor_class, label = link
-                graph.edges.append((PlanGraph.op_id(stage), PlanGraph.actor_id(actor_class), label))
+        for link in stage.fn.plan_links():
+            if isinstance(link, ActorFlow):
+                graph.edges.append((PlanGraph.actor_id(link.source), PlanGraph.actor_id(link.target), link.label))
+            else:
+                graph.edges.append((PlanGraph.op_id(stage), PlanGraph.actor_id(link.actor_class), link.label))
 
     visit(output)
     for source, target, _ in graph.edges:
@@ -128,10 +128,17 @@ class Plan:
             self._started_at = time.perf_counter()
         return next(self.iterator)
 
-    def _stateful_operators(self) -> dict[str, Any]:
-        # Keyed by position and label: stage ids differ between processes, the plan's shape does not.
-        found = [s for s in self.graph.operators.values() if callable(getattr(s.fn, "get_state", None))]
-        return {f"{i}:{stage.label}": stage.fn for i, stage in enumerate(found)}
+    def _stateful_operators(self) -> dict[str, StatefulOperator]:
+        # Keyed by each operator's declared state_key (numbered when repeated, in dataflow order):
+        # stage ids differ between processes, and class names may change between versions.
+        found: dict[str, StatefulOperator] = {}
+        seen: Counter[str] = Counter()
+        for stage in self.graph.operators.values():
+            if isinstance(stage.fn, StatefulOperator):
+                key = stage.fn.state_key
+                found[key if not seen[key] else f"{key}#{seen[key]}"] = stage.fn
+                seen[key] += 1
+        return found
 
     def get_state(self) -> dict[str, Any]:
         """Counters and info of the metrics context, and the state of operators that keep some."""

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from flowrl.algorithms import Algorithm, get_algorithm, list_algorithms
-from flowrl.actors import WorkerSet
+from flowrl.actors import PlanResources, WorkerSet
 from flowrl.actors.multi_agent_sampler import policy_mapping
 from flowrl.checkpoint import read_checkpoint, write_checkpoint
 from flowrl.config import TrainerConfig
@@ -21,13 +21,13 @@ from flowrl.envs import get_env_creator, is_multi_agent_env
 from flowrl.errors import CheckpointError, ConfigError, FlowRLError
 from flowrl.operators import STEPS_SAMPLED_COUNTER
 from flowrl.operators.metric_ops import summarize_episodes
-from flowrl.operators.perturbation_ops import run_episode
+from flowrl.envs.episodes import run_episode
 from flowrl.plan import Plan
 from flowrl.policy import Policy, PolicySpec
 from flowrl.ray_runtime import start_ray, stop_ray
 
 EnvSpec = str | Callable[[dict[str, Any]], gym.Env]
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
 
 
 class Trainer:
@@ -37,6 +37,10 @@ class Trainer:
     problem in it is reported in one :class:`~flowrl.errors.ConfigError` before any actor
     starts. With no ``address`` an embedded local Ray is started (and stopped by
     :meth:`stop`); with one, that cluster is joined and left running.
+
+    The Trainer owns what the plan wires: the rollout workers (``workers``) and the
+    algorithm's resources (``resources``: replay buffers or shards, a learner thread,
+    aggregators), created before the plan and released by :meth:`stop`.
     """
 
     def __init__(
@@ -51,7 +55,7 @@ class Trainer:
         config_class = self.algorithm.config_class
         if isinstance(config, TrainerConfig):
             config = config.to_dict(jsonable=False)
-        self.config = config_class.from_dict(config)
+        self.config = config_class.from_dict(config).frozen()
         self.env = env
         env_creator = get_env_creator(env)
         self._owns_ray = start_ray(address)
@@ -60,16 +64,20 @@ class Trainer:
             self.workers = WorkerSet(
                 env_creator=env_creator,
                 policy_specs=policy_specs(self.algorithm, self.config, env_creator),
-                config=self.config.rollout_config(),
+                config=self.config,
                 num_workers=self.config.num_workers,
                 num_cpus_per_worker=self.config.num_cpus_per_worker,
                 recreate_failed_workers=self.config.recreate_failed_workers,
                 check_env=self.config.check_env,
             )
+            self.resources = PlanResources()
             try:
-                self.plan = Plan(self.algorithm.execution_plan(self.workers, self.config), name=self.algorithm.name)
+                self.resources = self.algorithm.make_resources(self.workers, self.config)
+                plan = self.algorithm.execution_plan(self.workers, self.config, self.resources)
+                self.plan = Plan(plan, name=self.algorithm.name)
             except BaseException:
-                self.workers.stop()  # also what the plan had started (learner threads, replay and aggregator actors)
+                self.resources.stop()
+                self.workers.stop()
                 raise
         except BaseException:
             stop_ray(self._owns_ray)
@@ -110,6 +118,7 @@ class Trainer:
             timestamp=time.time(),
             plan=self.plan.stats(),
         )
+        result.setdefault("info", {}).update(self.resources.stats())
         self._finished_metrics = self.plan.metrics.save()
         return result
 
@@ -130,6 +139,7 @@ class Trainer:
             "time_total_s": self.time_total_s,
             "worker": self._worker_state(),
             "plan": {**self.plan.get_state(), "metrics": self._finished_metrics},
+            "resources": self.resources.get_state(),
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
         }
 
@@ -146,6 +156,7 @@ class Trainer:
             )
         self.workers.local_worker().set_state(state["worker"])
         self.plan.set_state(state["plan"])
+        self.resources.set_state(state.get("resources", {}))
         self._finished_metrics = self.plan.metrics.save()
         self.iteration = int(state["iteration"])
         self.time_total_s = float(state["time_total_s"])
@@ -188,7 +199,8 @@ class Trainer:
     # -- lifecycle -------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Release every actor, and stop Ray if this trainer started it."""
+        """Release the plan's resources and every actor, and stop Ray if this trainer started it."""
+        self.resources.stop()
         self.workers.stop()
         stop_ray(self._owns_ray)
         self._owns_ray = False
@@ -229,7 +241,7 @@ def policy_specs(algorithm: Algorithm, config: TrainerConfig, env_creator: Calla
         probe.close()
     if algorithm.make_policies is not None:
         return algorithm.make_policies(spaces, config)
-    policy_keys = set(config.policy_config())
+    policy_keys = config.per_policy_keys()
     problems = [
         f"policies[{pid!r}]['config'] sets {key!r}, which is not a policy key; per-policy keys are {sorted(policy_keys)}"
         for pid, spec in config.policies.items()
@@ -337,7 +349,7 @@ def evaluate_checkpoint(checkpoint_path: str | Path, num_episodes: int = 10, see
     config = algorithm.config_class.from_dict(state["config"])
     policy_map = {}
     for pid, spec in policy_specs(algorithm, config, get_env_creator(state["env"])).items():
-        policy_map[pid] = spec.build({"worker_index": 0})
+        policy_map[pid] = spec.build()
         policy_map[pid].set_state(state["worker"]["policies"][pid])
     stats = evaluate_policies(policy_map, state["env"], config, num_episodes, seed)
     return {**stats, "algo": state["algo"], "env": state["env"], "iteration": state["iteration"]}

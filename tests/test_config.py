@@ -12,7 +12,7 @@ from typing import Any, Literal
 import pytest
 
 from flowrl.config import TrainerConfig, cfg_field
-from flowrl.errors import ConfigError, FlowRLError
+from flowrl.errors import ConfigError, FlowRLError, FrozenConfigError
 
 
 @dataclass(kw_only=True)
@@ -340,15 +340,48 @@ def test_describe_lists_every_field_with_type_default_and_doc() -> None:
     assert "Steps per training batch (this algorithm's default)." in " ".join(text.split())
 
 
-def test_rollout_and_policy_configs_carry_the_keys_their_readers_use() -> None:
-    from flowrl.actors.rollout_worker import ROLLOUT_DEFAULTS
-
+def test_workers_and_policies_get_a_frozen_copy_with_the_keys_their_readers_use() -> None:
     config = TrainerConfig.from_dict({"seed": 5, "env_config": {"size": 3}, "lr": 1e-3, "model": {"fcnet_hiddens": [8]}})
-    rollout = config.rollout_config()
-    assert set(rollout) == set(ROLLOUT_DEFAULTS)
-    assert rollout["seed"] == 5 and rollout["env_config"] == {"size": 3}
-    rollout["env_config"]["size"] = 99  # a copy: workers cannot change the config
+    frozen = config.frozen()
+    assert frozen.seed == 5 and frozen.env_config == {"size": 3}
+    frozen.env_config["size"] = 99  # a copy: workers cannot change the config
     assert config.env_config == {"size": 3}
-    policy = config.policy_config()
-    assert set(policy) == {"lr", "model", "grad_clip", "explore", "exploration_config", "num_gpus", "seed", "gamma"}
-    assert policy["lr"] == 1e-3 and policy["model"] == {"fcnet_hiddens": [8]}
+    with pytest.raises(FrozenConfigError, match="TrainerConfig is frozen"):
+        frozen.seed = 6
+    assert frozen.replace(seed=6).seed == 6 and frozen.replace(seed=6).is_frozen and not config.is_frozen
+    assert TrainerConfig.per_policy_keys() == {"lr", "model", "grad_clip", "explore", "exploration_config", "num_gpus", "seed", "gamma"}
+    assert frozen.lr == 1e-3 and frozen.model == {"fcnet_hiddens": [8]}
+
+
+def test_defaults_change_an_inherited_default_and_keep_its_type_doc_and_bounds() -> None:
+    @dataclasses.dataclass(kw_only=True)
+    class Child(TrainerConfig):
+        defaults = {"lr": 0.1, "model": {"fcnet_hiddens": [3]}}
+
+    base = {f.name: f for f in dataclasses.fields(TrainerConfig)}
+    child = {f.name: f for f in dataclasses.fields(Child)}
+    assert Child().lr == 0.1 and Child().model == {"fcnet_hiddens": [3]} and TrainerConfig().lr == 5e-4
+    assert list(child) == list(base)  # redefined in place: the order of the keys does not change
+    assert child["lr"].metadata["flowrl"] == base["lr"].metadata["flowrl"]
+    with pytest.raises(ConfigError, match="lr=-1 must be > 0"):
+        Child.from_dict({"lr": -1})
+    Child().model["fcnet_hiddens"].append(4)
+    assert Child().model == {"fcnet_hiddens": [3]}  # each config gets its own copy of a dict default
+
+
+@pytest.mark.parametrize(
+    ("defaults", "message"),
+    [
+        ({"lrr": 0.1}, "Bad.defaults names 'lrr', which no base config declares"),
+        ({"lr": -1.0}, r"Bad.defaults\['lr'\] is invalid: lr=-1.0 must be > 0"),
+        ({"gamma": "high"}, r"Bad.defaults\['gamma'\] is invalid: gamma='high' must be a float"),
+    ],
+)
+def test_a_bad_defaults_entry_fails_when_the_class_is_defined(defaults: dict[str, Any], message: str) -> None:
+    with pytest.raises(TypeError, match=message):
+        type("Bad", (TrainerConfig,), {"defaults": defaults})
+
+
+def test_a_key_in_defaults_and_in_the_class_body_is_refused() -> None:
+    with pytest.raises(TypeError, match="Twice.lr is declared in the class body and in defaults"):
+        type("Twice", (TrainerConfig,), {"defaults": {"lr": 0.1}, "__annotations__": {"lr": float}, "lr": cfg_field(0.1, "lr")})

@@ -67,7 +67,8 @@ def trainer(ray_session: None) -> Iterator[Trainer]:
 def build_plan(case: str, trainer: Trainer) -> Plan:
     algorithm = get_algorithm(case.split("_")[0])
     config = algorithm.config_class.from_dict(CONFIGS[case])
-    return Plan(algorithm.execution_plan(trainer.workers, config), name=algorithm.name)
+    resources = algorithm.make_resources(trainer.workers, config)
+    return Plan(algorithm.execution_plan(trainer.workers, config, resources), name=algorithm.name)
 
 
 def labels(plan: Plan) -> list[str]:
@@ -260,7 +261,7 @@ def test_apex_plan_has_three_concurrent_subflows_and_releases_its_actors() -> No
         plan = trainer.plan
         labels = [stage.label for stage in plan.graph.operators.values()]
         for expected in ("transform(ThrottleSampling)", "for_each(StoreToReplayBuffer)", "for_each(SendWeightsToSource)", "transform(Enqueue)",
-                         "dequeue", "for_each(UpdateReplayPriorities)", "for_each(UpdateTargetNetwork)", "union[async]"):
+                         "dequeue", "for_each(UpdatePriorities)", "for_each(UpdateTargetNetwork)", "union[async]"):
             assert expected in labels, (expected, labels)
         assert plan.graph.actors["RolloutWorker"] == 2 and plan.graph.actors["ReplayActor"] == 1
         assert "LearnerThread" in plan.graph.actors
@@ -281,7 +282,7 @@ def test_apex_ddpg_runs_ddpg_on_the_apex_plan() -> None:
     trainer = Trainer("apex_ddpg", "Pendulum-v1", config)
     try:
         labels = [stage.label for stage in trainer.plan.graph.operators.values()]
-        assert "for_each(UpdateReplayPriorities)" in labels and "transform(Enqueue)" in labels
+        assert "for_each(UpdatePriorities)" in labels and "transform(Enqueue)" in labels
         result = trainer.train()
         assert result["info"]["num_steps_trained"] > 0
         assert type(trainer.workers.local_worker().get_policy().model).__name__ == "ActorCritics"

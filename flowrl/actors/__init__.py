@@ -1,16 +1,22 @@
-"""Stateful Ray actors: rollout workers, worker sets, replay shards, learner threads and aggregators."""
+"""Stateful Ray actors: rollout workers, worker sets, replay shards, learner threads and aggregators,
+and the plan resources (replay, learner, aggregators) a Trainer owns beside its workers."""
 
-from flowrl.actors.aggregator import AggregatorWorker, create_aggregators
-from flowrl.actors.learner_thread import LearnerThread
+from flowrl.actors.aggregator import Aggregated, AggregatorWorker, create_aggregators
+from flowrl.actors.learner_thread import Learned, LearnerThread, Priorities, learn_on_local_worker
 from flowrl.actors.replay_actor import ReplayActor, create_replay_actors
+from flowrl.actors.resources import PlanResources, no_resources
 from flowrl.actors.rollout_worker import RolloutWorker, get_global_worker
 from flowrl.actors.sampler import EpisodeStats, VectorSampler
 from flowrl.actors.worker_set import WorkerSet
 
 __all__ = [
+    "Aggregated",
     "AggregatorWorker",
     "EpisodeStats",
+    "Learned",
     "LearnerThread",
+    "PlanResources",
+    "Priorities",
     "ReplayActor",
     "RolloutWorker",
     "VectorSampler",
@@ -18,4 +24,6 @@ __all__ = [
     "create_aggregators",
     "create_replay_actors",
     "get_global_worker",
+    "learn_on_local_worker",
+    "no_resources",
 ]

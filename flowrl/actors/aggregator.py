@@ -10,7 +10,7 @@ hands the driver a few large train batches. Weights flow back down the same tree
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import ray
 
@@ -20,13 +20,22 @@ from flowrl.iterators import LocalIterator, ParallelIteratorWorker, from_actors
 StreamFn = Callable[[LocalIterator[Any]], LocalIterator[Any]]
 
 
+class Aggregated(NamedTuple):
+    """An item an aggregator made (e.g. a train batch) and the env and agent steps its workers
+    freshly sampled since the one before (replayed rows mixed in are not counted)."""
+
+    item: Any
+    env_steps: int
+    agent_steps: int
+
+
 class AggregatorWorker(ParallelIteratorWorker):
     """Gathers fragments from ``rollout_workers`` and serves what ``make_stream`` makes of them.
 
     ``make_stream`` receives the gathered fragments as a :class:`~flowrl.iterators.LocalIterator`
     (``num_async`` requests in flight per worker) and returns an iterator, e.g. with
-    ``MixInReplay`` and ``ConcatBatches`` applied. The shard yields ``(item, env_steps,
-    agent_steps)``: each item with the steps sampled since the one before. Weights set with
+    ``MixInReplay`` and ``ConcatBatches`` applied. The shard yields :class:`Aggregated`
+    items: each item with the steps sampled since the one before. Weights set with
     :meth:`set_weights` are forwarded to each rollout worker of the group the next time
     it delivers a fragment, so its next sample uses them.
 
@@ -47,7 +56,7 @@ class AggregatorWorker(ParallelIteratorWorker):
         self.env_steps = self.agent_steps = 0
         super().__init__(self._stream)
 
-    def _stream(self) -> Iterator[tuple[Any, int, int]]:
+    def _stream(self) -> Iterator[Aggregated]:
         fragments = (
             from_actors(self.rollout_workers, name="rollout_workers")
             .gather_async(num_async=self.num_async)
@@ -56,7 +65,7 @@ class AggregatorWorker(ParallelIteratorWorker):
         )
         for item in self.make_stream(fragments):
             # The steps freshly sampled since the last item: replayed rows must not count as sampled.
-            yield item, self.env_steps, self.agent_steps
+            yield Aggregated(item, self.env_steps, self.agent_steps)
             self.env_steps = self.agent_steps = 0
 
     def _forward_weights(self, item: tuple[Any, Any]) -> Any:

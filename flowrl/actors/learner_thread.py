@@ -2,9 +2,9 @@
 
 In those architectures sampling and replay never wait for gradient steps: the driver
 hands batches to a learner thread through a bounded queue and collects what the
-thread learned from a second queue. The plan writes ``Enqueue(learner.inqueue)`` on one
-side and ``Dequeue(learner.outqueue, check=learner.check)`` on the other; ``check``
-carries a failure of the thread into the driver's thread as a
+thread learned, as :class:`Learned` items, from a second queue. The plan writes
+``Enqueue(learner.inqueue)`` on one side and ``Dequeue(learner.outqueue, check=learner.check)``
+on the other; ``check`` carries a failure of the thread into the driver's thread as a
 :class:`~flowrl.errors.LearnerThreadError`.
 """
 
@@ -16,8 +16,10 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
 
 from flowrl.data import (
     MultiAgentBatch,
@@ -25,7 +27,7 @@ from flowrl.data import (
     as_policy_batches,
 )
 from flowrl.errors import FlowRLError, LearnerThreadError
-from flowrl.iterators import EventQueue, TimerStat
+from flowrl.iterators import EventQueue, FromActor, TimerStat
 from flowrl.policy.sgd import minibatch_sgd
 
 if TYPE_CHECKING:
@@ -34,7 +36,29 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Batch = SampleBatch | MultiAgentBatch
-LearnFn = Callable[["RolloutWorker", Batch], tuple[dict[str, Any], int]]
+#: Per policy id, the replayed rows' indexes and their new TD errors (what replay buffers take).
+Priorities = Mapping[str, tuple[np.ndarray, np.ndarray]]
+#: The column of replayed batches that names each row's place in its replay buffer.
+BATCH_INDEXES = "batch_indexes"
+
+
+class Learned(NamedTuple):
+    """What learning on one batch produced.
+
+    ``source``: the actor the batch came from (a replay shard), or None.
+    ``info``: per policy id, its learner statistics.
+    ``steps``: env steps in the batch.
+    ``priorities``: new priorities of the replayed rows, per policy id (empty unless the
+    batch was replayed and the loss gave TD errors).
+    """
+
+    source: Any
+    info: dict[str, dict[str, float]]
+    steps: int
+    priorities: Priorities = {}
+
+
+LearnFn = Callable[["RolloutWorker", Batch], Learned]
 
 
 def learn_on_local_worker(
@@ -46,39 +70,43 @@ def learn_on_local_worker(
     sgd_minibatch_size: int = 0,
     sequence_length: int = 1,
     seed: int | list[int] | None = None,
-) -> tuple[dict[str, Any], int]:
+) -> Learned:
     """Learn on ``batch`` with each of its policies on ``worker`` (only ``policies``, if given).
 
     One gradient step per policy by default; with ``num_sgd_iter`` > 1 or a
     ``sgd_minibatch_size``, that many epochs of minibatches shuffled with ``seed``, keeping
     runs of ``sequence_length`` rows whole (see :func:`flowrl.policy.sgd.minibatch_sgd`).
-    Returns ``({policy_id: learner stats}, env steps in batch)``; a plain
-    :class:`~flowrl.data.SampleBatch` trains the default policy. Stats of a single step
-    pass through untouched (Ape-X reads the ``"td_error"`` array from them).
+    A plain :class:`~flowrl.data.SampleBatch` trains the default policy. A single step on
+    replayed rows (a ``batch_indexes`` column) whose loss gives TD errors yields their new
+    priorities. The result's ``source`` is None.
     """
-    info: dict[str, Any] = {}
+    info: dict[str, dict[str, float]] = {}
+    priorities: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for pid, policy_batch in as_policy_batches(batch).items():
         if policies is not None and pid not in policies:
             continue
         policy = worker.get_policy(pid)
         if num_sgd_iter == 1 and sgd_minibatch_size == 0:
-            info[pid] = policy.learn_on_batch(policy_batch)
+            out = policy.learn(policy_batch)
+            info[pid] = out.stats
+            if out.td_error is not None and BATCH_INDEXES in policy_batch:
+                priorities[pid] = (policy_batch[BATCH_INDEXES], out.td_error)
         else:
             info[pid] = minibatch_sgd(policy, policy_batch, num_sgd_iter, sgd_minibatch_size, seed, sequence_length)
-    return info, batch.env_steps()
+    return Learned(None, info, batch.env_steps(), priorities)
 
 
 class LearnerThread(threading.Thread):
     """A daemon thread that learns, on ``local_worker``, from the batches put on its inqueue.
 
-    ``inqueue`` (bounded by ``inqueue_size``; back-pressure for ``Enqueue``) takes
-    ``(source_actor, batch)`` items; for each one the thread calls
-    ``learn_fn(local_worker, batch) -> (learner_info, steps)`` and puts
-    ``(source_actor, learner_info, steps)`` on ``outqueue`` (``outqueue_size=0``:
-    unbounded). The default ``learn_fn`` is :func:`learn_on_local_worker` with
-    ``policies``, ``num_sgd_iter``, ``sgd_minibatch_size`` and ``sequence_length`` (which a
-    custom ``learn_fn`` must not be combined with). It sets ``weights_updated`` after every step; the plan clears it once
-    it has broadcast the new weights (:meth:`take_weights_updated` does both at once).
+    ``inqueue`` (bounded by ``inqueue_size``; back-pressure for ``Enqueue``) takes batches,
+    or ``FromActor(actor, batch)`` items to remember where each batch came from (a replay
+    shard, for its priorities); for each one the thread calls
+    ``learn_fn(local_worker, batch) -> Learned`` and puts the :class:`Learned` result, its
+    ``source`` set to that actor, on ``outqueue`` (``outqueue_size=0``: unbounded). The
+    default ``learn_fn`` is :func:`learn_on_local_worker` with ``policies``,
+    ``num_sgd_iter``, ``sgd_minibatch_size`` and ``sequence_length`` (which a custom
+    ``learn_fn`` must not be combined with).
 
     If ``learn_fn`` raises, the thread records the error and ends; :meth:`check` then
     raises it in the caller's thread.
@@ -127,15 +155,13 @@ class LearnerThread(threading.Thread):
         self.learn_timer = TimerStat()  # seconds per learn_fn call; units: steps trained
         self.num_steps_trained = 0
         self.num_batches_trained = 0
-        self.learner_info: dict[str, Any] = {}
-        self.weights_updated = False
+        self.learner_info: dict[str, dict[str, float]] = {}
         self.error: BaseException | None = None
         self.error_traceback = ""
         # Held during each learn_fn call: driver-side code that reads the learning policies
         # (weights to broadcast, checkpoints) or changes them (target networks) takes it to
         # stay out of a step. The local worker's own lock, so a checkpoint takes the same one.
         self.lock = getattr(local_worker, "lock", None) or threading.RLock()
-        self._flag_lock = threading.Lock()
         self._stop_event = threading.Event()
         self._waiting_sum = 0
 
@@ -154,7 +180,7 @@ class LearnerThread(threading.Thread):
         waited_from = time.perf_counter()
         while True:
             try:
-                source_actor, batch = self.inqueue.get(timeout=self.poll_interval_s)
+                item = self.inqueue.get(timeout=self.poll_interval_s)
                 break
             except queue.Empty:
                 if self._stop_event.is_set():
@@ -163,16 +189,14 @@ class LearnerThread(threading.Thread):
         # Batches still waiting: near capacity on average means the learner is the bottleneck.
         self._waiting_sum += self.inqueue.qsize()
 
+        source, batch = (item.actor, item.item) if isinstance(item, FromActor) else (None, item)
         with self.lock, self.learn_timer:
-            info, steps = self.learn_fn(self.local_worker, batch)
-            self.learn_timer.push_units_processed(steps)
-        self.learner_info = info
-        self.num_steps_trained += steps
+            result = self.learn_fn(self.local_worker, batch)._replace(source=source)
+            self.learn_timer.push_units_processed(result.steps)
+        self.learner_info = result.info
+        self.num_steps_trained += result.steps
         self.num_batches_trained += 1
-        with self._flag_lock:
-            self.weights_updated = True
 
-        result = (source_actor, info, steps)
         while not self._stop_event.is_set():
             try:
                 self.outqueue.put(result, timeout=self.poll_interval_s)
@@ -201,16 +225,6 @@ class LearnerThread(threading.Thread):
         if self.ident is None:
             raise FlowRLError(f"learner thread {self.name!r} was never started; call start() before reading its outqueue")
         return self.is_alive()
-
-    def take_weights_updated(self) -> bool:
-        """Return ``weights_updated`` and clear it, atomically.
-
-        Call it *before* reading the weights to broadcast, so an update made meanwhile
-        raises the flag again instead of being lost.
-        """
-        with self._flag_lock:
-            updated, self.weights_updated = self.weights_updated, False
-        return updated
 
     def stop(self, timeout: float = 5.0) -> bool:
         """Ask the thread to end and wait up to ``timeout`` s for it; True once it has ended.

@@ -8,33 +8,27 @@ from typing import Any, Iterator, Mapping
 import ray
 
 from flowrl.data import LocalReplayBuffer, MultiAgentBatch, SampleBatch
+from flowrl.errors import FlowRLError
 from flowrl.iterators import ParallelIteratorWorker
 
 Batch = SampleBatch | MultiAgentBatch
 
 
+@ray.remote(num_cpus=0)
 class ReplayActor(ParallelIteratorWorker):
-    """One shard of a replay buffer split over ``num_shards`` actors.
+    """A :class:`~flowrl.data.LocalReplayBuffer` as a Ray actor: ``ReplayActor.remote(capacity=..., ...)``.
 
-    Capacity and ``learning_starts`` are divided by the number of shards. As a
+    Takes the buffer's arguments (``capacity``, ``learning_starts``, ``replay_batch_size``,
+    the ``prioritized_replay_*`` settings, ``prioritized``, ``seed``) for this shard alone;
+    :func:`create_replay_actors` splits a whole replay tier over several. As a
     :class:`~flowrl.iterators.ParallelIteratorWorker` its shard yields replayed batches
-    forever; while it has fewer than its share of ``learning_starts`` steps it waits
-    ``empty_wait_s`` and yields None (filtered by :func:`flowrl.operators.Replay`), so a
-    gather over idle shards costs a few calls per second, not a spin.
+    forever; while it has fewer than ``learning_starts`` steps it waits ``empty_wait_s`` and
+    yields None (filtered by :func:`flowrl.operators.Replay`), so a gather over idle shards
+    costs a few calls per second, not a spin.
     """
 
-    def __init__(
-        self,
-        num_shards: int,
-        buffer_size: int,
-        learning_starts: int,
-        empty_wait_s: float = 0.01,
-        **buffer_args: Any,
-    ) -> None:
-        # buffer_args: the other keyword arguments of LocalReplayBuffer (batch size, priorities, seed).
-        self.buffer = LocalReplayBuffer(
-            capacity=max(1, buffer_size // num_shards), learning_starts=learning_starts // num_shards, **buffer_args
-        )
+    def __init__(self, *, empty_wait_s: float = 0.01, **buffer_args: Any) -> None:
+        self.buffer = LocalReplayBuffer(**buffer_args)
         self.empty_wait_s = empty_wait_s
         super().__init__(self._replay_forever)
 
@@ -70,11 +64,27 @@ class ReplayActor(ParallelIteratorWorker):
         """Restore :meth:`get_state`'s output."""
         self.buffer.set_state(state)
 
+    def ping(self) -> str:
+        """Answer a health check."""
+        return "pong"
 
-def create_replay_actors(num_shards: int, num_cpus: float = 0.0, **buffer_args: Any) -> list[Any]:
-    """``num_shards`` :class:`ReplayActor` shards (``buffer_args`` as for its constructor)."""
-    remote = ray.remote(num_cpus=num_cpus)(ReplayActor)
-    seed = buffer_args.pop("seed", None)
+
+def create_replay_actors(
+    num_shards: int, *, capacity: int, learning_starts: int, num_cpus: float = 0.0, seed: int | None = None, **buffer_args: Any
+) -> list[Any]:
+    """``num_shards`` :class:`ReplayActor` shards splitting ``capacity`` and ``learning_starts`` between them.
+
+    ``buffer_args``: the other arguments of :class:`~flowrl.data.LocalReplayBuffer`; shard
+    ``i`` samples with ``seed + i``.
+    """
+    if num_shards < 1:
+        raise FlowRLError(f"create_replay_actors(num_shards={num_shards}): needs at least one shard")
     return [
-        remote.remote(num_shards, seed=None if seed is None else seed + shard, **buffer_args) for shard in range(num_shards)
+        ReplayActor.options(num_cpus=num_cpus).remote(
+            capacity=max(1, capacity // num_shards),
+            learning_starts=learning_starts // num_shards,
+            seed=None if seed is None else seed + shard,
+            **buffer_args,
+        )
+        for shard in range(num_shards)
     ]

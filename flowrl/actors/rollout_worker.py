@@ -11,6 +11,7 @@ import torch
 
 from flowrl.actors.multi_agent_sampler import MultiAgentSampler, policy_mapping
 from flowrl.actors.sampler import EpisodeStats, VectorSampler
+from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from flowrl.envs import is_multi_agent_env
 from flowrl.errors import FlowRLError
@@ -30,17 +31,11 @@ def get_global_worker() -> "RolloutWorker":
     return _global_worker
 
 
-ROLLOUT_DEFAULTS: dict[str, Any] = {
-    "num_envs_per_worker": 1,
-    "rollout_fragment_length": 200,
-    "batch_mode": "truncate_episodes",
-    "seed": None,
-    "env_config": {},
-    "compress_observations": False,
-    "clip_actions": True,
-    "policy_mapping_fn": None,
-    "policies_to_train": None,
-}
+def as_config(config: TrainerConfig | Mapping[str, Any]) -> TrainerConfig:
+    """``config`` frozen, or a dict of keys validated into a frozen :class:`~flowrl.config.TrainerConfig`."""
+    if isinstance(config, TrainerConfig):
+        return config.frozen()
+    return TrainerConfig.from_dict(config).frozen()
 
 
 class RolloutWorker(ParallelIteratorWorker):
@@ -54,7 +49,10 @@ class RolloutWorker(ParallelIteratorWorker):
     workers). As a :class:`~flowrl.iterators.ParallelIteratorWorker`, its shard yields
     :meth:`sample` forever. ``env_creator(env_config)`` builds one env (ship a picklable
     creator, see :func:`flowrl.envs.get_env_creator`); ``policy_specs`` maps policy ids
-    to :class:`~flowrl.policy.PolicySpec`. Config keys: see ``ROLLOUT_DEFAULTS``.
+    to :class:`~flowrl.policy.PolicySpec`. ``config`` is the algorithm's config object (a
+    dict of :class:`~flowrl.config.TrainerConfig` keys also works); the worker reads its
+    sampling keys (``num_envs_per_worker``, ``rollout_fragment_length``, ``batch_mode``,
+    ``seed``, ``env_config``, ``clip_actions``, ``compress_observations``, ``policy_mapping_fn``).
     """
 
     def __init__(
@@ -62,10 +60,10 @@ class RolloutWorker(ParallelIteratorWorker):
         *,
         env_creator: Callable[[dict[str, Any]], gym.Env],
         policy_specs: Mapping[str, PolicySpec],
-        config: Mapping[str, Any],
+        config: TrainerConfig | Mapping[str, Any],
         worker_index: int = 0,
     ) -> None:
-        self.config = {**ROLLOUT_DEFAULTS, **config}
+        self.config = config = as_config(config)
         self.worker_index = worker_index
         # Held by whoever changes or reads the policies while another thread may train them
         # (a LearnerThread learns under it; checkpoints and weight broadcasts read under it).
@@ -74,48 +72,47 @@ class RolloutWorker(ParallelIteratorWorker):
             # Remote workers share a few cores with the learner: oversubscribed torch
             # threads slow everything down by an order of magnitude.
             torch.set_num_threads(1)
-        seed = self.config["seed"]
-        worker_seed = None if seed is None else int(seed) + 10_000 * worker_index
+        worker_seed = None if config.seed is None else config.seed + 10_000 * worker_index
         if worker_seed is not None:
             torch.manual_seed(worker_seed)
             np.random.seed(worker_seed % 2**32)
-        num_envs = int(self.config["num_envs_per_worker"])
-        self.envs = [env_creator(dict(self.config["env_config"])) for _ in range(num_envs)]
+        self.envs = [env_creator(dict(config.env_config)) for _ in range(config.num_envs_per_worker)]
         self.multi_agent = is_multi_agent_env(self.envs[0])
         if not self.multi_agent and DEFAULT_POLICY_ID not in policy_specs:
             raise FlowRLError(
                 f"a single-agent env acts with the policy {DEFAULT_POLICY_ID!r}, but the policies are "
                 f"{sorted(policy_specs)}; several policies need a multi-agent env"
             )
-        self.policy_map: dict[str, Policy] = {}
+        self.policy_map: dict[str, Policy[Any]] = {}
         for k, (pid, spec) in enumerate(policy_specs.items()):
             # Distinct seeds per policy: two policies of one class must not start identical.
             policy_seed = None if worker_seed is None else worker_seed + 1000 * k
-            self.policy_map[pid] = spec.build({"seed": policy_seed, "worker_index": worker_index})
+            overrides = {"seed": policy_seed} if policy_seed != spec.config.seed else None
+            self.policy_map[pid] = spec.build(overrides, worker_index=worker_index)
         self.sampler: VectorSampler | MultiAgentSampler
         if self.multi_agent:
-            if self.config["batch_mode"] != "truncate_episodes":
+            if config.batch_mode != "truncate_episodes":
                 raise FlowRLError(
-                    f"batch_mode={self.config['batch_mode']!r}: multi-agent envs are sampled with 'truncate_episodes' only"
+                    f"batch_mode={config.batch_mode!r}: multi-agent envs are sampled with 'truncate_episodes' only"
                 )
             self.sampler = MultiAgentSampler(
                 self.envs,
                 self.policy_map,
-                policy_mapping(self.config["policy_mapping_fn"], list(self.policy_map)),
-                fragment_length=int(self.config["rollout_fragment_length"]),
+                policy_mapping(config.policy_mapping_fn, list(self.policy_map)),
+                fragment_length=config.rollout_fragment_length,
                 seed=worker_seed,
                 episode_id_base=worker_index << 40,
-                clip_actions=bool(self.config["clip_actions"]),
+                clip_actions=config.clip_actions,
             )
         else:
             self.sampler = VectorSampler(
                 self.envs,
                 self.policy_map[DEFAULT_POLICY_ID],
-                fragment_length=int(self.config["rollout_fragment_length"]),
-                batch_mode=self.config["batch_mode"],
+                fragment_length=config.rollout_fragment_length,
+                batch_mode=config.batch_mode,
                 seed=worker_seed,
                 episode_id_base=worker_index << 40,
-                clip_actions=bool(self.config["clip_actions"]),
+                clip_actions=config.clip_actions,
             )
         super().__init__(self._sample_forever)
         global _global_worker
@@ -131,11 +128,11 @@ class RolloutWorker(ParallelIteratorWorker):
         A :class:`~flowrl.data.MultiAgentBatch` (one batch per policy) for multi-agent envs.
         """
         batch = self.sampler.sample()
-        if self.config["compress_observations"]:
+        if self.config.compress_observations:
             batch.compress()
         return batch
 
-    def get_policy(self, policy_id: str = DEFAULT_POLICY_ID) -> Policy:
+    def get_policy(self, policy_id: str = DEFAULT_POLICY_ID) -> Policy[Any]:
         """The policy called ``policy_id``."""
         return self.policy_map[policy_id]
 
@@ -156,7 +153,7 @@ class RolloutWorker(ParallelIteratorWorker):
             policy.on_global_var_update(global_vars)
 
     def learn_on_batch(self, batch: SampleBatch, policy_id: str = DEFAULT_POLICY_ID) -> dict[str, float]:
-        """One gradient step of ``policy_id`` on ``batch``."""
+        """One gradient step of ``policy_id`` on ``batch``; its learner statistics."""
         return self.policy_map[policy_id].learn_on_batch(batch)
 
     def compute_gradients(self, batch: SampleBatch, policy_id: str = DEFAULT_POLICY_ID) -> tuple[list[np.ndarray], dict[str, float]]:

@@ -8,7 +8,8 @@ from typing import Any, Callable, Mapping, TypeVar
 import gymnasium as gym
 import ray
 
-from flowrl.actors.rollout_worker import RolloutWorker
+from flowrl.actors.rollout_worker import RolloutWorker, as_config
+from flowrl.config import TrainerConfig
 from flowrl.envs import check_env as check_env_api
 from flowrl.envs import check_multi_agent_env, is_multi_agent_env
 from flowrl.errors import FlowRLError, ShardFailedError
@@ -35,22 +36,23 @@ class WorkerSet:
         *,
         env_creator: Callable[[dict[str, Any]], gym.Env],
         policy_specs: Mapping[str, PolicySpec],
-        config: Mapping[str, Any],
+        config: TrainerConfig | Mapping[str, Any],
         num_workers: int,
         num_cpus_per_worker: float = 1.0,
         recreate_failed_workers: bool = True,
         check_env: bool = True,
     ) -> None:
+        config = as_config(config)
         if check_env:
             # Reject a broken env here, with a message naming the fault, before any actor starts.
-            env = env_creator(dict(config.get("env_config", {})))
+            env = env_creator(dict(config.env_config))
             try:
                 check_multi_agent_env(env) if is_multi_agent_env(env) else check_env_api(env)
             finally:
                 env.close()
         self._env_creator = env_creator
         self._policy_specs = dict(policy_specs)
-        self._config = dict(config)
+        self._config = config
         self._remote_cls = ray.remote(num_cpus=num_cpus_per_worker, max_restarts=0)(RolloutWorker)
         self.recreate_failed_workers = recreate_failed_workers
         self.num_worker_restarts = 0
@@ -59,15 +61,14 @@ class WorkerSet:
         self._remote = [self._make_remote(i + 1) for i in range(num_workers)]
         self._replacements: dict[Any, Any] = {}
         self._global_vars: Mapping[str, Any] | None = None
-        self._stop_callbacks: list[Callable[[], None]] = []
         if self._remote:
             self.sync_weights()
 
     def _make_remote(self, worker_index: int, incarnation: int = 0) -> Any:
         config = self._config
-        if incarnation and config.get("seed") is not None:
+        if incarnation and config.seed is not None:
             # A replacement must not replay its predecessor's env seeds and exploration draws.
-            config = {**config, "seed": int(config["seed"]) + 7919 * incarnation}
+            config = config.replace(seed=config.seed + 7919 * incarnation)
         return self._remote_cls.remote(
             env_creator=self._env_creator,
             policy_specs=self._policy_specs,
@@ -85,7 +86,7 @@ class WorkerSet:
 
     def trainable_policies(self) -> list[str]:
         """Ids of the policies to train (``policies_to_train``, default all)."""
-        return list(self._config.get("policies_to_train") or self._local.policy_map)
+        return list(self._config.policies_to_train or self._local.policy_map)
 
     def sync_weights(self, policies: list[str] | None = None, global_vars: Mapping[str, Any] | None = None) -> None:
         """Broadcast the local worker's weights (one ``ray.put``) and ``global_vars`` to every remote worker.
@@ -150,16 +151,8 @@ class WorkerSet:
                 self._handle_failure(worker, e)
         return dead
 
-    def on_stop(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` when the set stops: plans use it to release the actors and threads
-        they create beside the workers (replay shards, learner threads)."""
-        self._stop_callbacks.append(callback)
-
     def stop(self) -> None:
-        """Run the ``on_stop`` callbacks, close the local worker's envs and kill the remote workers."""
-        callbacks, self._stop_callbacks = self._stop_callbacks, []
-        for callback in reversed(callbacks):
-            callback()
+        """Close the local worker's envs and kill the remote workers."""
         self._local.stop()
         for worker in self._remote:
             ray.kill(worker)

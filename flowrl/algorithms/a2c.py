@@ -15,7 +15,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from flowrl.actors import WorkerSet
+from flowrl.actors import PlanResources, WorkerSet
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import TrainerConfig, cfg_field
 from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
@@ -30,7 +30,7 @@ from flowrl.operators import (
     StandardMetricsReporting,
     TrainOneStep,
 )
-from flowrl.policy import PolicySpec, TorchPolicy, bootstrap_value, compute_advantages
+from flowrl.policy import LossOutput, PolicySpec, TorchPolicy, actor_critic_postprocess
 from flowrl.policy.distributions import ActionDistribution
 
 
@@ -38,15 +38,20 @@ from flowrl.policy.distributions import ActionDistribution
 class A2CConfig(TrainerConfig):
     """Actor-critic settings (shared keys: see :class:`~flowrl.config.TrainerConfig`)."""
 
-    rollout_fragment_length: int = cfg_field(20, "Env steps per env per sample call.", min=1)
-    num_envs_per_worker: int = cfg_field(5, "Vectorized envs per rollout worker.", min=1)
-    train_batch_size: int = cfg_field(500, "Env steps per SGD step.", min=1)
-    lr: float = cfg_field(0.002, "Adam learning rate.", min=0, min_exclusive=True)
-    grad_clip: float | None = cfg_field(40.0, "Clip the gradients' global norm to this (None: no clipping).", min=0, min_exclusive=True)
-    lambda_: float = cfg_field(1.0, "GAE lambda (1.0: discounted returns minus the value baseline).", min=0, max=1)
-    use_gae: bool = cfg_field(True, "Use generalised advantage estimation with the critic.")
-    vf_loss_coeff: float = cfg_field(0.5, "Weight of the value-function loss.", min=0)
-    entropy_coeff: float = cfg_field(0.01, "Weight of the entropy bonus.", min=0)
+    defaults = {
+        "rollout_fragment_length": 20,
+        "num_envs_per_worker": 5,
+        "train_batch_size": 500,
+        "lr": 0.002,
+        "grad_clip": 40.0,
+    }
+
+    lambda_: float = cfg_field(
+        1.0, "GAE lambda (1.0: discounted returns minus the value baseline).", min=0, max=1, per_policy=True
+    )
+    use_gae: bool = cfg_field(True, "Use generalised advantage estimation with the critic.", per_policy=True)
+    vf_loss_coeff: float = cfg_field(0.5, "Weight of the value-function loss.", min=0, per_policy=True)
+    entropy_coeff: float = cfg_field(0.01, "Weight of the entropy bonus.", min=0, per_policy=True)
     microbatch_size: int | None = cfg_field(
         None, "If set, accumulate gradients over microbatches of this many steps up to train_batch_size.", min=1
     )
@@ -57,37 +62,28 @@ class A2CConfig(TrainerConfig):
             problems.append(f"microbatch_size={self.microbatch_size} > train_batch_size={self.train_batch_size}")
         return problems
 
-    def policy_config(self) -> dict[str, Any]:
-        return {**super().policy_config(), "lambda": self.lambda_, "use_gae": self.use_gae,
-                "vf_loss_coeff": self.vf_loss_coeff, "entropy_coeff": self.entropy_coeff}
 
-
-def actor_critic_loss(policy: TorchPolicy, model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+def actor_critic_loss(
+    policy: TorchPolicy[A2CConfig], model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]
+) -> LossOutput:
     """Policy gradient on advantages + ``vf_loss_coeff`` * squared value error - ``entropy_coeff`` * entropy."""
+    config = policy.config
     logits, values = model(batch[SampleBatch.OBS])
     dist = dist_class(logits)
     policy_loss = -(dist.logp(batch[SampleBatch.ACTIONS]) * batch[SampleBatch.ADVANTAGES]).mean()
     vf_loss = 0.5 * (values - batch[SampleBatch.VALUE_TARGETS]).pow(2).mean()
     entropy = dist.entropy().mean()
-    config = policy.config
-    loss = policy_loss + config["vf_loss_coeff"] * vf_loss - config["entropy_coeff"] * entropy
-    return loss, {"policy_loss": policy_loss.item(), "vf_loss": vf_loss.item(), "entropy": entropy.item()}
-
-
-def actor_critic_postprocess(policy: TorchPolicy, batch: SampleBatch) -> SampleBatch:
-    """Advantages and value targets, bootstrapped from the critic unless the episode terminated."""
-    config = policy.config
-    last_r = bootstrap_value(batch, policy.value)
-    return compute_advantages(batch, last_r, gamma=config["gamma"], lambda_=config["lambda"], use_gae=config["use_gae"])
+    loss = policy_loss + config.vf_loss_coeff * vf_loss - config.entropy_coeff * entropy
+    return LossOutput(loss, {"policy_loss": policy_loss.item(), "vf_loss": vf_loss.item(), "entropy": entropy.item()})
 
 
 def make_actor_critic_policy(obs_space: gym.Space, action_space: gym.Space, config: A2CConfig) -> PolicySpec:
     """A TorchPolicy with the actor-critic loss and GAE postprocessing."""
     kwargs = {"loss_fn": actor_critic_loss, "postprocess_fn": actor_critic_postprocess}
-    return PolicySpec(TorchPolicy, obs_space, action_space, config.policy_config(), kwargs)
+    return PolicySpec(TorchPolicy, obs_space, action_space, config, kwargs)
 
 
-def execution_plan(workers: WorkerSet, config: A2CConfig) -> LocalIterator[dict[str, Any]]:
+def execution_plan(workers: WorkerSet, config: A2CConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """Rollouts -> ConcatBatches -> TrainOneStep (or microbatched gradient accumulation) -> metrics."""
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
     if config.microbatch_size is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from flowrl.actors import WorkerSet
+from flowrl.actors import PlanResources, WorkerSet
 from flowrl.algorithms.a2c import A2CConfig, make_actor_critic_policy
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import cfg_field
@@ -19,14 +19,14 @@ from flowrl.operators import ApplyGradients, AsyncGradients, StandardMetricsRepo
 
 @dataclass(kw_only=True)
 class A3CConfig(A2CConfig):
-    """A3C settings: A2C's loss keys; each gradient comes from one worker's fragment."""
+    """A3C settings: A2C's loss keys; each gradient comes from one worker's fragment, applied in the driver."""
 
-    rollout_fragment_length: int = cfg_field(20, "Env steps per env per gradient computed in a worker.", min=1)
-    lr: float = cfg_field(0.001, "Adam learning rate (applied in the driver).", min=0, min_exclusive=True)
+    defaults = {"lr": 0.001}
+
     num_workers: int = cfg_field(2, "Remote rollout workers computing gradients (at least 1).", min=1)
 
 
-def execution_plan(workers: WorkerSet, config: A3CConfig) -> LocalIterator[dict[str, Any]]:
+def execution_plan(workers: WorkerSet, config: A3CConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """AsyncGradients -> ApplyGradients(update_all=False) -> metrics."""
     train_op = AsyncGradients(workers).for_each(ApplyGradients(workers, update_all=False))
     return StandardMetricsReporting(train_op, workers, config)

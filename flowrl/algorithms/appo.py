@@ -16,46 +16,49 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from flowrl.actors import WorkerSet
-from flowrl.algorithms.impala import ImpalaConfig, batch_vtrace, start_learner, time_major, train_batches
+from flowrl.actors import PlanResources, WorkerSet
+from flowrl.algorithms import impala
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import cfg_field
 from flowrl.data import SampleBatch
 from flowrl.iterators import LocalIterator
 from flowrl.operators import (
     KL_COEFF,
+    NUM_LEARNER_UPDATES,
     Concurrently,
-    Dequeue,
-    Enqueue,
     StandardMetricsReporting,
     UpdateKL,
     UpdateTargetNetwork,
 )
-from flowrl.operators.learner_ops import record_learner_results
-from flowrl.operators.names import NUM_LEARNER_UPDATES
-from flowrl.policy import PolicySpec, TorchPolicy
+from flowrl.policy import LossOutput, PolicySpec, TorchPolicy
 from flowrl.policy.distributions import ActionDistribution
+from flowrl.policy.vtrace import batch_vtrace, time_major
 
 
 @dataclass(kw_only=True)
-class APPOConfig(ImpalaConfig):
-    """APPO settings: IMPALA's (see :class:`~flowrl.algorithms.impala.ImpalaConfig`) plus the PPO terms."""
+class APPOConfig(impala.ImpalaConfig):
+    """APPO settings: IMPALA's (see :class:`~flowrl.algorithms.impala.ImpalaConfig`) plus the PPO terms.
 
-    clip_param: float = cfg_field(0.4, "Clip the ratio to the target policy to [1 - clip_param, 1 + clip_param].", min=0, min_exclusive=True)
-    num_sgd_iter: int = cfg_field(2, "Epochs the learner makes over each train batch (the ratio is clipped across them).", min=1)
+    ``num_sgd_iter`` epochs over each train batch clip the ratio to the target policy across them.
+    """
+
+    defaults = {"num_sgd_iter": 2}
+
+    clip_param: float = cfg_field(
+        0.4, "Clip the ratio to the target policy to [1 - clip_param, 1 + clip_param].", min=0, min_exclusive=True, per_policy=True
+    )
     target_update_frequency: int = cfg_field(1, "Train batches learned between target network syncs.", min=1)
-    use_kl_loss: bool = cfg_field(False, "Add a KL(target || policy) penalty with an adaptive coefficient.")
-    kl_coeff: float = cfg_field(1.0, "Initial weight of the KL penalty (with use_kl_loss).", min=0)
-    kl_target: float = cfg_field(0.01, "KL the coefficient is adapted towards.", min=0, min_exclusive=True)
-
-    def policy_config(self) -> dict[str, Any]:
-        return {**super().policy_config(), "clip_param": self.clip_param, "kl_target": self.kl_target}
+    use_kl_loss: bool = cfg_field(False, "Add a KL(target || policy) penalty with an adaptive coefficient.", per_policy=True)
+    kl_coeff: float = cfg_field(1.0, "Initial weight of the KL penalty (with use_kl_loss).", min=0, per_policy=True)
+    kl_target: float = cfg_field(0.01, "KL the coefficient is adapted towards.", min=0, min_exclusive=True, per_policy=True)
 
 
-def appo_loss(policy: TorchPolicy, model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+def appo_loss(
+    policy: TorchPolicy[APPOConfig], model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]
+) -> LossOutput:
     """Clipped surrogate (ratio to the target policy) on V-trace advantages + value loss + KL penalty - entropy."""
     config = policy.config
-    horizon = int(config["rollout_fragment_length"])
+    horizon = config.rollout_fragment_length
     assert policy.target_model is not None
     logits, values = model(batch[SampleBatch.OBS])
     with torch.no_grad():
@@ -67,15 +70,15 @@ def appo_loss(policy: TorchPolicy, model: nn.Module, dist_class: type[ActionDist
     targets = batch_vtrace(config, batch, target_logp, values, next_values)
     advantages = targets.pg_advantages
     ratio = time_major(torch.exp(logp - target_logp), horizon)
-    clip = config["clip_param"]
+    clip = config.clip_param
     surrogate = torch.min(advantages * ratio, advantages * torch.clamp(ratio, 1 - clip, 1 + clip)).mean()
     vf_loss = 0.5 * (time_major(values, horizon) - targets.vs).pow(2).mean()
     kl = target_dist.kl(dist).mean()
     entropy = dist.entropy().mean()
     kl_coeff = policy.coeffs[KL_COEFF]
-    loss = -surrogate + config["vf_loss_coeff"] * vf_loss - config["entropy_coeff"] * entropy + kl_coeff * kl
+    loss = -surrogate + config.vf_loss_coeff * vf_loss - config.entropy_coeff * entropy + kl_coeff * kl
     stats = {"policy_loss": -surrogate.item(), "vf_loss": vf_loss.item(), "entropy": entropy.item(), "kl": kl.item()}
-    return loss, {**stats, KL_COEFF: kl_coeff}
+    return LossOutput(loss, {**stats, KL_COEFF: kl_coeff})
 
 
 def make_appo_policy(obs_space: gym.Space, action_space: gym.Space, config: APPOConfig) -> PolicySpec:
@@ -85,22 +88,23 @@ def make_appo_policy(obs_space: gym.Space, action_space: gym.Space, config: APPO
         "target_network": True,
         "coeffs": {KL_COEFF: config.kl_coeff if config.use_kl_loss else 0.0},
     }
-    return PolicySpec(TorchPolicy, obs_space, action_space, config.policy_config(), kwargs)
+    return PolicySpec(TorchPolicy, obs_space, action_space, config, kwargs)
 
 
-def execution_plan(workers: WorkerSet, config: APPOConfig) -> LocalIterator[dict[str, Any]]:
+def execution_plan(workers: WorkerSet, config: APPOConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """IMPALA's train batches -> learner queue || learner results -> target sync -> KL update -> metrics."""
-    learner = start_learner(workers, config)
-    enqueue_op = train_batches(workers, config, learner).transform(Enqueue(learner.inqueue))
-    sync_target = UpdateTargetNetwork(workers, config.target_update_frequency, counter=NUM_LEARNER_UPDATES, lock=learner.lock)
-    dequeue_op = (
-        Dequeue(learner.outqueue, check=learner.check)
-        .for_each(record_learner_results)
-        .for_each(sync_target)
-        .for_each(UpdateKL(workers))
-    )
-    merged = Concurrently([enqueue_op, dequeue_op], mode="async", output_indexes=[1])
+    assert resources.learner is not None
+    enqueue_op, learned = impala.learning_flows(workers, config, resources)
+    sync_target = UpdateTargetNetwork(workers, config.target_update_frequency, counter=NUM_LEARNER_UPDATES, lock=resources.learner.lock)
+    merged = Concurrently([enqueue_op, learned.for_each(sync_target).for_each(UpdateKL(workers))], mode="async", output_indexes=[1])
     return StandardMetricsReporting(merged, workers, config)
 
 
-ALGORITHM = Algorithm("appo", "APPO: IMPALA with a clipped surrogate around a target network", APPOConfig, make_appo_policy, execution_plan)
+ALGORITHM = Algorithm(
+    "appo",
+    "APPO: IMPALA with a clipped surrogate around a target network",
+    APPOConfig,
+    make_appo_policy,
+    execution_plan,
+    make_resources=impala.make_resources,
+)

@@ -16,36 +16,30 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from flowrl.actors import WorkerSet
+from flowrl.actors import PlanResources, WorkerSet
+from flowrl.actors.perturbation import NoiseTable, PerturbationResult
 from flowrl.algorithms.perturbation_config import PerturbationConfig
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import cfg_field
 from flowrl.iterators import LocalIterator
-from flowrl.operators import StandardMetricsReporting
-from flowrl.operators.perturbation_ops import (
-    BroadcastWeights,
-    CollectPerturbations,
-    NoiseTable,
-    PerturbationResult,
-    PerturbationRollouts,
-    PerturbationUpdate,
-    UpdateObservationFilter,
-)
+from flowrl.operators import PerturbationSearch, PerturbationUpdate, StandardMetricsReporting
 from flowrl.policy import PolicySpec, TorchPolicy
 from flowrl.policy.perturbable import perturbation_policy_spec
 
 
 @dataclass(kw_only=True)
 class ARSConfig(PerturbationConfig):
-    """ARS settings (shared keys: :class:`~flowrl.algorithms.perturbation_config.PerturbationConfig`)."""
+    """ARS settings (shared keys: :class:`~flowrl.algorithms.perturbation_config.PerturbationConfig`).
+
+    ``noise_stdev`` is nu, the std of the parameter perturbations theta +- nu * eps; the
+    default ``model`` (no hidden layers) is ARS's linear policy.
+    """
+
+    defaults = {"noise_stdev": 0.03, "model": {"fcnet_hiddens": []}}
 
     num_rollouts: int = cfg_field(32, "N: antithetic directions evaluated per update (2 episodes each).", min=1)
     rollouts_used: int = cfg_field(16, "b: directions with the highest max(r+, r-) that make the step (b <= N).", min=1)
-    sgd_stepsize: float = cfg_field(0.02, "alpha: step size of the update.", min=0, min_exclusive=True)
-    noise_stdev: float = cfg_field(0.03, "nu: std of the parameter perturbations theta +- nu * eps.", min=0, min_exclusive=True)
-    model: dict[str, Any] = cfg_field(
-        {"fcnet_hiddens": []}, "Policy network options; the default (no hidden layers) is ARS's linear policy."
-    )
+    sgd_stepsize: float = cfg_field(0.02, "alpha: step size of the update.", min=0, min_exclusive=True, per_policy=True)
 
     def check(self) -> list[str]:
         problems = super().check()
@@ -53,18 +47,15 @@ class ARSConfig(PerturbationConfig):
             problems.append(f"rollouts_used={self.rollouts_used} > num_rollouts={self.num_rollouts}")
         return problems
 
-    def policy_config(self) -> dict[str, Any]:
-        return {**super().policy_config(), "sgd_stepsize": self.sgd_stepsize}
 
-
-def make_ars_optimizer(policy: TorchPolicy) -> torch.optim.Optimizer:
+def make_ars_optimizer(policy: TorchPolicy[ARSConfig]) -> torch.optim.Optimizer:
     """Plain SGD at ``sgd_stepsize``: the ARS step is the search direction times the step size."""
-    return torch.optim.SGD(policy.model.parameters(), lr=policy.config["sgd_stepsize"])
+    return torch.optim.SGD(policy.model.parameters(), lr=policy.config.sgd_stepsize)
 
 
 def make_ars_policy(obs_space: gym.Space, action_space: gym.Space, config: ARSConfig) -> PolicySpec:
     """A deterministic TorchPolicy over a perturbable (by default linear) model starting at zero."""
-    return perturbation_policy_spec(obs_space, action_space, config.policy_config(), make_ars_optimizer, zero_init=True)
+    return perturbation_policy_spec(obs_space, action_space, config, make_ars_optimizer, zero_init=True)
 
 
 def ars_direction(result: PerturbationResult, noise: NoiseTable, dim: int, rollouts_used: int) -> tuple[np.ndarray, float]:
@@ -96,22 +87,12 @@ class ARSUpdate(PerturbationUpdate):
         return direction, used, {"reward_std": sigma_r}
 
 
-def execution_plan(workers: WorkerSet, config: ARSConfig) -> LocalIterator[dict[str, Any]]:
+def execution_plan(workers: WorkerSet, config: ARSConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """Perturbation rounds -> CollectPerturbations (N pairs) -> ARSUpdate -> observation filter -> BroadcastWeights -> metrics."""
-    noise = NoiseTable(config.noise_table_size, seed=config.seed or 0)
-    filtered = config.observation_filter == "MeanStdFilter"
-    rounds = PerturbationRollouts(
-        workers,
-        noise,
-        pairs_per_round=config.num_rollouts,
-        noise_stdev=config.noise_stdev,
-        eval_prob=config.eval_prob,
-        collect_obs_stats=filtered,
+    search = PerturbationSearch(
+        workers, config, ARSUpdate, pairs_per_round=config.num_rollouts, min_episodes=2 * config.num_rollouts
     )
-    train_op = rounds.combine(CollectPerturbations(2 * config.num_rollouts)).for_each(ARSUpdate(workers, noise, config))
-    if filtered:
-        train_op = train_op.for_each(UpdateObservationFilter(workers))
-    return StandardMetricsReporting(train_op.for_each(BroadcastWeights(workers)), workers, config)
+    return StandardMetricsReporting(search, workers, config)
 
 
 ALGORITHM = Algorithm("ars", "augmented random search (V2-t, linear policy)", ARSConfig, make_ars_policy, execution_plan)

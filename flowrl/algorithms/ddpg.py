@@ -15,14 +15,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from flowrl.algorithms.dqn import DQNConfig, dqn_postprocess
+from flowrl.algorithms.dqn import DQNConfig
 from flowrl.algorithms.dqn import execution_plan as dqn_execution_plan
+from flowrl.algorithms.dqn import make_resources as dqn_resources
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import cfg_field
 from flowrl.data import SampleBatch
 from flowrl.errors import ConfigError
-from flowrl.operators.replay_ops import TD_ERROR
-from flowrl.policy import PolicySpec, TorchPolicy
+from flowrl.policy import LossOutput, PolicySpec, TorchPolicy, nstep_postprocess
 from flowrl.policy.distributions import ActionDistribution
 from flowrl.policy.models import flat_obs_dim, mlp
 from flowrl.policy.postprocessing import DISCOUNTS
@@ -32,31 +32,39 @@ ACTOR_STEPS = "actor_steps"
 
 @dataclass(kw_only=True)
 class DDPGConfig(DQNConfig):
-    """DDPG settings: DQN's replay keys plus actor/critic sizes, learning rates and noise."""
+    """DDPG settings: DQN's replay keys plus actor/critic sizes, learning rates and noise.
 
-    rollout_fragment_length: int = cfg_field(1, "Env steps per env per sample call.", min=1)
-    train_batch_size: int = cfg_field(128, "Transitions per replayed SGD minibatch.", min=1)
-    learning_starts: int = cfg_field(1000, "Env steps sampled (with uniform random actions) before training.", min=0)
-    buffer_size: int = cfg_field(100_000, "Replay capacity in transitions.", min=1)
-    n_step: int = cfg_field(1, "Steps of reward summed into each transition's return.", min=1)
-    prioritized_replay: bool = cfg_field(False, "Sample transitions in proportion to their TD error.")
-    gamma: float = cfg_field(0.98, "Discount factor per env step.", min=0, max=1)
-    actor_hiddens: list[int] = cfg_field([256, 256], "Hidden layer sizes of the actor (ReLU).")
-    critic_hiddens: list[int] = cfg_field([256, 256], "Hidden layer sizes of each critic (ReLU).")
-    actor_lr: float = cfg_field(1e-3, "Adam learning rate of the actor.", min=0, min_exclusive=True)
-    critic_lr: float = cfg_field(1e-3, "Adam learning rate of the critic(s).", min=0, min_exclusive=True)
-    tau: float = cfg_field(0.005, "Soft target update rate after each training step.", min=0, max=1, min_exclusive=True)
-    target_network_update_freq: int = cfg_field(0, "Steps sampled between target updates (0: every training step).", min=0)
-    twin_q: bool = cfg_field(False, "Two critics; targets use the smaller (TD3).")
-    policy_delay: int = cfg_field(1, "Critic updates per actor update (TD3: 2).", min=1)
-    smooth_target_policy: bool = cfg_field(False, "Add clipped noise to target actions (TD3).")
-    target_noise: float = cfg_field(0.2, "Std of the target policy noise, in units of the action range's half-width.", min=0)
-    target_noise_clip: float = cfg_field(0.5, "Clip of the target policy noise (same units).", min=0)
-    exploration_noise: float = cfg_field(0.1, "Std of the Gaussian noise added to actions while sampling (action units).", min=0)
-    exploration_config: dict[str, Any] = cfg_field({}, "Set from exploration_noise and learning_starts; leave empty.")
-    grad_clip: float | None = cfg_field(None, "Clip the gradients' global norm to this (None: no clipping).", min=0, min_exclusive=True)
-    training_intensity: float | None = cfg_field(
-        None, "Transitions replayed per transition sampled; None: one minibatch per sampled fragment.", min=0, min_exclusive=True
+    Soft target updates (``tau``) after every training step (``target_network_update_freq`` 0).
+    ``exploration_config`` is derived from ``exploration_noise`` and ``learning_starts``
+    (uniform random actions until then): leave it empty.
+    """
+
+    defaults = {
+        "rollout_fragment_length": 1,
+        "train_batch_size": 128,
+        "buffer_size": 100_000,
+        "n_step": 1,
+        "prioritized_replay": False,
+        "gamma": 0.98,
+        "tau": 0.005,
+        "target_network_update_freq": 0,
+        "exploration_config": {},
+        "grad_clip": None,
+    }
+
+    actor_hiddens: list[int] = cfg_field([256, 256], "Hidden layer sizes of the actor (ReLU).", per_policy=True)
+    critic_hiddens: list[int] = cfg_field([256, 256], "Hidden layer sizes of each critic (ReLU).", per_policy=True)
+    actor_lr: float = cfg_field(1e-3, "Adam learning rate of the actor.", min=0, min_exclusive=True, per_policy=True)
+    critic_lr: float = cfg_field(1e-3, "Adam learning rate of the critic(s).", min=0, min_exclusive=True, per_policy=True)
+    twin_q: bool = cfg_field(False, "Two critics; targets use the smaller (TD3).", per_policy=True)
+    policy_delay: int = cfg_field(1, "Critic updates per actor update (TD3: 2).", min=1, per_policy=True)
+    smooth_target_policy: bool = cfg_field(False, "Add clipped noise to target actions (TD3).", per_policy=True)
+    target_noise: float = cfg_field(
+        0.2, "Std of the target policy noise, in units of the action range's half-width.", min=0, per_policy=True
+    )
+    target_noise_clip: float = cfg_field(0.5, "Clip of the target policy noise (same units).", min=0, per_policy=True)
+    exploration_noise: float = cfg_field(
+        0.1, "Std of the Gaussian noise added to actions while sampling (action units).", min=0, per_policy=True
     )
 
     def check(self) -> list[str]:
@@ -65,34 +73,12 @@ class DDPGConfig(DQNConfig):
             problems.append("exploration_config is derived from exploration_noise and learning_starts; leave it empty")
         return problems
 
-    def policy_config(self) -> dict[str, Any]:
-        config = super().policy_config()
-        config.update(
-            actor_hiddens=list(self.actor_hiddens),
-            critic_hiddens=list(self.critic_hiddens),
-            actor_lr=self.actor_lr,
-            critic_lr=self.critic_lr,
-            twin_q=self.twin_q,
-            policy_delay=self.policy_delay,
-            smooth_target_policy=self.smooth_target_policy,
-            target_noise=self.target_noise,
-            target_noise_clip=self.target_noise_clip,
-            exploration_config={
-                "type": "GaussianNoise",
-                "stddev": self.exploration_noise,
-                "random_timesteps": self.learning_starts,
-            },
-        )
-        return config
-
 
 @dataclass(kw_only=True)
 class TD3Config(DDPGConfig):
     """TD3: DDPG with twin critics, target policy smoothing and delayed actor updates."""
 
-    twin_q: bool = cfg_field(True, "Two critics; targets use the smaller.")
-    policy_delay: int = cfg_field(2, "Critic updates per actor update.", min=1)
-    smooth_target_policy: bool = cfg_field(True, "Add clipped noise to target actions.")
+    defaults = {"twin_q": True, "policy_delay": 2, "smooth_target_policy": True}
 
 
 class ActorCritics(nn.Module):
@@ -101,12 +87,12 @@ class ActorCritics(nn.Module):
     ``forward(obs)`` gives ``(actions, None)``, so acting goes through the usual policy path.
     """
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Box, config: Mapping[str, Any]) -> None:
+    def __init__(self, obs_space: gym.Space, action_space: gym.Box, config: DDPGConfig) -> None:
         super().__init__()
         obs_dim, act_dim = flat_obs_dim(obs_space), int(np.prod(action_space.shape))
-        self.actor = mlp(obs_dim, config["actor_hiddens"], "relu", act_dim)
+        self.actor = mlp(obs_dim, config.actor_hiddens, "relu", act_dim)
         self.critics = nn.ModuleList(
-            mlp(obs_dim + act_dim, config["critic_hiddens"], "relu", 1) for _ in range(2 if config["twin_q"] else 1)
+            mlp(obs_dim + act_dim, config.critic_hiddens, "relu", 1) for _ in range(2 if config.twin_q else 1)
         )
         self.register_buffer("low", torch.as_tensor(action_space.low, dtype=torch.float32))
         self.register_buffer("high", torch.as_tensor(action_space.high, dtype=torch.float32))
@@ -124,18 +110,18 @@ class ActorCritics(nn.Module):
         return self.act(obs), None
 
 
-def ddpg_loss(policy: TorchPolicy, model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
+def ddpg_loss(
+    policy: TorchPolicy[DDPGConfig], model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]
+) -> LossOutput:
     """Critic: n-step TD on (twin-min) target Q; actor (every ``policy_delay`` steps): maximise Q(s, pi(s))."""
     config, target = policy.config, policy.target_model
     assert isinstance(model, ActorCritics) and isinstance(target, ActorCritics)
     obs, new_obs = batch[SampleBatch.OBS], batch[SampleBatch.NEW_OBS]
     with torch.no_grad():
         next_actions = target.act(new_obs)
-        if config["smooth_target_policy"]:
+        if config.smooth_target_policy:
             half_range = 0.5 * (target.high - target.low)
-            noise = (torch.randn_like(next_actions) * config["target_noise"]).clamp(
-                -config["target_noise_clip"], config["target_noise_clip"]
-            )
+            noise = (torch.randn_like(next_actions) * config.target_noise).clamp(-config.target_noise_clip, config.target_noise_clip)
             next_actions = torch.max(torch.min(next_actions + noise * half_range, target.high), target.low)
         next_q = torch.min(torch.stack(target.q(new_obs, next_actions)), dim=0).values
         not_done = 1.0 - batch[SampleBatch.TERMINATEDS].float()
@@ -144,9 +130,9 @@ def ddpg_loss(policy: TorchPolicy, model: nn.Module, dist_class: type[ActionDist
     weights = batch.get(SampleBatch.WEIGHTS, torch.ones_like(q_target))
     critic_loss = sum((weights * (q - q_target).pow(2)).mean() for q in q_values)
     loss = critic_loss
-    stats: dict[str, Any] = {"critic_loss": critic_loss.item(), "mean_q": q_values[0].mean().item()}
+    stats = {"critic_loss": critic_loss.item(), "mean_q": q_values[0].mean().item()}
     policy.coeffs[ACTOR_STEPS] = policy.coeffs.get(ACTOR_STEPS, 0) + 1
-    if int(policy.coeffs[ACTOR_STEPS]) % config["policy_delay"] == 0:
+    if int(policy.coeffs[ACTOR_STEPS]) % config.policy_delay == 0:
         # The actor's gradient must not move the critic: evaluate Q with detached critic weights.
         critic = model.critics[0]
         frozen = {name: p.detach() for name, p in critic.named_parameters()}
@@ -154,27 +140,26 @@ def ddpg_loss(policy: TorchPolicy, model: nn.Module, dist_class: type[ActionDist
         actor_loss = -torch.func.functional_call(critic, frozen, (x,)).mean()
         loss = loss + actor_loss
         stats["actor_loss"] = actor_loss.item()
-    stats[TD_ERROR] = (q_values[0] - q_target).detach().cpu().numpy()
-    return loss, stats
+    return LossOutput(loss, stats, q_values[0] - q_target)
 
 
 class _ModelFactory:
     """Builds :class:`ActorCritics` with the policy's sizes (picklable, unlike a closure)."""
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        self.config = {k: config[k] for k in ("actor_hiddens", "critic_hiddens", "twin_q")}
+    def __init__(self, config: DDPGConfig) -> None:
+        self.config = config
 
     def __call__(self, obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Mapping[str, Any]) -> nn.Module:
         return ActorCritics(obs_space, action_space, self.config)
 
 
-def _optimizer(policy: TorchPolicy) -> torch.optim.Optimizer:
+def _optimizer(policy: TorchPolicy[DDPGConfig]) -> torch.optim.Optimizer:
     model = policy.model
     assert isinstance(model, ActorCritics)
     return torch.optim.Adam(
         [
-            {"params": model.actor.parameters(), "lr": policy.config["actor_lr"]},
-            {"params": model.critics.parameters(), "lr": policy.config["critic_lr"]},
+            {"params": model.actor.parameters(), "lr": policy.config.actor_lr},
+            {"params": model.critics.parameters(), "lr": policy.config.critic_lr},
         ]
     )
 
@@ -183,18 +168,24 @@ def make_ddpg_policy(obs_space: gym.Space, action_space: gym.Space, config: DDPG
     """A TorchPolicy with an actor, critic(s), their targets, and deterministic acting plus Gaussian noise."""
     if not isinstance(action_space, gym.spaces.Box):
         raise ConfigError(f"DDPG and TD3 need a continuous (Box) action space, got {action_space}")
-    policy_config = config.policy_config()
     kwargs = {
         "loss_fn": ddpg_loss,
-        "postprocess_fn": dqn_postprocess,
-        "make_model": _ModelFactory(policy_config),
+        "postprocess_fn": nstep_postprocess,
+        "make_model": _ModelFactory(config),
         "make_optimizer": _optimizer,
         "dist_kind": "deterministic",
         "target_network": True,
+        "exploration_config": {
+            "type": "GaussianNoise",
+            "stddev": config.exploration_noise,
+            "random_timesteps": config.learning_starts,
+        },
     }
-    return PolicySpec(TorchPolicy, obs_space, action_space, policy_config, kwargs)
+    return PolicySpec(TorchPolicy, obs_space, action_space, config, kwargs)
 
 
-DDPG = Algorithm("ddpg", "deep deterministic policy gradient", DDPGConfig, make_ddpg_policy, dqn_execution_plan)
-TD3 = Algorithm("td3", "twin delayed DDPG", TD3Config, make_ddpg_policy, dqn_execution_plan)
+DDPG = Algorithm(
+    "ddpg", "deep deterministic policy gradient", DDPGConfig, make_ddpg_policy, dqn_execution_plan, make_resources=dqn_resources
+)
+TD3 = Algorithm("td3", "twin delayed DDPG", TD3Config, make_ddpg_policy, dqn_execution_plan, make_resources=dqn_resources)
 ALGORITHM = DDPG

@@ -15,7 +15,8 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from flowrl.actors import WorkerSet
+from flowrl.actors import PlanResources, WorkerSet
+from flowrl.actors.resources import local_replay_buffer
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import TrainerConfig, cfg_field
 from flowrl.data import LocalReplayBuffer, SampleBatch
@@ -23,12 +24,14 @@ from flowrl.iterators import LocalIterator
 from flowrl.operators import (
     Concurrently,
     ParallelRollouts,
+    Replay,
     StandardMetricsReporting,
+    StoreToReplayBuffer,
     TrainOneStep,
+    UpdatePriorities,
     UpdateTargetNetwork,
 )
-from flowrl.operators.replay_ops import TD_ERROR, Replay, StoreToReplayBuffer, UpdatePriorities
-from flowrl.policy import PolicySpec, TorchPolicy, adjust_nstep
+from flowrl.policy import LossOutput, PolicySpec, TorchPolicy, nstep_postprocess
 from flowrl.policy.distributions import ActionDistribution
 from flowrl.policy.models import make_encoder
 from flowrl.policy.postprocessing import DISCOUNTS
@@ -38,20 +41,27 @@ from flowrl.policy.postprocessing import DISCOUNTS
 class DQNConfig(TrainerConfig):
     """DQN settings (shared keys: see :class:`~flowrl.config.TrainerConfig`)."""
 
-    num_workers: int = cfg_field(0, "Remote rollout workers; 0 samples in the driver.", min=0)
-    rollout_fragment_length: int = cfg_field(4, "Env steps per env per sample call (each stored at once).", min=1)
-    train_batch_size: int = cfg_field(64, "Transitions per replayed SGD minibatch.", min=1)
-    lr: float = cfg_field(1e-3, "Adam learning rate.", min=0, min_exclusive=True)
-    grad_clip: float | None = cfg_field(10.0, "Clip the gradients' global norm to this (None: no clipping).", min=0, min_exclusive=True)
+    defaults = {
+        "num_workers": 0,
+        "rollout_fragment_length": 4,
+        "train_batch_size": 64,
+        "lr": 1e-3,
+        "grad_clip": 10.0,
+        "timesteps_per_iteration": 1000,
+        "exploration_config": {"type": "EpsilonGreedy", "initial_epsilon": 1.0, "final_epsilon": 0.02, "epsilon_timesteps": 10_000},
+    }
+
     buffer_size: int = cfg_field(50_000, "Replay buffer capacity in transitions.", min=1)
     learning_starts: int = cfg_field(1000, "Env steps sampled before training starts.", min=0)
     target_network_update_freq: int = cfg_field(
         500, "Env steps sampled between target network updates (0: after every training step).", min=0
     )
     tau: float = cfg_field(1.0, "Target update rate: 1 copies the network, smaller values blend it in.", min=0, max=1, min_exclusive=True)
-    n_step: int = cfg_field(3, "Steps of reward summed into each transition's return.", min=1)
-    double_q: bool = cfg_field(True, "Pick next actions with the online network, value them with the target network.")
-    dueling: bool = cfg_field(True, "Separate state-value and advantage streams in the Q head.")
+    n_step: int = cfg_field(3, "Steps of reward summed into each transition's return.", min=1, per_policy=True)
+    double_q: bool = cfg_field(
+        True, "Pick next actions with the online network, value them with the target network.", per_policy=True
+    )
+    dueling: bool = cfg_field(True, "Separate state-value and advantage streams in the Q head.", per_policy=True)
     prioritized_replay: bool = cfg_field(True, "Sample transitions in proportion to their TD error.")
     prioritized_replay_alpha: float = cfg_field(0.6, "How strongly priorities skew sampling (0: uniform).", min=0)
     prioritized_replay_beta: float = cfg_field(0.4, "Importance-sampling correction exponent.", min=0, max=1)
@@ -66,14 +76,6 @@ class DQNConfig(TrainerConfig):
         min=0,
         min_exclusive=True,
     )
-    timesteps_per_iteration: int = cfg_field(1000, "Minimum env steps sampled per train() call.", min=0)
-    exploration_config: dict[str, Any] = cfg_field(
-        {"type": "EpsilonGreedy", "initial_epsilon": 1.0, "final_epsilon": 0.02, "epsilon_timesteps": 10_000},
-        "Epsilon-greedy exploration over the Q-values, annealed over global timesteps.",
-    )
-
-    def policy_config(self) -> dict[str, Any]:
-        return {**super().policy_config(), "double_q": self.double_q, "n_step": self.n_step}
 
     def sampled_per_round(self) -> int:
         """Env steps one ParallelRollouts item holds."""
@@ -97,15 +99,17 @@ class QModel(nn.Module):
         return self.value(features) + advantages - advantages.mean(dim=1, keepdim=True), None
 
 
-def dqn_loss(policy: TorchPolicy, model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Importance-weighted Huber loss on the n-step TD error, with (double) target Q-values."""
+def dqn_loss(
+    policy: TorchPolicy[DQNConfig], model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]
+) -> LossOutput:
+    """Importance-weighted Huber loss on the n-step TD error, with (double) target Q-values; the TD errors set priorities."""
     q_values, _ = model(batch[SampleBatch.OBS])
     actions = batch[SampleBatch.ACTIONS].long()
     q_taken = q_values.gather(1, actions.unsqueeze(1)).squeeze(1)
     assert policy.target_model is not None
     with torch.no_grad():
         next_target, _ = policy.target_model(batch[SampleBatch.NEW_OBS])
-        if policy.config["double_q"]:
+        if policy.config.double_q:
             next_online, _ = model(batch[SampleBatch.NEW_OBS])
             next_q = next_target.gather(1, next_online.argmax(dim=1, keepdim=True)).squeeze(1)
         else:
@@ -116,23 +120,18 @@ def dqn_loss(policy: TorchPolicy, model: nn.Module, dist_class: type[ActionDistr
     td_error = q_taken - target
     weights = batch.get(SampleBatch.WEIGHTS, torch.ones_like(td_error))
     loss = (weights * nn.functional.smooth_l1_loss(q_taken, target, reduction="none")).mean()
-    return loss, {"loss": loss.item(), "mean_q": q_taken.mean().item(), TD_ERROR: td_error.detach().cpu().numpy()}
-
-
-def dqn_postprocess(policy: TorchPolicy, batch: SampleBatch) -> SampleBatch:
-    """n-step transitions (with the bootstrap discount of each row)."""
-    return adjust_nstep(batch, policy.config["n_step"], policy.config["gamma"])
+    return LossOutput(loss, {"loss": loss.item(), "mean_q": q_taken.mean().item()}, td_error)
 
 
 def make_dqn_policy(obs_space: gym.Space, action_space: gym.Space, config: DQNConfig) -> PolicySpec:
     """A TorchPolicy with a Q model, a target network, the DQN loss and n-step postprocessing."""
     kwargs = {
         "loss_fn": dqn_loss,
-        "postprocess_fn": dqn_postprocess,
+        "postprocess_fn": nstep_postprocess,
         "make_model": _dueling_q_model if config.dueling else _q_model,
         "target_network": True,
     }
-    return PolicySpec(TorchPolicy, obs_space, action_space, config.policy_config(), kwargs)
+    return PolicySpec(TorchPolicy, obs_space, action_space, config, kwargs)
 
 
 def _q_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Mapping[str, Any]) -> nn.Module:
@@ -152,32 +151,26 @@ def round_robin_weights(config: DQNConfig) -> list[int]:
     return [1, max(1, round(ratio))] if ratio >= 1 else [max(1, round(1 / ratio)), 1]
 
 
-def replay_buffer_args(config: DQNConfig) -> dict[str, Any]:
-    """The replay settings of a config, as keyword arguments of the replay buffers and shards."""
-    return {
-        "learning_starts": config.learning_starts,
-        "replay_batch_size": config.train_batch_size,
-        "prioritized_replay_alpha": config.prioritized_replay_alpha,
-        "prioritized_replay_beta": config.prioritized_replay_beta,
-        "prioritized_replay_eps": config.prioritized_replay_eps,
-        "prioritized": config.prioritized_replay,
-        "seed": config.seed,
-    }
+def make_resources(workers: WorkerSet, config: DQNConfig) -> PlanResources:
+    """A local replay buffer with the config's replay settings."""
+    return PlanResources(replay_buffer=local_replay_buffer(config), checkpoint_replay_contents=config.store_buffer_in_checkpoints)
 
 
 def training_flow(
-    rollouts: LocalIterator[Any], workers: WorkerSet, config: DQNConfig, policies: Sequence[str] | None = None
+    rollouts: LocalIterator[Any],
+    workers: WorkerSet,
+    config: DQNConfig,
+    buffer: LocalReplayBuffer,
+    policies: Sequence[str] | None = None,
 ) -> LocalIterator[Any]:
-    """DQN's learning from a stream of rollouts: store them || (Replay -> TrainOneStep ->
-    UpdatePriorities -> UpdateTargetNetwork), round robin; only ``policies`` (default all
-    trainable) train. A building block of composed plans (``ppo_dqn``)."""
-    buffer = LocalReplayBuffer(capacity=config.buffer_size, **replay_buffer_args(config))
-    store = StoreToReplayBuffer(local_buffer=buffer, checkpoint_contents=config.store_buffer_in_checkpoints)
-    store_op = rollouts.for_each(store)
+    """DQN's learning from a stream of rollouts through ``buffer``: store them || (Replay ->
+    TrainOneStep -> UpdatePriorities -> UpdateTargetNetwork), round robin; only ``policies``
+    (default all trainable) train. A building block of composed plans (``ppo_dqn``)."""
+    store_op = rollouts.for_each(StoreToReplayBuffer(local_buffer=buffer))
     replay_op = (
         Replay(local_buffer=buffer)
         .for_each(TrainOneStep(workers, policies))
-        .for_each(UpdatePriorities(buffer))
+        .for_each(UpdatePriorities(local_buffer=buffer))
         .for_each(UpdateTargetNetwork(workers, config.target_network_update_freq, policies=policies, tau=config.tau))
     )
     return Concurrently(
@@ -185,13 +178,22 @@ def training_flow(
     )
 
 
-def execution_plan(workers: WorkerSet, config: DQNConfig) -> LocalIterator[dict[str, Any]]:
+def execution_plan(workers: WorkerSet, config: DQNConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """Store rollouts || (Replay -> TrainOneStep -> UpdatePriorities -> UpdateTargetNetwork), round robin.
 
     DDPG and TD3 run this same plan with their own policy (soft target updates via ``tau``).
     """
+    assert resources.replay_buffer is not None
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
-    return StandardMetricsReporting(training_flow(rollouts, workers, config), workers, config)
+    return StandardMetricsReporting(training_flow(rollouts, workers, config, resources.replay_buffer), workers, config)
 
 
-ALGORITHM = Algorithm("dqn", "deep Q-network (double, dueling, n-step, prioritized replay)", DQNConfig, make_dqn_policy, execution_plan, multi_agent=True)
+ALGORITHM = Algorithm(
+    "dqn",
+    "deep Q-network (double, dueling, n-step, prioritized replay)",
+    DQNConfig,
+    make_dqn_policy,
+    execution_plan,
+    multi_agent=True,
+    make_resources=make_resources,
+)

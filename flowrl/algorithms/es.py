@@ -16,29 +16,25 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from flowrl.actors import WorkerSet
+from flowrl.actors import PlanResources, WorkerSet
+from flowrl.actors.perturbation import NoiseTable, PerturbationResult
 from flowrl.algorithms.perturbation_config import PerturbationConfig
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import cfg_field
 from flowrl.iterators import LocalIterator
-from flowrl.operators import StandardMetricsReporting
-from flowrl.operators.perturbation_ops import (
-    BroadcastWeights,
-    CollectPerturbations,
-    NoiseTable,
-    PerturbationResult,
-    PerturbationRollouts,
-    PerturbationUpdate,
-    UpdateObservationFilter,
-    centered_ranks,
-)
+from flowrl.operators import PerturbationSearch, PerturbationUpdate, StandardMetricsReporting, centered_ranks
 from flowrl.policy import PolicySpec, TorchPolicy
 from flowrl.policy.perturbable import perturbation_policy_spec
 
 
 @dataclass(kw_only=True)
 class ESConfig(PerturbationConfig):
-    """ES settings (shared keys: :class:`~flowrl.algorithms.perturbation_config.PerturbationConfig`)."""
+    """ES settings (shared keys: :class:`~flowrl.algorithms.perturbation_config.PerturbationConfig`).
+
+    The policy network is ``model``'s MLP (``fcnet_hiddens: []``: linear).
+    """
+
+    defaults = {"model": {"fcnet_hiddens": [32, 32]}}
 
     episodes_per_batch: int = cfg_field(
         100, "Perturbed episodes (2 per antithetic pair) per update, at least; a round asks the workers for this many.", min=2
@@ -46,29 +42,27 @@ class ESConfig(PerturbationConfig):
     train_batch_size: int = cfg_field(
         1000, "Env steps of perturbed episodes per update, at least (more rounds are run until both minimums are met).", min=1
     )
-    stepsize: float = cfg_field(0.01, "Step size (learning rate) of the optimizer applying the ES gradient.", min=0, min_exclusive=True)
-    optimizer: Literal["adam", "sgd"] = cfg_field("adam", "Optimizer of the update: 'adam' or 'sgd' (with sgd_momentum).")
-    sgd_momentum: float = cfg_field(0.9, "Momentum of the 'sgd' optimizer.", min=0, max=1)
-    l2_coeff: float = cfg_field(0.005, "L2 weight decay: l2_coeff * theta is subtracted from the ES gradient.", min=0)
-    model: dict[str, Any] = cfg_field(
-        {"fcnet_hiddens": [32, 32]}, "Policy network options (fcnet_hiddens, fcnet_activation); [] hiddens: linear."
+    stepsize: float = cfg_field(
+        0.01, "Step size (learning rate) of the optimizer applying the ES gradient.", min=0, min_exclusive=True, per_policy=True
     )
+    optimizer: Literal["adam", "sgd"] = cfg_field(
+        "adam", "Optimizer of the update: 'adam' or 'sgd' (with sgd_momentum).", per_policy=True
+    )
+    sgd_momentum: float = cfg_field(0.9, "Momentum of the 'sgd' optimizer.", min=0, max=1, per_policy=True)
+    l2_coeff: float = cfg_field(0.005, "L2 weight decay: l2_coeff * theta is subtracted from the ES gradient.", min=0)
 
-    def policy_config(self) -> dict[str, Any]:
-        return {**super().policy_config(), "optimizer": self.optimizer, "stepsize": self.stepsize, "sgd_momentum": self.sgd_momentum}
 
-
-def make_es_optimizer(policy: TorchPolicy) -> torch.optim.Optimizer:
+def make_es_optimizer(policy: TorchPolicy[ESConfig]) -> torch.optim.Optimizer:
     """Adam or SGD with momentum over the model's parameters, at ``stepsize``."""
     config = policy.config
-    if config["optimizer"] == "sgd":
-        return torch.optim.SGD(policy.model.parameters(), lr=config["stepsize"], momentum=config["sgd_momentum"])
-    return torch.optim.Adam(policy.model.parameters(), lr=config["stepsize"])
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(policy.model.parameters(), lr=config.stepsize, momentum=config.sgd_momentum)
+    return torch.optim.Adam(policy.model.parameters(), lr=config.stepsize)
 
 
 def make_es_policy(obs_space: gym.Space, action_space: gym.Space, config: ESConfig) -> PolicySpec:
     """A deterministic TorchPolicy over a perturbable MLP, stepped by the ES optimizer."""
-    return perturbation_policy_spec(obs_space, action_space, config.policy_config(), make_es_optimizer)
+    return perturbation_policy_spec(obs_space, action_space, config, make_es_optimizer)
 
 
 def es_gradient(result: PerturbationResult, noise: NoiseTable, dim: int, noise_stdev: float) -> np.ndarray:
@@ -94,24 +88,17 @@ class ESUpdate(PerturbationUpdate):
         return gradient, result, {"gradient_norm": float(np.linalg.norm(gradient))}
 
 
-def execution_plan(workers: WorkerSet, config: ESConfig) -> LocalIterator[dict[str, Any]]:
+def execution_plan(workers: WorkerSet, config: ESConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """Perturbation rounds -> CollectPerturbations -> ESUpdate -> observation filter -> BroadcastWeights -> metrics."""
-    noise = NoiseTable(config.noise_table_size, seed=config.seed or 0)
-    filtered = config.observation_filter == "MeanStdFilter"
-    rounds = PerturbationRollouts(
+    search = PerturbationSearch(
         workers,
-        noise,
+        config,
+        ESUpdate,
         pairs_per_round=math.ceil(config.episodes_per_batch / 2),
-        noise_stdev=config.noise_stdev,
-        eval_prob=config.eval_prob,
-        collect_obs_stats=filtered,
+        min_episodes=config.episodes_per_batch,
+        min_steps=config.train_batch_size,
     )
-    train_op = rounds.combine(CollectPerturbations(config.episodes_per_batch, config.train_batch_size)).for_each(
-        ESUpdate(workers, noise, config)
-    )
-    if filtered:
-        train_op = train_op.for_each(UpdateObservationFilter(workers))
-    return StandardMetricsReporting(train_op.for_each(BroadcastWeights(workers)), workers, config)
+    return StandardMetricsReporting(search, workers, config)
 
 
 ALGORITHM = Algorithm("es", "evolution strategies (antithetic perturbations, centered ranks)", ESConfig, make_es_policy, execution_plan)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from flowrl.config import TrainerConfig, cfg_field
 
@@ -32,8 +32,12 @@ class PerturbationConfig(TrainerConfig):
         "'MeanStdFilter': normalize observations by the running mean and std of those seen in perturbed episodes "
         "(kept in the model's buffers, so checkpoints and evaluation use it). 'NoFilter': raw observations.",
     )
-    explore: bool = cfg_field(False, "Must stay False: ES and ARS act deterministically; the perturbations explore.")
-    lr: float | None = cfg_field(None, "Not used: ES steps with stepsize, ARS with sgd_stepsize; leave unset.", min=0, min_exclusive=True)
+    explore: bool = cfg_field(
+        False, "Must stay False: ES and ARS act deterministically; the perturbations explore.", per_policy=True
+    )
+    lr: float | None = cfg_field(
+        None, "Not used: ES steps with stepsize, ARS with sgd_stepsize; leave unset.", min=0, min_exclusive=True, per_policy=True
+    )
 
     def check(self) -> list[str]:
         problems = super().check()
@@ -42,6 +46,3 @@ class PerturbationConfig(TrainerConfig):
         if self.lr is not None:
             problems.append(f"lr={self.lr} is not used by {type(self).__name__}; set its step size key instead")
         return problems
-
-    def policy_config(self) -> dict[str, Any]:
-        return {**super().policy_config(), "explore": False}

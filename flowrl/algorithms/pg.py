@@ -13,35 +13,39 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from flowrl.actors import WorkerSet
+from flowrl.actors import PlanResources, WorkerSet
 from flowrl.algorithms.registry import Algorithm
-from flowrl.config import TrainerConfig, cfg_field
+from flowrl.config import TrainerConfig
 from flowrl.data import SampleBatch
 from flowrl.iterators import LocalIterator
 from flowrl.operators import ConcatBatches, ParallelRollouts, StandardMetricsReporting, TrainOneStep
-from flowrl.policy import ActorCriticModel, PolicySpec, TorchPolicy, compute_advantages
+from flowrl.policy import ActorCriticModel, LossOutput, PolicySpec, TorchPolicy, compute_advantages
 from flowrl.policy.distributions import ActionDistribution
 
 
 @dataclass(kw_only=True)
 class PGConfig(TrainerConfig):
-    """Policy gradient settings (shared keys: see :class:`~flowrl.config.TrainerConfig`)."""
+    """Policy gradient settings (shared keys: see :class:`~flowrl.config.TrainerConfig`).
 
-    train_batch_size: int = cfg_field(1000, "Env steps per SGD step (one gradient step per iteration).", min=1)
-    lr: float = cfg_field(0.004, "Adam learning rate.", min=0, min_exclusive=True)
+    ``train_batch_size`` env steps make one gradient step per iteration.
+    """
+
+    defaults = {"train_batch_size": 1000, "lr": 0.004}
 
 
-def pg_loss(policy: TorchPolicy, model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+def pg_loss(
+    policy: TorchPolicy[PGConfig], model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]
+) -> LossOutput:
     """``-mean(log pi(a|s) * G)`` where G is the discounted return from each step."""
     logits, _ = model(batch[SampleBatch.OBS])
     logp = dist_class(logits).logp(batch[SampleBatch.ACTIONS])
     loss = -(logp * batch[SampleBatch.ADVANTAGES]).mean()
-    return loss, {"policy_loss": loss.item()}
+    return LossOutput(loss, {"policy_loss": loss.item()})
 
 
-def pg_postprocess(policy: TorchPolicy, batch: SampleBatch) -> SampleBatch:
+def pg_postprocess(policy: TorchPolicy[PGConfig], batch: SampleBatch) -> SampleBatch:
     """Discounted returns; a trajectory cut before its end is not bootstrapped (no critic)."""
-    return compute_advantages(batch, 0.0, gamma=float(policy.config["gamma"]), use_gae=False, use_critic=False)
+    return compute_advantages(batch, 0.0, gamma=policy.config.gamma, use_gae=False, use_critic=False)
 
 
 def _policy_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Any) -> nn.Module:
@@ -51,10 +55,10 @@ def _policy_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: in
 def make_pg_policy(obs_space: gym.Space, action_space: gym.Space, config: PGConfig) -> PolicySpec:
     """A TorchPolicy with the PG loss and return postprocessing."""
     kwargs = {"loss_fn": pg_loss, "postprocess_fn": pg_postprocess, "make_model": _policy_model}
-    return PolicySpec(TorchPolicy, obs_space, action_space, config.policy_config(), kwargs)
+    return PolicySpec(TorchPolicy, obs_space, action_space, config, kwargs)
 
 
-def execution_plan(workers: WorkerSet, config: PGConfig) -> LocalIterator[dict[str, Any]]:
+def execution_plan(workers: WorkerSet, config: PGConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """Rollouts -> ConcatBatches -> TrainOneStep -> metrics."""
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
     train_op = rollouts.combine(ConcatBatches(config.train_batch_size)).for_each(TrainOneStep(workers))

@@ -15,39 +15,48 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from flowrl.actors import WorkerSet
-from flowrl.algorithms.a2c import actor_critic_postprocess
+from flowrl.actors import PlanResources, WorkerSet
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import TrainerConfig, cfg_field
 from flowrl.data import SampleBatch
 from flowrl.iterators import LocalIterator
 from flowrl.operators import (
+    KL_COEFF,
     ConcatBatches,
     ParallelRollouts,
     StandardizeFields,
     StandardMetricsReporting,
     TrainOneStep,
+    UpdateKL,
 )
-from flowrl.operators.train_ops import KL_COEFF, UpdateKL
-from flowrl.policy import PolicySpec, TorchPolicy
+from flowrl.policy import LossOutput, PolicySpec, TorchPolicy, actor_critic_postprocess
 from flowrl.policy.distributions import ActionDistribution
+
 
 @dataclass(kw_only=True)
 class PPOConfig(TrainerConfig):
     """PPO settings (shared keys: see :class:`~flowrl.config.TrainerConfig`)."""
 
-    train_batch_size: int = cfg_field(4000, "Env steps per training iteration.", min=1)
+    defaults = {"train_batch_size": 4000, "lr": 3e-4}
+
     sgd_minibatch_size: int = cfg_field(128, "Env steps per SGD minibatch.", min=1)
     num_sgd_iter: int = cfg_field(10, "Epochs over each train batch.", min=1)
-    lr: float = cfg_field(3e-4, "Adam learning rate.", min=0, min_exclusive=True)
-    lambda_: float = cfg_field(0.95, "GAE lambda.", min=0, max=1)
-    use_gae: bool = cfg_field(True, "Use generalised advantage estimation (else returns minus values).")
-    clip_param: float = cfg_field(0.2, "Clip the probability ratio to [1 - clip_param, 1 + clip_param].", min=0, min_exclusive=True)
-    vf_clip_param: float = cfg_field(10.0, "Clip value updates to this distance from the sampled values.", min=0, min_exclusive=True)
-    vf_loss_coeff: float = cfg_field(0.5, "Weight of the value-function loss.", min=0)
-    entropy_coeff: float = cfg_field(0.0, "Weight of the entropy bonus.", min=0)
-    kl_coeff: float = cfg_field(0.2, "Initial weight of the KL penalty (adapted towards kl_target; 0 disables it).", min=0)
-    kl_target: float = cfg_field(0.01, "KL divergence per SGD pass the KL coefficient is adapted towards.", min=0, min_exclusive=True)
+    lambda_: float = cfg_field(0.95, "GAE lambda.", min=0, max=1, per_policy=True)
+    use_gae: bool = cfg_field(True, "Use generalised advantage estimation (else returns minus values).", per_policy=True)
+    clip_param: float = cfg_field(
+        0.2, "Clip the probability ratio to [1 - clip_param, 1 + clip_param].", min=0, min_exclusive=True, per_policy=True
+    )
+    vf_clip_param: float = cfg_field(
+        10.0, "Clip value updates to this distance from the sampled values.", min=0, min_exclusive=True, per_policy=True
+    )
+    vf_loss_coeff: float = cfg_field(0.5, "Weight of the value-function loss.", min=0, per_policy=True)
+    entropy_coeff: float = cfg_field(0.0, "Weight of the entropy bonus.", min=0, per_policy=True)
+    kl_coeff: float = cfg_field(
+        0.2, "Initial weight of the KL penalty (adapted towards kl_target; 0 disables it).", min=0, per_policy=True
+    )
+    kl_target: float = cfg_field(
+        0.01, "KL divergence per SGD pass the KL coefficient is adapted towards.", min=0, min_exclusive=True, per_policy=True
+    )
 
     def check(self) -> list[str]:
         problems = super().check()
@@ -55,20 +64,10 @@ class PPOConfig(TrainerConfig):
             problems.append(f"sgd_minibatch_size={self.sgd_minibatch_size} > train_batch_size={self.train_batch_size}")
         return problems
 
-    def policy_config(self) -> dict[str, Any]:
-        return {
-            **super().policy_config(),
-            "lambda": self.lambda_,
-            "use_gae": self.use_gae,
-            "clip_param": self.clip_param,
-            "vf_clip_param": self.vf_clip_param,
-            "vf_loss_coeff": self.vf_loss_coeff,
-            "entropy_coeff": self.entropy_coeff,
-            "kl_target": self.kl_target,
-        }
 
-
-def ppo_loss(policy: TorchPolicy, model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+def ppo_loss(
+    policy: TorchPolicy[PPOConfig], model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]
+) -> LossOutput:
     """Clipped surrogate + KL penalty + clipped value loss - entropy bonus (Schulman et al. 2017)."""
     config = policy.config
     logits, values = model(batch[SampleBatch.OBS])
@@ -76,24 +75,24 @@ def ppo_loss(policy: TorchPolicy, model: nn.Module, dist_class: type[ActionDistr
     old_dist = dist_class(batch[SampleBatch.ACTION_DIST_INPUTS])
     advantages = batch[SampleBatch.ADVANTAGES]
     ratio = torch.exp(dist.logp(batch[SampleBatch.ACTIONS]) - batch[SampleBatch.ACTION_LOGP])
-    clip = config["clip_param"]
+    clip = config.clip_param
     surrogate = torch.min(advantages * ratio, advantages * torch.clamp(ratio, 1 - clip, 1 + clip)).mean()
     kl = old_dist.kl(dist).mean()
     old_values = batch[SampleBatch.VF_PREDS]
-    clipped_values = old_values + torch.clamp(values - old_values, -config["vf_clip_param"], config["vf_clip_param"])
+    clipped_values = old_values + torch.clamp(values - old_values, -config.vf_clip_param, config.vf_clip_param)
     targets = batch[SampleBatch.VALUE_TARGETS]
     vf_loss = torch.max((values - targets).pow(2), (clipped_values - targets).pow(2)).mean()
     entropy = dist.entropy().mean()
     kl_coeff = policy.coeffs[KL_COEFF]
-    loss = -surrogate + kl_coeff * kl + config["vf_loss_coeff"] * vf_loss - config["entropy_coeff"] * entropy
+    loss = -surrogate + kl_coeff * kl + config.vf_loss_coeff * vf_loss - config.entropy_coeff * entropy
     stats = {"policy_loss": -surrogate.item(), "vf_loss": vf_loss.item(), "kl": kl.item(), "entropy": entropy.item()}
-    return loss, {**stats, KL_COEFF: kl_coeff}
+    return LossOutput(loss, {**stats, KL_COEFF: kl_coeff})
 
 
 def make_ppo_policy(obs_space: gym.Space, action_space: gym.Space, config: PPOConfig) -> PolicySpec:
     """A TorchPolicy with the PPO loss, GAE postprocessing and the KL coefficient as state."""
     kwargs = {"loss_fn": ppo_loss, "postprocess_fn": actor_critic_postprocess, "coeffs": {KL_COEFF: config.kl_coeff}}
-    return PolicySpec(TorchPolicy, obs_space, action_space, config.policy_config(), kwargs)
+    return PolicySpec(TorchPolicy, obs_space, action_space, config, kwargs)
 
 
 def training_flow(
@@ -113,7 +112,7 @@ def training_flow(
     )
 
 
-def execution_plan(workers: WorkerSet, config: PPOConfig) -> LocalIterator[dict[str, Any]]:
+def execution_plan(workers: WorkerSet, config: PPOConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """Rollouts -> ConcatBatches -> StandardizeFields -> TrainOneStep (minibatch epochs) -> UpdateKL -> metrics."""
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
     return StandardMetricsReporting(training_flow(rollouts, workers, config), workers, config)

@@ -14,10 +14,10 @@ from typing import Any, Hashable
 
 import gymnasium as gym
 
-from flowrl.actors import WorkerSet
+from flowrl.actors import PlanResources, WorkerSet
 from flowrl.algorithms import dqn, ppo
 from flowrl.algorithms.registry import Algorithm
-from flowrl.config import TrainerConfig, cfg_field, policies_problems, policy_mapping_fn_problems
+from flowrl.config import TrainerConfig, cfg_field
 from flowrl.errors import ConfigError
 from flowrl.iterators import LocalIterator
 from flowrl.operators import Concurrently, ParallelRollouts, SelectExperiences, StandardMetricsReporting
@@ -65,17 +65,19 @@ def _sub_config_problems(algorithm: str, config_class: type[TrainerConfig]) -> A
 
 @dataclass(kw_only=True)
 class PPODQNConfig(TrainerConfig):
-    """Sampling keys for both (see :class:`~flowrl.config.TrainerConfig`), and each algorithm's own keys in ``ppo`` and ``dqn``."""
+    """Sampling keys for both (see :class:`~flowrl.config.TrainerConfig`), and each algorithm's own keys in ``ppo`` and ``dqn``.
 
-    num_envs_per_worker: int = cfg_field(1, "Multi-agent envs each worker steps together.", min=1)
-    rollout_fragment_length: int = cfg_field(50, "Env steps per env per sample call.", min=1)
-    timesteps_per_iteration: int = cfg_field(2000, "Minimum env steps sampled per train() call.", min=0)
-    policies: dict[str, Any] = cfg_field(
-        {PPO_POLICY: None, DQN_POLICY: None}, "The two policies (spaces from their agents).", validator=policies_problems
-    )
-    policy_mapping_fn: Any | None = cfg_field(
-        even_ppo_odd_dqn, "agent_id -> 'ppo_policy' or 'dqn_policy' (default: even ids to PPO).", validator=policy_mapping_fn_problems
-    )
+    ``policies`` are the two policies (spaces from their agents); ``policy_mapping_fn``
+    sends even agent ids to ``ppo_policy`` and odd ones to ``dqn_policy`` by default.
+    """
+
+    defaults = {
+        "rollout_fragment_length": 50,
+        "timesteps_per_iteration": 2000,
+        "policies": {PPO_POLICY: None, DQN_POLICY: None},
+        "policy_mapping_fn": even_ppo_odd_dqn,
+    }
+
     ppo: dict[str, Any] = cfg_field(
         {"train_batch_size": 2000, "sgd_minibatch_size": 128, "num_sgd_iter": 10, "lr": 3e-4},
         "PPO's keys (PPOConfig) for ppo_policy; the sampling keys above apply to both.",
@@ -138,10 +140,17 @@ def _needs_multi_agent(obs_space: gym.Space, action_space: gym.Space, config: PP
     raise ConfigError(["ppo_dqn trains the policies of a multi-agent env (e.g. MultiAgentCartPole), not a single-agent one"])
 
 
-def execution_plan(workers: WorkerSet, config: PPODQNConfig) -> LocalIterator[dict[str, Any]]:
+def make_resources(workers: WorkerSet, config: PPODQNConfig) -> PlanResources:
+    """DQN's replay buffer, for dqn_policy's experience."""
+    return dqn.make_resources(workers, config.dqn_config())
+
+
+def execution_plan(workers: WorkerSet, config: PPODQNConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """Rollouts -> duplicate: DQN's sub-flow on dqn_policy's experience || PPO's on ppo_policy's -> metrics."""
+    assert resources.replay_buffer is not None
     ppo_rollouts, dqn_rollouts = ParallelRollouts(workers, mode="bulk_sync").duplicate(2)
-    dqn_op = dqn.training_flow(dqn_rollouts.for_each(SelectExperiences([DQN_POLICY])), workers, config.dqn_config(), [DQN_POLICY])
+    dqn_experience = dqn_rollouts.for_each(SelectExperiences([DQN_POLICY]))
+    dqn_op = dqn.training_flow(dqn_experience, workers, config.dqn_config(), resources.replay_buffer, [DQN_POLICY])
     ppo_op = ppo.training_flow(ppo_rollouts.for_each(SelectExperiences([PPO_POLICY])), workers, config.ppo_config(), [PPO_POLICY])
     return StandardMetricsReporting(Concurrently([ppo_op, dqn_op], mode="async"), workers, config)
 
@@ -154,4 +163,5 @@ ALGORITHM = Algorithm(
     execution_plan,
     multi_agent=True,
     make_policies=make_policies,
+    make_resources=make_resources,
 )

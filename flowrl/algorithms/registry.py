@@ -9,20 +9,26 @@ from typing import Any, Callable
 
 import gymnasium as gym
 
-from flowrl.actors import WorkerSet
+from flowrl.actors import PlanResources, WorkerSet, no_resources
 from flowrl.config import TrainerConfig
 from flowrl.errors import FlowRLError, UnknownAlgorithmError
 from flowrl.iterators import LocalIterator
 from flowrl.policy import PolicySpec
 
-ExecutionPlan = Callable[[WorkerSet, Any], LocalIterator[dict[str, Any]]]
+ExecutionPlan = Callable[[WorkerSet, Any, PlanResources], LocalIterator[dict[str, Any]]]
+ResourceFactory = Callable[[WorkerSet, Any], PlanResources]
 PolicyFactory = Callable[[gym.Space, gym.Space, Any], PolicySpec]
 MultiPolicyFactory = Callable[[dict[str, tuple[gym.Space, gym.Space]], Any], dict[str, PolicySpec]]
 
 
 @dataclass(frozen=True)
 class Algorithm:
-    """An algorithm: its config class, how to build its policy, and its execution plan."""
+    """An algorithm: its config class, how to build its policy, its execution plan, and the
+    stateful resources its plan wires (replay, a learner thread, aggregators).
+
+    The Trainer builds the rollout workers, then ``make_resources(workers, config)``, then
+    ``execution_plan(workers, config, resources)``, which only wires iterators over them.
+    """
 
     name: str
     description: str
@@ -34,6 +40,8 @@ class Algorithm:
     #: For algorithms whose policies differ by id (compositions such as ``ppo_dqn``):
     #: ``{policy_id: (observation_space, action_space)}, config -> {policy_id: PolicySpec}``.
     make_policies: MultiPolicyFactory | None = None
+    #: The long-lived resources the plan wires besides the workers, created (and released) by the Trainer.
+    make_resources: ResourceFactory = no_resources
 
 
 # name -> (module, attribute holding its Algorithm); imported lazily so `flowrl list` stays fast.

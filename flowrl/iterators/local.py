@@ -19,7 +19,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Generic, Iterable, Iterator, NamedTuple, Sequence, TypeVar
 
 import ray
 
@@ -189,6 +189,13 @@ def _skip_markers(fn: Callable[[Any], Any]) -> Transform:
             yield item if isinstance(item, NextValueNotReady) else fn(item)
 
     return apply
+
+
+class FromActor(NamedTuple):
+    """An item and the actor it came from (what ``zip_with_source_actor`` yields)."""
+
+    actor: Any
+    item: Any
 
 
 class LocalIterator(Generic[T]):
@@ -390,9 +397,9 @@ class LocalIterator(Generic[T]):
 
         return self._chain(apply, ".shuffle()")
 
-    def zip_with_source_actor(self) -> "LocalIterator[tuple[Any, T]]":
+    def zip_with_source_actor(self) -> "LocalIterator[FromActor]":
         """Pair each item with the actor it came from (right after a parallel gather)."""
-        return self._chain(_skip_markers(lambda item: (current_metrics().current_actor, item)), ".zip_with_source_actor()")
+        return self._chain(_skip_markers(lambda item: FromActor(current_metrics().current_actor, item)), ".zip_with_source_actor()")
 
     def duplicate(self, n: int, max_buffer: int = 10_000) -> list["LocalIterator[T]"]:
         """Split into ``n`` iterators that each see every item.

@@ -1,11 +1,14 @@
-"""The RL dataflow vocabulary built on ``flowrl.iterators``: rollouts, training, concurrency, metrics.
+"""The RL dataflow vocabulary built on ``flowrl.iterators``: rollouts, training, replay, concurrency, metrics.
 
 Each operator is a small callable (or a function returning an iterator) that can be
-tested without a cluster.
+tested without a cluster. What the plan graph and checkpoints read from an operator is
+declared through :mod:`flowrl.operators.protocol`; the items flowing between operators
+are named tuples (:class:`Trained`, :class:`~flowrl.actors.Learned`,
+:class:`ComputedGradients`, :class:`~flowrl.iterators.FromActor`).
 """
 
 from flowrl.operators.concurrency_ops import Concurrently, Dequeue, Enqueue
-from flowrl.operators.learner_ops import SendWeightsToSource, record_learner_results
+from flowrl.operators.learner_ops import LearnerFlows, LearnInThread, SendWeightsToSource, record_learner_results
 from flowrl.operators.metric_ops import (
     CollectMetrics,
     OncePerTimeInterval,
@@ -17,6 +20,7 @@ from flowrl.operators.names import (
     AGENT_STEPS_TRAINED_COUNTER,
     LAST_TARGET_UPDATE_TS,
     LEARNER_INFO,
+    NUM_LEARNER_UPDATES,
     NUM_TARGET_UPDATES,
     STEPS_SAMPLED_COUNTER,
     STEPS_TRAINED_COUNTER,
@@ -24,12 +28,13 @@ from flowrl.operators.names import (
 from flowrl.operators.perturbation_ops import (
     BroadcastWeights,
     CollectPerturbations,
-    NoiseTable,
-    PerturbationResult,
     PerturbationRollouts,
+    PerturbationSearch,
+    PerturbationUpdate,
     UpdateObservationFilter,
     centered_ranks,
 )
+from flowrl.operators.protocol import ActorFlow, ActorLink, HiddenOperator, Operator, StatefulOperator
 from flowrl.operators.replay_ops import (
     MixInReplay,
     Replay,
@@ -49,7 +54,9 @@ from flowrl.operators.train_ops import (
     KL_COEFF,
     ApplyGradients,
     AverageGradients,
+    ComputedGradients,
     ComputeGradients,
+    Trained,
     TrainOneStep,
     UpdateKL,
     UpdateTargetNetwork,
@@ -61,9 +68,12 @@ __all__ = [
     "KL_COEFF",
     "LAST_TARGET_UPDATE_TS",
     "LEARNER_INFO",
+    "NUM_LEARNER_UPDATES",
     "NUM_TARGET_UPDATES",
     "STEPS_SAMPLED_COUNTER",
     "STEPS_TRAINED_COUNTER",
+    "ActorFlow",
+    "ActorLink",
     "AggregatedRollouts",
     "ApplyGradients",
     "AsyncGradients",
@@ -72,25 +82,32 @@ __all__ = [
     "CollectMetrics",
     "CollectPerturbations",
     "ComputeGradients",
+    "ComputedGradients",
     "ConcatBatches",
     "Concurrently",
     "Dequeue",
     "Enqueue",
+    "HiddenOperator",
+    "LearnInThread",
+    "LearnerFlows",
     "MixInReplay",
-    "NoiseTable",
     "OncePerTimeInterval",
     "OncePerTimestepsElapsed",
+    "Operator",
     "ParallelRollouts",
-    "PerturbationResult",
     "PerturbationRollouts",
+    "PerturbationSearch",
+    "PerturbationUpdate",
     "Replay",
     "SelectExperiences",
     "SendWeightsToSource",
     "StandardMetricsReporting",
     "StandardizeFields",
+    "StatefulOperator",
     "StoreToReplayBuffer",
     "ThrottleSampling",
     "TrainOneStep",
+    "Trained",
     "UpdateKL",
     "UpdateObservationFilter",
     "UpdatePriorities",

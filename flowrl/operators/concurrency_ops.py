@@ -7,14 +7,13 @@ from typing import Any, Callable, Iterator, Sequence
 
 from flowrl.errors import FlowRLError
 from flowrl.iterators import EventQueue, LocalIterator, NextValueNotReady, SharedMetrics, StageNode
+from flowrl.operators.protocol import ActorLink, HiddenOperator, Operator
 
 CONCURRENCY_MODES = ("round_robin", "async")
 
 
-class _Tag:
+class _Tag(HiddenOperator):
     """Pairs an item with the index of the sub-flow it came from (internal plumbing)."""
-
-    plan_hidden = True
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -23,8 +22,8 @@ class _Tag:
         return self.index, item
 
 
-class _KeepOutputs:
-    plan_hidden = True
+class _KeepOutputs(HiddenOperator):
+    """Keeps the tagged items of the sub-flows whose outputs the merged flow yields."""
 
     def __init__(self, indexes: Sequence[int]) -> None:
         self.indexes = set(indexes)
@@ -33,11 +32,11 @@ class _KeepOutputs:
         return tagged[0] in self.indexes
 
 
-def _untag(tagged: tuple[int, Any]) -> Any:
-    return tagged[1]
+class _Untag(HiddenOperator):
+    """Drops the sub-flow index again."""
 
-
-_untag.plan_hidden = True  # type: ignore[attr-defined]
+    def __call__(self, tagged: tuple[int, Any]) -> Any:
+        return tagged[1]
 
 
 def Concurrently(
@@ -68,10 +67,10 @@ def Concurrently(
     merged = ops[0].union(*ops[1:], deterministic=(mode == "round_robin"), round_robin_weights=round_robin_weights)
     if output_indexes is None:
         return merged
-    return merged.filter(_KeepOutputs(output_indexes)).for_each(_untag)
+    return merged.filter(_KeepOutputs(output_indexes)).for_each(_Untag())
 
 
-class Enqueue:
+class Enqueue(Operator):
     """Put each item on a bounded :class:`~flowrl.iterators.EventQueue`; use with ``transform``.
 
     ``flow.transform(Enqueue(q))`` yields each item once it is on the queue. While the
@@ -85,9 +84,9 @@ class Enqueue:
             raise FlowRLError(f"Enqueue needs a flowrl.iterators.EventQueue, got {type(output_queue).__name__}")
         self.queue = output_queue
 
-    def plan_links(self) -> list[tuple[str, str]]:
-        """What this operator does to actors, for the plan graph."""
-        return [("LearnerThread", "enqueue")]
+    def plan_links(self) -> list[ActorLink]:
+        """Feeds the learner thread's queue."""
+        return [ActorLink("LearnerThread", "enqueue")]
 
     def __call__(self, items: Iterator[Any]) -> Iterator[Any]:
         for item in items:
@@ -131,9 +130,9 @@ def Dequeue(input_queue: EventQueue, check: Callable[[], bool] = lambda: True) -
     return LocalIterator(base, SharedMetrics(), name="dequeue", stages=[StageNode("source", "dequeue", (), _LearnerResults())])
 
 
-class _LearnerResults:
+class _LearnerResults(Operator):
     """Marks a Dequeue source in the plan graph as reading a learner thread's results."""
 
-    def plan_links(self) -> list[tuple[str, str]]:
-        """What this source does to actors, for the plan graph."""
-        return [("LearnerThread", "take results")]
+    def plan_links(self) -> list[ActorLink]:
+        """Takes the learner thread's results."""
+        return [ActorLink("LearnerThread", "take results")]

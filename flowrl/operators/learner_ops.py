@@ -1,31 +1,32 @@
-"""Operators around a background learner thread: results in, fresh weights out to the workers."""
+"""Operators around a background learner thread: batches in, results out, fresh weights to the workers."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import ray
 
-from flowrl.actors import LearnerThread, WorkerSet
+from flowrl.actors import Learned, LearnerThread, WorkerSet
 from flowrl.data import MultiAgentBatch, SampleBatch
-from flowrl.iterators import LocalIterator
+from flowrl.iterators import FromActor, LocalIterator
+from flowrl.operators.concurrency_ops import Dequeue, Enqueue
 from flowrl.operators.metric_ops import record_learner_info
 from flowrl.operators.names import (
     AGENT_STEPS_TRAINED_COUNTER,
     NUM_LEARNER_UPDATES,
-    NUM_WEIGHT_SYNCS,
-    STEPS_SAMPLED_COUNTER,
     STEPS_TRAINED_COUNTER,
 )
+from flowrl.operators.protocol import ActorLink, Operator
+from flowrl.operators.weight_sync import send_weights
 
 Batch = SampleBatch | MultiAgentBatch
 
 
-class SendWeightsToSource:
+class SendWeightsToSource(Operator):
     """Send the learner's weights to the worker a batch came from, when that worker is due.
 
-    Consumes ``(worker, batch)`` (after ``zip_with_source_actor``) and yields the batch. A
-    worker is due once it sampled ``min_steps`` env steps and the learner made
+    Consumes ``FromActor(worker, batch)`` (after ``zip_with_source_actor``) and yields the
+    batch. A worker is due once it sampled ``min_steps`` env steps and the learner made
     ``min_learner_updates`` updates since its last weights (Ape-X paces by steps, IMPALA by
     updates). Weights go to the object store once per learner update, shared by every worker.
     The sources may be aggregators (tree aggregation) that pass the weights on to their
@@ -51,12 +52,12 @@ class SendWeightsToSource:
         self.weights: Any = None
         self.weights_version = -1
 
-    def plan_links(self) -> list[tuple[str, str]]:
-        """What this operator does to actors, for the plan graph."""
-        return [(self.source_class, "send weights to the source")]
+    def plan_links(self) -> list[ActorLink]:
+        """Sends weights back to the actor each batch came from."""
+        return [ActorLink(self.source_class, "send weights to the source")]
 
-    def __call__(self, item: tuple[Any, Batch]) -> Batch:
-        actor, batch = item
+    def __call__(self, item: FromActor) -> Batch:
+        actor, batch = item.actor, item.item
         self.steps_since[actor] = self.steps_since.get(actor, 0) + batch.env_steps()
         version = self.learner.num_batches_trained
         if self.steps_since[actor] >= self.min_steps and version - self.version_sent.get(actor, 0) >= self.min_learner_updates:
@@ -65,21 +66,38 @@ class SendWeightsToSource:
                     weights = self.workers.local_worker().get_weights()
                 self.weights = ray.put(weights)
                 self.weights_version = version
-            metrics = LocalIterator.get_metrics()
-            actor.set_weights.remote(self.weights, {"timestep": metrics.counters[STEPS_SAMPLED_COUNTER]})
+            send_weights(actor, self.weights)
             self.steps_since[actor] = 0
             self.version_sent[actor] = version
-            metrics.counters[NUM_WEIGHT_SYNCS] += 1
         return batch
 
 
-def record_learner_results(item: tuple[Any, dict[str, Any], int]) -> dict[str, Any]:
-    """Count what a learner thread trained (its out-queue's ``(source, info, count)``): the steps
-    and one learner update; keep its stats beside those of other policies."""
-    _, info, count = item
+def record_learner_results(learned: Learned) -> Learned:
+    """Count what a learner thread trained: its steps and one learner update; keep its stats
+    beside those of other policies (pass-through)."""
     metrics = LocalIterator.get_metrics()
-    metrics.counters[STEPS_TRAINED_COUNTER] += count
-    metrics.counters[AGENT_STEPS_TRAINED_COUNTER] += count
+    metrics.counters[STEPS_TRAINED_COUNTER] += learned.steps
+    metrics.counters[AGENT_STEPS_TRAINED_COUNTER] += learned.steps
     metrics.counters[NUM_LEARNER_UPDATES] += 1
-    record_learner_info(info)
-    return info
+    record_learner_info(learned.info)
+    return learned
+
+
+class LearnerFlows(NamedTuple):
+    """The two sub-flows around a learner thread, to run side by side (``Concurrently``)."""
+
+    #: Puts each batch (or ``FromActor(shard, batch)``) on the learner's queue; yields what it enqueued.
+    enqueue: LocalIterator[Any]
+    #: The learner's :class:`~flowrl.actors.Learned` results, counted as trained.
+    learned: LocalIterator[Learned]
+
+
+def LearnInThread(batches: LocalIterator[Any], learner: LearnerThread) -> LearnerFlows:
+    """Train ``learner`` on ``batches`` in its own thread: the enqueue sub-flow and the results sub-flow.
+
+    The asynchronous plans (Ape-X, IMPALA, APPO) join the two with ``Concurrently(mode="async")``
+    and continue from ``learned`` (priorities, target updates, metrics).
+    """
+    enqueue = batches.transform(Enqueue(learner.inqueue))
+    learned = Dequeue(learner.outqueue, check=learner.check).for_each(record_learner_results)
+    return LearnerFlows(enqueue, learned)

@@ -12,6 +12,7 @@ import ray
 from flowrl.actors import WorkerSet
 from flowrl.iterators import LocalIterator
 from flowrl.operators.names import LEARNER_INFO, STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER
+from flowrl.operators.protocol import ActorLink, StatefulOperator
 
 
 class OncePerTimeInterval:
@@ -86,7 +87,7 @@ def summarize_episodes(episodes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return summary
 
 
-class CollectMetrics:
+class CollectMetrics(StatefulOperator):
     """Build one result dict: episode statistics from the workers plus the flow's counters.
 
     Episode statistics are smoothed over the last ``min_history`` finished episodes
@@ -102,9 +103,11 @@ class CollectMetrics:
         self.episodes_total = 0
         self.iteration_started = time.monotonic()
 
-    def plan_links(self) -> list[tuple[str, str]]:
-        """What this operator does to actors, for the plan graph."""
-        return [("RolloutWorker", "collect episode stats")]
+    state_key = "collect_metrics"
+
+    def plan_links(self) -> list[ActorLink]:
+        """Reads the rollout workers' finished episodes."""
+        return [ActorLink("RolloutWorker", "collect episode stats")]
 
     def get_state(self) -> dict[str, Any]:
         """The smoothing window and episode count, for checkpoints."""

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import random
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
-import ray
 
+from flowrl.actors import Learned
 from flowrl.data import (
     LocalReplayBuffer,
     MultiAgentBatch,
     SampleBatch,
-    as_policy_batches,
 )
 from flowrl.errors import FlowRLError
 from flowrl.iterators import (
@@ -21,48 +20,32 @@ from flowrl.iterators import (
     SharedMetrics,
     from_actors,
 )
-from flowrl.operators.metric_ops import record_learner_info
 from flowrl.operators.names import (
     STEPS_SAMPLED_COUNTER,
     STEPS_TRAINED_COUNTER,
 )
+from flowrl.operators.protocol import ActorLink, HiddenOperator, Operator, StatefulOperator
+from flowrl.operators.train_ops import Trained
 
 Batch = SampleBatch | MultiAgentBatch
-TD_ERROR = "td_error"
 
 
-class StoreToReplayBuffer:
-    """Add each batch to a local replay buffer, or to a random one of the replay actors (pass-through)."""
+class StoreToReplayBuffer(Operator):
+    """Add each batch to a local replay buffer, or to a random one of the replay actors (pass-through).
 
-    def __init__(
-        self,
-        *,
-        local_buffer: LocalReplayBuffer | None = None,
-        actors: Sequence[Any] | None = None,
-        checkpoint_contents: bool = False,
-    ) -> None:
+    The buffers are owned outside the plan (:class:`~flowrl.actors.PlanResources`), which
+    also checkpoints them.
+    """
+
+    def __init__(self, *, local_buffer: LocalReplayBuffer | None = None, actors: Sequence[Any] | None = None) -> None:
         if (local_buffer is None) == (actors is None):
             raise FlowRLError("StoreToReplayBuffer needs exactly one of local_buffer= or actors=")
         self.local_buffer = local_buffer
         self.actors = list(actors) if actors is not None else []
-        self.checkpoint_contents = checkpoint_contents
 
-    def get_state(self) -> dict[str, Any]:
-        """The buffer's (or each replay shard's) state for checkpoints; contents only with ``checkpoint_contents``."""
-        if self.local_buffer is not None:
-            return {"buffer": self.local_buffer.get_state(include_contents=self.checkpoint_contents)}
-        return {"shards": ray.get([actor.get_state.remote(self.checkpoint_contents) for actor in self.actors])}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`get_state`'s output."""
-        if self.local_buffer is not None and "buffer" in state:
-            self.local_buffer.set_state(state["buffer"])
-        if self.actors and len(state.get("shards", [])) == len(self.actors):
-            ray.get([actor.set_state.remote(shard) for actor, shard in zip(self.actors, state["shards"])])
-
-    def plan_links(self) -> list[tuple[str, str]]:
-        """What this operator does to actors, for the plan graph."""
-        return [("ReplayActor", "add batch")] if self.actors else []
+    def plan_links(self) -> list[ActorLink]:
+        """Adds batches to the replay shards (nothing for a local buffer)."""
+        return [ActorLink("ReplayActor", "add batch")] if self.actors else []
 
     def __call__(self, batch: Batch) -> Batch:
         if self.local_buffer is not None:
@@ -72,11 +55,11 @@ class StoreToReplayBuffer:
         return batch
 
 
-def _is_batch(item: Any) -> bool:
-    return item is not None
+class _IsBatch(HiddenOperator):
+    """Drops the None a replay shard answers before it holds ``learning_starts`` steps."""
 
-
-_is_batch.plan_hidden = True  # type: ignore[attr-defined]
+    def __call__(self, item: Any) -> bool:
+        return item is not None
 
 
 def Replay(
@@ -93,7 +76,7 @@ def Replay(
     if (local_buffer is None) == (actors is None):
         raise FlowRLError("Replay needs exactly one of local_buffer= or actors=")
     if actors is not None:
-        return from_actors(list(actors), name="replay_actors").gather_async(num_async=num_async).filter(_is_batch)
+        return from_actors(list(actors), name="replay_actors").gather_async(num_async=num_async).filter(_IsBatch())
 
     def base(timeout: float | None) -> Iterator[Any]:
         while True:
@@ -111,7 +94,7 @@ def Replay(
     return LocalIterator(base, SharedMetrics(), name="replay")
 
 
-class MixInReplay:
+class MixInReplay(StatefulOperator):
     """Mix replayed batches into a stream of fresh ones; use with ``combine``.
 
     Keeps the last ``num_slots`` input batches. Each input comes out first, followed on
@@ -120,6 +103,8 @@ class MixInReplay:
     ``replay_proportion / (1 + replay_proportion)`` replay. Off-policy learners (IMPALA's
     V-trace) correct for the older behaviour policy of the replayed batches.
     """
+
+    state_key = "mix_in_replay"
 
     def __init__(self, num_slots: int, replay_proportion: float, seed: int | None = None) -> None:
         if num_slots < 1:
@@ -136,7 +121,7 @@ class MixInReplay:
         """The sampling RNG, for checkpoints (the slots are not saved: they refill within ``num_slots`` batches)."""
         return {"rng": self.rng.bit_generator.state}
 
-    def set_state(self, state: dict[str, Any]) -> None:
+    def set_state(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`get_state`'s output."""
         self.rng.bit_generator.state = state["rng"]
 
@@ -152,27 +137,31 @@ class MixInReplay:
         return [batch, *replayed]
 
 
-class UpdatePriorities:
-    """Set the replayed rows' priorities from the TD errors the learner reported (pass-through).
+class UpdatePriorities(Operator):
+    """Set the replayed rows' new priorities where they were replayed from (pass-through).
 
-    Consumes TrainOneStep's ``(batch, info)``; the ``td_error`` arrays are removed from the
-    learner info so results stay small.
+    Consumes :class:`~flowrl.operators.train_ops.Trained` (TrainOneStep's, replayed from
+    ``local_buffer``) or :class:`~flowrl.actors.Learned` (a learner thread's, replayed from
+    the replay shard that is its ``source``) and hands their ``priorities`` (replayed rows'
+    indexes and TD errors) to that buffer.
     """
 
-    def __init__(self, local_buffer: LocalReplayBuffer) -> None:
+    def __init__(self, local_buffer: LocalReplayBuffer | None = None) -> None:
         self.local_buffer = local_buffer
 
-    def __call__(self, item: tuple[Batch, dict[str, dict[str, Any]]]) -> tuple[Batch, dict[str, dict[str, Any]]]:
-        batch, info = item
-        batches = as_policy_batches(batch)
-        updates = {}
-        for pid, stats in info.items():
-            td_error = stats.pop(TD_ERROR, None)
-            if td_error is not None and pid in batches:
-                updates[pid] = (batches[pid]["batch_indexes"], np.asarray(td_error))
-        if updates:
-            self.local_buffer.update_priorities(updates)
-        record_learner_info(info)
+    def plan_links(self) -> list[ActorLink]:
+        """Sends priorities back to the replay shards (nothing for a local buffer)."""
+        return [] if self.local_buffer is not None else [ActorLink("ReplayActor", "update priorities")]
+
+    def __call__(self, item: Trained | Learned) -> Trained | Learned:
+        if not item.priorities:
+            return item
+        if self.local_buffer is not None:
+            self.local_buffer.update_priorities(item.priorities)
+        elif isinstance(item, Learned) and item.source is not None:
+            item.source.update_priorities.remote(dict(item.priorities))
+        else:
+            raise FlowRLError("UpdatePriorities without local_buffer= needs Learned items whose source is a replay shard")
         return item
 
 

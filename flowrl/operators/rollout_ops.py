@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
-import ray
 
-from flowrl.actors import WorkerSet, create_aggregators, get_global_worker
-from flowrl.actors.aggregator import StreamFn
+from flowrl.actors import Aggregated, WorkerSet, get_global_worker
 from flowrl.data import (
     DEFAULT_POLICY_ID,
     MultiAgentBatch,
@@ -23,6 +21,8 @@ from flowrl.operators.names import (
     AGENT_STEPS_SAMPLED_COUNTER,
     STEPS_SAMPLED_COUNTER,
 )
+from flowrl.operators.protocol import ActorFlow, Operator
+from flowrl.operators.train_ops import ComputedGradients
 
 Batch = SampleBatch | MultiAgentBatch
 ROLLOUT_MODES = ("bulk_sync", "async", "raw")
@@ -70,8 +70,8 @@ def ParallelRollouts(workers: WorkerSet, *, mode: str = "bulk_sync", num_async: 
     return actors.gather_async(num_async=num_async).for_each(count_steps_sampled)
 
 
-class _CountAggregatedSteps:
-    """Count the steps the aggregators' workers sampled (not the replayed rows mixed in) and pass the batch on."""
+class _CountAggregatedSteps(Operator):
+    """Count the steps the aggregators' workers sampled (not the replayed rows mixed in) and pass the item on."""
 
     def __init__(self, num_rollout_workers: int) -> None:
         self.num_rollout_workers = num_rollout_workers
@@ -80,48 +80,56 @@ class _CountAggregatedSteps:
         """The rollout workers behind the aggregators, which no driver-side gather shows."""
         return {"RolloutWorker": self.num_rollout_workers}
 
-    def plan_links(self) -> list[tuple[str, ...]]:
+    def plan_links(self) -> list[ActorFlow]:
         """Rollout workers feed the aggregators (a gather inside each), which get the weights back."""
-        return [("RolloutWorker", "AggregatorWorker", "gather_async"), ("AggregatorWorker", "RolloutWorker", "forward weights")]
+        return [
+            ActorFlow("RolloutWorker", "AggregatorWorker", "gather_async"),
+            ActorFlow("AggregatorWorker", "RolloutWorker", "forward weights"),
+        ]
 
-    def __call__(self, item: tuple[Batch, int, int]) -> Batch:
-        batch, env_steps, agent_steps = item
-        count_sampled(env_steps, agent_steps)
-        return batch
+    def __call__(self, aggregated: Aggregated) -> Any:
+        count_sampled(aggregated.env_steps, aggregated.agent_steps)
+        return aggregated.item
 
 
-def AggregatedRollouts(
-    workers: WorkerSet, num_aggregators: int, make_stream: StreamFn, *, num_cpus_per_aggregator: float = 0.5
-) -> LocalIterator[Any]:
-    """Experience gathered through ``num_aggregators`` aggregator actors (tree aggregation).
+def AggregatedRollouts(workers: WorkerSet, aggregators: Sequence[Any]) -> LocalIterator[Any]:
+    """What ``aggregators`` (aggregator actors over the remote rollout workers) serve, as it arrives.
 
-    Each aggregator gathers asynchronously from its share of the remote rollout workers
-    and serves ``make_stream(fragments)`` (e.g. ``ConcatBatches`` to train batches); the
-    driver gathers those items as they arrive and counts their steps as sampled. Weights
-    sent to an aggregator (``set_weights``) reach its workers as they next deliver. The
-    aggregators are killed when the worker set stops.
+    Each aggregator gathers asynchronously from its group of rollout workers and serves
+    the items its stream makes of them (e.g. train batches); the driver counts their
+    freshly sampled steps. Weights sent to an aggregator (``set_weights``) reach its
+    workers as they next deliver. The aggregators are created and owned outside the plan
+    (:class:`~flowrl.actors.PlanResources`).
     """
-    if not workers.remote_workers():
-        raise FlowRLError("AggregatedRollouts needs remote workers (num_workers >= 1)")
-    aggregators = create_aggregators(workers.remote_workers(), num_aggregators, make_stream, num_cpus_per_aggregator)
-    workers.on_stop(lambda: [ray.kill(a) for a in aggregators])
-    return from_actors(aggregators, name="aggregators").gather_async().for_each(_CountAggregatedSteps(len(workers.remote_workers())))
+    if not aggregators:
+        raise FlowRLError("AggregatedRollouts needs at least one aggregator actor")
+    return from_actors(list(aggregators), name="aggregators").gather_async().for_each(
+        _CountAggregatedSteps(len(workers.remote_workers()))
+    )
 
 
-def _sample_and_compute_gradients(batch: Batch) -> tuple[tuple[list[np.ndarray], dict[str, float]], int]:
+class _SampledGradients(NamedTuple):
+    """What a rollout worker computed on a batch it sampled: its gradients, learner stats and env steps."""
+
+    gradients: list[np.ndarray]
+    stats: dict[str, float]
+    count: int
+
+
+def _sample_and_compute_gradients(batch: Batch) -> _SampledGradients:
     """Runs inside a rollout worker: gradients of its policy on the batch it just sampled."""
-    return get_global_worker().compute_gradients(batch), batch.env_steps()
+    grads, stats = get_global_worker().compute_gradients(batch)
+    return _SampledGradients(grads, stats, batch.env_steps())
 
 
-def _record_gradient_source(item: tuple[tuple[list[np.ndarray], dict[str, float]], int]) -> tuple[list[np.ndarray], int]:
-    (grads, info), count = item
-    count_sampled(count, count)
-    record_learner_info({DEFAULT_POLICY_ID: info})
-    return grads, count
+def _record_gradient_source(item: _SampledGradients) -> ComputedGradients:
+    count_sampled(item.count, item.count)
+    record_learner_info({DEFAULT_POLICY_ID: item.stats})
+    return ComputedGradients(item.gradients, item.count)
 
 
-def AsyncGradients(workers: WorkerSet) -> LocalIterator[tuple[list[np.ndarray], int]]:
-    """``(gradients, count)`` computed inside the rollout workers on their own samples (A3C).
+def AsyncGradients(workers: WorkerSet) -> LocalIterator[ComputedGradients]:
+    """:class:`~flowrl.operators.train_ops.ComputedGradients` computed inside the rollout workers on their own samples (A3C).
 
     Gradients arrive as workers finish; the source worker of each is recorded as the
     metrics context's ``current_actor`` so ``ApplyGradients(update_all=False)`` can send

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Sequence
+from collections.abc import Sequence
+from typing import Any, ContextManager, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
-from flowrl.actors import WorkerSet
+from flowrl.actors import Learned, Priorities, WorkerSet
 from flowrl.actors.learner_thread import learn_on_local_worker
 from flowrl.data import (
     DEFAULT_POLICY_ID,
@@ -26,28 +27,66 @@ from flowrl.operators.names import (
     LEARN_ON_BATCH_TIMER,
     LEARNER_INFO,
     NUM_TARGET_UPDATES,
-    NUM_WEIGHT_SYNCS,
     STEPS_SAMPLED_COUNTER,
     STEPS_TRAINED_COUNTER,
-    WORKER_UPDATE_TIMER,
 )
+from flowrl.operators.protocol import ActorLink, Operator
+from flowrl.operators.weight_sync import broadcast_weights, send_weights
 
 Batch = SampleBatch | MultiAgentBatch
 Gradients = list[np.ndarray]
-LearnerInfo = dict[str, dict[str, Any]]
+LearnerInfo = dict[str, dict[str, float]]
 
 #: The ``policy.coeffs`` entry holding the weight of a KL penalty (PPO, APPO).
 KL_COEFF = "kl_coeff"
 
 
-def _global_vars() -> dict[str, Any]:
-    return {"timestep": LocalIterator.get_metrics().counters[STEPS_SAMPLED_COUNTER]}
+class Trained(NamedTuple):
+    """What :class:`TrainOneStep` yields: the batch it learned on, each policy's learner stats,
+    and the new priorities of replayed rows (empty unless the batch was replayed)."""
+
+    batch: Batch
+    info: LearnerInfo
+    priorities: Priorities = {}
 
 
-class TrainOneStep:
+class ComputedGradients(NamedTuple):
+    """Gradients of one policy's loss and the env steps they were computed on."""
+
+    gradients: Gradients
+    count: int
+
+
+@runtime_checkable
+class TargetNetworkPolicy(Protocol):
+    """A policy with a target network (what :class:`UpdateTargetNetwork` moves)."""
+
+    def update_target(self, tau: float = 1.0) -> None: ...
+
+
+@runtime_checkable
+class CoefficientPolicy(Protocol):
+    """A policy whose adaptive loss coefficients live in ``coeffs`` (what :class:`UpdateKL` adapts)."""
+
+    coeffs: dict[str, float]
+    config: Any
+
+
+P = TypeVar("P")
+
+
+def local_policy(workers: WorkerSet, policy_id: str, kind: type[P], operator: str) -> P:
+    """The local worker's policy ``policy_id``, checked to be a ``kind`` (what ``operator`` needs)."""
+    policy = workers.local_worker().get_policy(policy_id)
+    if not isinstance(policy, kind):
+        raise FlowRLError(f"{operator} needs a {kind.__name__}; policy {policy_id!r} is a {type(policy).__name__}")
+    return policy
+
+
+class TrainOneStep(Operator):
     """Learn on a batch with the local worker's policies, then broadcast the new weights.
 
-    Consumes a batch and yields ``(batch, learner_info)``. With ``num_sgd_iter`` > 1 or
+    Consumes a batch and yields :class:`Trained`. With ``num_sgd_iter`` > 1 or
     ``sgd_minibatch_size`` > 0 it runs that many epochs of shuffled minibatches, shuffled
     reproducibly when ``seed`` is given. Counts ``num_steps_trained`` and keeps the
     per-policy learner stats in ``info["learner"]``.
@@ -69,19 +108,19 @@ class TrainOneStep:
         self.sgd_minibatch_size = sgd_minibatch_size
         self.seed = seed
 
-    def plan_links(self) -> list[tuple[str, str]]:
-        """What this operator does to actors, for the plan graph (naming the policies unless it is only the default one)."""
+    def plan_links(self) -> list[ActorLink]:
+        """Broadcasts to the rollout workers, naming the policies unless it is only the default one."""
         if self.policies == [DEFAULT_POLICY_ID]:
-            return [("RolloutWorker", "broadcast weights")]
-        return [("RolloutWorker", f"broadcast weights of {', '.join(self.policies)}")]
+            return [ActorLink("RolloutWorker", "broadcast weights")]
+        return [ActorLink("RolloutWorker", f"broadcast weights of {', '.join(self.policies)}")]
 
-    def __call__(self, batch: Batch) -> tuple[Batch, dict[str, dict[str, float]]]:
+    def __call__(self, batch: Batch) -> Trained:
         metrics = LocalIterator.get_metrics()
         local = self.workers.local_worker()
         # Shuffles seeded by (seed, steps trained): reproducible, also after a restore.
         seed = None if self.seed is None else [self.seed, metrics.counters[STEPS_TRAINED_COUNTER]]
         with metrics.timers[LEARN_ON_BATCH_TIMER] as timer:
-            info, _ = learn_on_local_worker(
+            learned = learn_on_local_worker(
                 local,
                 batch,
                 policies=self.policies,
@@ -92,45 +131,45 @@ class TrainOneStep:
             timer.push_units_processed(batch.env_steps())
         metrics.counters[STEPS_TRAINED_COUNTER] += batch.env_steps()
         metrics.counters[AGENT_STEPS_TRAINED_COUNTER] += batch.agent_steps()
-        record_learner_info(info)
-        with metrics.timers[WORKER_UPDATE_TIMER]:
-            self.workers.sync_weights(self.policies, global_vars=_global_vars())
-        metrics.counters[NUM_WEIGHT_SYNCS] += 1
-        return batch, info
+        record_learner_info(learned.info)
+        broadcast_weights(self.workers, self.policies)
+        return Trained(batch, learned.info, learned.priorities)
 
 
 class ComputeGradients:
-    """Gradients of the local worker's policy on a batch: yields ``(gradients, count)``."""
+    """Gradients of the local worker's policy on a batch: yields :class:`ComputedGradients`."""
 
     def __init__(self, workers: WorkerSet, policy_id: str = DEFAULT_POLICY_ID) -> None:
         self.workers = workers
         self.policy_id = policy_id
 
-    def __call__(self, batch: Batch) -> tuple[Gradients, int]:
+    def __call__(self, batch: Batch) -> ComputedGradients:
         metrics = LocalIterator.get_metrics()
         with metrics.timers[COMPUTE_GRADS_TIMER]:
             grads, info = self.workers.local_worker().compute_gradients(as_policy_batches(batch)[self.policy_id], self.policy_id)
         record_learner_info({self.policy_id: info})
-        return grads, batch.env_steps()
+        return ComputedGradients(grads, batch.env_steps())
 
 
 class AverageGradients:
-    """Average a list of ``(gradients, count)`` (e.g. from ``.batch(n)``) into one, weighted by count."""
+    """Average a list of :class:`ComputedGradients` (e.g. from ``.batch(n)``) into one, weighted by count."""
 
-    def __call__(self, items: list[tuple[Gradients, int]]) -> tuple[Gradients, int]:
+    def __call__(self, items: list[ComputedGradients]) -> ComputedGradients:
         if not items:
             raise FlowRLError("AverageGradients got an empty list")
-        total = sum(count for _, count in items)
-        averaged = [sum(grads[i] * (count / total) for grads, count in items) for i in range(len(items[0][0]))]
-        return averaged, total
+        total = sum(item.count for item in items)
+        averaged = [
+            sum(item.gradients[i] * (item.count / total) for item in items) for i in range(len(items[0].gradients))
+        ]
+        return ComputedGradients(averaged, total)
 
 
-class ApplyGradients:
-    """Apply ``(gradients, count)`` to the local worker's policy and send out the new weights.
+class ApplyGradients(Operator):
+    """Apply :class:`ComputedGradients` to the local worker's policy and send out the new weights.
 
     ``update_all=True`` broadcasts to every remote worker; ``False`` sends the weights
     only to the worker that produced the gradients (the metrics context's
-    ``current_actor``, set by :func:`AsyncGradients`), as A3C does.
+    ``current_actor``, set by :func:`AsyncGradients`), as A3C does. Yields the learner info.
     """
 
     def __init__(self, workers: WorkerSet, policy_id: str = DEFAULT_POLICY_ID, update_all: bool = True) -> None:
@@ -138,29 +177,27 @@ class ApplyGradients:
         self.policy_id = policy_id
         self.update_all = update_all
 
-    def plan_links(self) -> list[tuple[str, str]]:
-        """What this operator does to actors, for the plan graph."""
+    def plan_links(self) -> list[ActorLink]:
+        """Sends weights to every rollout worker, or to the source worker."""
         target = "all" if self.update_all else "the source worker"
-        return [("RolloutWorker", f"send weights to {target}")]
+        return [ActorLink("RolloutWorker", f"send weights to {target}")]
 
-    def __call__(self, item: tuple[Gradients, int]) -> dict[str, dict[str, float]]:
-        grads, count = item
+    def __call__(self, item: ComputedGradients) -> LearnerInfo:
         metrics = LocalIterator.get_metrics()
         local = self.workers.local_worker()
         with metrics.timers[APPLY_GRADS_TIMER]:
-            local.apply_gradients(grads, self.policy_id)
-        metrics.counters[STEPS_TRAINED_COUNTER] += count
-        metrics.counters[AGENT_STEPS_TRAINED_COUNTER] += count
-        with metrics.timers[WORKER_UPDATE_TIMER]:
-            if self.update_all:
-                self.workers.sync_weights([self.policy_id], global_vars=_global_vars())
-            else:
-                actor = metrics.current_actor
-                if actor is None:
-                    raise FlowRLError("ApplyGradients(update_all=False) needs the source actor; use it right after AsyncGradients")
-                actor.set_weights.remote(local.get_weights([self.policy_id]), _global_vars())
-        metrics.counters[NUM_WEIGHT_SYNCS] += 1
-        return metrics.info.get(LEARNER_INFO, {})
+            local.apply_gradients(item.gradients, self.policy_id)
+        metrics.counters[STEPS_TRAINED_COUNTER] += item.count
+        metrics.counters[AGENT_STEPS_TRAINED_COUNTER] += item.count
+        if self.update_all:
+            broadcast_weights(self.workers, [self.policy_id])
+        else:
+            actor = metrics.current_actor
+            if actor is None:
+                raise FlowRLError("ApplyGradients(update_all=False) needs the source actor; use it right after AsyncGradients")
+            send_weights(actor, local.get_weights([self.policy_id]))
+        info: LearnerInfo = metrics.info.get(LEARNER_INFO, {})
+        return info
 
 
 class UpdateTargetNetwork:
@@ -187,7 +224,7 @@ class UpdateTargetNetwork:
         self.workers = workers
         self.target_update_freq = target_update_freq
         self.tau = tau
-        self.lock = lock if lock is not None else contextlib.nullcontext()
+        self.lock: ContextManager[Any] = lock if lock is not None else contextlib.nullcontext()
         self.counter = counter or (STEPS_TRAINED_COUNTER if by_steps_trained else STEPS_SAMPLED_COUNTER)
         self.policies = list(policies) if policies is not None else workers.trainable_policies()
 
@@ -195,10 +232,9 @@ class UpdateTargetNetwork:
         metrics = LocalIterator.get_metrics()
         now = metrics.counters[self.counter]
         if now - metrics.counters[LAST_TARGET_UPDATE_TS] >= self.target_update_freq:
-            local = self.workers.local_worker()
             with self.lock:
                 for pid in self.policies:
-                    local.get_policy(pid).update_target(self.tau)  # type: ignore[attr-defined]
+                    local_policy(self.workers, pid, TargetNetworkPolicy, "UpdateTargetNetwork").update_target(self.tau)
             metrics.counters[NUM_TARGET_UPDATES] += 1
             metrics.counters[LAST_TARGET_UPDATE_TS] = now
         return item
@@ -207,21 +243,20 @@ class UpdateTargetNetwork:
 class UpdateKL:
     """After each training step, adapt every policy's KL coefficient to its measured KL (pass-through).
 
-    Reads the learner info from TrainOneStep's ``(batch, learner_info)`` or from a learner
-    thread's results (``learner_info`` itself, after ``record_learner_results``). The
-    coefficient, ``policy.coeffs[KL_COEFF]``, grows by half when the KL exceeds twice the
-    policy's ``kl_target`` and halves when the KL is below half of it; a coefficient of 0
+    Reads the learner info of a :class:`Trained` (TrainOneStep's) or a
+    :class:`~flowrl.actors.Learned` (a learner thread's) item. The coefficient,
+    ``policy.coeffs[KL_COEFF]``, grows by half when the KL exceeds twice the policy's
+    ``config.kl_target`` and halves when the KL is below half of it; a coefficient of 0
     stays off.
     """
 
     def __init__(self, workers: WorkerSet) -> None:
         self.workers = workers
 
-    def __call__(self, item: tuple[Any, LearnerInfo] | LearnerInfo) -> Any:
-        info = item[1] if isinstance(item, tuple) else item
-        for pid, stats in info.items():
-            policy = self.workers.local_worker().get_policy(pid)
-            kl, target = stats.get("kl"), policy.config["kl_target"]
+    def __call__(self, item: Trained | Learned) -> Trained | Learned:
+        for pid, stats in item.info.items():
+            policy = local_policy(self.workers, pid, CoefficientPolicy, "UpdateKL")
+            kl, target = stats.get("kl"), float(policy.config.kl_target)
             if kl is None or policy.coeffs[KL_COEFF] == 0:
                 continue
             if kl > 2.0 * target:

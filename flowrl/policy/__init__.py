@@ -10,9 +10,16 @@ from flowrl.policy.distributions import (
 )
 from flowrl.policy.exploration import EpsilonGreedy, Exploration, GaussianNoise, LinearSchedule, StochasticSampling
 from flowrl.policy.models import ActorCriticModel, CNNEncoder, MLPEncoder, model_config
-from flowrl.policy.policy import Policy, PolicySpec
-from flowrl.policy.postprocessing import adjust_nstep, bootstrap_value, compute_advantages, discount_cumsum
-from flowrl.policy.torch_policy import TorchPolicy
+from flowrl.policy.policy import LearnOutput, Policy, PolicyConfig, PolicySpec
+from flowrl.policy.postprocessing import (
+    actor_critic_postprocess,
+    adjust_nstep,
+    bootstrap_value,
+    compute_advantages,
+    discount_cumsum,
+    nstep_postprocess,
+)
+from flowrl.policy.torch_policy import LossOutput, TorchPolicy
 
 __all__ = [
     "ActionDistribution",
@@ -24,17 +31,22 @@ __all__ = [
     "EpsilonGreedy",
     "Exploration",
     "GaussianNoise",
+    "LearnOutput",
     "LinearSchedule",
+    "LossOutput",
     "MLPEncoder",
     "Policy",
+    "PolicyConfig",
     "PolicySpec",
     "SquashedGaussian",
     "StochasticSampling",
     "TorchPolicy",
+    "actor_critic_postprocess",
     "adjust_nstep",
     "bootstrap_value",
     "compute_advantages",
     "discount_cumsum",
     "dist_class_for",
     "model_config",
+    "nstep_postprocess",
 ]

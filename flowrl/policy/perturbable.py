@@ -23,7 +23,7 @@ from torch import nn
 
 from flowrl.errors import FlowRLError
 from flowrl.policy.models import mlp
-from flowrl.policy.policy import PolicySpec
+from flowrl.policy.policy import PolicyConfig, PolicySpec
 from flowrl.policy.torch_policy import TorchPolicy
 
 # --- observation statistics ------------------------------------------------------------------------
@@ -152,7 +152,7 @@ def build_perturbable_model(
     return PerturbableModel(obs_dim, num_outputs, config["fcnet_hiddens"], config["fcnet_activation"], zero_init)
 
 
-def no_loss(policy: TorchPolicy, model: nn.Module, dist_class: Any, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+def no_loss(policy: TorchPolicy[Any], model: nn.Module, dist_class: Any, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss function of ES/ARS policies: there is none, they learn from perturbation returns."""
     raise FlowRLError("ES and ARS policies learn from the returns of perturbed rollouts, not from sample batches")
 
@@ -160,8 +160,8 @@ def no_loss(policy: TorchPolicy, model: nn.Module, dist_class: Any, batch: Any) 
 def perturbation_policy_spec(
     obs_space: gym.Space,
     action_space: gym.Space,
-    policy_config: dict[str, Any],
-    make_optimizer: Callable[[TorchPolicy], torch.optim.Optimizer],
+    config: PolicyConfig,
+    make_optimizer: Callable[[TorchPolicy[Any]], torch.optim.Optimizer],
     *,
     zero_init: bool = False,
 ) -> PolicySpec:
@@ -174,7 +174,7 @@ def perturbation_policy_spec(
         "make_optimizer": make_optimizer,
         "dist_kind": "deterministic" if isinstance(action_space, gym.spaces.Box) else "auto",
     }
-    return PolicySpec(TorchPolicy, obs_space, action_space, policy_config, kwargs)
+    return PolicySpec(TorchPolicy, obs_space, action_space, config, kwargs)
 
 
 def flat_parameters(model: nn.Module) -> np.ndarray:
@@ -193,7 +193,7 @@ def unflatten(flat: np.ndarray, model: nn.Module) -> list[np.ndarray]:
     return arrays
 
 
-def ascend(policy: TorchPolicy, direction: np.ndarray, l2_coeff: float = 0.0) -> None:
+def ascend(policy: TorchPolicy[Any], direction: np.ndarray, l2_coeff: float = 0.0) -> None:
     """One step of the policy's optimizer up ``direction``, with L2 decay ``l2_coeff * theta``.
 
     The optimizer minimizes, so it is handed ``-direction + l2_coeff * theta`` as the gradient;

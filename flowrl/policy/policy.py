@@ -3,49 +3,118 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import gymnasium as gym
 import numpy as np
 
 from flowrl.data import SampleBatch
+from flowrl.errors import ConfigError
 
 ModelWeights = dict[str, np.ndarray]
+C = TypeVar("C", bound="PolicyConfig")
+ConfigT = TypeVar("ConfigT", bound="PolicyConfig")
+
+
+class PolicyConfig(Protocol):
+    """What a policy reads from its algorithm's config object.
+
+    Policies receive the algorithm's whole (frozen) config, e.g. a ``PPOConfig``, and read
+    typed attributes from it; :class:`~flowrl.config.TrainerConfig` has all of these, so every
+    algorithm config satisfies this protocol without naming it.
+    """
+
+    @property
+    def lr(self) -> float | None: ...
+    @property
+    def gamma(self) -> float: ...
+    @property
+    def grad_clip(self) -> float | None: ...
+    @property
+    def model(self) -> Mapping[str, Any]: ...
+    @property
+    def explore(self) -> bool: ...
+    @property
+    def exploration_config(self) -> Mapping[str, Any]: ...
+    @property
+    def num_gpus(self) -> float: ...
+    @property
+    def seed(self) -> int | None: ...
+    @property
+    def num_workers(self) -> int: ...
+
+    def replace(self: C, **changes: Any) -> C:
+        """A copy with ``changes`` applied, validated."""
+        ...
+
+
+class LearnOutput(NamedTuple):
+    """What one gradient step of a policy produced.
+
+    ``stats``: learner statistics (scalars, reported in ``result["info"]["learner"]``).
+    ``td_error``: per-row TD errors of the batch, for the replay priorities of value-based
+    policies (None for the others).
+    """
+
+    stats: dict[str, float]
+    td_error: np.ndarray | None = None
+
+
+def check_policy_config(config: Any) -> None:
+    """Raise :class:`~flowrl.errors.ConfigError` unless ``config`` is a config object (not a dict)."""
+    if isinstance(config, Mapping):
+        raise ConfigError(
+            [f"a policy takes its algorithm's config object, not a {type(config).__name__} of keys {sorted(config)}; "
+             "build one, e.g. flowrl.config.TrainerConfig(lr=0.01) or PPOConfig.from_dict({...})"]
+        )
 
 
 @dataclass
 class PolicySpec:
-    """Everything an actor needs to build a policy: its class, spaces and config.
+    """Everything an actor needs to build a policy: its class, spaces and its algorithm's config object.
 
     ``kwargs`` are extra constructor arguments (e.g. the loss function of a
     :class:`~flowrl.policy.TorchPolicy`); they must be picklable, so pass module-level
     functions rather than lambdas.
     """
 
-    policy_class: type["Policy"]
+    policy_class: type["Policy[Any]"]
     observation_space: gym.Space
     action_space: gym.Space
-    config: dict[str, Any] = field(default_factory=dict)
+    config: PolicyConfig
     kwargs: dict[str, Any] = field(default_factory=dict)
 
-    def build(self, config_overrides: Mapping[str, Any] | None = None) -> "Policy":
-        """Construct the policy (``config_overrides`` win over ``config``)."""
-        config = {**self.config, **(config_overrides or {})}
-        return self.policy_class(self.observation_space, self.action_space, config, **self.kwargs)
+    def __post_init__(self) -> None:
+        check_policy_config(self.config)
+
+    def build(self, config_overrides: Mapping[str, Any] | None = None, *, worker_index: int = 0) -> "Policy[Any]":
+        """Construct the policy (``config_overrides``, e.g. a worker's own seed, replace config keys).
+
+        ``worker_index`` places the policy among the rollout workers (0: the local worker),
+        for explorations that differ per worker.
+        """
+        config = self.config.replace(**config_overrides) if config_overrides else self.config
+        return self.policy_class(self.observation_space, self.action_space, config, worker_index=worker_index, **self.kwargs)
 
 
-class Policy(abc.ABC):
+class Policy(abc.ABC, Generic[ConfigT]):
     """Maps observations to actions, learns from batches, and holds its own state.
 
+    ``config`` is the algorithm's config object (see :class:`PolicyConfig`).
     ``global_timestep`` is the number of env steps sampled by the whole run, pushed in by
     :meth:`on_global_var_update`; schedules (learning rate, exploration) read it.
     """
 
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: Mapping[str, Any]) -> None:
+    def __init__(
+        self, observation_space: gym.Space, action_space: gym.Space, config: ConfigT, *, worker_index: int = 0
+    ) -> None:
+        check_policy_config(config)
         self.observation_space = observation_space
         self.action_space = action_space
-        self.config = dict(config)
+        self.config = config
+        self.worker_index = worker_index
         self.global_timestep = 0
 
     @abc.abstractmethod
@@ -64,8 +133,12 @@ class Policy(abc.ABC):
         return batch
 
     @abc.abstractmethod
+    def learn(self, batch: SampleBatch) -> LearnOutput:
+        """One gradient step on ``batch``: learner statistics and, for value-based policies, TD errors."""
+
     def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
-        """One gradient step on ``batch``; returns learner statistics."""
+        """One gradient step on ``batch``; returns its learner statistics (RLlib's name for :meth:`learn`)."""
+        return self.learn(batch).stats
 
     @abc.abstractmethod
     def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, float]]:

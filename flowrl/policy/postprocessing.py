@@ -9,11 +9,32 @@ next-observation's value stands in for the rest.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
 from flowrl.data import SampleBatch
+from flowrl.policy.torch_policy import TorchPolicy
+
+
+class AdvantageConfig(Protocol):
+    """The keys :func:`actor_critic_postprocess` reads from a policy's config."""
+
+    @property
+    def gamma(self) -> float: ...
+    @property
+    def lambda_(self) -> float: ...
+    @property
+    def use_gae(self) -> bool: ...
+
+
+class NStepConfig(Protocol):
+    """The keys :func:`nstep_postprocess` reads from a policy's config."""
+
+    @property
+    def gamma(self) -> float: ...
+    @property
+    def n_step(self) -> int: ...
 
 
 def discount_cumsum(x: np.ndarray, gamma: float) -> np.ndarray:
@@ -91,3 +112,17 @@ def adjust_nstep(batch: SampleBatch, n_step: int, gamma: float) -> SampleBatch:
             batch[key] = batch[key][last]
     batch[DISCOUNTS] = (gamma**steps).astype(np.float32)
     return batch
+
+
+def actor_critic_postprocess(policy: TorchPolicy[Any], batch: SampleBatch) -> SampleBatch:
+    """Advantages and value targets of a trajectory piece (GAE, or returns minus the critic's
+    values), bootstrapped from the critic unless the episode terminated (A2C, A3C, PPO)."""
+    config: AdvantageConfig = policy.config
+    last_r = bootstrap_value(batch, policy.value)
+    return compute_advantages(batch, last_r, gamma=config.gamma, lambda_=config.lambda_, use_gae=config.use_gae)
+
+
+def nstep_postprocess(policy: TorchPolicy[Any], batch: SampleBatch) -> SampleBatch:
+    """``config.n_step``-step transitions with the bootstrap discount of each row (DQN, DDPG, TD3)."""
+    config: NStepConfig = policy.config
+    return adjust_nstep(batch, config.n_step, config.gamma)

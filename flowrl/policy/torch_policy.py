@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -11,17 +11,30 @@ import torch
 from torch import nn
 
 from flowrl.data import SampleBatch
+from flowrl.errors import ConfigError
 from flowrl.policy.distributions import ActionDistribution, dist_class_for
 from flowrl.policy.exploration import StochasticSampling, make_exploration
 from flowrl.policy.models import ActorCriticModel, model_config, obs_to_tensor
 from flowrl.policy.numpy_inference import NumpyActorCritic, sample_numpy
-from flowrl.policy.policy import ModelWeights, Policy
+from flowrl.policy.policy import ConfigT, LearnOutput, ModelWeights, Policy
 
 TensorBatch = dict[str, torch.Tensor]
-LossFn = Callable[["TorchPolicy", nn.Module, type[ActionDistribution], TensorBatch], tuple[torch.Tensor, dict[str, float]]]
-PostprocessFn = Callable[["TorchPolicy", SampleBatch], SampleBatch]
+
+
+class LossOutput(NamedTuple):
+    """What a loss function returns: the loss to minimise, scalar statistics to report, and
+    optionally per-row TD errors (the typed extra that replay priorities are made from)."""
+
+    loss: torch.Tensor
+    stats: dict[str, float]
+    td_error: torch.Tensor | None = None
+
+
+# A plain ``(loss, stats)`` tuple is accepted too.
+LossFn = Callable[["TorchPolicy[Any]", nn.Module, type[ActionDistribution], TensorBatch], "LossOutput | tuple[torch.Tensor, dict[str, float]]"]
+PostprocessFn = Callable[["TorchPolicy[Any]", SampleBatch], SampleBatch]
 ModelFn = Callable[[gym.Space, gym.Space, int, Mapping[str, Any]], nn.Module]
-OptimizerFn = Callable[["TorchPolicy"], torch.optim.Optimizer]
+OptimizerFn = Callable[["TorchPolicy[Any]"], torch.optim.Optimizer]
 _NOT_BUILT = object()
 
 
@@ -30,18 +43,19 @@ def default_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: in
     return ActorCriticModel(obs_space, num_outputs, config)
 
 
-class TorchPolicy(Policy):
+class TorchPolicy(Policy[ConfigT]):
     """A policy whose learning is given by ``loss_fn(policy, model, dist_class, batch)``.
 
-    ``loss_fn`` returns ``(loss, stats)``; ``batch`` maps column names to tensors on the
-    policy's device. ``postprocess_fn(policy, trajectory)`` adds derived columns.
-    ``make_model(obs_space, action_space, num_outputs, model_config)`` must return a module
-    whose ``forward(obs)`` gives ``(dist_inputs, values)`` (values may be ``None``).
+    ``loss_fn`` returns a :class:`LossOutput` (or ``(loss, stats)``) and reads its
+    hyperparameters from ``policy.config``, the algorithm's config object; ``batch`` maps
+    column names to tensors on the policy's device. ``postprocess_fn(policy, trajectory)``
+    adds derived columns. ``make_model(obs_space, action_space, num_outputs, model_config)``
+    must return a module whose ``forward(obs)`` gives ``(dist_inputs, values)`` (values may be ``None``).
 
-    Config keys read: ``lr`` (5e-4), ``model`` (see :mod:`flowrl.policy.models`),
-    ``grad_clip`` (None: no clipping), ``explore`` (True), ``exploration_config``
-    (``{"type": "StochasticSampling"}``), ``num_gpus`` (0), ``seed``.
-    Algorithm-owned scalars that must survive checkpoints (e.g. PPO's KL coefficient)
+    Config keys read (see :class:`~flowrl.policy.policy.PolicyConfig`): ``lr``, ``model``
+    (see :mod:`flowrl.policy.models`), ``grad_clip``, ``explore``, ``exploration_config``
+    (unless ``exploration_config`` is given here: an exploration the algorithm derives),
+    ``num_gpus``, ``seed`` and ``num_workers``. Algorithm-owned scalars that must survive checkpoints (e.g. PPO's KL coefficient)
     live in ``policy.coeffs``. With ``target_network=True`` the policy keeps a frozen copy
     of its model in ``target_model``, moved by :meth:`update_target` (DQN, DDPG, TD3).
     """
@@ -50,8 +64,9 @@ class TorchPolicy(Policy):
         self,
         observation_space: gym.Space,
         action_space: gym.Space,
-        config: Mapping[str, Any],
+        config: ConfigT,
         *,
+        worker_index: int = 0,
         loss_fn: LossFn,
         postprocess_fn: PostprocessFn | None = None,
         make_model: ModelFn = default_model,
@@ -59,12 +74,13 @@ class TorchPolicy(Policy):
         dist_kind: str = "auto",
         coeffs: Mapping[str, float] | None = None,
         target_network: bool = False,
+        exploration_config: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(observation_space, action_space, config)
-        use_gpu = float(self.config.get("num_gpus", 0)) > 0 and torch.cuda.is_available()
+        super().__init__(observation_space, action_space, config, worker_index=worker_index)
+        use_gpu = config.num_gpus > 0 and torch.cuda.is_available()
         self.device = torch.device("cuda" if use_gpu else "cpu")
         self.dist_class, num_outputs = dist_class_for(action_space, dist_kind)
-        self.model = make_model(observation_space, action_space, num_outputs, model_config(self.config.get("model"))).to(self.device)
+        self.model = make_model(observation_space, action_space, num_outputs, model_config(config.model)).to(self.device)
         self.target_model: nn.Module | None = None
         if target_network:
             self.target_model = copy.deepcopy(self.model)
@@ -74,19 +90,21 @@ class TorchPolicy(Policy):
         self.optimizer = (make_optimizer or self._default_optimizer)(self)
         self.exploration = make_exploration(
             action_space,
-            self.config.get("exploration_config"),
-            self.config.get("seed"),
-            worker_index=int(self.config.get("worker_index", 0)),
-            num_workers=int(self.config.get("num_workers", 0)),
+            config.exploration_config if exploration_config is None else exploration_config,
+            config.seed,
+            worker_index=worker_index,
+            num_workers=config.num_workers,
         )
-        self.explore = bool(self.config.get("explore", True))
+        self.explore = config.explore
         self.coeffs: dict[str, float] = dict(coeffs or {})
         self._numpy_model: NumpyActorCritic | None | object = _NOT_BUILT
-        self._np_rng = np.random.default_rng(self.config.get("seed"))
+        self._np_rng = np.random.default_rng(config.seed)
 
     @staticmethod
-    def _default_optimizer(policy: "TorchPolicy") -> torch.optim.Optimizer:
-        return torch.optim.Adam(policy.model.parameters(), lr=float(policy.config.get("lr", 5e-4)))
+    def _default_optimizer(policy: "TorchPolicy[Any]") -> torch.optim.Optimizer:
+        if policy.config.lr is None:
+            raise ConfigError([f"{type(policy.config).__name__} has lr=None: give the policy its own make_optimizer"])
+        return torch.optim.Adam(policy.model.parameters(), lr=policy.config.lr)
 
     # -- acting ----------------------------------------------------------------------
 
@@ -156,24 +174,25 @@ class TorchPolicy(Policy):
                 tensors[key] = torch.as_tensor(value, device=self.device)
         return tensors
 
-    def _loss(self, batch: SampleBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def _loss(self, batch: SampleBatch) -> LearnOutput:
+        """Run the loss and backpropagate it: the statistics (with the gradient norm when clipped) and TD errors."""
         self.model.train()
-        loss, stats = self.loss_fn(self, self.model, self.dist_class, self.to_tensors(batch))
+        out = LossOutput(*self.loss_fn(self, self.model, self.dist_class, self.to_tensors(batch)))
         self.optimizer.zero_grad()
-        loss.backward()
-        stats = dict(stats)
-        grad_clip = self.config.get("grad_clip")
-        if grad_clip is not None:
-            stats["grad_gnorm"] = float(nn.utils.clip_grad_norm_(self.model.parameters(), float(grad_clip)))
-        return loss, stats
+        out.loss.backward()
+        stats = dict(out.stats)
+        if self.config.grad_clip is not None:
+            stats["grad_gnorm"] = float(nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip))
+        td_error = None if out.td_error is None else out.td_error.detach().cpu().numpy()
+        return LearnOutput(stats, td_error)
 
-    def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
-        _, stats = self._loss(batch)
+    def learn(self, batch: SampleBatch) -> LearnOutput:
+        out = self._loss(batch)
         self.optimizer.step()
-        return stats
+        return out
 
     def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, float]]:
-        _, stats = self._loss(batch)
+        stats = self._loss(batch).stats
         grads = [
             p.grad.detach().cpu().numpy().copy() if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
             for p in self.model.parameters()

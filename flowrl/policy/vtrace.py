@@ -10,9 +10,26 @@ correction that otherwise flows back from later steps.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
+
+from flowrl.data import SampleBatch
+
+
+class VTraceConfig(Protocol):
+    """The keys :func:`batch_vtrace` reads from a policy's config (IMPALA's and APPO's)."""
+
+    @property
+    def rollout_fragment_length(self) -> int: ...
+    @property
+    def gamma(self) -> float: ...
+    @property
+    def vtrace_clip_rho_threshold(self) -> float: ...
+    @property
+    def vtrace_clip_pg_rho_threshold(self) -> float: ...
+    @property
+    def vtrace_clip_c_threshold(self) -> float: ...
 
 
 class VTraceReturns(NamedTuple):
@@ -56,3 +73,40 @@ def vtrace(
     pg_rhos = rhos if clip_pg_rho_threshold is None else torch.clamp(rhos, max=clip_pg_rho_threshold)
     pg_advantages = pg_rhos * (rewards + discounts * next_vs - values)
     return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
+
+
+def time_major(x: torch.Tensor, horizon: int) -> torch.Tensor:
+    """Rows of whole fragments (one env's ``horizon`` steps after another) as ``[horizon, num_fragments, ...]``."""
+    return x.reshape(-1, horizon, *x.shape[1:]).transpose(0, 1)
+
+
+def batch_vtrace(
+    config: VTraceConfig,
+    batch: dict[str, torch.Tensor],
+    target_logp: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+) -> VTraceReturns:
+    """V-trace targets (time-major) of a batch of whole fragments for a target policy's log-probabilities.
+
+    ``target_logp``, ``values`` and ``next_values`` are per row; no gradient flows through them.
+    The fragments are ``config.rollout_fragment_length`` rows each.
+    """
+    horizon = config.rollout_fragment_length
+    terminated = batch[SampleBatch.TERMINATEDS].float()
+    ended = torch.maximum(terminated, batch[SampleBatch.TRUNCATEDS].float())
+
+    def tm(x: torch.Tensor) -> torch.Tensor:
+        return time_major(x.detach(), horizon)
+
+    return vtrace(
+        log_rhos=tm(target_logp - batch[SampleBatch.ACTION_LOGP]),
+        discounts=tm(config.gamma * (1.0 - terminated)),
+        rewards=tm(batch[SampleBatch.REWARDS].float()),
+        values=tm(values),
+        next_values=tm(next_values),
+        continues=tm(1.0 - ended),
+        clip_rho_threshold=config.vtrace_clip_rho_threshold,
+        clip_pg_rho_threshold=config.vtrace_clip_pg_rho_threshold,
+        clip_c_threshold=config.vtrace_clip_c_threshold,
+    )

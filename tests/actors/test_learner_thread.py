@@ -12,17 +12,20 @@ import numpy as np
 import pytest
 import torch
 
-from flowrl.actors import LearnerThread, RolloutWorker
+from flowrl.actors import Learned, LearnerThread, RolloutWorker
+from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from flowrl.envs import get_env_creator
 from flowrl.errors import FlowRLError, LearnerThreadError
-from flowrl.iterators import EventQueue, LocalIterator, NextValueNotReady
+from flowrl.iterators import EventQueue, FromActor, LocalIterator, NextValueNotReady
 from flowrl.operators import Concurrently, Dequeue, Enqueue
-from flowrl.policy import PolicySpec, TorchPolicy
+from flowrl.policy import LearnOutput, PolicySpec, TorchPolicy
 
 
 def make_batch(n: int) -> SampleBatch:
-    return SampleBatch({SampleBatch.OBS: np.zeros((n, 2), np.float32), SampleBatch.REWARDS: np.ones(n, np.float32)})
+    """``n`` rows, replayed from rows 100.. of a buffer (``batch_indexes``)."""
+    columns = {SampleBatch.OBS: np.zeros((n, 2), np.float32), SampleBatch.REWARDS: np.ones(n, np.float32)}
+    return SampleBatch({**columns, "batch_indexes": 100 + np.arange(n)})
 
 
 def from_list(items: list[Any]) -> LocalIterator[Any]:
@@ -30,7 +33,7 @@ def from_list(items: list[Any]) -> LocalIterator[Any]:
 
 
 class FakeWorker:
-    """Records learn_on_batch calls; can block on ``gate`` and fail on its ``fail_at``-th call."""
+    """Records learn calls; can block on ``gate`` and fail on its ``fail_at``-th call."""
 
     def __init__(self, *, gate: threading.Event | None = None, fail_at: int | None = None, delay_s: float = 0.0) -> None:
         self.calls: list[tuple[str, int]] = []
@@ -39,9 +42,9 @@ class FakeWorker:
         self.delay_s = delay_s
 
     def get_policy(self, policy_id: str = DEFAULT_POLICY_ID) -> Any:
-        return types.SimpleNamespace(learn_on_batch=lambda batch: self.learn_on_batch(batch, policy_id))
+        return types.SimpleNamespace(learn=lambda batch: self.learn(batch, policy_id))
 
-    def learn_on_batch(self, batch: SampleBatch, policy_id: str = DEFAULT_POLICY_ID) -> dict[str, Any]:
+    def learn(self, batch: SampleBatch, policy_id: str = DEFAULT_POLICY_ID) -> LearnOutput:
         self.calls.append((policy_id, batch.count))
         if self.gate is not None:
             assert self.gate.wait(timeout=20), "test gate never opened"
@@ -49,7 +52,7 @@ class FakeWorker:
             time.sleep(self.delay_s)
         if self.fail_at is not None and len(self.calls) == self.fail_at:
             explode_in_the_loss(batch)
-        return {"loss": float(batch.count), "td_error": np.arange(batch.count, dtype=np.float32)}
+        return LearnOutput({"loss": float(batch.count)}, np.arange(batch.count, dtype=np.float32))
 
 
 def explode_in_the_loss(batch: SampleBatch) -> None:
@@ -80,18 +83,20 @@ def test_results_come_out_in_order_with_their_source_and_counts(learners: Any) -
     learner = learners(worker)
     learner.start()
     for source, n in [("actor-a", 3), ("actor-b", 5), ("actor-a", 2)]:
-        learner.inqueue.put((source, make_batch(n)))
+        learner.inqueue.put(FromActor(source, make_batch(n)))
     results = [learner.outqueue.get(timeout=10) for _ in range(3)]
 
-    assert [(source, count) for source, _, count in results] == [("actor-a", 3), ("actor-b", 5), ("actor-a", 2)]
-    info = results[1][1]
+    assert [(r.source, r.steps) for r in results] == [("actor-a", 3), ("actor-b", 5), ("actor-a", 2)]
+    info = results[1].info
     assert set(info) == {DEFAULT_POLICY_ID}
     assert info[DEFAULT_POLICY_ID]["loss"] == 5.0
-    np.testing.assert_array_equal(info[DEFAULT_POLICY_ID]["td_error"], np.arange(5))  # passed through for priorities
+    indexes, td_error = results[1].priorities[DEFAULT_POLICY_ID]  # the replayed rows' new priorities
+    np.testing.assert_array_equal(td_error, np.arange(5))
+    np.testing.assert_array_equal(indexes, 100 + np.arange(5))
     assert worker.calls == [(DEFAULT_POLICY_ID, 3), (DEFAULT_POLICY_ID, 5), (DEFAULT_POLICY_ID, 2)]
     assert learner.num_steps_trained == 10
     assert learner.num_batches_trained == 3
-    assert learner.learner_info is results[-1][1]
+    assert learner.learner_info is results[-1].info
     assert learner.check() is True
 
 
@@ -101,12 +106,12 @@ def test_a_multi_agent_batch_trains_each_policy_and_counts_env_steps(learners: A
     learner = learners(worker)
     learner.start()
     batch = MultiAgentBatch({"p0": make_batch(4), "p1": make_batch(6)}, env_steps=5)
-    learner.inqueue.put(("actor", batch))
-    source, info, count = learner.outqueue.get(timeout=10)
+    learner.inqueue.put(FromActor("actor", batch))
+    learned = learner.outqueue.get(timeout=10)
 
-    assert (source, count) == ("actor", 5)
+    assert (learned.source, learned.steps) == ("actor", 5)
     assert sorted(worker.calls) == [("p0", 4), ("p1", 6)]
-    assert set(info) == {"p0", "p1"} and info["p1"]["td_error"].shape == (6,)
+    assert set(learned.info) == {"p0", "p1"} and learned.priorities["p1"][1].shape == (6,)
 
 
 @pytest.mark.timeout(30)
@@ -114,14 +119,14 @@ def test_a_custom_learn_fn_gets_the_worker_and_batch_and_its_result_passes_throu
     worker = FakeWorker()
     seen: list[tuple[Any, int]] = []
 
-    def learn_fn(w: Any, batch: SampleBatch) -> tuple[dict[str, Any], int]:
+    def learn_fn(w: Any, batch: SampleBatch) -> Learned:
         seen.append((w, batch.count))
-        return {"custom": {"n": batch.count}}, 2 * batch.count
+        return Learned(None, {"custom": {"n": batch.count}}, 2 * batch.count)
 
     learner = learners(worker, learn_fn=learn_fn)
     learner.start()
-    learner.inqueue.put((None, make_batch(3)))
-    assert learner.outqueue.get(timeout=10) == (None, {"custom": {"n": 3}}, 6)
+    learner.inqueue.put(make_batch(3))
+    assert learner.outqueue.get(timeout=10) == Learned(None, {"custom": {"n": 3}}, 6)
     assert seen == [(worker, 3)] and worker.calls == []
     assert learner.num_steps_trained == 6
 
@@ -134,7 +139,7 @@ def test_learns_on_a_real_rollout_worker(learners: Any) -> None:
         logits, _ = model(batch[SampleBatch.OBS])
         return -dist_class(logits).logp(batch[SampleBatch.ACTIONS]).mean(), {}
 
-    spec = PolicySpec(TorchPolicy, env.observation_space, env.action_space, {}, {"loss_fn": bc_loss})
+    spec = PolicySpec(TorchPolicy, env.observation_space, env.action_space, TrainerConfig(), {"loss_fn": bc_loss})
     worker = RolloutWorker(
         env_creator=get_env_creator("CartPole-v1"),
         policy_specs={DEFAULT_POLICY_ID: spec},
@@ -143,11 +148,11 @@ def test_learns_on_a_real_rollout_worker(learners: Any) -> None:
     before = {k: np.copy(v) for k, v in worker.get_policy().get_weights().items()}
     learner = learners(worker)
     learner.start()
-    learner.inqueue.put(("local", worker.sample()))
-    source, info, count = learner.outqueue.get(timeout=30)
+    learner.inqueue.put(FromActor("local", worker.sample()))
+    learned = learner.outqueue.get(timeout=30)
 
-    assert (source, count) == ("local", 32)
-    assert isinstance(info[DEFAULT_POLICY_ID], dict)
+    assert (learned.source, learned.steps) == ("local", 32)
+    assert isinstance(learned.info[DEFAULT_POLICY_ID], dict)
     after = worker.get_policy().get_weights()
     assert any(not np.array_equal(before[k], np.asarray(after[k])) for k in before)
 
@@ -163,7 +168,7 @@ def test_queue_sizes_are_checked() -> None:
 @pytest.mark.timeout(30)
 def test_a_full_inqueue_makes_enqueue_wait_and_drops_nothing(learners: Any) -> None:
     learner = learners(FakeWorker(), inqueue_size=2)
-    flow = from_list([(f"actor-{i}", make_batch(i + 1)) for i in range(6)]).transform(Enqueue(learner.inqueue))
+    flow = from_list([FromActor(f"actor-{i}", make_batch(i + 1)) for i in range(6)]).transform(Enqueue(learner.inqueue))
     assert [next(flow)[0], next(flow)[0]] == ["actor-0", "actor-1"]
     marker = next(flow)
     assert isinstance(marker, NextValueNotReady) and learner.inqueue.not_full_event in marker.events
@@ -179,7 +184,7 @@ def test_a_full_inqueue_makes_enqueue_wait_and_drops_nothing(learners: Any) -> N
             passed.append(item[0])
     assert passed == ["actor-2", "actor-3", "actor-4", "actor-5"]
     results = [learner.outqueue.get(timeout=10) for _ in range(6)]
-    assert [(source, count) for source, _, count in results] == [(f"actor-{i}", i + 1) for i in range(6)]
+    assert [(r.source, r.steps) for r in results] == [(f"actor-{i}", i + 1) for i in range(6)]
 
 
 @pytest.mark.timeout(30)
@@ -188,12 +193,12 @@ def test_a_busy_learner_holds_back_the_producer(learners: Any) -> None:
     worker = FakeWorker(gate=gate)
     learner = learners(worker, inqueue_size=1)
     learner.start()
-    learner.inqueue.put(("a", make_batch(1)))
+    learner.inqueue.put(FromActor("a", make_batch(1)))
     deadline = time.monotonic() + 10
     while not worker.calls and time.monotonic() < deadline:  # the learner took it and is stuck learning
         time.sleep(0.01)
-    learner.inqueue.put(("b", make_batch(1)))
-    flow = from_list([("c", make_batch(1))]).transform(Enqueue(learner.inqueue))
+    learner.inqueue.put(FromActor("b", make_batch(1)))
+    flow = from_list([FromActor("c", make_batch(1))]).transform(Enqueue(learner.inqueue))
     assert isinstance(next(flow), NextValueNotReady)
     gate.set()
     item = next(flow)
@@ -222,7 +227,7 @@ def test_stop_ends_an_idle_thread_promptly_and_is_idempotent(learners: Any) -> N
 def test_a_dequeue_drains_results_of_a_stopped_learner_then_raises(learners: Any) -> None:
     learner = learners(FakeWorker())
     learner.start()
-    learner.inqueue.put(("a", make_batch(2)))
+    learner.inqueue.put(FromActor("a", make_batch(2)))
     source = Dequeue(learner.outqueue, check=learner.check)
     assert next(source)[0] == "a"
     learner.stop()
@@ -257,7 +262,7 @@ def assert_carries_the_original(error: LearnerThreadError) -> None:
 def test_a_failure_in_learning_surfaces_through_check(learners: Any) -> None:
     learner = learners(FakeWorker(fail_at=1))
     learner.start()
-    learner.inqueue.put(("a", make_batch(7)))
+    learner.inqueue.put(FromActor("a", make_batch(7)))
     learner.join(timeout=10)
     assert not learner.is_alive()  # the thread ended
     with pytest.raises(LearnerThreadError) as caught:
@@ -272,8 +277,8 @@ def test_a_failure_in_learning_surfaces_through_check(learners: Any) -> None:
 
 def fail_later(learner: LearnerThread, gate: threading.Event, delay_s: float) -> None:
     """Feed one good batch, then one that fails once ``gate`` opens after ``delay_s``."""
-    learner.inqueue.put(("good", make_batch(3)))
-    learner.inqueue.put(("bad", make_batch(7)))
+    learner.inqueue.put(FromActor("good", make_batch(3)))
+    learner.inqueue.put(FromActor("bad", make_batch(7)))
     threading.Timer(delay_s, gate.set).start()
 
 
@@ -284,10 +289,10 @@ class GatedFailure(FakeWorker):
         super().__init__(fail_at=2)
         self.second_gate = gate
 
-    def learn_on_batch(self, batch: SampleBatch, policy_id: str = DEFAULT_POLICY_ID) -> dict[str, Any]:
+    def learn(self, batch: SampleBatch, policy_id: str = DEFAULT_POLICY_ID) -> LearnOutput:
         if self.calls:
             assert self.second_gate.wait(timeout=20)
-        return super().learn_on_batch(batch, policy_id)
+        return super().learn(batch, policy_id)
 
 
 @pytest.mark.timeout(30)
@@ -328,7 +333,7 @@ def test_an_impala_style_plan_raises_the_learners_failure(learners: Any) -> None
     learner.start()
     samples = EventQueue()
     for i, n in enumerate([3, 4, 7]):
-        samples.put((f"actor-{i}", make_batch(n)))
+        samples.put(FromActor(f"actor-{i}", make_batch(n)))
     enqueue_op = Dequeue(samples).transform(Enqueue(learner.inqueue))  # the sampling side stays open
     dequeue_op = Dequeue(learner.outqueue, check=learner.check)
     plan = Concurrently([enqueue_op, dequeue_op], mode="async", output_indexes=[1])
@@ -341,16 +346,16 @@ def test_an_impala_style_plan_raises_the_learners_failure(learners: Any) -> None
     assert_carries_the_original(caught.value)
 
 
-# --- timers, stats and the weights flag ---
+# --- timers and stats ---
 
 
 @pytest.mark.timeout(30)
 def test_timers_record_the_wait_for_batches_and_the_learning(learners: Any) -> None:
     learner = learners(FakeWorker(delay_s=0.05))
     learner.start()
-    threading.Timer(0.2, lambda: learner.inqueue.put(("a", make_batch(4)))).start()
+    threading.Timer(0.2, lambda: learner.inqueue.put(FromActor("a", make_batch(4)))).start()
     learner.outqueue.get(timeout=10)
-    learner.inqueue.put(("b", make_batch(6)))
+    learner.inqueue.put(FromActor("b", make_batch(6)))
     learner.outqueue.get(timeout=10)
 
     assert learner.queue_timer.count == 2  # one wait per batch, however many polls it took
@@ -365,23 +370,6 @@ def test_timers_record_the_wait_for_batches_and_the_learning(learners: Any) -> N
     assert stats["learn_time_mean_s"] == learner.learn_timer.mean
     assert 0 < stats["learn_throughput"] == learner.learn_timer.mean_throughput
     assert stats["alive"] and not stats["failed"]
-
-
-@pytest.mark.timeout(30)
-def test_weights_updated_is_raised_by_learning_and_cleared_by_the_plan(learners: Any) -> None:
-    learner = learners(FakeWorker())
-    assert learner.weights_updated is False
-    learner.start()
-    learner.inqueue.put(("a", make_batch(1)))
-    learner.outqueue.get(timeout=10)
-    assert learner.weights_updated is True
-    assert learner.take_weights_updated() is True
-    assert learner.weights_updated is False and learner.take_weights_updated() is False
-    learner.inqueue.put(("b", make_batch(1)))
-    learner.outqueue.get(timeout=10)
-    assert learner.weights_updated is True
-    learner.weights_updated = False  # a plan may also clear the attribute itself
-    assert learner.take_weights_updated() is False
 
 
 class RecordingPolicy:
@@ -409,10 +397,10 @@ def test_minibatch_epochs_keep_whole_fragments_together(learners: Any) -> None:
     learner = learners(worker, num_sgd_iter=3, sgd_minibatch_size=20, sequence_length=10)
     learner.start()
     rows = np.arange(60, dtype=np.float32)
-    learner.inqueue.put((None, SampleBatch({SampleBatch.OBS: np.stack([rows, rows], axis=1)})))
-    _, info, count = learner.outqueue.get(timeout=10)
+    learner.inqueue.put(SampleBatch({SampleBatch.OBS: np.stack([rows, rows], axis=1)}))
+    learned = learner.outqueue.get(timeout=10)
 
-    assert count == 60 and info[DEFAULT_POLICY_ID] == {"loss": 1.0}
+    assert learned.steps == 60 and learned.info[DEFAULT_POLICY_ID] == {"loss": 1.0}
     calls = worker.policy.calls
     assert len(calls) == 9 and all(len(c) == 20 for c in calls)  # 3 epochs of 3 minibatches
     for epoch in range(3):
@@ -436,8 +424,8 @@ def test_only_the_policies_to_train_learn(learners: Any) -> None:
     worker = FakeWorker()
     learner = learners(worker, policies=["p1"])
     learner.start()
-    learner.inqueue.put((None, MultiAgentBatch({"p0": make_batch(4), "p1": make_batch(6)}, env_steps=5)))
-    _, info, _ = learner.outqueue.get(timeout=10)
+    learner.inqueue.put(MultiAgentBatch({"p0": make_batch(4), "p1": make_batch(6)}, env_steps=5))
+    info = learner.outqueue.get(timeout=10).info
     assert set(info) == {"p1"} and worker.calls == [("p1", 6)]
 
 

@@ -10,6 +10,7 @@ from gymnasium import spaces
 
 from flowrl.actors import RolloutWorker
 from flowrl.actors.multi_agent_sampler import MultiAgentSampler, policy_mapping
+from flowrl.config import TrainerConfig
 from flowrl.data import MultiAgentBatch, SampleBatch
 from flowrl.envs import MultiAgentEnv, get_env_creator
 from flowrl.errors import FlowRLError
@@ -134,7 +135,7 @@ def bc_loss(policy: TorchPolicy, model: Any, dist_class: Any, batch: dict[str, A
 
 def test_a_rollout_worker_on_a_multi_agent_env_counts_env_and_agent_steps() -> None:
     env = get_env_creator("MultiAgentCartPole")({})
-    spec = PolicySpec(TorchPolicy, env.observation_space(0), env.action_space(0), {}, {"loss_fn": bc_loss})
+    spec = PolicySpec(TorchPolicy, env.observation_space(0), env.action_space(0), TrainerConfig(), {"loss_fn": bc_loss})
     worker = RolloutWorker(
         env_creator=get_env_creator("MultiAgentCartPole"),
         policy_specs={"even": spec, "odd": spec},

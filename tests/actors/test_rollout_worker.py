@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from flowrl.actors import RolloutWorker
+from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
 from flowrl.envs import get_env_creator
 from flowrl.policy import PolicySpec, TorchPolicy, bootstrap_value, compute_advantages
@@ -26,7 +27,7 @@ def gae(policy: TorchPolicy, batch: SampleBatch) -> SampleBatch:
 
 def cartpole_spec() -> PolicySpec:
     env = gym.make("CartPole-v1")
-    return PolicySpec(TorchPolicy, env.observation_space, env.action_space, {}, {"loss_fn": bc_loss, "postprocess_fn": gae})
+    return PolicySpec(TorchPolicy, env.observation_space, env.action_space, TrainerConfig(), {"loss_fn": bc_loss, "postprocess_fn": gae})
 
 
 def make_worker(**config: Any) -> RolloutWorker:

@@ -11,6 +11,7 @@ import ray
 import torch
 
 from flowrl.actors import WorkerSet
+from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
 from flowrl.envs import get_env_creator
 from flowrl.errors import EnvCheckError
@@ -27,7 +28,7 @@ def bc_loss(policy: TorchPolicy, model: torch.nn.Module, dist_class: Any, batch:
 
 def make_workers(num_workers: int = 2, recreate: bool = True) -> WorkerSet:
     env = gym.make("CartPole-v1")
-    spec = PolicySpec(TorchPolicy, env.observation_space, env.action_space, {"lr": 0.01}, {"loss_fn": bc_loss})
+    spec = PolicySpec(TorchPolicy, env.observation_space, env.action_space, TrainerConfig(lr=0.01), {"loss_fn": bc_loss})
     return WorkerSet(
         env_creator=get_env_creator("CartPole-v1"),
         policy_specs={DEFAULT_POLICY_ID: spec},
@@ -126,7 +127,7 @@ class NaNObservations(gym.Env):
 
 def test_a_broken_env_is_rejected_before_any_actor_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     env = NaNObservations()
-    spec = PolicySpec(TorchPolicy, env.observation_space, env.action_space, {}, {"loss_fn": bc_loss})
+    spec = PolicySpec(TorchPolicy, env.observation_space, env.action_space, TrainerConfig(), {"loss_fn": bc_loss})
     started: list[int] = []
     monkeypatch.setattr(WorkerSet, "_make_remote", lambda self, index: started.append(index))
     with pytest.raises(EnvCheckError, match="NaN"):

@@ -95,7 +95,7 @@ def test_the_plan_graph_shows_the_dataflow(algo: str, update: str) -> None:
     try:
         assert labels(trainer) == [
             "batch_across_shards(rollout_workers.transform())",
-            "for_each(concat_perturbations)",
+            "for_each(concat)",
             "for_each(count_perturbation_steps)",
             "combine(CollectPerturbations)",
             update,

@@ -57,8 +57,7 @@ def build(make: Any, config_class: Any, **overrides: Any) -> Any:
 
 def loss_grads(policy: Any, loss_fn: Any, batch: SampleBatch) -> list[torch.Tensor]:
     policy.model.zero_grad()
-    loss, _ = loss_fn(policy, policy.model, policy.dist_class, policy.to_tensors(batch))
-    loss.backward()
+    loss_fn(policy, policy.model, policy.dist_class, policy.to_tensors(batch)).loss.backward()
     return [p.grad.clone() for p in policy.model.parameters()]
 
 
@@ -83,7 +82,7 @@ def test_appo_clips_the_ratio_to_the_target_policy() -> None:
     with torch.no_grad():
         policy.model.policy_head.bias.copy_(torch.tensor([8.0, -8.0]))
     policy.model.zero_grad()
-    loss, stats = appo_loss(policy, policy.model, policy.dist_class, policy.to_tensors(batch))
+    loss, stats, _ = appo_loss(policy, policy.model, policy.dist_class, policy.to_tensors(batch))
     loss.backward()
     assert stats["kl"] > 0.1 and stats[KL_COEFF] == 0.0
     assert float(policy.model.policy_head.bias.grad.abs().max()) == 0.0
@@ -92,8 +91,7 @@ def test_appo_clips_the_ratio_to_the_target_policy() -> None:
     unclipped.set_weights(policy.get_weights())
     unclipped.target_model.load_state_dict(policy.target_model.state_dict())
     unclipped.model.zero_grad()
-    loss, _ = appo_loss(unclipped, unclipped.model, unclipped.dist_class, unclipped.to_tensors(batch))
-    loss.backward()
+    appo_loss(unclipped, unclipped.model, unclipped.dist_class, unclipped.to_tensors(batch)).loss.backward()
     assert float(unclipped.model.policy_head.bias.grad.abs().max()) > 0.0
 
 

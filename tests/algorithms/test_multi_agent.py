@@ -34,7 +34,7 @@ def test_ppo_with_two_policies_trains_only_those_to_train_and_syncs_only_their_w
     trainer = Trainer("ppo", "MultiAgentCartPole", config)
     try:
         local = trainer.workers.local_worker()
-        assert local.get_policy("odd").config["lr"] == 0.01 and local.get_policy("even").config["lr"] == 3e-4
+        assert local.get_policy("odd").config.lr == 0.01 and local.get_policy("even").config.lr == 3e-4
         before = {pid: local.get_policy(pid).get_weights() for pid in ("even", "odd")}
         result = trainer.train()
         counters = result["info"]

@@ -20,17 +20,15 @@ from flowrl.envs import get_env_creator
 from flowrl.errors import ConfigError
 from flowrl.iterators import LocalIterator
 from flowrl.operators import STEPS_SAMPLED_COUNTER
+from flowrl.actors.perturbation import NoiseTable, PerturbationEvaluator, PerturbationResult
+from flowrl.envs.episodes import run_episode
 from flowrl.operators.perturbation_ops import (
     EVAL_EPISODES_COUNTER,
     PERTURBED_EPISODES_COUNTER,
     CollectPerturbations,
-    NoiseTable,
-    PerturbationEvaluator,
-    PerturbationResult,
     UpdateObservationFilter,
     centered_ranks,
     count_perturbation_steps,
-    run_episode,
 )
 from flowrl.policy import Policy
 from flowrl.policy.perturbable import FlatActor, RunningStats, ascend, flat_parameters
@@ -49,7 +47,7 @@ def local_worker(algo: str, env: str = "CartPole-v1", seed: int | None = 0, **co
     probe = creator({})
     spec = make_policy(probe.observation_space, probe.action_space, cfg)
     probe.close()
-    return RolloutWorker(env_creator=creator, policy_specs={DEFAULT_POLICY_ID: spec}, config=cfg.rollout_config())
+    return RolloutWorker(env_creator=creator, policy_specs={DEFAULT_POLICY_ID: spec}, config=cfg)
 
 
 def evaluation_return(policy: Policy, env_id: str, seed: int) -> float:
@@ -358,5 +356,5 @@ def test_bad_config_values_raise_config_errors(config_class: type, values: dict[
 
 def test_defaults_validate_and_policies_get_the_step_sizes() -> None:
     es, ars = ESConfig.from_dict({}), ARSConfig.from_dict({})
-    assert es.policy_config()["stepsize"] == 0.01 and es.policy_config()["explore"] is False
-    assert ars.policy_config()["sgd_stepsize"] == 0.02 and ars.model == {"fcnet_hiddens": []}
+    assert es.stepsize == 0.01 and es.explore is False
+    assert ars.sgd_stepsize == 0.02 and ars.model == {"fcnet_hiddens": []}

@@ -12,7 +12,9 @@ from flowrl.errors import FlowRLError
 from flowrl.iterators import LocalIterator, NextValueNotReady
 from flowrl.operators import STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER, Concurrently
 from flowrl.operators import MixInReplay
-from flowrl.operators.replay_ops import TD_ERROR, Replay, StoreToReplayBuffer, ThrottleSampling, UpdatePriorities
+from flowrl.actors import Learned
+from flowrl.operators import Trained
+from flowrl.operators.replay_ops import Replay, StoreToReplayBuffer, ThrottleSampling, UpdatePriorities
 
 
 def batch(n: int, start: int = 0) -> SampleBatch:
@@ -36,16 +38,38 @@ def test_replay_alone_before_learning_starts_raises() -> None:
         Replay()
 
 
-def test_update_priorities_uses_td_errors_and_drops_them_from_the_info() -> None:
+def test_update_priorities_uses_td_errors_and_keeps_them_out_of_the_info() -> None:
     buffer = LocalReplayBuffer(capacity=16, learning_starts=0, replay_batch_size=4, seed=0)
     buffer.add_batch(batch(8))
     replayed = buffer.replay()
-    info = {"default_policy": {TD_ERROR: np.full(4, 5.0), "loss": 1.0}}
-    out = LocalIterator(lambda timeout: iter([(replayed, info)])).for_each(UpdatePriorities(buffer))
-    _, new_info = next(out)
-    assert TD_ERROR not in new_info["default_policy"]
+    trained = Trained(replayed, {"default_policy": {"loss": 1.0}}, {"default_policy": (replayed["batch_indexes"], np.full(4, 5.0))})
+    out = LocalIterator(lambda timeout: iter([trained])).for_each(UpdatePriorities(local_buffer=buffer))
+    new_info = next(out).info
+    assert "td_error" not in new_info["default_policy"]
     prioritized = buffer.buffers["default_policy"]
     assert np.allclose(prioritized.priorities()[replayed["batch_indexes"]], 5.0 + 1e-6)
+
+
+class RecordingShard:
+    """A stand-in for a replay shard actor handle: records update_priorities.remote calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.update_priorities = self  # so that shard.update_priorities.remote(...) lands in remote()
+
+    def remote(self, priorities: dict[str, Any]) -> None:
+        self.calls.append(priorities)
+
+
+def test_update_priorities_sends_a_learners_priorities_to_the_shard_the_batch_came_from() -> None:
+    shard, other = RecordingShard(), RecordingShard()
+    priorities = {"default_policy": (np.arange(3), np.ones(3))}
+    items = [Learned(shard, {"default_policy": {"loss": 1.0}}, 3, priorities), Learned(other, {}, 3)]
+    out = LocalIterator(lambda timeout: iter(items)).for_each(UpdatePriorities())
+    assert [next(out), next(out)] == items  # pass-through
+    assert shard.calls == [priorities] and other.calls == []  # nothing to send for a batch without TD errors
+    with pytest.raises(FlowRLError, match="source is a replay shard"):
+        UpdatePriorities()(Trained(batch(3), {}, priorities))
 
 
 def test_throttle_holds_sampling_until_training_catches_up() -> None:

@@ -11,6 +11,7 @@ from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from flowrl.errors import FlowRLError
 from flowrl.iterators import LocalIterator
 from flowrl.operators import (
+    ComputedGradients,
     LAST_TARGET_UPDATE_TS,
     LEARNER_INFO,
     NUM_TARGET_UPDATES,
@@ -22,6 +23,7 @@ from flowrl.operators import (
     TrainOneStep,
     UpdateTargetNetwork,
 )
+from flowrl.policy import LearnOutput
 from flowrl.policy.sgd import minibatch_sgd
 
 
@@ -45,6 +47,9 @@ class FakePolicy:
     def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
         self.calls.append(np.array(batch["id"]))
         return {"loss": float(len(self.calls)), "rows": float(batch.count)}
+
+    def learn(self, batch: SampleBatch) -> LearnOutput:
+        return LearnOutput(self.learn_on_batch(batch))
 
     def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, float]]:
         return [np.full(2, float(batch.count))], {"grad_loss": 1.5}
@@ -129,7 +134,7 @@ def test_train_one_step_counts_steps_records_info_and_timers_and_syncs_weights()
     metrics = flow.shared_metrics.get()
     assert metrics.counters[STEPS_TRAINED_COUNTER] == 14
     assert metrics.counters["num_agent_steps_trained"] == 14
-    batch, info = outputs[1]
+    batch, info = outputs[1].batch, outputs[1].info
     assert batch.count == 6 and info == {DEFAULT_POLICY_ID: {"loss": 2.0, "rows": 6.0}}
     assert metrics.info[LEARNER_INFO] == info
     assert metrics.timers["learn"].count == 2 and metrics.timers["update"].count == 2
@@ -151,7 +156,7 @@ def test_train_one_step_trains_only_the_selected_policies_of_a_multi_agent_batch
     workers = FakeWorkerSet("p1", "p2")
     batch = MultiAgentBatch({"p1": id_batch(4), "p2": id_batch(6)}, env_steps=5)
     flow = from_list([batch]).for_each(TrainOneStep(workers, policies=["p2"]))  # type: ignore[arg-type]
-    _, info = next(flow)
+    info = next(flow).info
     assert set(info) == {"p2"}
     assert len(workers.local.get_policy("p1").calls) == 0 and len(workers.local.get_policy("p2").calls) == 1
     metrics = flow.shared_metrics.get()
@@ -181,7 +186,7 @@ def test_train_one_step_passes_the_sampled_timestep_to_the_workers() -> None:
 def test_average_gradients_is_the_count_weighted_mean() -> None:
     g1 = [np.array([1.0, 2.0]), np.array([[0.0]])]
     g2 = [np.array([5.0, 6.0]), np.array([[8.0]])]
-    averaged, total = AverageGradients()([(g1, 1), (g2, 3)])
+    averaged, total = AverageGradients()([ComputedGradients(g1, 1), ComputedGradients(g2, 3)])
     assert total == 4
     np.testing.assert_array_equal(averaged[0], [4.0, 5.0])
     np.testing.assert_array_equal(averaged[1], [[6.0]])
@@ -189,7 +194,7 @@ def test_average_gradients_is_the_count_weighted_mean() -> None:
 
 def test_average_gradients_of_one_item_is_that_item() -> None:
     g = [np.array([0.1, -0.3])]
-    averaged, total = AverageGradients()([(g, 7)])
+    averaged, total = AverageGradients()([ComputedGradients(g, 7)])
     assert total == 7
     np.testing.assert_allclose(averaged[0], g[0], rtol=1e-15)
 
@@ -213,7 +218,7 @@ def test_compute_gradients_yields_gradients_and_count() -> None:
 def test_apply_gradients_applies_counts_and_broadcasts_to_all() -> None:
     workers = FakeWorkerSet()
     grads = [np.ones(2)]
-    flow = from_list([(grads, 9)]).for_each(ApplyGradients(workers))  # type: ignore[arg-type]
+    flow = from_list([ComputedGradients(grads, 9)]).for_each(ApplyGradients(workers))  # type: ignore[arg-type]
     next(flow)
     assert workers.local.applied == [(grads, DEFAULT_POLICY_ID)]
     assert flow.shared_metrics.get().counters[STEPS_TRAINED_COUNTER] == 9
@@ -222,7 +227,7 @@ def test_apply_gradients_applies_counts_and_broadcasts_to_all() -> None:
 
 def test_apply_gradients_to_the_source_worker_needs_a_source_actor() -> None:
     workers = FakeWorkerSet()
-    flow = from_list([([np.ones(2)], 1)]).for_each(ApplyGradients(workers, update_all=False))  # type: ignore[arg-type]
+    flow = from_list([ComputedGradients([np.ones(2)], 1)]).for_each(ApplyGradients(workers, update_all=False))  # type: ignore[arg-type]
     with pytest.raises(FlowRLError, match="source actor"):
         next(flow)
 

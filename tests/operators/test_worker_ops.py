@@ -25,6 +25,7 @@ from flowrl.operators import (
     STEPS_TRAINED_COUNTER,
     ApplyGradients,
     AsyncGradients,
+    ComputedGradients,
     ComputeGradients,
     ParallelRollouts,
     TrainOneStep,
@@ -45,7 +46,7 @@ def make_workers(num_workers: int) -> WorkerSet:
     return WorkerSet(
         env_creator=get_env_creator("CartPole-v1"),
         policy_specs={DEFAULT_POLICY_ID: spec},
-        config=config.rollout_config(),
+        config=config,
         num_workers=num_workers,
         num_cpus_per_worker=0.1,
     )
@@ -137,7 +138,7 @@ def test_train_one_step_learns_locally_and_broadcasts_weights(workers: WorkerSet
     before = workers.local_worker().get_weights()[DEFAULT_POLICY_ID]
     batch = workers.local_worker().sample()
     flow = from_list([batch]).for_each(TrainOneStep(workers))
-    _, info = next(flow)
+    info = next(flow).info
     metrics = flow.shared_metrics.get()
     assert metrics.counters[STEPS_TRAINED_COUNTER] == batch.count
     assert set(info) == {DEFAULT_POLICY_ID} and "vf_loss" in info[DEFAULT_POLICY_ID]
@@ -211,7 +212,7 @@ def test_compute_then_apply_gradients_updates_every_worker(workers: WorkerSet) -
     [(first, second)] = flow.take(1)
     assert first[1] == second[1] == FRAGMENT
     averaged, total = [(g1 + g2) / 2 for g1, g2 in zip(first[0], second[0])], 2 * FRAGMENT
-    apply_flow = from_list([(averaged, total)]).for_each(ApplyGradients(workers, update_all=True))
+    apply_flow = from_list([ComputedGradients(averaged, total)]).for_each(ApplyGradients(workers, update_all=True))
     next(apply_flow)
     assert apply_flow.shared_metrics.get().counters[STEPS_TRAINED_COUNTER] == total
     weights = all_weights(workers)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from flowrl.config import TrainerConfig
 from flowrl.data import SampleBatch
 from flowrl.errors import FlowRLError
 from flowrl.policy import (
@@ -67,7 +68,7 @@ def value_loss(
 
 
 def sgd(policy: TorchPolicy) -> torch.optim.Optimizer:
-    return torch.optim.SGD(policy.model.parameters(), lr=float(policy.config.get("lr", 0.1)))
+    return torch.optim.SGD(policy.model.parameters(), lr=policy.config.lr)
 
 
 def make_policy(
@@ -78,7 +79,7 @@ def make_policy(
 ) -> TorchPolicy:
     cfg = {"model": SMALL_MODEL, **(config or {})}
     kwargs.setdefault("loss_fn", bc_loss)
-    return TorchPolicy(obs_space, action_space, cfg, **kwargs)
+    return TorchPolicy(obs_space, action_space, TrainerConfig.from_dict(cfg), **kwargs)
 
 
 def bc_batch(n: int = 64, seed: int = 0) -> SampleBatch:
@@ -265,8 +266,10 @@ def test_model_config_rejects_unknown_keys_naming_valid_ones() -> None:
     assert "fcnet_hidden" in msg
     for key in DEFAULT_MODEL_CONFIG:
         assert key in msg
+    config = TrainerConfig()
+    config.model["layers"] = [3]  # changed in place after validation: the policy still checks it
     with pytest.raises(FlowRLError, match="conv_filters"):
-        make_policy(config={"model": {"layers": [3]}})
+        TorchPolicy(CARTPOLE_OBS, CARTPOLE_ACT, config, loss_fn=bc_loss)
 
 
 def test_model_config_rejects_unknown_activation() -> None:
@@ -497,13 +500,14 @@ def test_get_state_is_a_snapshot_of_optimizer_state() -> None:
 
 
 def test_policy_spec_builds_with_overrides() -> None:
-    spec = PolicySpec(TorchPolicy, CARTPOLE_OBS, CARTPOLE_ACT, {"model": SMALL_MODEL, "lr": 0.1}, {"loss_fn": bc_loss})
+    config = TrainerConfig.from_dict({"model": SMALL_MODEL, "lr": 0.1})
+    spec = PolicySpec(TorchPolicy, CARTPOLE_OBS, CARTPOLE_ACT, config, {"loss_fn": bc_loss})
     p = spec.build({"lr": 0.2})
     assert isinstance(p, TorchPolicy)
-    assert p.config["lr"] == 0.2
-    assert spec.config["lr"] == 0.1
+    assert p.config.lr == 0.2
+    assert spec.config.lr == 0.1
     spec2 = pickle.loads(pickle.dumps(spec))
-    assert spec2.build().config["lr"] == 0.1
+    assert spec2.build().config.lr == 0.1
 
 
 # -- exploration ------------------------------------------------------------------------
@@ -673,7 +677,7 @@ def test_bad_exploration_options_raise_flowrl_error() -> None:
 @pytest.mark.parametrize("shape", [(84, 84, 4), (4, 84, 84), (84, 84)])
 def test_image_frames_get_a_cnn_in_either_channel_layout(shape: tuple[int, ...]) -> None:
     space = gym.spaces.Box(0, 255, shape, np.uint8)
-    p = TorchPolicy(space, gym.spaces.Discrete(6), {}, loss_fn=bc_loss)
+    p = TorchPolicy(space, gym.spaces.Discrete(6), TrainerConfig(), loss_fn=bc_loss)
     assert type(p.model.encoder).__name__ == "CNNEncoder"
     assert p.model.encoder.fc[0].in_features == 7 * 7 * 64
     actions, _ = p.compute_actions(np.zeros((2, *shape), np.uint8))

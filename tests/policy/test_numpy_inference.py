@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from flowrl.config import TrainerConfig
 from flowrl.data import SampleBatch
 from flowrl.policy import TorchPolicy
 from flowrl.policy.numpy_inference import NumpyActorCritic
@@ -32,8 +33,8 @@ def torch_only(policy: TorchPolicy) -> TorchPolicy:
     ],
 )
 def test_numpy_path_matches_torch(obs_space: gym.Space, action_space: gym.Space, model: dict[str, Any]) -> None:
-    fast = TorchPolicy(obs_space, action_space, {"model": model, "seed": 0}, loss_fn=no_loss)
-    slow = torch_only(TorchPolicy(obs_space, action_space, {"model": model, "seed": 0}, loss_fn=no_loss))
+    fast = TorchPolicy(obs_space, action_space, TrainerConfig.from_dict({"model": model, "seed": 0}), loss_fn=no_loss)
+    slow = torch_only(TorchPolicy(obs_space, action_space, TrainerConfig.from_dict({"model": model, "seed": 0}), loss_fn=no_loss))
     slow.set_weights(fast.get_weights())
     obs = np.stack([obs_space.sample() for _ in range(16)])
     assert fast._numpy_twin() is not None
@@ -53,21 +54,22 @@ def test_numpy_path_matches_torch(obs_space: gym.Space, action_space: gym.Space,
 
 def test_numpy_twin_follows_weight_updates_in_place() -> None:
     space = gym.spaces.Box(-1, 1, (4,), np.float32)
-    policy = TorchPolicy(space, gym.spaces.Discrete(2), {}, loss_fn=no_loss)
+    policy = TorchPolicy(space, gym.spaces.Discrete(2), TrainerConfig(), loss_fn=no_loss)
     obs = np.ones((2, 4), np.float32)
     before = policy.value(obs)
     with torch.no_grad():
         for p in policy.model.parameters():
             p.add_(0.1)
     assert not np.allclose(before, policy.value(obs))
-    other = TorchPolicy(space, gym.spaces.Discrete(2), {}, loss_fn=no_loss)
+    other = TorchPolicy(space, gym.spaces.Discrete(2), TrainerConfig(), loss_fn=no_loss)
     policy.set_weights(other.get_weights())
     np.testing.assert_allclose(policy.value(obs), torch_only(other).value(obs), rtol=1e-5)
 
 
 def test_unsupported_models_use_torch() -> None:
     frames = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
-    assert NumpyActorCritic.build(TorchPolicy(frames, gym.spaces.Discrete(2), {}, loss_fn=no_loss).model, frames) is None
-    elu = TorchPolicy(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2), {"model": {"fcnet_activation": "elu"}}, loss_fn=no_loss)
+    assert NumpyActorCritic.build(TorchPolicy(frames, gym.spaces.Discrete(2), TrainerConfig(), loss_fn=no_loss).model, frames) is None
+    elu_config = TrainerConfig.from_dict({"model": {"fcnet_activation": "elu"}})
+    elu = TorchPolicy(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2), elu_config, loss_fn=no_loss)
     assert elu._numpy_twin() is None
     assert elu.compute_actions(np.zeros((3, 4), np.float32))[0].shape == (3,)

@@ -1,0 +1,168 @@
+"""The long-lived, stateful pieces of a plan beside its rollout workers, owned by the Trainer.
+
+Replay buffers (local, or shards as :class:`~flowrl.actors.ReplayActor`\\ s), a
+:class:`~flowrl.actors.LearnerThread` and aggregator actors outlive any one iteration and
+hold state a checkpoint must keep. An algorithm *declares* them (its ``make_resources``);
+the Trainer creates them before the plan and hands them to ``execution_plan``, which only
+wires iterators over them; :meth:`PlanResources.stop` releases them and
+:meth:`PlanResources.get_state` is what checkpoints read. Because the plan does not own
+them, one can be replaced without rebuilding the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
+
+import ray
+
+from flowrl.actors.learner_thread import LearnerThread
+from flowrl.actors.replay_actor import create_replay_actors
+from flowrl.data import LocalReplayBuffer
+from flowrl.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from flowrl.actors.worker_set import WorkerSet
+
+#: Longest wait for a replay shard's statistics, and for its state in a checkpoint.
+STATS_TIMEOUT_S = 10.0
+STATE_TIMEOUT_S = 300.0
+
+
+class ReplayConfig(Protocol):
+    """The replay keys of a config (DQN's and the algorithms built on its replay)."""
+
+    @property
+    def buffer_size(self) -> int: ...
+    @property
+    def learning_starts(self) -> int: ...
+    @property
+    def train_batch_size(self) -> int: ...
+    @property
+    def prioritized_replay(self) -> bool: ...
+    @property
+    def prioritized_replay_alpha(self) -> float: ...
+    @property
+    def prioritized_replay_beta(self) -> float: ...
+    @property
+    def prioritized_replay_eps(self) -> float: ...
+    @property
+    def seed(self) -> int | None: ...
+
+
+def replay_buffer_args(config: ReplayConfig) -> dict[str, Any]:
+    """The replay settings of a config as keyword arguments of a replay buffer (or a tier of shards)."""
+    return {
+        "capacity": config.buffer_size,
+        "learning_starts": config.learning_starts,
+        "replay_batch_size": config.train_batch_size,
+        "prioritized_replay_alpha": config.prioritized_replay_alpha,
+        "prioritized_replay_beta": config.prioritized_replay_beta,
+        "prioritized_replay_eps": config.prioritized_replay_eps,
+        "prioritized": config.prioritized_replay,
+        "seed": config.seed,
+    }
+
+
+@dataclass
+class PlanResources:
+    """What a plan wires besides its rollout workers; empty for plans that need none.
+
+    ``replay_buffer``: a local replay buffer (DQN). ``replay_actors``: replay shard actors
+    (Ape-X). ``learner``: a started learner thread (Ape-X, IMPALA, APPO). ``aggregators``:
+    aggregator actors (IMPALA's tree aggregation). With ``checkpoint_replay_contents`` the
+    replay contents go into checkpoints, not only their counters.
+    """
+
+    replay_buffer: LocalReplayBuffer | None = None
+    replay_actors: list[Any] = field(default_factory=list)
+    learner: LearnerThread | None = None
+    aggregators: list[Any] = field(default_factory=list)
+    checkpoint_replay_contents: bool = False
+
+    def stop(self) -> None:
+        """Stop the learner thread and kill the actors (idempotent)."""
+        if self.learner is not None:
+            self.learner.stop()
+        for actor in [*self.replay_actors, *self.aggregators]:
+            ray.kill(actor)
+        self.replay_actors, self.aggregators = [], []
+
+    def get_state(self) -> dict[str, Any]:
+        """The replay buffers' state (their contents with ``checkpoint_replay_contents``), for checkpoints.
+
+        Learner threads and aggregators keep nothing that outlives a batch: the learner's
+        policies are the local worker's, saved with it.
+        """
+        state: dict[str, Any] = {}
+        contents = self.checkpoint_replay_contents
+        if self.replay_buffer is not None:
+            state["replay_buffer"] = self.replay_buffer.get_state(include_contents=contents)
+        if self.replay_actors:
+            refs = [actor.get_state.remote(contents) for actor in self.replay_actors]
+            state["replay_shards"] = ray.get(refs, timeout=STATE_TIMEOUT_S)
+        return state
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`get_state`'s output into resources of the same shape."""
+        if self.replay_buffer is not None and "replay_buffer" in state:
+            self.replay_buffer.set_state(state["replay_buffer"])
+        shards: Sequence[Any] = state.get("replay_shards", [])
+        if self.replay_actors and shards:
+            if len(shards) != len(self.replay_actors):
+                raise CheckpointError(
+                    f"the checkpoint holds {len(shards)} replay shards, this run has {len(self.replay_actors)}; "
+                    "restore with the checkpoint's num_replay_shards"
+                )
+            refs = [actor.set_state.remote(shard) for actor, shard in zip(self.replay_actors, shards)]
+            ray.get(refs, timeout=STATE_TIMEOUT_S)
+
+    def stats(self) -> dict[str, Any]:
+        """Learner queue and throughput, replay sizes: what ``result["info"]`` reports of them."""
+        stats: dict[str, Any] = {}
+        if self.learner is not None:
+            stats["learner_thread"] = self.learner.stats()
+        if self.replay_buffer is not None:
+            stats["replay_buffer"] = self.replay_buffer.stats()
+        if self.replay_actors:
+            refs = [actor.stats.remote() for actor in self.replay_actors]
+            stats["replay_shards"] = ray.get(refs, timeout=STATS_TIMEOUT_S)
+        return stats
+
+
+def no_resources(workers: WorkerSet, config: Any) -> PlanResources:
+    """The declaration of algorithms whose plans wire only rollout workers."""
+    return PlanResources()
+
+
+def local_replay_buffer(config: ReplayConfig) -> LocalReplayBuffer:
+    """A local replay buffer with ``config``'s replay settings."""
+    return LocalReplayBuffer(**replay_buffer_args(config))
+
+
+def replay_shards(config: ReplayConfig, num_shards: int) -> list[Any]:
+    """``num_shards`` replay shard actors splitting ``config``'s replay capacity and ``learning_starts``."""
+    return create_replay_actors(num_shards, **replay_buffer_args(config))
+
+
+def start_learner(
+    workers: WorkerSet,
+    *,
+    queue_size: int,
+    policies: Sequence[str] | None = None,
+    num_sgd_iter: int = 1,
+    sgd_minibatch_size: int = 0,
+    sequence_length: int = 1,
+) -> LearnerThread:
+    """A started :class:`~flowrl.actors.LearnerThread` learning on the local worker (see its arguments)."""
+    learner = LearnerThread(
+        workers.local_worker(),
+        inqueue_size=queue_size,
+        policies=policies,
+        num_sgd_iter=num_sgd_iter,
+        sgd_minibatch_size=sgd_minibatch_size,
+        sequence_length=sequence_length,
+    )
+    learner.start()
+    return learner

@@ -1,0 +1,34 @@
+"""Sending the learner's weights to rollout workers: timed and counted the same way by every operator."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from flowrl.actors import WorkerSet
+from flowrl.iterators import LocalIterator
+from flowrl.operators.names import NUM_WEIGHT_SYNCS, STEPS_SAMPLED_COUNTER, WORKER_UPDATE_TIMER
+
+
+def global_vars() -> dict[str, Any]:
+    """The run-wide variables policies receive with new weights: the env steps sampled so far."""
+    return {"timestep": LocalIterator.get_metrics().counters[STEPS_SAMPLED_COUNTER]}
+
+
+def broadcast_weights(workers: WorkerSet, policies: Sequence[str] | None = None) -> None:
+    """Send the local worker's weights (of ``policies``, default all) to every remote worker.
+
+    Timed as ``update`` and counted in ``num_weight_syncs``.
+    """
+    metrics = LocalIterator.get_metrics()
+    with metrics.timers[WORKER_UPDATE_TIMER]:
+        workers.sync_weights(list(policies) if policies is not None else None, global_vars=global_vars())
+    metrics.counters[NUM_WEIGHT_SYNCS] += 1
+
+
+def send_weights(actor: Any, weights: Any) -> None:
+    """Send ``weights`` (per policy id, or their object ref) to one actor; timed and counted like a broadcast."""
+    metrics = LocalIterator.get_metrics()
+    with metrics.timers[WORKER_UPDATE_TIMER]:
+        actor.set_weights.remote(weights, global_vars())
+    metrics.counters[NUM_WEIGHT_SYNCS] += 1
