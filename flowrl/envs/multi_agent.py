@@ -21,7 +21,6 @@ any env that follows it (subclass or not); :func:`check_multi_agent_env` checks 
 from __future__ import annotations
 
 import abc
-import math
 from collections.abc import Hashable
 from typing import Any, ClassVar, NoReturn
 
@@ -29,7 +28,15 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from flowrl.envs.checker import _check_obs, _check_reset_accepts_seed, _is_real_scalar, _same, _short
+from flowrl.envs.checker import (
+    _check_obs,
+    _check_reset_accepts_seed,
+    _check_reward,
+    _check_step_arity,
+    _checked_flag,
+    _same,
+    _short,
+)
 from flowrl.errors import EnvCheckError, EnvError
 
 AgentID = Hashable
@@ -326,20 +333,9 @@ def _check_step_result(
 ) -> tuple[dict, set]:
     """Check one step's return and the agents' bookkeeping; return the obs and the agents that finished."""
     method = "env.step()"
-    if not isinstance(result, tuple):
-        raise EnvCheckError(
-            f"{method} returned {_short(result)} of type {type(result).__name__}; "
-            f"it must return the 5-tuple of dicts {_STEP_API}{where}"
-        )
-    if len(result) == 4:
-        raise EnvCheckError(
-            f"{method} returned 4 values (obs, rewards, dones, infos), the old API; "
-            f"the Parallel API's 5-tuple {_STEP_API} is needed{where}"
-        )
-    if len(result) != 5:
-        raise EnvCheckError(
-            f"{method} returned {len(result)} values; the Parallel API's 5-tuple {_STEP_API} is needed{where}"
-        )
+    _check_step_arity(
+        result, method, f"the Parallel API's 5-tuple of dicts {_STEP_API}", "(obs, rewards, dones, infos), the old API", where
+    )
     for field, value in zip(_STEP_FIELDS, result):
         if not isinstance(value, dict):
             raise EnvCheckError(
@@ -365,25 +361,11 @@ def _check_step_result(
     done: set = set()
     for agent in acted:
         _check_agent_obs(obs[agent], agent, observation_spaces[agent], method, where)
-        reward = rewards[agent]
-        if not _is_real_scalar(reward):
-            raise EnvCheckError(
-                f"{method} returned rewards[{agent!r}]={_short(reward)} of type {type(reward).__name__}; "
-                f"each reward must be a finite real scalar (a float){where}"
-            )
-        if not math.isfinite(float(reward)):
-            raise EnvCheckError(
-                f"{method} returned rewards[{agent!r}]={float(reward)}; each reward must be a finite real scalar{where}"
-            )
-        flags = []
-        for field, value in (("terminations", terminations), ("truncations", truncations)):
-            flag = value[agent]
-            if not isinstance(flag, (bool, np.bool_)):
-                raise EnvCheckError(
-                    f"{method} returned {field}[{agent!r}]={_short(flag)} of type {type(flag).__name__}; "
-                    f"each entry of {field} must be a bool{where}"
-                )
-            flags.append(bool(flag))
+        _check_reward(rewards[agent], method, f"rewards[{agent!r}]", "each reward", where)
+        flags = [
+            _checked_flag(value[agent], method, f"{field}[{agent!r}]", f"each entry of {field}", where)
+            for field, value in (("terminations", terminations), ("truncations", truncations))
+        ]
         if any(flags) and agent in after:
             field = "terminations" if flags[0] else "truncations"
             raise EnvCheckError(
