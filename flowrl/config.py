@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping, Sequence, TypeVar, Union
 
 from flowrl.errors import ConfigError, FlowRLError
+from flowrl.importing import import_callable
 
 __all__ = ["ConfigError", "TrainerConfig", "cfg_field"]
 
@@ -344,8 +345,6 @@ def policy_mapping_fn_problems(fn: Any) -> list[str]:
     if callable(fn):
         return []
     if isinstance(fn, str):
-        from flowrl.actors.multi_agent_sampler import import_callable
-
         try:
             import_callable(fn)
         except FlowRLError as e:

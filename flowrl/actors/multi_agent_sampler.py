@@ -12,7 +12,6 @@ by that agent's policy. A fragment is a :class:`~flowrl.data.MultiAgentBatch` of
 from __future__ import annotations
 
 import collections
-import importlib
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
@@ -22,6 +21,7 @@ import numpy as np
 from flowrl.actors.sampler import MAX_UNCOLLECTED_EPISODES, EpisodeStats
 from flowrl.data import MultiAgentBatch, SampleBatch, concat_samples
 from flowrl.errors import EnvError, FlowRLError
+from flowrl.importing import import_callable
 from flowrl.policy import Policy
 
 PolicyMappingFn = Callable[[Hashable], str]
@@ -35,22 +35,6 @@ class _OnlyPolicy:
 
     def __call__(self, agent_id: Hashable) -> str:
         return self.policy_id
-
-
-def import_callable(path: str) -> Callable[..., Any]:
-    """The callable at ``"module:attribute"`` (a config can name a mapping function this way)."""
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise FlowRLError(f"{path!r} is not a 'module:function' path")
-    try:
-        value: Any = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            value = getattr(value, part)
-    except (ImportError, AttributeError) as e:
-        raise FlowRLError(f"cannot import {path!r}: {e}") from None
-    if not callable(value):
-        raise FlowRLError(f"{path!r} is a {type(value).__name__}, not a callable")
-    return value
 
 
 def policy_mapping(policy_mapping_fn: PolicyMappingFn | str | None, policy_ids: list[str]) -> PolicyMappingFn:
