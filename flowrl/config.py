@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence, TypeVar, Union
 
 from flowrl.errors import ConfigError, FlowRLError, FrozenConfigError
+from flowrl.importing import import_callable
 
 __all__ = ["ConfigError", "FrozenConfigError", "TrainerConfig", "cfg_field"]
 
@@ -358,8 +359,6 @@ def policy_mapping_fn_problems(fn: Any) -> list[str]:
     if callable(fn):
         return []
     if isinstance(fn, str):
-        from flowrl.actors.multi_agent_sampler import import_callable
-
         try:
             import_callable(fn)
         except FlowRLError as e:

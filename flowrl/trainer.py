@@ -13,7 +13,6 @@ import torch
 
 from flowrl.algorithms import Algorithm, get_algorithm, list_algorithms
 from flowrl.actors import PlanResources, WorkerSet
-from flowrl.actors.multi_agent_sampler import policy_mapping
 from flowrl.checkpoint import read_checkpoint, write_checkpoint
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
@@ -24,6 +23,7 @@ from flowrl.operators.metric_ops import summarize_episodes
 from flowrl.envs.episodes import run_episode
 from flowrl.plan import Plan
 from flowrl.policy import Policy, PolicySpec
+from flowrl.policy.mapping import policy_mapping
 from flowrl.ray_runtime import start_ray, stop_ray
 
 EnvSpec = str | Callable[[dict[str, Any]], gym.Env]

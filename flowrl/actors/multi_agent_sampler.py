@@ -12,7 +12,6 @@ by that agent's policy. A fragment is a :class:`~flowrl.data.MultiAgentBatch` of
 from __future__ import annotations
 
 import collections
-import importlib
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
@@ -23,49 +22,7 @@ from flowrl.actors.sampler import MAX_UNCOLLECTED_EPISODES, EpisodeStats
 from flowrl.data import MultiAgentBatch, SampleBatch, concat_samples
 from flowrl.errors import EnvError, FlowRLError
 from flowrl.policy import Policy
-
-PolicyMappingFn = Callable[[Hashable], str]
-
-
-class _OnlyPolicy:
-    """The mapping of a multi-agent env with one policy: every agent to it (picklable, unlike a lambda)."""
-
-    def __init__(self, policy_id: str) -> None:
-        self.policy_id = policy_id
-
-    def __call__(self, agent_id: Hashable) -> str:
-        return self.policy_id
-
-
-def import_callable(path: str) -> Callable[..., Any]:
-    """The callable at ``"module:attribute"`` (a config can name a mapping function this way)."""
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise FlowRLError(f"{path!r} is not a 'module:function' path")
-    try:
-        value: Any = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            value = getattr(value, part)
-    except (ImportError, AttributeError) as e:
-        raise FlowRLError(f"cannot import {path!r}: {e}") from None
-    if not callable(value):
-        raise FlowRLError(f"{path!r} is a {type(value).__name__}, not a callable")
-    return value
-
-
-def policy_mapping(policy_mapping_fn: PolicyMappingFn | str | None, policy_ids: list[str]) -> PolicyMappingFn:
-    """``policy_mapping_fn`` (imported if a ``"module:function"`` path), or for None the
-    mapping of every agent to the only policy.
-
-    Raises a :class:`~flowrl.errors.FlowRLError` if it is None with several policies.
-    """
-    if isinstance(policy_mapping_fn, str):
-        return import_callable(policy_mapping_fn)
-    if policy_mapping_fn is not None:
-        return policy_mapping_fn
-    if len(policy_ids) != 1:
-        raise FlowRLError(f"with several policies {sorted(policy_ids)}, the config needs a policy_mapping_fn(agent_id) -> policy id")
-    return _OnlyPolicy(policy_ids[0])
+from flowrl.policy.mapping import PolicyMappingFn
 
 
 class _Trajectory:

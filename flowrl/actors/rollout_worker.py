@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from flowrl.actors.multi_agent_sampler import MultiAgentSampler, policy_mapping
+from flowrl.actors.multi_agent_sampler import MultiAgentSampler
 from flowrl.actors.sampler import EpisodeStats, VectorSampler
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
@@ -17,6 +17,7 @@ from flowrl.envs import is_multi_agent_env
 from flowrl.errors import FlowRLError
 from flowrl.iterators import ParallelIteratorWorker
 from flowrl.policy import Policy, PolicySpec
+from flowrl.policy.mapping import policy_mapping
 from flowrl.policy.policy import ModelWeights
 
 R = TypeVar("R")

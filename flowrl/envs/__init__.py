@@ -1,20 +1,16 @@
 """Env creation (flowrl names, Gymnasium ids, creator functions), env checks, Atari preprocessing,
 and the multi-agent env API (PettingZoo's Parallel API) with built-in multi-agent envs.
 
-See :mod:`flowrl.envs.registry` for how names resolve and how creators reach Ray actors, and
-:mod:`flowrl.envs.multi_agent` for the multi-agent API.
+See :mod:`flowrl.envs.registry` for how names resolve and how creators reach Ray actors,
+:mod:`flowrl.envs.multi_agent` for the multi-agent API, :mod:`flowrl.envs.multi_agent_checker` for
+its checker and :mod:`flowrl.envs.multi_agent_envs` for the built-in multi-agent envs.
 """
 
 from flowrl.envs.atari import is_atari_id, make_atari_env
 from flowrl.envs.checker import check_env
-from flowrl.envs.multi_agent import (
-    CooperativeMatching,
-    MultiAgentCartPole,
-    MultiAgentEnv,
-    check_multi_agent_env,
-    is_multi_agent_env,
-    seed_action_spaces,
-)
+from flowrl.envs.multi_agent import MultiAgentEnv, is_multi_agent_env, seed_action_spaces
+from flowrl.envs.multi_agent_checker import check_multi_agent_env
+from flowrl.envs.multi_agent_envs import CooperativeMatching, MultiAgentCartPole
 from flowrl.envs.registry import env_spaces, get_env_creator, make_env, multi_agent_env_spaces, register_env
 
 __all__ = [

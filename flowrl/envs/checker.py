@@ -2,7 +2,8 @@
 
 Each problem raises :class:`EnvCheckError` with a message naming the method called, the
 field at fault, the value seen and the bound it broke, because these mistakes otherwise
-surface much later as NaN losses or silently wrong returns.
+surface much later as NaN losses or silently wrong returns. The observation, reward and
+step-result checks here are shared with :func:`flowrl.envs.check_multi_agent_env`.
 """
 
 from __future__ import annotations
@@ -107,37 +108,55 @@ def _checked_reset(env: Any, method: str, observation_space: spaces.Space, **kwa
 def _check_step_result(result: Any, observation_space: spaces.Space, step: int) -> tuple[bool, bool]:
     method = "env.step()"
     where = f" (step {step} of check_env)"
-    if not isinstance(result, tuple):
-        raise EnvCheckError(
-            f"{method} returned {_short(result)} of type {type(result).__name__}; "
-            f"it must return the 5-tuple {_STEP_API}{where}"
-        )
-    if len(result) == 4:
-        raise EnvCheckError(
-            f"{method} returned 4 values (obs, reward, done, info), the old Gym API; "
-            f"Gymnasium's 5-tuple {_STEP_API} is needed{where}"
-        )
-    if len(result) != 5:
-        raise EnvCheckError(f"{method} returned {len(result)} values; Gymnasium's 5-tuple {_STEP_API} is needed{where}")
+    _check_step_arity(
+        result, method, f"Gymnasium's 5-tuple {_STEP_API}", "(obs, reward, done, info), the old Gym API", where
+    )
     obs, reward, terminated, truncated, info = result
     _check_obs(obs, observation_space, method, "obs", "observation_space", where)
-    if not _is_real_scalar(reward):
-        raise EnvCheckError(
-            f"{method} returned reward={_short(reward)} of type {type(reward).__name__}; "
-            f"reward must be a finite real scalar (a float){where}"
-        )
-    if not math.isfinite(float(reward)):
-        raise EnvCheckError(f"{method} returned reward={float(reward)}; reward must be a finite real scalar{where}")
-    for field, flag in (("terminated", terminated), ("truncated", truncated)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise EnvCheckError(
-                f"{method} returned {field}={_short(flag)} of type {type(flag).__name__}; {field} must be a bool{where}"
-            )
+    _check_reward(reward, method, "reward", "reward", where)
+    terminated = _checked_flag(terminated, method, "terminated", "terminated", where)
+    truncated = _checked_flag(truncated, method, "truncated", "truncated", where)
     if not isinstance(info, dict):
         raise EnvCheckError(
             f"{method} returned info {_short(info)} of type {type(info).__name__}; info must be a dict{where}"
         )
-    return bool(terminated), bool(truncated)
+    return terminated, truncated
+
+
+def _check_step_arity(result: Any, method: str, api: str, old_api: str, where: str) -> None:
+    """Raise unless ``step`` returned a 5-tuple.
+
+    ``api`` names the 5-tuple expected (e.g. "Gymnasium's 5-tuple (obs, ...)") and ``old_api`` the
+    4 values of the older API that a 4-tuple most likely comes from.
+    """
+    if not isinstance(result, tuple):
+        raise EnvCheckError(
+            f"{method} returned {_short(result)} of type {type(result).__name__}; it must return {api}{where}"
+        )
+    if len(result) == 4:
+        raise EnvCheckError(f"{method} returned 4 values {old_api}; {api} is needed{where}")
+    if len(result) != 5:
+        raise EnvCheckError(f"{method} returned {len(result)} values; {api} is needed{where}")
+
+
+def _check_reward(reward: Any, method: str, name: str, subject: str, where: str) -> None:
+    """Raise unless ``reward`` is a finite real scalar; ``name`` spells where it was returned, ``subject`` the rule's subject."""
+    if not _is_real_scalar(reward):
+        raise EnvCheckError(
+            f"{method} returned {name}={_short(reward)} of type {type(reward).__name__}; "
+            f"{subject} must be a finite real scalar (a float){where}"
+        )
+    if not math.isfinite(float(reward)):
+        raise EnvCheckError(f"{method} returned {name}={float(reward)}; {subject} must be a finite real scalar{where}")
+
+
+def _checked_flag(flag: Any, method: str, name: str, subject: str, where: str) -> bool:
+    """``flag`` (a termination or truncation) as a bool; raise unless it is a Python or numpy bool."""
+    if not isinstance(flag, (bool, np.bool_)):
+        raise EnvCheckError(
+            f"{method} returned {name}={_short(flag)} of type {type(flag).__name__}; {subject} must be a bool{where}"
+        )
+    return bool(flag)
 
 
 def _is_real_scalar(value: Any) -> bool:

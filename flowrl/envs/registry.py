@@ -23,7 +23,6 @@ import gymnasium
 
 from flowrl.envs.atari import is_atari_id, make_atari_env, require_ale_py, require_atari_dependencies
 from flowrl.envs.multi_agent import (
-    BUILTIN_MULTI_AGENT_ENVS,
     AgentID,
     MultiAgentEnv,
     _is_aec_env,
@@ -32,6 +31,7 @@ from flowrl.envs.multi_agent import (
     multi_agent_spaces,
     seed_action_spaces,
 )
+from flowrl.envs.multi_agent_envs import BUILTIN_MULTI_AGENT_ENVS
 from flowrl.errors import EnvError, FlowRLError, UnknownEnvError
 
 # A multi-agent env need not subclass MultiAgentEnv (PettingZoo envs don't); is_multi_agent_env decides.

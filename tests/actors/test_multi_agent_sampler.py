@@ -9,12 +9,13 @@ import pytest
 from gymnasium import spaces
 
 from flowrl.actors import RolloutWorker
-from flowrl.actors.multi_agent_sampler import MultiAgentSampler, policy_mapping
+from flowrl.actors.multi_agent_sampler import MultiAgentSampler
 from flowrl.config import TrainerConfig
 from flowrl.data import MultiAgentBatch, SampleBatch
 from flowrl.envs import MultiAgentEnv, get_env_creator
 from flowrl.errors import FlowRLError
 from flowrl.policy import PolicySpec, TorchPolicy
+from flowrl.policy.mapping import policy_mapping
 
 
 class StaggeredEnv(MultiAgentEnv):
