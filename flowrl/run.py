@@ -79,6 +79,7 @@ def stop_reason(stop: Mapping[str, float], result: Mapping[str, Any]) -> str | N
     for key, bound in stop.items():
         value = result.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= bound:
+            # Of the non-finite bounds a file can give, only -inf is ever met; the CLI has always shown it as n/a.
             return f"{key} {value:g} >= {bound:g}" if math.isfinite(bound) else f"{key} {value:g} >= n/a"
     return None
 
@@ -103,8 +104,9 @@ class RunSpec:
     checkpoint_freq: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.checkpoint_freq, bool) or not isinstance(self.checkpoint_freq, int) or self.checkpoint_freq < 0:
-            raise ConfigError(f"checkpoint_freq={self.checkpoint_freq!r} must be an integer >= 0 (0: checkpoint only at the end)")
+        freq = self.checkpoint_freq
+        if isinstance(freq, bool) or not isinstance(freq, int) or freq < 0:
+            raise ConfigError(f"checkpoint_freq={freq!r} must be an integer >= 0 (0: checkpoint only at the end)")
         # Copies, so that a caller changing its dicts later does not change a started run's spec.
         object.__setattr__(self, "config", dict(self.config))
         object.__setattr__(self, "stop", parse_stop(self.stop, "stop"))
@@ -264,7 +266,7 @@ class Run:
 
     @property
     def timesteps_total(self) -> int:
-        """Env steps sampled so far in the whole run (what the next result's ``timesteps_total`` counts on from)."""
+        """Env steps sampled so far in the whole run, resumed sessions included."""
         from flowrl.operators import STEPS_SAMPLED_COUNTER
 
         return int(self.trainer.plan.metrics.counters[STEPS_SAMPLED_COUNTER])
@@ -318,10 +320,13 @@ class Run:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Run({str(self.directory)!r}, algo={self.spec.algo!r}, env={self.spec.env!r}, iteration={self.trainer.iteration})"
+        return (f"Run({str(self.directory)!r}, algo={self.spec.algo!r}, env={self.spec.env!r}, "
+                f"iteration={self.trainer.iteration})")
 
 
-def start_run(spec: RunSpec, *, results_dir: str | os.PathLike[str] = DEFAULT_RESULTS_DIR, address: str | None = None) -> Run:
+def start_run(
+    spec: RunSpec, *, results_dir: str | os.PathLike[str] = DEFAULT_RESULTS_DIR, address: str | None = None
+) -> Run:
     """Build the Trainer for ``spec``, then create its run directory under ``results_dir`` with ``params.json``.
 
     The Trainer comes first, so that a config or env it rejects leaves no run directory
@@ -385,9 +390,11 @@ def find_resume_point(
     )
     results, intact = _read_progress(directory / PROGRESS_FILE)
     kept = [r for r in results if int(r.get("training_iteration") or 0) <= iteration]
-    # The criteria are checked on the last kept result with the checkpoint's own counts, which are exact.
-    reached = stop_reason(spec.stop, {**(kept[-1] if kept else {}), "training_iteration": iteration, "timesteps_total": timesteps})
-    return ResumePoint(directory, spec, checkpoint, iteration, timesteps, kept, len(kept) != len(results) or not intact, reached)
+    # The checkpoint's own counts win: progress.jsonl may lack the line of the checkpoint's iteration.
+    at_checkpoint = {**(kept[-1] if kept else {}), "training_iteration": iteration, "timesteps_total": timesteps}
+    drops_results = len(kept) != len(results) or not intact
+    return ResumePoint(directory, spec, checkpoint, iteration, timesteps, kept, drops_results,
+                       stop_reason(spec.stop, at_checkpoint))
 
 
 def resume_run(point: ResumePoint, *, num_workers: int | None = None, address: str | None = None) -> Run:
