@@ -150,7 +150,8 @@ def flowrl_trial(seed: int, target: float, max_steps: int, config_file: str | No
     import torch
 
     from flowrl.algorithms import get_algorithm
-    from flowrl.cli import build_config, load_experiment_file, parse_experiment
+    from flowrl.cli import build_config
+    from flowrl.experiment import load_experiment_file, parse_experiment
     from flowrl.trainer import Trainer
 
     experiment = load_experiment_file(config_file) if config_file else parse_experiment({})

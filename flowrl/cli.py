@@ -1,11 +1,8 @@
 """The ``flowrl`` command: train, resume and evaluate runs, list algorithms, print execution plans.
 
-``flowrl train`` writes one run directory per run::
-
-    <results-dir>/<algo>_<env>_<YYYYmmdd-HHMMSS>/
-        params.json        algo, env, the full validated config, stop criteria, checkpoint frequency
-        progress.jsonl     one result dict per training iteration (JSON; NaN written as null)
-        checkpoints/checkpoint_<iteration>/
+This module parses flags, calls the library and prints. ``flowrl train`` is a shell over
+:mod:`flowrl.run` (the run directory, stop criteria, checkpoints, resuming), and ``--config``
+files are read by :mod:`flowrl.experiment`.
 
 Errors a user can cause (an unknown algorithm or env, an invalid config, a bad ``--set``,
 an unreadable config file or checkpoint) print ``flowrl: error: ...`` to stderr and exit
@@ -18,16 +15,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import difflib
 import json
 import math
-import os
-import re
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TextIO
 
+from flowrl.checkpoint import METADATA_FILE, latest_checkpoint
 from flowrl.errors import (
     CheckpointError,
     CLIError,
@@ -36,7 +31,20 @@ from flowrl.errors import (
     FlowRLError,
     UnknownAlgorithmError,
 )
+from flowrl.experiment import load_experiment_file, parse_experiment
 from flowrl.ray_runtime import ray_session
+from flowrl.run import (
+    CHECKPOINTS_DIR,
+    DEFAULT_RESULTS_DIR,
+    PARAMS_FILE,
+    PROGRESS_FILE,
+    Run,
+    RunSpec,
+    find_resume_point,
+    read_run_spec,
+    resume_run,
+    start_run,
+)
 
 if TYPE_CHECKING:  # the Trainer imports torch: load it only when a command needs it
     from flowrl.algorithms import Algorithm
@@ -48,22 +56,8 @@ EXIT_USAGE = 2
 USAGE_ERRORS = (CLIError, ConfigError, EnvError, UnknownAlgorithmError, CheckpointError)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C
 
-DEFAULT_RESULTS_DIR = "flowrl_results"
-PARAMS_FILE = "params.json"
-PROGRESS_FILE = "progress.jsonl"
-CHECKPOINTS_DIR = "checkpoints"
 
-# Stop criteria: the result key each one compares (result >= value stops) and the flag that sets it.
-STOP_FLAGS = {
-    "episode_reward_mean": "--stop-reward",
-    "timesteps_total": "--stop-timesteps",
-    "training_iteration": "--stop-iters",
-}
-# Top-level keys of an experiment file besides flat config keys ("run" is RLlib's name for "algo").
-EXPERIMENT_KEYS = ("algo", "run", "env", "stop", "config")
-
-
-# --- values and files -------------------------------------------------------------------------------
+# --- --set values -----------------------------------------------------------------------------------
 
 
 def parse_value(text: str) -> Any:
@@ -116,131 +110,6 @@ def apply_set(config: dict[str, Any], assignments: Sequence[tuple[list[str], Any
             target = target[part]
         target[path[-1]] = value
     return config
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` as plain JSON data: NaN and infinities become None, numpy and torch values Python ones."""
-    if isinstance(value, Mapping):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [json_safe(v) for v in value]
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    tolist = getattr(value, "tolist", None)  # numpy scalars and arrays, torch tensors
-    if callable(tolist):
-        return json_safe(tolist())
-    return str(value)
-
-
-_yaml_loader: Any = None
-
-
-def _load_yaml(text: str) -> Any:
-    """Parse YAML (PyYAML, imported only now) reading ``1e-5`` as a float, as YAML 1.2 does."""
-    global _yaml_loader
-    import yaml
-
-    if _yaml_loader is None:
-
-        class Loader(yaml.SafeLoader):
-            """PyYAML follows YAML 1.1, where a float needs a dot: ``lr: 5e-5`` would be a string."""
-
-        Loader.add_implicit_resolver(
-            "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789")
-        )
-        _yaml_loader = Loader
-    return yaml.load(text, Loader=_yaml_loader)  # noqa: S506 - a SafeLoader subclass
-
-
-def _yaml_problem(error: Exception) -> str:
-    problem = getattr(error, "problem", None)
-    mark = getattr(error, "problem_mark", None)
-    if problem and mark is not None:
-        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
-    return " ".join(str(error).split())
-
-
-def load_experiment_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a YAML or JSON experiment file into ``{"algo", "env", "stop", "config"}`` (see :func:`parse_experiment`)."""
-    file = Path(path)
-    suffix = file.suffix.lower()
-    if suffix not in (".yaml", ".yml", ".json"):
-        raise CLIError(f"--config {str(file)!r}: unknown file type {suffix or '(no extension)'!r}; use .yaml, .yml or .json")
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CLIError(f"--config {str(file)!r}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise CLIError(f"--config {str(file)!r}: cannot read it ({e})") from None
-    if suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise CLIError(f"--config {str(file)!r} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
-    else:
-        try:
-            import yaml
-        except ImportError:
-            raise CLIError(
-                f"--config {str(file)!r}: reading YAML needs PyYAML (pip install pyyaml); or write the config as .json"
-            ) from None
-        try:
-            data = _load_yaml(text)
-        except yaml.YAMLError as e:
-            raise CLIError(f"--config {str(file)!r} is not valid YAML: {_yaml_problem(e)}") from None
-    return parse_experiment(data, source=f"--config {str(file)!r}")
-
-
-def parse_experiment(data: Any, source: str = "the config file") -> dict[str, Any]:
-    """Normalise an experiment: ``{"algo": str | None, "env": str | None, "stop": dict, "config": dict}``.
-
-    Accepts RLlib's tuned-example layout (``algo`` or ``run``, ``env``, ``stop``, ``config``;
-    optionally under one experiment name) and a flat dict of config keys; top-level keys
-    that are not experiment keys are config keys.
-    """
-    if data is None:  # an empty file
-        data = {}
-    if not isinstance(data, Mapping):
-        raise CLIError(f"{source} must hold a mapping of keys to values, not {type(data).__name__}")
-    if len(data) == 1:
-        (name, inner), = data.items()
-        if name not in EXPERIMENT_KEYS and isinstance(inner, Mapping) and set(inner) & set(EXPERIMENT_KEYS):
-            data = inner  # {"cartpole-ppo": {"run": "PPO", "env": ..., "config": ...}}
-    data = dict(data)
-    algo, run = data.pop("algo", None), data.pop("run", None)
-    if algo is not None and run is not None and str(algo).lower() != str(run).lower():
-        raise CLIError(f"{source} names two algorithms: algo={algo!r} and run={run!r}; keep one")
-    algo = algo if algo is not None else run
-    env = data.pop("env", None)
-    for key, value in (("algo", algo), ("env", env)):
-        if value is not None and not isinstance(value, str):
-            raise CLIError(f"{source}: {key} must be a string, got {value!r} ({type(value).__name__})")
-    stop = parse_stop(data.pop("stop", None) or {}, source)
-    config = data.pop("config", None) or {}
-    if not isinstance(config, Mapping):
-        raise CLIError(f"{source}: config must be a mapping of config keys to values, not {type(config).__name__}")
-    both = sorted(set(data) & set(config))
-    if both:
-        raise CLIError(f"{source} sets {', '.join(map(repr, both))} both at the top level and under 'config'; keep one")
-    return {"algo": algo, "env": env, "stop": stop, "config": {**data, **config}}
-
-
-def parse_stop(stop: Any, source: str) -> dict[str, float]:
-    """Check a ``stop`` mapping: keys among :data:`STOP_FLAGS`, numeric values."""
-    if not isinstance(stop, Mapping):
-        raise CLIError(f"{source}: stop must be a mapping like {{training_iteration: 10}}, not {type(stop).__name__}")
-    checked = {}
-    for key, value in stop.items():
-        if key not in STOP_FLAGS:
-            close = difflib.get_close_matches(str(key), list(STOP_FLAGS), n=1, cutoff=0.5)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise CLIError(f"{source}: unknown stop criterion {key!r}; {hint}valid: {', '.join(STOP_FLAGS)}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise CLIError(f"{source}: stop {key}={value!r} must be a number")
-        checked[key] = value
-    return checked
 
 
 # --- building trainers ------------------------------------------------------------------------------
@@ -301,64 +170,6 @@ def _new_trainer(algo: str, env: str, config: Mapping[str, Any], address: str | 
     return Trainer(algo, env, dict(config), address=address)
 
 
-# --- the run directory ------------------------------------------------------------------------------
-
-
-def make_run_dir(results_dir: str | os.PathLike[str], algo: str, env: str) -> Path:
-    """Create ``<results_dir>/<algo>_<env>_<YYYYmmdd-HHMMSS>`` (with ``_1``, ``_2``... if taken)."""
-    stem = f"{algo}_{re.sub(r'[^A-Za-z0-9._-]+', '_', env)}_{time.strftime('%Y%m%d-%H%M%S')}"
-    root = Path(results_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    for n in range(1000):
-        run_dir = root / (stem if n == 0 else f"{stem}_{n}")
-        try:
-            run_dir.mkdir()
-        except FileExistsError:
-            continue
-        (run_dir / CHECKPOINTS_DIR).mkdir()
-        return run_dir
-    raise CLIError(f"cannot create a run directory {stem!r} under {str(root)!r}: every numbered name is taken")
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)  # a reader never sees half a params.json
-
-
-def read_params(run_dir: Path) -> dict[str, Any]:
-    """The ``params.json`` of a run directory, checked enough to resume from."""
-    path = run_dir / PARAMS_FILE
-    if not run_dir.is_dir():
-        raise CLIError(f"--resume {str(run_dir)!r}: no such directory")
-    try:
-        params = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CLIError(f"--resume {str(run_dir)!r} is not a flowrl run directory: it has no {PARAMS_FILE}") from None
-    except (OSError, ValueError) as e:
-        raise CLIError(f"--resume {str(run_dir)!r}: cannot read {PARAMS_FILE} ({e})") from None
-    if not isinstance(params, dict) or not all(isinstance(params.get(k), t) for k, t in (("algo", str), ("env", str), ("config", dict))):
-        raise CLIError(f"--resume {str(run_dir)!r}: {PARAMS_FILE} lacks algo, env or config; it was not written by flowrl train")
-    params["stop"] = parse_stop(params.get("stop") or {}, f"{path}")
-    return params
-
-
-def _read_progress(path: Path) -> tuple[list[dict[str, Any]], bool]:
-    """The results in ``progress.jsonl`` up to its first damaged line, and whether the file is intact."""
-    if not path.is_file():
-        return [], True
-    text = path.read_text(encoding="utf-8")
-    results = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            results.append(json.loads(line))
-        except ValueError:
-            return results, False  # a line cut short by a crash: everything after it is unreliable
-    return results, text == "" or text.endswith("\n")
-
-
 # --- output -----------------------------------------------------------------------------------------
 
 
@@ -387,25 +198,6 @@ def format_iteration(result: Mapping[str, Any], steps_this_iter: int) -> str:
     return line
 
 
-def stop_reason(stop: Mapping[str, float], result: Mapping[str, Any]) -> str | None:
-    """Which stop criterion ``result`` meets, as text, or None."""
-    for key, bound in stop.items():
-        value = result.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= bound:
-            return f"{key} {_fmt(value, 'g')} >= {_fmt(bound, 'g')}"
-    return None
-
-
-def _better(best: tuple[float, int] | None, result: Mapping[str, Any]) -> tuple[float, int] | None:
-    """``best`` or ``result``'s ``(episode_reward_mean, training_iteration)``, whichever reward is higher."""
-    reward = result.get("episode_reward_mean")
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-        return best
-    if best is not None and reward <= best[0]:
-        return best
-    return float(reward), int(result.get("training_iteration") or 0)
-
-
 def _describe_stop(stop: Mapping[str, float]) -> str:
     if not stop:
         return "no stop criteria: training runs until Ctrl-C"
@@ -419,134 +211,67 @@ def _train(args: argparse.Namespace) -> int:
     if args.resume:
         return _resume(args)
     algorithm, env, config, stop = train_settings(args)
-    checkpoint_freq = args.checkpoint_freq or 0
-    trainer = _new_trainer(algorithm.name, env, config, args.address)
-    try:
-        run_dir = make_run_dir(args.results_dir or DEFAULT_RESULTS_DIR, algorithm.name, env)
-        params = {
-            "algo": algorithm.name,
-            "env": env,
-            "config": trainer.config.to_dict(),
-            "stop": stop,
-            "checkpoint_freq": checkpoint_freq,
-        }
-        _write_json(run_dir / PARAMS_FILE, params)
+    spec = RunSpec(algorithm.name, env, config, stop, checkpoint_freq=args.checkpoint_freq or 0)
+    with start_run(spec, results_dir=args.results_dir or DEFAULT_RESULTS_DIR, address=args.address) as run:
         print(f"training {algorithm.name} on {env}; {_describe_stop(stop)}", flush=True)
-        print(f"run directory: {run_dir}", flush=True)
-        return _run(trainer, run_dir, stop, checkpoint_freq)
-    finally:
-        trainer.stop()
+        print(f"run directory: {run.directory}", flush=True)
+        return _train_until_stopped(run)
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from flowrl.checkpoint import latest_checkpoint
-
     run_dir = Path(args.resume)
-    params = read_params(run_dir)
+    spec = read_run_spec(run_dir)
     fixed = [flag for flag, value in (("--config", args.config), ("--set", args.set), ("--seed", args.seed),
                                       ("--results-dir", args.results_dir)) if value not in (None, [])]
     fixed += [f"--{key} {value}" for key, value in (("algo", args.algo), ("env", args.env))
-              if value and value.lower() != params[key].lower()]
+              if value and value.lower() != getattr(spec, key).lower()]
     if fixed:
         raise CLIError(
             f"{', '.join(fixed)} cannot be used with --resume: a resumed run keeps the settings in "
             f"{run_dir / PARAMS_FILE} (stop flags, --num-workers, --checkpoint-freq and --address may change)"
         )
-    checkpoint = latest_checkpoint(run_dir / CHECKPOINTS_DIR)
-    if checkpoint is None:
-        raise CheckpointError(f"--resume {str(run_dir)!r}: no checkpoint under {str(run_dir / CHECKPOINTS_DIR)!r} to resume from")
-    iteration, timesteps = _checkpoint_progress(checkpoint)
-    stop = {**params["stop"], **stop_from_flags(args)}
-    checkpoint_freq = args.checkpoint_freq if args.checkpoint_freq is not None else int(params.get("checkpoint_freq") or 0)
-    # Results after the checkpoint are lost work: drop them so iteration numbers stay unique.
-    progress_path = run_dir / PROGRESS_FILE
-    results, intact = _read_progress(progress_path)
-    kept = [r for r in results if int(r.get("training_iteration") or 0) <= iteration]
-    reason = stop_reason(stop, {**(kept[-1] if kept else {}), "training_iteration": iteration, "timesteps_total": timesteps})
-    if reason:
-        print(f"nothing to do: {run_dir} already meets {reason}; give a larger stop flag to train further")
+    point = find_resume_point(run_dir, stop=stop_from_flags(args), checkpoint_freq=args.checkpoint_freq)
+    if point.stop_reason:
+        print(f"nothing to do: {run_dir} already meets {point.stop_reason}; give a larger stop flag to train further")
         return EXIT_OK
-    config = dict(params["config"])
-    if args.num_workers is not None:
-        config["num_workers"] = args.num_workers
-    trainer = _new_trainer(params["algo"], params["env"], config, args.address)
-    try:
-        trainer.restore(checkpoint)
-        if len(kept) != len(results) or not intact:
-            tmp = progress_path.with_name(f".{PROGRESS_FILE}.tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-            os.replace(tmp, progress_path)
-            print(f"{progress_path}: dropped the results after iteration {iteration}, the checkpoint's", flush=True)
-        _write_json(run_dir / PARAMS_FILE, {**params, "config": trainer.config.to_dict(), "stop": stop,
-                                            "checkpoint_freq": checkpoint_freq})
-        print(f"resuming {params['algo']} on {params['env']} from {checkpoint} (iteration {trainer.iteration}); "
-              f"{_describe_stop(stop)}", flush=True)
+    with resume_run(point, num_workers=args.num_workers, address=args.address) as run:
+        if point.drops_results:
+            print(f"{run_dir / PROGRESS_FILE}: dropped the results after iteration {point.iteration}, the checkpoint's",
+                  flush=True)
+        print(f"resuming {spec.algo} on {spec.env} from {point.checkpoint} (iteration {run.trainer.iteration}); "
+              f"{_describe_stop(run.spec.stop)}", flush=True)
         print(f"run directory: {run_dir}", flush=True)
-        return _run(trainer, run_dir, stop, checkpoint_freq, previous=kept, last_saved=trainer.iteration,
-                    last_checkpoint=str(checkpoint))
-    finally:
-        trainer.stop()
+        return _train_until_stopped(run)
 
 
-def _checkpoint_progress(checkpoint: Path) -> tuple[int, int]:
-    """``(iteration, timesteps_total)`` from a checkpoint's metadata, read without loading its state."""
-    from flowrl.checkpoint import METADATA_FILE
+def _print_each_result(run: Run) -> Callable[[Mapping[str, Any]], None]:
+    """An ``on_result`` callback printing :func:`format_iteration`'s line for each result."""
+    timesteps = run.timesteps_total
 
-    try:
-        metadata = json.loads((checkpoint / METADATA_FILE).read_text(encoding="utf-8"))
-        return int(metadata["iteration"]), int(metadata.get("timesteps_total") or 0)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"checkpoint {str(checkpoint)!r}: unreadable {METADATA_FILE} ({type(e).__name__}: {e})") from None
+    def print_result(result: Mapping[str, Any]) -> None:
+        nonlocal timesteps
+        steps = int(result.get("timesteps_total", timesteps))
+        print(format_iteration(result, steps - timesteps), flush=True)
+        timesteps = steps
+
+    return print_result
 
 
-def _run(
-    trainer: "Trainer",
-    run_dir: Path,
-    stop: Mapping[str, float],
-    checkpoint_freq: int,
-    *,
-    previous: Sequence[Mapping[str, Any]] = (),
-    last_saved: int | None = None,
-    last_checkpoint: str | None = None,
-) -> int:
-    """Train until a stop criterion is met or Ctrl-C; log each result, checkpoint, and summarise."""
-    checkpoints = run_dir / CHECKPOINTS_DIR
-    timesteps = int(trainer.plan.metrics.counters["num_steps_sampled"])
-    best: tuple[float, int] | None = None  # (episode_reward_mean, iteration)
-    for result in previous:
-        best = _better(best, result)
-    reason: str | None = None
-    try:
-        with open(run_dir / PROGRESS_FILE, "a", encoding="utf-8") as progress:
-            while reason is None:
-                result = trainer.train()
-                progress.write(json.dumps(json_safe(result), allow_nan=False) + "\n")
-                progress.flush()
-                steps = int(result.get("timesteps_total", timesteps))
-                print(format_iteration(result, steps - timesteps), flush=True)
-                timesteps = steps
-                best = _better(best, result)
-                if checkpoint_freq and trainer.iteration % checkpoint_freq == 0:
-                    last_checkpoint, last_saved = trainer.save(checkpoints), trainer.iteration
-                reason = stop_reason(stop, result)
-    except KeyboardInterrupt:
-        reason = None
-    interrupted = reason is None
-    if trainer.iteration != last_saved and trainer.iteration > 0:
-        try:
-            last_checkpoint = trainer.save(checkpoints)
-        except KeyboardInterrupt:
-            print(f"interrupted again while saving; the last complete checkpoint is {last_checkpoint or 'none'}",
-                  file=sys.stderr, flush=True)
-            return EXIT_INTERRUPTED
-    print("interrupted (Ctrl-C)" if interrupted else f"stopped: {reason}")
-    if best is not None:
-        print(f"best episode_reward_mean: {best[0]:.2f} (iteration {best[1]})")
-    print(f"checkpoint: {last_checkpoint or 'none (no iteration finished)'}")
-    print(f"results: {run_dir}")
-    if interrupted:
-        if last_checkpoint:
-            print(f"resume with: flowrl train --resume {run_dir}", flush=True)
+def _train_until_stopped(run: Run) -> int:
+    """Train ``run``, printing each iteration and then the summary; returns the exit status."""
+    summary = run.train(on_result=_print_each_result(run))
+    if summary.save_interrupted:
+        print(f"interrupted again while saving; the last complete checkpoint is {summary.checkpoint or 'none'}",
+              file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    print("interrupted (Ctrl-C)" if summary.interrupted else f"stopped: {summary.stop_reason}")
+    if summary.best_reward is not None:
+        print(f"best episode_reward_mean: {summary.best_reward:.2f} (iteration {summary.best_iteration})")
+    print(f"checkpoint: {summary.checkpoint or 'none (no iteration finished)'}")
+    print(f"results: {summary.directory}")
+    if summary.interrupted:
+        if summary.checkpoint:
+            print(f"resume with: flowrl train --resume {summary.directory}", flush=True)
         return EXIT_INTERRUPTED
     return EXIT_OK
 
@@ -579,8 +304,6 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _resolve_checkpoint(path: Path) -> Path:
     """A checkpoint directory, or the latest checkpoint of a run directory or a ``checkpoints/`` directory."""
-    from flowrl.checkpoint import METADATA_FILE, latest_checkpoint
-
     if (path / METADATA_FILE).is_file() or not path.is_dir():
         return path  # read_checkpoint reports what is wrong with it
     for directory in (path / CHECKPOINTS_DIR, path):

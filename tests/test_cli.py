@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from flowrl import cli
+from flowrl.experiment import load_experiment_file
+from flowrl.run import json_safe
 from flowrl.trainer import Trainer
 
 # One process, two tiny SGD batches per run: each training iteration takes milliseconds.
@@ -250,7 +252,7 @@ def test_config_precedence(tmp_path: Path) -> None:
 def test_yaml_flat_layout_and_scientific_floats(tmp_path: Path) -> None:
     file = tmp_path / "flat.yml"
     file.write_text("lr: 5e-5\ngamma: 0.95\nmodel:\n  fcnet_hiddens: [32, 32]\n")
-    experiment = cli.load_experiment_file(file)
+    experiment = load_experiment_file(file)
     assert experiment == {"algo": None, "env": None, "stop": {},
                           "config": {"lr": 5e-5, "gamma": 0.95, "model": {"fcnet_hiddens": [32, 32]}}}
 
@@ -258,7 +260,7 @@ def test_yaml_flat_layout_and_scientific_floats(tmp_path: Path) -> None:
 def test_results_are_made_json_safe() -> None:
     result = {"nan": float("nan"), "inf": float("inf"), "f32": np.float32(0.5), "i64": np.int64(3),
               "array": np.arange(3), "nested": {"tuple": (1, np.bool_(True))}, 7: "int key"}
-    safe = cli.json_safe(result)
+    safe = json_safe(result)
     assert safe == {"nan": None, "inf": None, "f32": 0.5, "i64": 3, "array": [0, 1, 2],
                     "nested": {"tuple": [1, True]}, "7": "int key"}
     json.dumps(safe, allow_nan=False)
