@@ -1,18 +1,31 @@
-"""The documentation's examples run: every ```python block of each page, in order, in one namespace.
+"""The documentation's examples run, and the pages agree with the code they describe.
 
-A page's blocks share one namespace, so a later block may use what an earlier one defined.
-Ray is initialised by the ``ray_session`` fixture, so pages only mention ``ray.init()`` in a
-comment. Only blocks fenced exactly as ```python are run; use another tag (```text,
-```bash, ```py) for anything that must not be. To check another page, add it to ``DOC_PATHS``.
+Every ```python block of each page in ``DOC_PATHS`` runs, in order, in one namespace, so a later
+block may use what an earlier one defined. Ray is initialised by the ``ray_session`` fixture, so
+pages only mention ``ray.init()`` in a comment. Only blocks fenced exactly as ```python are run;
+use another tag (```text, ```bash, ```py) for anything that must not be. To check another page,
+add it to ``DOC_PATHS``.
+
+The tests after ``test_doc_examples_run`` read the pages themselves and check what they state
+(tables of defaults, tuned examples, plan lines, printed plans, code listings) against the code
+base, so that the pages can show only what a reader would type.
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
+import keyword
 import re
+import sys
 import traceback
 from pathlib import Path
 
 import pytest
+import yaml
+
+from flowrl import Trainer
+from flowrl.algorithms import get_algorithm, list_algorithms
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,26 +38,30 @@ DOC_PATHS = [
     "docs/algorithms.md",
 ]
 
-# A fence opening with exactly "python", its body, and the closing fence at the same indent.
-_PYTHON_BLOCK = re.compile(
-    r"^(?P<indent>[ \t]*)```python[ \t]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
-    re.DOTALL | re.MULTILINE,
-)
 
-
-def python_blocks(text: str) -> list[tuple[int, str]]:
-    """Return ``(line, code)`` for each ```python block of a Markdown ``text``.
+def fenced_blocks(text: str, tag: str) -> list[tuple[int, str]]:
+    """Return ``(line, code)`` for each block of a Markdown ``text`` fenced exactly as ```tag.
 
     ``line`` is the 1-based line of the block's first code line, so errors can point into the page.
     """
+    # A fence opening with exactly the tag, its body, and the closing fence at the same indent.
+    fence = re.compile(
+        rf"^(?P<indent>[ \t]*)```{re.escape(tag)}[ \t]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
+        re.DOTALL | re.MULTILINE,
+    )
     blocks = []
-    for match in _PYTHON_BLOCK.finditer(text):
+    for match in fence.finditer(text):
         first_line = text.count("\n", 0, match.start("body")) + 1
         indent = match.group("indent")
         lines = match.group("body").splitlines()
         code = "\n".join(line[len(indent):] if line.startswith(indent) else line for line in lines)
         blocks.append((first_line, code + "\n"))
     return blocks
+
+
+def python_blocks(text: str) -> list[tuple[int, str]]:
+    """Return ``(line, code)`` for each ```python block of a Markdown ``text``."""
+    return fenced_blocks(text, "python")
 
 
 def test_python_blocks_finds_only_python_fences() -> None:
@@ -77,3 +94,154 @@ def test_doc_examples_run(doc_path: str, ray_session: None) -> None:
     finally:
         # Drop the examples' iterators and actor handles so their actors exit with this test.
         namespace.clear()
+
+
+# --- Checks of what the pages state against the code base ---------------------------------------
+
+
+def read_page(doc_path: str) -> str:
+    return (REPO_ROOT / doc_path).read_text(encoding="utf-8")
+
+
+def block_starting(text: str, tag: str, first_line: str) -> str:
+    """The one ```tag block of ``text`` whose first line is ``first_line``."""
+    [code] = [code for _, code in fenced_blocks(text, tag) if code.startswith(first_line + "\n")]
+    return code
+
+
+def table_rows(text: str, first_header: str) -> list[tuple[list[str], list[list[str]]]]:
+    """Every Markdown table of ``text`` whose first header cell is ``first_header``: (header, rows) of cells."""
+    tables, lines = [], text.splitlines()
+    for i, line in enumerate(lines):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] == first_header:
+            rows = []
+            for row in lines[i + 2:]:  # past the header and the |---| line
+                if not row.startswith("|"):
+                    break
+                rows.append([c.strip() for c in row.strip().strip("|").split("|")])
+            tables.append((cells, rows))
+    return tables
+
+
+def unquote(cell: str) -> str:
+    return cell.strip().strip("`")
+
+
+def without_stage_ids(described: str) -> list[str]:
+    """The lines of a ``plan.describe()`` text without the ``[n] `` stage ids, which count up per process."""
+    return [re.sub(r"\[\d+\] ", "", line.rstrip()) for line in described.strip().splitlines()]
+
+
+def built_in_algorithms() -> list[str]:
+    """The algorithms flowrl ships: those a page registers with ``register_algorithm`` are left out."""
+    return [name for name in list_algorithms() if get_algorithm(name).execution_plan.__module__.startswith("flowrl.algorithms.")]
+
+
+ALGORITHMS_PAGE = "docs/algorithms.md"
+
+
+def test_algorithms_page_lists_every_built_in_algorithm() -> None:
+    [(_, overview)] = table_rows(read_page(ALGORITHMS_PAGE), "name")
+    assert sorted(unquote(row[0]) for row in overview) == built_in_algorithms()
+
+
+def test_algorithms_page_tuned_examples_match_their_files_and_learning_tests() -> None:
+    """Each tuned example of the overview names its row's algorithm, and its threshold and budget
+    are the file's ``stop`` criteria and those the learning tests use."""
+    [(_, overview)] = table_rows(read_page(ALGORITHMS_PAGE), "name")
+    learning_tests = "".join(
+        (REPO_ROOT / "tests" / "algorithms" / test).read_text(encoding="utf-8") for test in ("test_learning.py", "test_es_ars.py")
+    )
+    for name, _, example, threshold_cell, budget_cell in overview:
+        spec = yaml.safe_load((REPO_ROOT / unquote(example)).read_text(encoding="utf-8"))
+        assert spec["algo"] == unquote(name), (example, spec["algo"])
+        threshold = float(re.match(r"-?[\d.]+", threshold_cell).group())
+        budget = int(budget_cell.replace(",", ""))
+        assert spec["stop"]["timesteps_total"] == budget, example
+        # ppo_dqn's file has no reward stop: its threshold is per policy, which no stop key expresses.
+        assert spec["stop"].get("episode_reward_mean", threshold) == threshold, example
+        file_name = unquote(example).split("/")[-1]
+        for text in (f'"{file_name}"', f"{threshold:.1f}", f"{budget:_}"):
+            assert text in learning_tests, (example, text)
+
+
+def test_algorithms_page_other_tuned_examples_name_their_algorithm() -> None:
+    [(_, variations)] = table_rows(read_page(ALGORITHMS_PAGE), "example")
+    for example, algo, _ in variations:
+        spec = yaml.safe_load((REPO_ROOT / unquote(example)).read_text(encoding="utf-8"))
+        assert spec["algo"] == unquote(algo), example
+
+
+def test_algorithms_page_names_every_tuned_example() -> None:
+    named = set(re.findall(r"tuned_examples/[\w.-]+\.yaml", read_page(ALGORITHMS_PAGE)))
+    assert named == {f"tuned_examples/{path.name}" for path in (REPO_ROOT / "tuned_examples").glob("*.yaml")}
+
+
+def algorithms_page_plan_lines() -> list[tuple[str, str]]:
+    """``(algorithm, chain)`` for each one-line plan in the page's text blocks, e.g. ``apex, apex_ddpg: A -> B``."""
+    plan_line = re.compile(r"^([a-z0-9_]+(?:, [a-z0-9_]+)*):\s+(.*->.*)$")
+    lines = []
+    for _, block in fenced_blocks(read_page(ALGORITHMS_PAGE), "text"):
+        for line in block.splitlines():
+            match = plan_line.match(line.split("  #")[0])  # without the trailing "# with microbatch_size"
+            if match:
+                lines += [(name, match.group(2)) for name in match.group(1).split(", ")]
+    return lines
+
+
+def plan_source(name: str) -> str:
+    """The source of the algorithm's plan module and of the flowrl.algorithms modules it uses
+    (APPO's plan is IMPALA's, DDPG's is DQN's)."""
+    module = sys.modules[get_algorithm(name).execution_plan.__module__]
+    modules = {module}
+    for value in vars(module).values():
+        used = value if inspect.ismodule(value) else inspect.getmodule(value)
+        if used is not None and used.__name__.startswith("flowrl.algorithms."):
+            modules.add(used)
+    return "\n".join(inspect.getsource(m) for m in modules)
+
+
+def test_algorithms_page_has_a_plan_line_for_every_algorithm() -> None:
+    assert sorted({name for name, _ in algorithms_page_plan_lines()}) == built_in_algorithms()
+
+
+def test_algorithms_page_plan_lines_name_operators_of_the_plan() -> None:
+    for name, chain in algorithms_page_plan_lines():
+        source = plan_source(name)
+        for stage in re.split(r"->|\|\|", chain):
+            operator = re.match(r"[A-Za-z_][\w.]*", stage.strip(" []()")).group()
+            assert operator in source, (name, operator)
+
+
+def test_algorithms_page_key_tables_show_the_config_defaults() -> None:
+    checked = 0
+    for header, rows in table_rows(read_page(ALGORITHMS_PAGE), "key"):
+        algorithms = [unquote(cell) for cell in header[1:-1]]  # between "key" and "what it does"
+        defaults = {name: get_algorithm(name).config_class.from_dict({}) for name in algorithms}
+        for row in rows:
+            key = unquote(row[0])
+            field = f"{key}_" if keyword.iskeyword(key) else key  # "lambda" lives in the field lambda_
+            for name, cell in zip(algorithms, row[1:-1]):
+                if cell != "—":  # the algorithm has no such key
+                    assert getattr(defaults[name], field) == ast.literal_eval(unquote(cell)), (name, key, cell)
+                    checked += 1
+    assert checked > 150  # every table was found and read
+
+
+def test_algorithms_page_impala_aggregator_plan_is_describe(ray_session: None) -> None:
+    impala = Trainer("impala", "CartPole-v1", config={
+        "num_workers": 2,
+        "num_cpus_per_worker": 0.1,
+        "num_aggregation_workers": 1,
+        "num_cpus_per_aggregator": 0.1,
+        "num_envs_per_worker": 1,
+        "rollout_fragment_length": 10,
+        "train_batch_size": 20,
+        "seed": 0,
+    })
+    try:
+        shown = block_starting(read_page(ALGORITHMS_PAGE), "text", "plan impala:")
+        assert without_stage_ids(impala.plan.describe()) == without_stage_ids(shown)
+    finally:
+        impala.stop()
