@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from flowrl import Trainer
-from flowrl.algorithms import get_algorithm, list_algorithms
+from flowrl.algorithms import get_algorithm, list_algorithms, ppo
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -245,3 +245,57 @@ def test_algorithms_page_impala_aggregator_plan_is_describe(ray_session: None) -
         assert without_stage_ids(impala.plan.describe()) == without_stage_ids(shown)
     finally:
         impala.stop()
+
+
+WRITING_PAGE = "docs/writing-an-algorithm.md"
+
+
+def test_writing_page_ppo_listing_is_the_code_of_ppo_py() -> None:
+    listing = block_starting(read_page(WRITING_PAGE), "py", "def training_flow(")
+    source = inspect.getsource(ppo.training_flow) + inspect.getsource(ppo.execution_plan)
+    for step in (
+        'ParallelRollouts(workers, mode="bulk_sync")',
+        ".combine(ConcatBatches(config.train_batch_size))",
+        ".for_each(StandardizeFields([SampleBatch.ADVANTAGES]))",
+        "num_sgd_iter=config.num_sgd_iter, sgd_minibatch_size=config.sgd_minibatch_size, seed=config.seed",
+        ".for_each(UpdateKL(workers))",
+        "return StandardMetricsReporting(training_flow(rollouts, workers, config), workers, config)",
+    ):
+        assert step in listing, step
+        assert step in source, step
+
+
+def test_writing_page_ppo_plan_graph_is_describe_and_mermaid(ray_session: None) -> None:
+    """The page's printed PPO graph and its Mermaid diagram show what the live plan gives; the
+    page's trainer has 2 remote workers, and so has this one."""
+    trainer = Trainer("ppo", "CartPole-v1", config={
+        "num_workers": 2,
+        "num_cpus_per_worker": 0.1,
+        "rollout_fragment_length": 10,
+        "train_batch_size": 20,
+        "sgd_minibatch_size": 10,
+        "seed": 0,
+    })
+    try:
+        page = read_page(WRITING_PAGE)
+        shown = [line.strip() for line in without_stage_ids(block_starting(page, "text", "plan ppo:"))]
+        described = [line.strip() for line in without_stage_ids(trainer.plan.describe())]
+        assert described[0] == "plan ppo:"
+        for line in (
+            "batch_across_shards(rollout_workers)  <- RolloutWorker x2",
+            "for_each(TrainOneStep)  <- for_each(StandardizeFields)",
+            "for_each(UpdateKL)  <- for_each(TrainOneStep)",
+            "for_each(TrainOneStep) --broadcast weights--> RolloutWorker x2",
+        ):
+            assert line in described, line
+            assert line in shown, line
+
+        shown_mermaid = block_starting(page, "mermaid", "flowchart TD")
+        mermaid = trainer.plan.to_mermaid()
+        assert mermaid.startswith("flowchart TD")
+        for fragment in ('(["RolloutWorker x2"])', '-->|"broadcast weights"| actor_RolloutWorker'):
+            assert fragment in mermaid, fragment
+            assert fragment in shown_mermaid, fragment
+        assert trainer.plan.to_dot().startswith('digraph "ppo" {')
+    finally:
+        trainer.stop()
