@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from flowrl import Trainer
-from flowrl.algorithms import get_algorithm, list_algorithms, ppo
+from flowrl.algorithms import dqn, get_algorithm, list_algorithms, ppo, ppo_dqn
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -103,9 +103,9 @@ def read_page(doc_path: str) -> str:
     return (REPO_ROOT / doc_path).read_text(encoding="utf-8")
 
 
-def block_starting(text: str, tag: str, first_line: str) -> str:
-    """The one ```tag block of ``text`` whose first line is ``first_line``."""
-    [code] = [code for _, code in fenced_blocks(text, tag) if code.startswith(first_line + "\n")]
+def block_starting(text: str, tag: str, start: str) -> str:
+    """The one ```tag block of ``text`` whose code starts with ``start``."""
+    [code] = [code for _, code in fenced_blocks(text, tag) if code.startswith(start)]
     return code
 
 
@@ -130,7 +130,8 @@ def unquote(cell: str) -> str:
 
 def without_stage_ids(described: str) -> list[str]:
     """The lines of a ``plan.describe()`` text without the ``[n] `` stage ids, which count up per process."""
-    return [re.sub(r"\[\d+\] ", "", line.rstrip()) for line in described.strip().splitlines()]
+    # Anchored after the indent: "duplicate[0]" is a label, not a stage id.
+    return [re.sub(r"^(\s*)\[\d+\] ", r"\1", line.rstrip()) for line in described.strip().splitlines()]
 
 
 def built_in_algorithms() -> list[str]:
@@ -299,3 +300,52 @@ def test_writing_page_ppo_plan_graph_is_describe_and_mermaid(ray_session: None) 
         assert trainer.plan.to_dot().startswith('digraph "ppo" {')
     finally:
         trainer.stop()
+
+
+MULTI_AGENT_PAGE = "docs/multi-agent.md"
+
+
+def test_multi_agent_page_ppo_dqn_listing_is_the_code_of_ppo_dqn_py() -> None:
+    listing = block_starting(read_page(MULTI_AGENT_PAGE), "py", "def execution_plan(")
+    source = inspect.getsource(ppo_dqn.execution_plan)
+    for line in (
+        'ppo_rollouts, dqn_rollouts = ParallelRollouts(workers, mode="bulk_sync").duplicate(2)',
+        "dqn.training_flow(dqn_rollouts.for_each(SelectExperiences([DQN_POLICY])), workers, config.dqn_config(), [DQN_POLICY])",
+        "ppo.training_flow(ppo_rollouts.for_each(SelectExperiences([PPO_POLICY])), workers, config.ppo_config(), [PPO_POLICY])",
+        'return StandardMetricsReporting(Concurrently([ppo_op, dqn_op], mode="async"), workers, config)',
+    ):
+        assert line in listing, line
+        assert line in source, line
+    # The page calls the two policies by these ids, in its prose, config table and printed plan.
+    assert (ppo_dqn.PPO_POLICY, ppo_dqn.DQN_POLICY) == ("ppo_policy", "dqn_policy")
+
+
+def test_multi_agent_page_training_flows_train_only_the_policies_given() -> None:
+    """The page says each sub-flow's TrainOneStep trains and broadcasts only the policies passed to it."""
+    for flow in (dqn.training_flow, ppo.training_flow):
+        assert "TrainOneStep(workers,policies" in re.sub(r"\s", "", inspect.getsource(flow)), flow.__module__
+
+
+def test_multi_agent_page_composed_plan_graph_is_describe(ray_session: None) -> None:
+    """The lines of the printed ppo_dqn graph that make it a composition are in the live plan's."""
+    composed = Trainer("ppo_dqn", "MultiAgentCartPole", {"num_workers": 2, "num_cpus_per_worker": 0.1, "seed": 0})
+    try:
+        shown = [line.strip() for line in without_stage_ids(block_starting(read_page(MULTI_AGENT_PAGE), "text", "plan ppo_dqn:"))]
+        described = [line.strip() for line in without_stage_ids(composed.plan.describe())]
+        for line in (
+            "duplicate[0]  <- for_each(count_steps_sampled)",
+            "duplicate[1]  <- for_each(count_steps_sampled)",
+            "for_each(SelectExperiences)  <- duplicate[0]",
+            "for_each(SelectExperiences)  <- duplicate[1]",
+            "for_each(StoreToReplayBuffer)  <- for_each(SelectExperiences)",
+            "union[deterministic]  <- for_each(StoreToReplayBuffer), for_each(UpdateTargetNetwork)",
+            "union[async]  <- for_each(UpdateKL), union[deterministic]",
+            "filter(OncePerTimestepsElapsed)  <- union[async]",
+            # Each sub-flow sends only its own policy's weights.
+            "for_each(TrainOneStep) --broadcast weights of ppo_policy--> RolloutWorker x2",
+            "for_each(TrainOneStep) --broadcast weights of dqn_policy--> RolloutWorker x2",
+        ):
+            assert line in described, line
+            assert line in shown, line
+    finally:
+        composed.stop()
