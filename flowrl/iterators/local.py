@@ -47,7 +47,7 @@ class NextValueNotReady:
 
     def __init__(
         self,
-        object_refs: Sequence[ray.ObjectRef] = (),
+        object_refs: Sequence[ray.ObjectRef[Any]] = (),
         events: Sequence[threading.Event] = (),
         waits_on_siblings: bool = False,
     ) -> None:
@@ -64,7 +64,7 @@ class NextValueNotReady:
     def merge(markers: Iterable["NextValueNotReady"]) -> "NextValueNotReady":
         """One marker that waits on everything the given markers wait on."""
         markers = list(markers)
-        refs: dict[ray.ObjectRef, None] = {}
+        refs: dict[ray.ObjectRef[Any], None] = {}
         events: dict[threading.Event, None] = {}
         for marker in markers:
             refs.update(dict.fromkeys(marker.object_refs))
@@ -150,7 +150,17 @@ def callable_name(fn: Any) -> str:
     return name if isinstance(name, str) else type(fn).__name__
 
 
-_timing = threading.local()
+class _ThreadTiming(threading.local):
+    """Per thread: one frame per measured stage being pulled, innermost last.
+
+    A frame holds the seconds the stage spent pulling from measured stages below it.
+    """
+
+    def __init__(self) -> None:
+        self.stack: list[list[float]] = []
+
+
+_timing = _ThreadTiming()
 
 
 def _measured(it: Iterator[Any], stats: StageStats) -> Iterator[Any]:
@@ -159,9 +169,7 @@ def _measured(it: Iterator[Any], stats: StageStats) -> Iterator[Any]:
     A per-thread stack of frames collects the time each stage spends pulling from the
     measured stages below it, which is subtracted from its own total.
     """
-    stack = getattr(_timing, "stack", None)
-    if stack is None:
-        stack = _timing.stack = []
+    stack = _timing.stack
     while True:
         frame = [0.0]
         stack.append(frame)
@@ -510,16 +518,22 @@ class LocalIterator(Generic[T]):
         return f"LocalIterator[{self.name}]"
 
 
-def _check_weights(weights: Sequence[int | str] | None, n: int) -> list[int | str] | None:
+def _check_weights(weights: Sequence[int | str] | None, n: int) -> list[int | None] | None:
+    """Validate ``round_robin_weights``; ``"*"`` comes back as None (take all that is ready)."""
     if weights is None:
         return None
     weights = list(weights)
     if len(weights) != n:
         raise IteratorUsageError(f"round_robin_weights={weights} has {len(weights)} entries for {n} iterators")
+    checked: list[int | None] = []
     for w in weights:
-        if w != "*" and not (isinstance(w, int) and w >= 1):
+        if w == "*":
+            checked.append(None)
+        elif isinstance(w, int) and w >= 1:
+            checked.append(w)
+        else:
             raise IteratorUsageError(f"round_robin_weights={weights}: each weight must be an int >= 1 or '*', got {w!r}")
-    return weights
+    return checked
 
 
 def _async_base(children: list[LocalIterator[Any]]) -> BaseIterator:
@@ -551,7 +565,9 @@ def _async_base(children: list[LocalIterator[Any]]) -> BaseIterator:
     return base
 
 
-def _round_robin_base(children: list[LocalIterator[Any]], weights: list[int | str]) -> BaseIterator:
+def _round_robin_base(children: list[LocalIterator[Any]], weights: Sequence[int | None]) -> BaseIterator:
+    """Round robin taking ``weights[i]`` items per turn from child ``i`` (None: all it has ready)."""
+
     def base(timeout: float | None) -> Iterator[Any]:
         active = list(zip(children, weights))
         waiter = _Waiter()
@@ -561,7 +577,7 @@ def _round_robin_base(children: list[LocalIterator[Any]], weights: list[int | st
             for entry in list(active):
                 child, weight = entry
                 taken = 0
-                while weight == "*" or taken < weight:
+                while weight is None or taken < weight:
                     try:
                         item = next(child)
                     except StopIteration:
@@ -572,8 +588,8 @@ def _round_robin_base(children: list[LocalIterator[Any]], weights: list[int | st
                         taken += 1
                         progressed = True
                         yield item
-                    elif weight == "*" or item.is_bare:
-                        # "*" takes only what is ready; a bare marker waits on a sibling.
+                    elif weight is None or item.is_bare:
+                        # "*" (None) takes only what is ready; a bare marker waits on a sibling.
                         markers.append(item)
                         break
                     elif timeout is not None:

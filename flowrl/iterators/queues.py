@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
-class EventQueue(queue.Queue):
+class EventQueue(queue.Queue[T]):
     """A :class:`queue.Queue` with ``not_empty_event`` and ``not_full_event``.
 
     ``not_empty_event`` is set whenever the queue holds an item and ``not_full_event``
@@ -25,13 +27,13 @@ class EventQueue(queue.Queue):
         self.not_full_event = threading.Event()
         self.not_full_event.set()
 
-    def _put(self, item: Any) -> None:
+    def _put(self, item: T) -> None:
         super()._put(item)
         self.not_empty_event.set()
         if 0 < self.maxsize <= self._qsize():
             self.not_full_event.clear()
 
-    def _get(self) -> Any:
+    def _get(self) -> T:
         item = super()._get()
         self.not_full_event.set()
         if self._qsize() == 0:
