@@ -3,7 +3,7 @@
 Knows nothing about reinforcement learning. See ``docs/iterators.md``.
 """
 
-from flowrl.iterators.local import LocalIterator, NextValueNotReady, StageNode, callable_name
+from flowrl.iterators.local import FromActor, LocalIterator, NextValueNotReady, StageNode, callable_name
 from flowrl.iterators.metrics import MetricsContext, SharedMetrics, StageStats, TimerStat
 from flowrl.iterators.parallel import (
     ParallelIterator,
@@ -17,6 +17,7 @@ from flowrl.iterators.queues import EventQueue
 
 __all__ = [
     "EventQueue",
+    "FromActor",
     "LocalIterator",
     "MetricsContext",
     "NextValueNotReady",

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
 
 import ray
+# typing.NamedTuple accepts Generic only from Python 3.11; this backport accepts it on 3.10 too.
+from typing_extensions import NamedTuple
 
 from flowrl.errors import IteratorUsageError
 from flowrl.iterators.metrics import MetricsContext, SharedMetrics, StageStats, current_metrics, swap_current_metrics
@@ -197,6 +199,16 @@ def _skip_markers(fn: Callable[[Any], Any]) -> Transform:
             yield item if isinstance(item, NextValueNotReady) else fn(item)
 
     return apply
+
+
+class FromActor(NamedTuple, Generic[T]):
+    """An item and the Ray actor (handle) it came from, as ``zip_with_source_actor()`` yields them.
+
+    Still a tuple, so ``actor, item = pair`` unpacks it.
+    """
+
+    actor: Any
+    item: T
 
 
 class LocalIterator(Generic[T]):
@@ -398,9 +410,16 @@ class LocalIterator(Generic[T]):
 
         return self._chain(apply, ".shuffle()")
 
-    def zip_with_source_actor(self) -> "LocalIterator[tuple[Any, T]]":
-        """Pair each item with the actor it came from (right after a parallel gather)."""
-        return self._chain(_skip_markers(lambda item: (current_metrics().current_actor, item)), ".zip_with_source_actor()")
+    def zip_with_source_actor(self) -> "LocalIterator[FromActor[T]]":
+        """Yield each item as ``FromActor(actor, item)``, ``actor`` being the actor it came from.
+
+        Use right after a parallel gather, which records the actor of each item it fetches.
+        """
+
+        def pair(item: T) -> FromActor[T]:
+            return FromActor(current_metrics().current_actor, item)
+
+        return self._chain(_skip_markers(pair), ".zip_with_source_actor()")
 
     def duplicate(self, n: int, max_buffer: int = 10_000) -> list["LocalIterator[T]"]:
         """Split into ``n`` iterators that each see every item.
