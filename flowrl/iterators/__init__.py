@@ -13,7 +13,7 @@ from flowrl.iterators.parallel import (
     from_iterators,
     from_range,
 )
-from flowrl.iterators.queues import EventQueue
+from flowrl.iterators.queues import EventQueue, as_event_queue
 
 __all__ = [
     "EventQueue",
@@ -27,6 +27,7 @@ __all__ = [
     "StageNode",
     "StageStats",
     "TimerStat",
+    "as_event_queue",
     "callable_name",
     "from_actors",
     "from_items",

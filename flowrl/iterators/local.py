@@ -19,9 +19,11 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterable, Iterator, NamedTuple, Sequence, TypeVar
+from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
 
 import ray
+# typing.NamedTuple accepts Generic only from Python 3.11; this backport accepts it on 3.10 too.
+from typing_extensions import NamedTuple
 
 from flowrl.errors import IteratorUsageError
 from flowrl.iterators.metrics import MetricsContext, SharedMetrics, StageStats, current_metrics, swap_current_metrics
@@ -47,7 +49,7 @@ class NextValueNotReady:
 
     def __init__(
         self,
-        object_refs: Sequence[ray.ObjectRef] = (),
+        object_refs: Sequence[ray.ObjectRef[Any]] = (),
         events: Sequence[threading.Event] = (),
         waits_on_siblings: bool = False,
     ) -> None:
@@ -64,7 +66,7 @@ class NextValueNotReady:
     def merge(markers: Iterable["NextValueNotReady"]) -> "NextValueNotReady":
         """One marker that waits on everything the given markers wait on."""
         markers = list(markers)
-        refs: dict[ray.ObjectRef, None] = {}
+        refs: dict[ray.ObjectRef[Any], None] = {}
         events: dict[threading.Event, None] = {}
         for marker in markers:
             refs.update(dict.fromkeys(marker.object_refs))
@@ -150,7 +152,17 @@ def callable_name(fn: Any) -> str:
     return name if isinstance(name, str) else type(fn).__name__
 
 
-_timing = threading.local()
+class _ThreadTiming(threading.local):
+    """Per thread: one frame per measured stage being pulled, innermost last.
+
+    A frame holds the seconds the stage spent pulling from measured stages below it.
+    """
+
+    def __init__(self) -> None:
+        self.stack: list[list[float]] = []
+
+
+_timing = _ThreadTiming()
 
 
 def _measured(it: Iterator[Any], stats: StageStats) -> Iterator[Any]:
@@ -159,9 +171,7 @@ def _measured(it: Iterator[Any], stats: StageStats) -> Iterator[Any]:
     A per-thread stack of frames collects the time each stage spends pulling from the
     measured stages below it, which is subtracted from its own total.
     """
-    stack = getattr(_timing, "stack", None)
-    if stack is None:
-        stack = _timing.stack = []
+    stack = _timing.stack
     while True:
         frame = [0.0]
         stack.append(frame)
@@ -191,11 +201,14 @@ def _skip_markers(fn: Callable[[Any], Any]) -> Transform:
     return apply
 
 
-class FromActor(NamedTuple):
-    """An item and the actor it came from (what ``zip_with_source_actor`` yields)."""
+class FromActor(NamedTuple, Generic[T]):
+    """An item and the Ray actor (handle) it came from, as ``zip_with_source_actor()`` yields them.
+
+    Still a tuple, so ``actor, item = pair`` unpacks it.
+    """
 
     actor: Any
-    item: Any
+    item: T
 
 
 class LocalIterator(Generic[T]):
@@ -397,9 +410,16 @@ class LocalIterator(Generic[T]):
 
         return self._chain(apply, ".shuffle()")
 
-    def zip_with_source_actor(self) -> "LocalIterator[FromActor]":
-        """Pair each item with the actor it came from (right after a parallel gather)."""
-        return self._chain(_skip_markers(lambda item: FromActor(current_metrics().current_actor, item)), ".zip_with_source_actor()")
+    def zip_with_source_actor(self) -> "LocalIterator[FromActor[T]]":
+        """Yield each item as ``FromActor(actor, item)``, ``actor`` being the actor it came from.
+
+        Use right after a parallel gather, which records the actor of each item it fetches.
+        """
+
+        def pair(item: T) -> FromActor[T]:
+            return FromActor(current_metrics().current_actor, item)
+
+        return self._chain(_skip_markers(pair), ".zip_with_source_actor()")
 
     def duplicate(self, n: int, max_buffer: int = 10_000) -> list["LocalIterator[T]"]:
         """Split into ``n`` iterators that each see every item.
@@ -517,16 +537,22 @@ class LocalIterator(Generic[T]):
         return f"LocalIterator[{self.name}]"
 
 
-def _check_weights(weights: Sequence[int | str] | None, n: int) -> list[int | str] | None:
+def _check_weights(weights: Sequence[int | str] | None, n: int) -> list[int | None] | None:
+    """Validate ``round_robin_weights``; ``"*"`` comes back as None (take all that is ready)."""
     if weights is None:
         return None
     weights = list(weights)
     if len(weights) != n:
         raise IteratorUsageError(f"round_robin_weights={weights} has {len(weights)} entries for {n} iterators")
+    checked: list[int | None] = []
     for w in weights:
-        if w != "*" and not (isinstance(w, int) and w >= 1):
+        if w == "*":
+            checked.append(None)
+        elif isinstance(w, int) and w >= 1:
+            checked.append(w)
+        else:
             raise IteratorUsageError(f"round_robin_weights={weights}: each weight must be an int >= 1 or '*', got {w!r}")
-    return weights
+    return checked
 
 
 def _async_base(children: list[LocalIterator[Any]]) -> BaseIterator:
@@ -558,7 +584,9 @@ def _async_base(children: list[LocalIterator[Any]]) -> BaseIterator:
     return base
 
 
-def _round_robin_base(children: list[LocalIterator[Any]], weights: list[int | str]) -> BaseIterator:
+def _round_robin_base(children: list[LocalIterator[Any]], weights: Sequence[int | None]) -> BaseIterator:
+    """Round robin taking ``weights[i]`` items per turn from child ``i`` (None: all it has ready)."""
+
     def base(timeout: float | None) -> Iterator[Any]:
         active = list(zip(children, weights))
         waiter = _Waiter()
@@ -568,7 +596,7 @@ def _round_robin_base(children: list[LocalIterator[Any]], weights: list[int | st
             for entry in list(active):
                 child, weight = entry
                 taken = 0
-                while weight == "*" or taken < weight:
+                while weight is None or taken < weight:
                     try:
                         item = next(child)
                     except StopIteration:
@@ -579,8 +607,8 @@ def _round_robin_base(children: list[LocalIterator[Any]], weights: list[int | st
                         taken += 1
                         progressed = True
                         yield item
-                    elif weight == "*" or item.is_bare:
-                        # "*" takes only what is ready; a bare marker waits on a sibling.
+                    elif weight is None or item.is_bare:
+                        # "*" (None) takes only what is ready; a bare marker waits on a sibling.
                         markers.append(item)
                         break
                     elif timeout is not None:

@@ -143,7 +143,14 @@ class SharedMetrics:
         return self.metrics
 
 
-_local = threading.local()
+class _ThreadMetrics(threading.local):
+    """Per thread: the context of the iterator computing an item there (None outside one)."""
+
+    # A class attribute is the default every new thread starts from.
+    metrics: MetricsContext | None = None
+
+
+_local = _ThreadMetrics()
 
 
 def current_metrics() -> MetricsContext:
@@ -151,7 +158,7 @@ def current_metrics() -> MetricsContext:
 
     Raises :class:`IteratorUsageError` when called outside a running iterator.
     """
-    metrics = getattr(_local, "metrics", None)
+    metrics = _local.metrics
     if metrics is None:
         raise IteratorUsageError(
             "LocalIterator.get_metrics() was called outside a running iterator: metrics "
@@ -163,6 +170,6 @@ def current_metrics() -> MetricsContext:
 
 def swap_current_metrics(metrics: MetricsContext | None) -> MetricsContext | None:
     """Install ``metrics`` for this thread and return what was installed before."""
-    previous = getattr(_local, "metrics", None)
+    previous = _local.metrics
     _local.metrics = metrics
     return previous

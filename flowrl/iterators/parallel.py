@@ -179,7 +179,7 @@ class _Shard:
     transforms: list[ShardTransform]
     on_failure: FailureHook | None
     dropped: bool = False
-    next_item: Callable[[], ray.ObjectRef] | None = None
+    next_item: Callable[[], ray.ObjectRef[Any]] | None = None
 
 
 class _ShardStreams:
@@ -191,7 +191,7 @@ class _ShardStreams:
         opening = [(shard, shard.actor.par_iter_init.remote(self.key, shard.transforms)) for shard in shards]
         self.live = [shard for shard, ref in opening if self._finish_open(shard, ref)]
 
-    def _finish_open(self, shard: _Shard, ref: ray.ObjectRef) -> bool:
+    def _finish_open(self, shard: _Shard, ref: ray.ObjectRef[Any]) -> bool:
         """Wait for a stream to open (re-opening on a replacement actor); False if dropped."""
         while True:
             try:
@@ -225,12 +225,12 @@ class _ShardStreams:
         shard.actor = replacement
         return True
 
-    def request(self, shard: _Shard) -> ray.ObjectRef:
+    def request(self, shard: _Shard) -> ray.ObjectRef[Any]:
         """Ask ``shard`` for the next item of this stream."""
         assert shard.next_item is not None
         return shard.next_item()
 
-    def get(self, ref: ray.ObjectRef, shard: _Shard, sent_to: Any) -> Any:
+    def get(self, ref: ray.ObjectRef[Any], shard: _Shard, sent_to: Any) -> Any:
         """The result of ``ref`` (sent to actor ``sent_to``); END if the shard is gone or the
         request was to an actor that has since been replaced."""
         try:
@@ -244,7 +244,7 @@ class _ShardStreams:
                 return _END
             return self.get(self.request(shard), shard, shard.actor)
 
-    def get_round(self, refs: list[ray.ObjectRef], shards: list[_Shard]) -> list[Any]:
+    def get_round(self, refs: list[ray.ObjectRef[Any]], shards: list[_Shard]) -> list[Any]:
         """Results of one request per shard, fetched in one call when no actor failed."""
         try:
             return ray.get(refs)
@@ -436,7 +436,7 @@ class ParallelIterator(Generic[T]):
             # Per shard, its requests in the order sent, each with the actor it went to. An
             # actor answers in that order, so only the oldest request of each shard is
             # waited on: items from one shard are yielded in order even with num_async > 1.
-            queues: dict[_Shard, collections.deque[tuple[ray.ObjectRef, Any]]] = {
+            queues: dict[_Shard, collections.deque[tuple[ray.ObjectRef[Any], Any]]] = {
                 shard: collections.deque((streams.request(shard), shard.actor) for _ in range(num_async))
                 for shard in streams.live
             }

@@ -12,6 +12,7 @@ import ray
 
 from flowrl.errors import IteratorUsageError, ShardFailedError
 from flowrl.iterators import (
+    FromActor,
     LocalIterator,
     NextValueNotReady,
     ParallelIterator,
@@ -204,8 +205,11 @@ def test_zip_with_source_actor(gather: str) -> None:
     for i, actor in enumerate(actors):
         ray.get(actor.set_version.remote(i))
     pairs = getattr(from_actors(actors), gather)().zip_with_source_actor().take(6)
-    for actor, version in pairs:
-        assert actor == actors[version]
+    for pair in pairs:
+        assert isinstance(pair, FromActor)
+        assert pair.actor == actors[pair.item]
+        actor, version = pair  # still a tuple: code that unpacks a pair keeps working
+        assert (actor, version) == (pair.actor, pair.item)
 
 
 @pytest.mark.parametrize("gather", ["gather_sync", "gather_async"])
