@@ -159,8 +159,17 @@ def _parse_annotation(cls_name: str, name: str, annotation: Any) -> tuple[tuple[
     return tuple(kinds), tuple(literals), allows_none
 
 
-@functools.lru_cache(maxsize=None)
+# Resolved once per config class: annotations and metadata do not change after the class exists.
+_SPECS: dict[type, tuple[_Spec, ...]] = {}
+
+
 def _specs(cls: type) -> tuple[_Spec, ...]:
+    if cls not in _SPECS:
+        _SPECS[cls] = _resolve_specs(cls)
+    return _SPECS[cls]
+
+
+def _resolve_specs(cls: type) -> tuple[_Spec, ...]:
     hints = typing.get_type_hints(cls, include_extras=False)
     specs = []
     for f in dataclasses.fields(cls):
@@ -367,6 +376,28 @@ def policy_mapping_fn_problems(fn: Any) -> list[str]:
     return [f"policy_mapping_fn={fn!r} must be a callable agent_id -> policy id, a 'module:function' path to one, or None"]
 
 
+def _redeclared(cls: type, name: str, default: Any) -> tuple[Any, Any]:
+    """The annotation and field of the key ``name`` that ``cls`` inherits, with a new ``default``.
+
+    Raises ``TypeError`` (at import, when ``cls`` is defined) if no base declares the key or
+    the default is not a valid value of it.
+    """
+    # The nearest base declaring it, in method resolution order: the field @dataclass would inherit.
+    for base in cls.__mro__[1:]:
+        inherited = {f.name: f for f in dataclasses.fields(base)} if dataclasses.is_dataclass(base) else {}
+        if name in inherited:
+            break
+    else:
+        raise TypeError(f"{cls.__name__}.defaults names {name!r}, which no base config declares")
+    meta = inherited[name].metadata[_META_KEY]
+    annotation = typing.get_type_hints(base)[name]
+    kinds, literals, allows_none = _parse_annotation(cls.__name__, name, annotation)
+    _, problems = _check_value(_Spec(name, kinds, literals, allows_none, meta, default), default)
+    if problems:
+        raise TypeError(f"{cls.__name__}.defaults[{name!r}] is invalid: {'; '.join(problems)}")
+    return annotation, _dataclass_field(default, meta)
+
+
 # --- the shared config ----------------------------------------------------------------------------
 
 
@@ -477,26 +508,16 @@ class TrainerConfig:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # Runs before @dataclass processes the subclass: each ``defaults`` entry becomes a
-        # redeclaration of the inherited field with the base's annotation and metadata.
-        changed = cls.__dict__.get("defaults") or {}
+        # redeclaration of the inherited field, with the base's annotation and metadata.
         annotations = cls.__dict__.get("__annotations__")
         if annotations is None:
             annotations = {}
             cls.__annotations__ = annotations
-        for name, default in changed.items():
+        for name, default in (cls.__dict__.get("defaults") or {}).items():
             if name in annotations:
                 raise TypeError(f"{cls.__name__}.{name} is declared in the class body and in defaults; keep one")
-            base = next((b for b in cls.__mro__[1:] if name in getattr(b, "__dataclass_fields__", {})), None)
-            if base is None:
-                raise TypeError(f"{cls.__name__}.defaults names {name!r}, which no base config declares")
-            meta = base.__dataclass_fields__[name].metadata[_META_KEY]
-            annotation = annotations[name] = typing.get_type_hints(base)[name]
-            # A bad default fails here, at import, not when someone first builds the config.
-            kinds, literals, allows_none = _parse_annotation(cls.__name__, name, annotation)
-            _, found = _check_value(_Spec(name, kinds, literals, allows_none, meta, default), default)
-            if found:
-                raise TypeError(f"{cls.__name__}.defaults[{name!r}] is invalid: {'; '.join(found)}")
-            setattr(cls, name, _dataclass_field(default, meta))
+            annotations[name], field = _redeclared(cls, name, default)
+            setattr(cls, name, field)
 
     def __post_init__(self) -> None:
         self.validate()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, cast
 
 import gymnasium as gym
 import numpy as np
@@ -312,7 +312,8 @@ def evaluate_policies(
                 episodes.append(_multi_agent_episode(instance, policy_map, mapping, episode_seed))
             else:
                 policy = policy_map[DEFAULT_POLICY_ID]
-                total, length = run_episode(instance, lambda obs: policy.compute_single_action(obs, explore=False), episode_seed)
+                single = cast(gym.Env, instance)  # not multi-agent, so a Gymnasium env
+                total, length = run_episode(single, lambda obs: policy.compute_single_action(obs, explore=False), episode_seed)
                 episodes.append({"episode_reward": total, "episode_length": length})
     finally:
         instance.close()

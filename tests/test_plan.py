@@ -11,11 +11,12 @@ import re
 from typing import Any, Iterator
 
 import pytest
+import ray
 
 from flowrl import Trainer
 from flowrl.algorithms import get_algorithm
 from flowrl.iterators import LocalIterator
-from flowrl.operators import Concurrently
+from flowrl.operators import ActorLink, Concurrently, StatefulOperator
 from flowrl.plan import Plan
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(180)]
@@ -267,11 +268,19 @@ def test_apex_plan_has_three_concurrent_subflows_and_releases_its_actors() -> No
         assert "LearnerThread" in plan.graph.actors
         result = trainer.train()
         assert result["timesteps_total"] >= 200 and result["info"]["num_steps_trained"] > 0
+        # The learner's queue and throughput and the shards' sizes reach the result.
+        learner_stats, [shard_stats] = result["info"]["learner_thread"], result["info"]["replay_shards"]
+        assert learner_stats["num_batches_trained"] > 0 and learner_stats["inqueue_capacity"] == 16
+        assert learner_stats["learn_throughput"] > 0 and shard_stats["num_steps_added"] > 0
         epsilons = trainer.workers.foreach_worker(lambda w: w.get_policy().exploration.epsilon(0))
         assert epsilons[0] == 0.0 and epsilons[1] == pytest.approx(0.4) and epsilons[2] == pytest.approx(0.4**8)
+        learner, shards = trainer.resources.learner, trainer.resources.replay_actors
     finally:
         trainer.stop()
     assert not trainer.workers.remote_workers()
+    assert learner is not None and not learner.is_alive()
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(shards[0].ping.remote(), timeout=30)
 
 
 def test_apex_ddpg_runs_ddpg_on_the_apex_plan() -> None:
@@ -312,3 +321,68 @@ def test_impala_plan_feeds_a_learner_thread_and_counts_what_it_trained() -> None
         assert result["info"]["num_weight_syncs"] > 0
     finally:
         trainer.stop()
+
+
+# --- the operator protocol ---
+
+
+class Counter_(StatefulOperator):
+    """A stateful pass-through operator keeping how many items it saw."""
+
+    state_key = "counter"
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def plan_links(self) -> list[ActorLink]:
+        return [ActorLink("Somewhere", "count")]
+
+    def get_state(self) -> dict[str, Any]:
+        return {"seen": self.seen}
+
+    def set_state(self, state: Any) -> None:
+        self.seen = state["seen"]
+
+    def __call__(self, item: Any) -> Any:
+        self.seen += 1
+        return item
+
+
+class DuckTyped:
+    """Has the protocol's method names but does not declare the protocol: the plan ignores them."""
+
+    plan_hidden = True
+
+    def plan_links(self) -> list[tuple[str, str]]:
+        return [("Elsewhere", "nothing")]
+
+    def get_state(self) -> dict[str, Any]:
+        raise AssertionError("a checkpoint must not read an undeclared operator")
+
+    def __call__(self, item: Any) -> Any:
+        return item
+
+
+def test_checkpoints_key_stateful_operators_by_their_state_key_not_their_position() -> None:
+    def plan_of(*ops: Any) -> Plan:
+        it: LocalIterator[Any] = LocalIterator(lambda timeout: iter(range(100)))
+        for op in ops:
+            it = it.for_each(op)
+        return Plan(it)
+
+    first, second = Counter_(), Counter_()
+    plan = plan_of(first, DuckTyped(), second)
+    [next(plan) for _ in range(3)]
+    assert plan.get_state()["operators"] == {"counter": {"seen": 3}, "counter#1": {"seen": 3}}
+    # A plan with an operator added in front restores each counter by key, not by position.
+    restored_first, restored_second = Counter_(), Counter_()
+    other = plan_of(lambda item: item, restored_first, restored_second)
+    other.set_state(plan.get_state())
+    assert (restored_first.seen, restored_second.seen) == (3, 3)
+
+
+def test_the_graph_reads_declared_operators_only() -> None:
+    plan = Plan(LocalIterator(lambda timeout: iter(range(3))).for_each(DuckTyped()).for_each(Counter_()))
+    labels = [stage.label for stage in plan.graph.operators.values()]
+    assert "for_each(DuckTyped)" in labels  # plan_hidden on an undeclared callable hides nothing
+    assert plan.graph.actors == {"Somewhere": 1} and "Elsewhere" not in plan.to_mermaid()

@@ -55,3 +55,33 @@ def test_counter_names() -> None:
     from flowrl.operators import STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER
 
     assert (STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER) == ("num_steps_sampled", "num_steps_trained")
+
+
+def _modules_loaded_by(code: str) -> set[str]:
+    """Top-level module names a fresh interpreter holds after running ``code``."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys; print(' '.join(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout.split("\n")[-2]
+    return {name.split(".")[0] for name in out.split()}
+
+
+def test_the_iterator_substrate_imports_neither_torch_nor_gymnasium() -> None:
+    loaded = _modules_loaded_by("import flowrl.iterators")
+    assert "torch" not in loaded and "gymnasium" not in loaded
+
+
+def test_flowrl_help_does_not_import_torch() -> None:
+    loaded = _modules_loaded_by(
+        "import contextlib, io\n"
+        "from flowrl import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    cli.main(['--help'])"
+    )
+    assert "flowrl" in loaded and "torch" not in loaded

@@ -80,7 +80,7 @@ def create_replay_actors(
     if num_shards < 1:
         raise FlowRLError(f"create_replay_actors(num_shards={num_shards}): needs at least one shard")
     return [
-        ReplayActor.options(num_cpus=num_cpus).remote(
+        ReplayActor.options(num_cpus=num_cpus).remote(  # type: ignore[attr-defined]  # ray.remote's stubs keep the class type
             capacity=max(1, capacity // num_shards),
             learning_starts=learning_starts // num_shards,
             seed=None if seed is None else seed + shard,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterator, Mapping, TypeVar
+from typing import Any, Callable, Iterator, Mapping, TypeVar, cast
 
 import gymnasium as gym
 import numpy as np
@@ -14,6 +14,7 @@ from flowrl.actors.sampler import EpisodeStats, VectorSampler
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from flowrl.envs import is_multi_agent_env
+from flowrl.envs.registry import EnvCreator
 from flowrl.errors import FlowRLError
 from flowrl.iterators import ParallelIteratorWorker
 from flowrl.policy import Policy, PolicySpec
@@ -59,7 +60,7 @@ class RolloutWorker(ParallelIteratorWorker):
     def __init__(
         self,
         *,
-        env_creator: Callable[[dict[str, Any]], gym.Env],
+        env_creator: EnvCreator,
         policy_specs: Mapping[str, PolicySpec],
         config: TrainerConfig | Mapping[str, Any],
         worker_index: int = 0,
@@ -107,7 +108,7 @@ class RolloutWorker(ParallelIteratorWorker):
             )
         else:
             self.sampler = VectorSampler(
-                self.envs,
+                cast(list[gym.Env], self.envs),  # not multi-agent: Gymnasium envs
                 self.policy_map[DEFAULT_POLICY_ID],
                 fragment_length=config.rollout_fragment_length,
                 batch_mode=config.batch_mode,

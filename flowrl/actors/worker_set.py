@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, TypeVar, cast
 
 import gymnasium as gym
 import ray
@@ -12,6 +12,7 @@ from flowrl.actors.rollout_worker import RolloutWorker, as_config
 from flowrl.config import TrainerConfig
 from flowrl.envs import check_env as check_env_api
 from flowrl.envs import check_multi_agent_env, is_multi_agent_env
+from flowrl.envs.registry import EnvCreator
 from flowrl.errors import FlowRLError, ShardFailedError
 from flowrl.policy import PolicySpec
 
@@ -34,7 +35,7 @@ class WorkerSet:
     def __init__(
         self,
         *,
-        env_creator: Callable[[dict[str, Any]], gym.Env],
+        env_creator: EnvCreator,
         policy_specs: Mapping[str, PolicySpec],
         config: TrainerConfig | Mapping[str, Any],
         num_workers: int,
@@ -47,7 +48,10 @@ class WorkerSet:
             # Reject a broken env here, with a message naming the fault, before any actor starts.
             env = env_creator(dict(config.env_config))
             try:
-                check_multi_agent_env(env) if is_multi_agent_env(env) else check_env_api(env)
+                if is_multi_agent_env(env):
+                    check_multi_agent_env(env)
+                else:
+                    check_env_api(cast(gym.Env, env))
             finally:
                 env.close()
         self._env_creator = env_creator

@@ -87,7 +87,10 @@ class ActorCritics(nn.Module):
     ``forward(obs)`` gives ``(actions, None)``, so acting goes through the usual policy path.
     """
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Box, config: DDPGConfig) -> None:
+    low: torch.Tensor  # the action bounds, registered buffers (they move with the module)
+    high: torch.Tensor
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.spaces.Box, config: DDPGConfig) -> None:
         super().__init__()
         obs_dim, act_dim = flat_obs_dim(obs_space), int(np.prod(action_space.shape))
         self.actor = mlp(obs_dim, config.actor_hiddens, "relu", act_dim)
@@ -128,7 +131,7 @@ def ddpg_loss(
         q_target = batch[SampleBatch.REWARDS] + batch[DISCOUNTS] * not_done * next_q
     q_values = model.q(obs, batch[SampleBatch.ACTIONS].float())
     weights = batch.get(SampleBatch.WEIGHTS, torch.ones_like(q_target))
-    critic_loss = sum((weights * (q - q_target).pow(2)).mean() for q in q_values)
+    critic_loss = torch.stack([(weights * (q - q_target).pow(2)).mean() for q in q_values]).sum()
     loss = critic_loss
     stats = {"critic_loss": critic_loss.item(), "mean_q": q_values[0].mean().item()}
     policy.coeffs[ACTOR_STEPS] = policy.coeffs.get(ACTOR_STEPS, 0) + 1
@@ -150,6 +153,7 @@ class _ModelFactory:
         self.config = config
 
     def __call__(self, obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Mapping[str, Any]) -> nn.Module:
+        assert isinstance(action_space, gym.spaces.Box)  # make_ddpg_policy refuses other action spaces
         return ActorCritics(obs_space, action_space, self.config)
 
 

@@ -11,7 +11,7 @@ thread and the aggregators are plan resources (created and owned by the Trainer)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium as gym
 import torch
@@ -21,7 +21,7 @@ from flowrl.actors import PlanResources, WorkerSet, create_aggregators
 from flowrl.actors.resources import start_learner
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import TrainerConfig, cfg_field
-from flowrl.data import SampleBatch
+from flowrl.data import MultiAgentBatch, SampleBatch
 from flowrl.iterators import LocalIterator
 from flowrl.operators import (
     AggregatedRollouts,
@@ -38,6 +38,7 @@ from flowrl.policy import LossOutput, PolicySpec, TorchPolicy
 from flowrl.policy.distributions import ActionDistribution
 from flowrl.policy.vtrace import batch_vtrace, time_major
 
+Batch = SampleBatch | MultiAgentBatch
 
 @dataclass(kw_only=True)
 class ImpalaConfig(TrainerConfig):
@@ -80,7 +81,9 @@ class ImpalaConfig(TrainerConfig):
         min=0,
     )
     num_cpus_per_aggregator: float = cfg_field(0.5, "CPUs Ray reserves for each aggregator actor.", min=0)
-    batch_mode: str = cfg_field("truncate_episodes", "V-trace needs fixed-length fragments.", choices=("truncate_episodes",))
+    batch_mode: Literal["truncate_episodes"] = cfg_field(  # type: ignore[assignment]  # narrows the base's choices
+        "truncate_episodes", "V-trace needs fixed-length fragments."
+    )
 
     def check(self) -> list[str]:
         problems = super().check()
@@ -125,7 +128,7 @@ class TrainBatching:
     def __init__(self, config: ImpalaConfig) -> None:
         self.config = config
 
-    def __call__(self, fragments: LocalIterator[SampleBatch]) -> LocalIterator[SampleBatch]:
+    def __call__(self, fragments: LocalIterator[Batch]) -> LocalIterator[Batch]:
         config = self.config
         if config.replay_proportion > 0:
             fragments = fragments.combine(MixInReplay(config.replay_buffer_num_slots, config.replay_proportion, config.seed))

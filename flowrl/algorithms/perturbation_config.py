@@ -35,7 +35,8 @@ class PerturbationConfig(TrainerConfig):
     explore: bool = cfg_field(
         False, "Must stay False: ES and ARS act deterministically; the perturbations explore.", per_policy=True
     )
-    lr: float | None = cfg_field(
+    # ES and ARS have their own step sizes; None keeps TrainerConfig's lr from applying to them.
+    lr: float | None = cfg_field(  # type: ignore[assignment]
         None, "Not used: ES steps with stepsize, ARS with sgd_stepsize; leave unset.", min=0, min_exclusive=True, per_policy=True
     )
 

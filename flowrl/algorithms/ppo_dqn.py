@@ -16,6 +16,8 @@ import gymnasium as gym
 
 from flowrl.actors import PlanResources, WorkerSet
 from flowrl.algorithms import dqn, ppo
+from flowrl.algorithms.dqn import DQNConfig
+from flowrl.algorithms.ppo import PPOConfig
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import TrainerConfig, cfg_field
 from flowrl.errors import ConfigError
@@ -81,7 +83,7 @@ class PPODQNConfig(TrainerConfig):
     ppo: dict[str, Any] = cfg_field(
         {"train_batch_size": 2000, "sgd_minibatch_size": 128, "num_sgd_iter": 10, "lr": 3e-4},
         "PPO's keys (PPOConfig) for ppo_policy; the sampling keys above apply to both.",
-        validator=_sub_config_problems("ppo", ppo.PPOConfig),
+        validator=_sub_config_problems("ppo", PPOConfig),
     )
     dqn: dict[str, Any] = cfg_field(
         {
@@ -94,7 +96,7 @@ class PPODQNConfig(TrainerConfig):
             "model": {"fcnet_hiddens": [128, 128], "fcnet_activation": "relu"},
         },
         "DQN's keys (DQNConfig) for dqn_policy; the sampling keys above apply to both.",
-        validator=_sub_config_problems("dqn", dqn.DQNConfig),
+        validator=_sub_config_problems("dqn", DQNConfig),
     )
 
     def check(self) -> list[str]:
@@ -119,13 +121,13 @@ class PPODQNConfig(TrainerConfig):
     def _shared(self) -> dict[str, Any]:
         return {key: getattr(self, key) for key in SHARED_KEYS}
 
-    def ppo_config(self) -> ppo.PPOConfig:
+    def ppo_config(self) -> PPOConfig:
         """The PPO config of ``ppo_policy``: the shared sampling keys plus ``ppo``."""
-        return ppo.PPOConfig.from_dict({**self._shared(), **self.ppo})
+        return PPOConfig.from_dict({**self._shared(), **self.ppo})
 
-    def dqn_config(self) -> dqn.DQNConfig:
+    def dqn_config(self) -> DQNConfig:
         """The DQN config of ``dqn_policy``: the shared sampling keys plus ``dqn``."""
-        return dqn.DQNConfig.from_dict({**self._shared(), **self.dqn})
+        return DQNConfig.from_dict({**self._shared(), **self.dqn})
 
 
 def make_policies(spaces: dict[str, tuple[gym.Space, gym.Space]], config: PPODQNConfig) -> dict[str, PolicySpec]:

@@ -6,7 +6,7 @@ import queue
 from typing import Any, Callable, Iterator, Sequence
 
 from flowrl.errors import FlowRLError
-from flowrl.iterators import EventQueue, LocalIterator, NextValueNotReady, SharedMetrics, StageNode
+from flowrl.iterators import EventQueue, LocalIterator, NextValueNotReady, SharedMetrics, StageNode, as_event_queue
 from flowrl.operators.protocol import ActorLink, HiddenOperator, Operator
 
 CONCURRENCY_MODES = ("round_robin", "async")
@@ -71,7 +71,9 @@ def Concurrently(
 
 
 class Enqueue(Operator):
-    """Put each item on a bounded :class:`~flowrl.iterators.EventQueue`; use with ``transform``.
+    """Put each item on a bounded :class:`~flowrl.iterators.EventQueue` (or a standard
+    ``queue.Queue``, which becomes one in place: see :func:`~flowrl.iterators.as_event_queue`);
+    use with ``transform``.
 
     ``flow.transform(Enqueue(q))`` yields each item once it is on the queue. While the
     queue is full it yields a not-ready marker that waits on the queue's ``not_full_event``
@@ -79,10 +81,8 @@ class Enqueue(Operator):
     sub-flows (back-pressure instead of loss).
     """
 
-    def __init__(self, output_queue: EventQueue) -> None:
-        if not isinstance(output_queue, EventQueue):
-            raise FlowRLError(f"Enqueue needs a flowrl.iterators.EventQueue, got {type(output_queue).__name__}")
-        self.queue = output_queue
+    def __init__(self, output_queue: queue.Queue[Any]) -> None:
+        self.queue: EventQueue[Any] = as_event_queue(output_queue)
 
     def plan_links(self) -> list[ActorLink]:
         """Feeds the learner thread's queue."""
@@ -102,30 +102,31 @@ class Enqueue(Operator):
             yield item
 
 
-def Dequeue(input_queue: EventQueue, check: Callable[[], bool] = lambda: True) -> LocalIterator[Any]:
-    """A source of the items a background thread puts on ``input_queue``.
+def Dequeue(input_queue: queue.Queue[Any], check: Callable[[], bool] = lambda: True) -> LocalIterator[Any]:
+    """A source of the items a background thread puts on ``input_queue`` (an
+    :class:`~flowrl.iterators.EventQueue`, or a standard ``queue.Queue``, which becomes one in
+    place, so the producer's puts wake the source: see :func:`~flowrl.iterators.as_event_queue`).
 
     Blocking consumers wait on the queue; inside a union it yields a not-ready marker on
     the queue's ``not_empty_event``. ``check()`` (e.g. "the learner thread is alive") is
     called whenever the queue is empty; if it returns False the source raises instead of
     waiting forever.
     """
-    if not isinstance(input_queue, EventQueue):
-        raise FlowRLError(f"Dequeue needs a flowrl.iterators.EventQueue, got {type(input_queue).__name__}")
+    events = as_event_queue(input_queue)
 
     def base(timeout: float | None) -> Iterator[Any]:
         while True:
             try:
-                yield input_queue.get_nowait()
+                yield events.get_nowait()
                 continue
             except queue.Empty:
                 pass
             if not check():
                 raise FlowRLError("Dequeue: the queue is empty and its producer is gone (check() returned False)")
             if timeout is None:
-                input_queue.not_empty_event.wait(timeout=1.0)  # wake up now and then to re-run check()
+                events.not_empty_event.wait(timeout=1.0)  # wake up now and then to re-run check()
             else:
-                yield NextValueNotReady(events=[input_queue.not_empty_event])
+                yield NextValueNotReady(events=[events.not_empty_event])
 
     return LocalIterator(base, SharedMetrics(), name="dequeue", stages=[StageNode("source", "dequeue", (), _LearnerResults())])
 

@@ -56,7 +56,7 @@ class SendWeightsToSource(Operator):
         """Sends weights back to the actor each batch came from."""
         return [ActorLink(self.source_class, "send weights to the source")]
 
-    def __call__(self, item: FromActor) -> Batch:
+    def __call__(self, item: FromActor[Batch]) -> Batch:
         actor, batch = item.actor, item.item
         self.steps_since[actor] = self.steps_since.get(actor, 0) + batch.env_steps()
         version = self.learner.num_batches_trained

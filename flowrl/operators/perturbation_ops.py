@@ -30,7 +30,8 @@ from flowrl.operators.names import (
 )
 from flowrl.operators.protocol import ActorLink, Operator
 from flowrl.operators.weight_sync import broadcast_weights
-from flowrl.policy.perturbable import ascend, flat_parameters
+from flowrl.policy import TorchPolicy
+from flowrl.policy.perturbable import PerturbableModel, ascend, flat_parameters
 
 PERTURBED_EPISODES_COUNTER = "num_perturbed_episodes"
 EVAL_EPISODES_COUNTER = "num_eval_episodes"
@@ -47,6 +48,16 @@ def centered_ranks(x: np.ndarray) -> np.ndarray:
     first = np.cumsum(counts) - counts
     ranks = (first + (counts - 1) / 2.0)[inverse.ravel()]
     return (ranks / (flat.size - 1) - 0.5).reshape(x.shape)
+
+
+def perturbable_policy(workers: WorkerSet) -> TorchPolicy[Any]:
+    """The local worker's policy, which perturbation searches step: a TorchPolicy over a PerturbableModel."""
+    policy = workers.local_worker().get_policy()
+    if not isinstance(policy, TorchPolicy) or not isinstance(policy.model, PerturbableModel):
+        raise FlowRLError(
+            f"perturbation searches step a TorchPolicy over a PerturbableModel (ES/ARS policies), got {type(policy).__name__}"
+        )
+    return policy
 
 
 def count_perturbation_steps(result: PerturbationResult) -> PerturbationResult:
@@ -84,7 +95,7 @@ def PerturbationRollouts(
     evaluate = EvaluatePerturbations(noise, per_worker, noise_stdev, eval_prob, collect_obs_stats)
     if not remote:
         local = workers.local_worker()
-        source = LocalIterator(lambda timeout: evaluate.rounds(local), SharedMetrics(), name="local_worker.evaluate_perturbations()")
+        source: LocalIterator[PerturbationResult] = LocalIterator(lambda timeout: evaluate.rounds(local), SharedMetrics(), name="local_worker.evaluate_perturbations()")
         return source.for_each(count_perturbation_steps)
     actors = from_actors(remote, name="rollout_workers", on_shard_failure=workers.on_shard_failure)
     return actors.transform(evaluate).batch_across_shards().for_each(PerturbationResult.concat).for_each(count_perturbation_steps)
@@ -124,7 +135,7 @@ class PerturbationUpdate:
     """
 
     def __init__(self, workers: WorkerSet, noise: NoiseTable, l2_coeff: float = 0.0) -> None:
-        self.policy = workers.local_worker().get_policy()
+        self.policy = perturbable_policy(workers)
         self.dim = len(flat_parameters(self.policy.model))
         noise.check_dim(self.dim)
         self.noise = noise
@@ -171,7 +182,8 @@ class UpdateObservationFilter:
 
     def __call__(self, result: PerturbationResult) -> PerturbationResult:
         if result.obs_stats is not None:
-            model = self.workers.local_worker().get_policy().model
+            model = perturbable_policy(self.workers).model
+            assert isinstance(model, PerturbableModel)
             stats = model.observation_stats()
             stats.merge(result.obs_stats)
             model.set_observation_stats(stats)

@@ -60,7 +60,9 @@ def ParallelRollouts(workers: WorkerSet, *, mode: str = "bulk_sync", num_async: 
         if mode == "raw":
             raise FlowRLError("ParallelRollouts(mode='raw') needs remote workers (num_workers >= 1)")
         local = workers.local_worker()
-        rollouts = LocalIterator(lambda timeout: local._sample_forever(), SharedMetrics(), name="local_worker.sample()")
+        rollouts: LocalIterator[Batch] = LocalIterator(
+            lambda timeout: local._sample_forever(), SharedMetrics(), name="local_worker.sample()"
+        )
         return rollouts.for_each(count_steps_sampled)
     actors = _rollout_actors(workers)
     if mode == "raw":
@@ -113,19 +115,19 @@ class _SampledGradients(NamedTuple):
 
     gradients: list[np.ndarray]
     stats: dict[str, float]
-    count: int
+    steps: int
 
 
 def _sample_and_compute_gradients(batch: Batch) -> _SampledGradients:
     """Runs inside a rollout worker: gradients of its policy on the batch it just sampled."""
-    grads, stats = get_global_worker().compute_gradients(batch)
+    grads, stats = get_global_worker().compute_gradients(as_policy_batches(batch)[DEFAULT_POLICY_ID])
     return _SampledGradients(grads, stats, batch.env_steps())
 
 
 def _record_gradient_source(item: _SampledGradients) -> ComputedGradients:
-    count_sampled(item.count, item.count)
+    count_sampled(item.steps, item.steps)
     record_learner_info({DEFAULT_POLICY_ID: item.stats})
-    return ComputedGradients(item.gradients, item.count)
+    return ComputedGradients(item.gradients, item.steps)
 
 
 def AsyncGradients(workers: WorkerSet) -> LocalIterator[ComputedGradients]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any, ContextManager, NamedTuple, Protocol, TypeVar, runtime_checkable
+from typing import Any, ContextManager, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class ComputedGradients(NamedTuple):
     """Gradients of one policy's loss and the env steps they were computed on."""
 
     gradients: Gradients
-    count: int
+    steps: int
 
 
 @runtime_checkable
@@ -72,15 +72,8 @@ class CoefficientPolicy(Protocol):
     config: Any
 
 
-P = TypeVar("P")
-
-
-def local_policy(workers: WorkerSet, policy_id: str, kind: type[P], operator: str) -> P:
-    """The local worker's policy ``policy_id``, checked to be a ``kind`` (what ``operator`` needs)."""
-    policy = workers.local_worker().get_policy(policy_id)
-    if not isinstance(policy, kind):
-        raise FlowRLError(f"{operator} needs a {kind.__name__}; policy {policy_id!r} is a {type(policy).__name__}")
-    return policy
+def _needs(operator: str, kind: str, policy_id: str, policy: Any) -> FlowRLError:
+    return FlowRLError(f"{operator} needs {kind}; policy {policy_id!r} is a {type(policy).__name__}")
 
 
 class TrainOneStep(Operator):
@@ -157,9 +150,9 @@ class AverageGradients:
     def __call__(self, items: list[ComputedGradients]) -> ComputedGradients:
         if not items:
             raise FlowRLError("AverageGradients got an empty list")
-        total = sum(item.count for item in items)
+        total = sum(item.steps for item in items)
         averaged = [
-            sum(item.gradients[i] * (item.count / total) for item in items) for i in range(len(items[0].gradients))
+            np.sum([item.gradients[i] * (item.steps / total) for item in items], axis=0) for i in range(len(items[0].gradients))
         ]
         return ComputedGradients(averaged, total)
 
@@ -187,8 +180,8 @@ class ApplyGradients(Operator):
         local = self.workers.local_worker()
         with metrics.timers[APPLY_GRADS_TIMER]:
             local.apply_gradients(item.gradients, self.policy_id)
-        metrics.counters[STEPS_TRAINED_COUNTER] += item.count
-        metrics.counters[AGENT_STEPS_TRAINED_COUNTER] += item.count
+        metrics.counters[STEPS_TRAINED_COUNTER] += item.steps
+        metrics.counters[AGENT_STEPS_TRAINED_COUNTER] += item.steps
         if self.update_all:
             broadcast_weights(self.workers, [self.policy_id])
         else:
@@ -234,7 +227,10 @@ class UpdateTargetNetwork:
         if now - metrics.counters[LAST_TARGET_UPDATE_TS] >= self.target_update_freq:
             with self.lock:
                 for pid in self.policies:
-                    local_policy(self.workers, pid, TargetNetworkPolicy, "UpdateTargetNetwork").update_target(self.tau)
+                    policy = self.workers.local_worker().get_policy(pid)
+                    if not isinstance(policy, TargetNetworkPolicy):
+                        raise _needs("UpdateTargetNetwork", "policies with a target network", pid, policy)
+                    policy.update_target(self.tau)
             metrics.counters[NUM_TARGET_UPDATES] += 1
             metrics.counters[LAST_TARGET_UPDATE_TS] = now
         return item
@@ -255,7 +251,9 @@ class UpdateKL:
 
     def __call__(self, item: Trained | Learned) -> Trained | Learned:
         for pid, stats in item.info.items():
-            policy = local_policy(self.workers, pid, CoefficientPolicy, "UpdateKL")
+            policy = self.workers.local_worker().get_policy(pid)
+            if not isinstance(policy, CoefficientPolicy):
+                raise _needs("UpdateKL", "policies with loss coefficients (coeffs)", pid, policy)
             kl, target = stats.get("kl"), float(policy.config.kl_target)
             if kl is None or policy.coeffs[KL_COEFF] == 0:
                 continue
