@@ -27,6 +27,7 @@ from flowrl.actors.rollout_worker import RolloutWorker, get_global_worker
 from flowrl.actors.sampler import EpisodeStats
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.envs.episodes import run_episode
+from flowrl.envs.multi_agent import MultiAgentEnv
 from flowrl.errors import ConfigError, FlowRLError
 from flowrl.policy.perturbable import FlatActor, PerturbableModel, RunningStats, flat_parameters
 
@@ -184,7 +185,8 @@ class PerturbationEvaluator:
         eval_prob: float,
         collect_obs_stats: bool,
     ) -> None:
-        if getattr(worker, "multi_agent", False):
+        env = worker.envs[0]
+        if getattr(worker, "multi_agent", False) or isinstance(env, MultiAgentEnv):
             raise FlowRLError("ES and ARS evaluate single-agent envs only; this rollout worker's env is multi-agent")
         self.worker = worker
         self.policy = worker.get_policy(DEFAULT_POLICY_ID)
@@ -194,7 +196,7 @@ class PerturbationEvaluator:
                 f"perturbation rollouts need a policy over a PerturbableModel (ES/ARS policies), got {type(model).__name__}"
             )
         self.model = model
-        self.env = worker.envs[0]
+        self.env = env
         self.noise = noise
         self.noise_stdev = float(noise_stdev)
         self.eval_prob = float(eval_prob)

@@ -129,12 +129,12 @@ class VectorSampler:
             self.obs[:] = new_obs
             self.episode_rewards += step_rewards
             self.ts += 1
-            for i in np.flatnonzero(step_terms | step_truncs):
-                self.finished.append(EpisodeStats(float(self.episode_rewards[i]), int(self.ts[i])))
-                self.episode_rewards[i] = 0.0
-                self.ts[i] = 0
-                self.eps_ids[i] = self._new_episode_id()
-                self.obs[i] = self.envs[i].reset()[0]
+            for env_index in np.flatnonzero(step_terms | step_truncs):
+                self.finished.append(EpisodeStats(float(self.episode_rewards[env_index]), int(self.ts[env_index])))
+                self.episode_rewards[env_index] = 0.0
+                self.ts[env_index] = 0
+                self.eps_ids[env_index] = self._new_episode_id()
+                self.obs[env_index] = self.envs[env_index].reset()[0]
         self.steps_sampled += T * n
         assert actions_buf is not None
         columns: dict[str, np.ndarray] = {

@@ -46,6 +46,12 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def _is_real(value: Any) -> bool:
+    # A helper rather than an inline isinstance: narrowing to numbers.Real would leave a value
+    # that mypy cannot compare or pass to NumPy (the numbers ABCs declare no usable operators).
+    return isinstance(value, numbers.Real)
+
+
 def _check_capacity(capacity: Any) -> int:
     if not _is_int(capacity) or capacity < 1:
         raise ReplayBufferError(f"capacity must be an integer >= 1, got {capacity!r}")
@@ -53,13 +59,13 @@ def _check_capacity(capacity: Any) -> int:
 
 
 def _check_alpha(alpha: Any) -> float:
-    if not isinstance(alpha, numbers.Real) or not np.isfinite(alpha) or alpha < 0:
+    if not _is_real(alpha) or not np.isfinite(alpha) or alpha < 0:
         raise ReplayBufferError(f"prioritized_replay_alpha must be a finite number >= 0, got {alpha!r}")
     return float(alpha)
 
 
 def _check_beta(beta: Any) -> float:
-    if not isinstance(beta, numbers.Real) or not 0 <= beta <= 1:
+    if not _is_real(beta) or not 0 <= beta <= 1:
         raise ReplayBufferError(f"prioritized_replay_beta must be in [0, 1], got {beta!r}")
     return float(beta)
 
@@ -123,10 +129,11 @@ class ReplayBuffer:
         self._num_added += count
         return (start + np.arange(kept, dtype=np.int64)) % self.capacity
 
-    def _allocate(self, columns: Mapping[str, np.ndarray]) -> None:
+    def _allocate(self, columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self._storage = {
             key: np.zeros((self.capacity, *array.shape[1:]), dtype=array.dtype) for key, array in columns.items()
         }
+        return self._storage
 
     def _check_columns(self, columns: Mapping[str, np.ndarray]) -> None:
         assert self._storage is not None
@@ -233,11 +240,11 @@ class ReplayBuffer:
         self._storage, self._next_idx, self._size = None, 0, 0
         if contents is not None and int(contents["size"]) > 0:
             columns = {key: np.asarray(value) for key, value in contents["columns"].items()}
-            self._allocate(columns)
-            assert self._storage is not None
+            # Through the returned dict: mypy still holds self._storage as the None assigned above.
+            storage = self._allocate(columns)
             size = int(contents["size"])
             for key, array in columns.items():
-                self._storage[key][:size] = array
+                storage[key][:size] = array
             self._size = size
             self._next_idx = int(contents["next_idx"])
 
@@ -419,7 +426,7 @@ class LocalReplayBuffer:
         if not _is_int(replay_batch_size) or replay_batch_size < 1:
             problems.append(f"replay_batch_size must be an integer >= 1, got {replay_batch_size!r}")
         eps = prioritized_replay_eps
-        if not isinstance(eps, numbers.Real) or not np.isfinite(eps) or eps <= 0:
+        if not _is_real(eps) or not np.isfinite(eps) or eps <= 0:
             problems.append(f"prioritized_replay_eps must be a finite number > 0, got {eps!r}")
         if problems:
             raise ReplayBufferError("invalid LocalReplayBuffer arguments: " + "; ".join(problems))

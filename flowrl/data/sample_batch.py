@@ -76,10 +76,10 @@ class SampleBatch(dict):
         """Agent steps in the batch (its rows: one agent)."""
         return self.count
 
-    def __len__(self) -> int:  # type: ignore[override]
+    def __len__(self) -> int:
         return self.count
 
-    def __getitem__(self, key: str | slice) -> Any:  # type: ignore[override]
+    def __getitem__(self, key: str | slice) -> Any:
         if isinstance(key, slice):
             if key.step not in (None, 1):
                 raise ValueError(f"SampleBatch slices must be contiguous, got step {key.step}")
@@ -87,7 +87,7 @@ class SampleBatch(dict):
             return self.slice(start, stop)
         return super().__getitem__(key)
 
-    def copy(self) -> "SampleBatch":  # type: ignore[override]
+    def copy(self) -> "SampleBatch":
         """A copy whose arrays are copied too."""
         return SampleBatch({k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in self.items()})
 
@@ -172,16 +172,21 @@ def concat_samples(batches: Sequence[SampleBatch | "MultiAgentBatch"]) -> Any:
     if not batches:
         return SampleBatch()
     if isinstance(batches[0], MultiAgentBatch):
-        return MultiAgentBatch.concat_samples(batches)  # type: ignore[arg-type]
-    keys = list(batches[0].keys())
-    for b in batches[1:]:
-        if set(b.keys()) != set(keys):
-            raise ValueError(f"cannot concatenate batches with different columns: {sorted(keys)} vs {sorted(b.keys())}")
+        return MultiAgentBatch.concat_samples(batches)
+    sample_batches: list[SampleBatch] = []
+    for b in batches:
+        if not isinstance(b, SampleBatch):
+            raise ValueError(f"cannot concatenate a SampleBatch with {type(b).__name__}")
+        sample_batches.append(b)
+    keys = list(sample_batches[0].keys())
+    for sb in sample_batches[1:]:
+        if set(sb.keys()) != set(keys):
+            raise ValueError(f"cannot concatenate batches with different columns: {sorted(keys)} vs {sorted(sb.keys())}")
     def column(b: SampleBatch, key: str) -> np.ndarray:
         value = dict.__getitem__(b, key)
         return decompress_array(value) if isinstance(value, CompressedColumn) else value
 
-    return SampleBatch({k: np.concatenate([column(b, k) for b in batches]) for k in keys})
+    return SampleBatch({k: np.concatenate([column(b, k) for b in sample_batches]) for k in keys})
 
 
 class MultiAgentBatch:
@@ -216,8 +221,8 @@ class MultiAgentBatch:
         return MultiAgentBatch(policy_batches, env_steps)
 
     @staticmethod
-    def concat_samples(batches: Sequence["MultiAgentBatch"]) -> "MultiAgentBatch":
-        """Concatenate policy by policy; env steps add up."""
+    def concat_samples(batches: Sequence["SampleBatch | MultiAgentBatch"]) -> "MultiAgentBatch":
+        """Concatenate policy by policy; env steps add up. Raises ValueError unless all are MultiAgentBatches."""
         per_policy: dict[str, list[SampleBatch]] = {}
         for b in batches:
             if not isinstance(b, MultiAgentBatch):

@@ -24,6 +24,13 @@ import numpy as np
 __all__ = ["MinSegmentTree", "SegmentTree", "SumSegmentTree"]
 
 
+def _is_integer(value: object) -> bool:
+    # Takes ``object`` so the check does not narrow an ``int`` to "int and numbers.Integral",
+    # which mypy deems impossible (marking the rest of the caller unreachable); NumPy integers
+    # count, bools do not.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 class SegmentTree:
     """A complete binary tree of float64 values reduced by an associative ``operation``.
 
@@ -35,7 +42,7 @@ class SegmentTree:
     """
 
     def __init__(self, capacity: int, operation: Callable[[Any, Any], Any], neutral_element: float) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) or capacity < 1:
+        if not _is_integer(capacity) or capacity < 1:
             raise ValueError(f"segment tree capacity must be an integer >= 1, got {capacity!r}")
         self.capacity = int(capacity)
         self._size = 1 << (self.capacity - 1).bit_length()  # next power of two >= capacity

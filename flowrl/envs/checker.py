@@ -210,8 +210,8 @@ def _check_obs(obs: Any, space: spaces.Space, method: str, obs_name: str, space_
         bad = np.argwhere((array != 0) & (array != 1))
         if len(bad):
             index = tuple(bad[0])
-            value = _short(array[index])
-            raise fail(f"with {_at(obs_name, index)}={value}, but {space_name} is {space}: values must be 0 or 1")
+            shown = _short(array[index])
+            raise fail(f"with {_at(obs_name, index)}={shown}, but {space_name} is {space}: values must be 0 or 1")
     elif isinstance(space, spaces.Dict):
         if not isinstance(obs, dict) or set(obs) != set(space.spaces):
             keys = sorted(map(str, obs)) if isinstance(obs, dict) else None

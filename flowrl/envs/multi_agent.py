@@ -23,24 +23,31 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Hashable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import gymnasium
 from gymnasium import spaces
 
 AgentID = Hashable
+"""Any agent id, of any env."""
 
-class MultiAgentEnv(abc.ABC):
+AgentIDT = TypeVar("AgentIDT", bound=Hashable)
+"""The agent-id type of one env (``int``, ``str``, ...): :class:`MultiAgentEnv` is generic in it."""
+
+
+class MultiAgentEnv(abc.ABC, Generic[AgentIDT]):
     """Base class for a multi-agent env with PettingZoo's Parallel API (see the module docstring).
 
     Subclasses set ``possible_agents`` in ``__init__`` and ``agents`` in ``reset`` (and shrink it
     in ``step``), and implement the four abstract methods. Subclassing is optional: flowrl accepts
-    any object with this API, PettingZoo ``ParallelEnv`` s included.
+    any object with this API, PettingZoo ``ParallelEnv`` s included. Like PettingZoo's
+    ``ParallelEnv``, the class is generic in its agent-id type: an env whose agents are ``0 .. n-1``
+    subclasses ``MultiAgentEnv[int]`` and takes ``agent: int`` in its space methods.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
-    possible_agents: list[AgentID]
-    agents: list[AgentID]
+    possible_agents: list[AgentIDT]
+    agents: list[AgentIDT]
 
     @abc.abstractmethod
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
@@ -51,11 +58,11 @@ class MultiAgentEnv(abc.ABC):
         """Apply one action per live agent; return ``(obs, rewards, terminations, truncations, infos)``."""
 
     @abc.abstractmethod
-    def observation_space(self, agent: AgentID) -> spaces.Space:
+    def observation_space(self, agent: AgentIDT) -> spaces.Space:
         """``agent``'s observation space (the same object on every call)."""
 
     @abc.abstractmethod
-    def action_space(self, agent: AgentID) -> spaces.Space:
+    def action_space(self, agent: AgentIDT) -> spaces.Space:
         """``agent``'s action space (the same object on every call, so that seeding it sticks)."""
 
     def close(self) -> None:
@@ -72,7 +79,7 @@ class MultiAgentEnv(abc.ABC):
         return len(self.possible_agents)
 
     @property
-    def unwrapped(self) -> MultiAgentEnv:
+    def unwrapped(self) -> MultiAgentEnv[AgentIDT]:
         return self
 
 

@@ -31,7 +31,7 @@ def _validated_config(env_name: str, env_config: dict | None, defaults: dict[str
     return {key: int(value) for key, value in values.items()}
 
 
-class MultiAgentCartPole(MultiAgentEnv):
+class MultiAgentCartPole(MultiAgentEnv[int]):
     """``num_agents`` independent CartPole-v1 copies, agent ids ``0 .. num_agents - 1``.
 
     ``env_config``: ``{"num_agents": 4}`` (the default). Agent ``i`` leaves ``agents`` when its
@@ -88,7 +88,7 @@ class MultiAgentCartPole(MultiAgentEnv):
             env.close()
 
 
-class CooperativeMatching(MultiAgentEnv):
+class CooperativeMatching(MultiAgentEnv[str]):
     """A two-agent cooperative game: both agents are rewarded for naming the cue they are shown.
 
     Agents ``"agent_0"`` and ``"agent_1"``. Every step one cue is drawn uniformly from
@@ -146,7 +146,7 @@ class CooperativeMatching(MultiAgentEnv):
         rewards = {agent: reward for agent in agents}
         terminations = {agent: done for agent in agents}
         truncations = {agent: False for agent in agents}
-        infos = {agent: {} for agent in agents}
+        infos: dict[str, dict[str, Any]] = {agent: {} for agent in agents}
         if done:
             self.agents = []
         return obs, rewards, terminations, truncations, infos
@@ -184,7 +184,7 @@ def _raise_bad_actions(actions: Any, agents: list) -> NoReturn:
 
 
 # The names the registry resolves before Gymnasium ids; a class is its own picklable creator.
-BUILTIN_MULTI_AGENT_ENVS: dict[str, type[MultiAgentEnv]] = {
+BUILTIN_MULTI_AGENT_ENVS: dict[str, type[MultiAgentEnv[Any]]] = {
     "MultiAgentCartPole": MultiAgentCartPole,
     "CooperativeMatching": CooperativeMatching,
 }

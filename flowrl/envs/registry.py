@@ -35,7 +35,7 @@ from flowrl.envs.multi_agent_envs import BUILTIN_MULTI_AGENT_ENVS
 from flowrl.errors import EnvError, FlowRLError, UnknownEnvError
 
 # A multi-agent env need not subclass MultiAgentEnv (PettingZoo envs don't); is_multi_agent_env decides.
-AnyEnv = Union[gymnasium.Env, MultiAgentEnv]
+AnyEnv = Union[gymnasium.Env, MultiAgentEnv[Any]]
 EnvCreator = Callable[[dict], AnyEnv]
 EnvSpec = Union[str, EnvCreator]
 
@@ -162,7 +162,7 @@ def env_spaces(env: EnvSpec, env_config: dict | None = None) -> tuple[gymnasium.
 
 
 def multi_agent_env_spaces(
-    env: EnvSpec | MultiAgentEnv, env_config: dict | None = None
+    env: EnvSpec | MultiAgentEnv[Any], env_config: dict | None = None
 ) -> dict[AgentID, tuple[gymnasium.spaces.Space, gymnasium.spaces.Space]]:
     """``{agent: (observation_space, action_space)}`` for every possible agent of a multi-agent env.
 
@@ -171,6 +171,12 @@ def multi_agent_env_spaces(
     """
     if is_multi_agent_env(env):
         return multi_agent_spaces(env)
+    if isinstance(env, MultiAgentEnv):
+        # A subclass that does not follow the API it names (is_multi_agent_env is duck-typed).
+        raise EnvError(
+            f"env {env!r} of type {type(env).__name__} subclasses MultiAgentEnv but does not follow "
+            f"the Parallel API (is possible_agents set in __init__?); see flowrl.envs.is_multi_agent_env"
+        )
     instance = make_env(env, env_config)
     try:
         if isinstance(instance, gymnasium.Env):

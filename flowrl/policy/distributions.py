@@ -159,9 +159,15 @@ class SquashedGaussian(DiagGaussian):
                                                           "high": torch.as_tensor(high, dtype=torch.float32)})
 
     def _squash(self, raw: torch.Tensor) -> torch.Tensor:
-        squashed = self.low + (torch.tanh(raw) + 1.0) * 0.5 * (self.high - self.low)
+        low, high = self.low, self.high
+        squashed = low + (torch.tanh(raw) + 1.0) * 0.5 * (high - low)
         # float32 rounding can land one ulp outside the bounds when tanh saturates.
-        return torch.clamp(squashed, self.low, self.high)
+        # torch.clamp takes two tensor bounds or two numbers, never one of each.
+        if isinstance(low, torch.Tensor) and isinstance(high, torch.Tensor):
+            return torch.clamp(squashed, low, high)
+        if isinstance(low, torch.Tensor) or isinstance(high, torch.Tensor):
+            raise TypeError(f"{type(self).__name__} bounds must be both tensors or both numbers, got {low!r} and {high!r}")
+        return torch.clamp(squashed, low, high)
 
     def _unsquash(self, actions: torch.Tensor) -> torch.Tensor:
         unit = 2.0 * (actions - self.low) / (self.high - self.low) - 1.0

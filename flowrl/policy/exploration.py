@@ -71,6 +71,8 @@ class EpsilonGreedy(Exploration):
     values) overrides the schedule.
     """
 
+    action_space: gym.spaces.Discrete  # checked in __init__
+
     def __init__(
         self,
         action_space: gym.Space,

@@ -150,8 +150,9 @@ class MLPEncoder(nn.Module):
 
 def make_encoder(obs_space: gym.Space, config: Mapping[str, Any]) -> CNNEncoder | MLPEncoder:
     """A CNN for image frames, else an MLP, as configured."""
-    if is_image_space(obs_space):
-        return CNNEncoder(obs_space.shape, image_layout(obs_space), config["conv_filters"], config["conv_activation"])
+    layout = image_layout(obs_space)
+    if layout is not None and isinstance(obs_space, gym.spaces.Box):  # image_layout() is None unless a Box
+        return CNNEncoder(obs_space.shape, layout, config["conv_filters"], config["conv_activation"])
     return MLPEncoder(flat_obs_dim(obs_space), config["fcnet_hiddens"], config["fcnet_activation"])
 
 

@@ -102,6 +102,13 @@ class PerturbableModel(nn.Module):
     the output layer at zero (ARS), otherwise it starts small so first actions are near-uniform.
     """
 
+    # Registered buffers: nn.Module's __getattr__ types them as ``Tensor | Module``.
+    obs_count: torch.Tensor
+    obs_mean: torch.Tensor
+    obs_m2: torch.Tensor
+    obs_shift: torch.Tensor
+    obs_scale: torch.Tensor
+
     def __init__(self, obs_dim: int, num_outputs: int, hiddens: Sequence[int], activation: str, zero_init: bool = False) -> None:
         super().__init__()
         if activation not in _NUMPY_ACTIVATIONS:
@@ -109,6 +116,7 @@ class PerturbableModel(nn.Module):
         self.activation = activation
         self.net = mlp(obs_dim, list(hiddens), activation, num_outputs)
         output = self.net[-1]
+        assert isinstance(output, nn.Linear)  # mlp() ends with the out_dim layer
         if zero_init:
             nn.init.zeros_(output.weight)
         else:
@@ -218,8 +226,9 @@ class FlatActor:
         self.activation = _NUMPY_ACTIVATIONS[model.activation]
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.action_shape = action_space.shape
-        box = isinstance(action_space, gym.spaces.Box) and clip_actions
-        self.bounds = (action_space.low, action_space.high) if box else None
+        self.bounds: tuple[np.ndarray, np.ndarray] | None = None
+        if isinstance(action_space, gym.spaces.Box) and clip_actions:
+            self.bounds = (action_space.low, action_space.high)
         self.layers: list[tuple[np.ndarray, np.ndarray]] = []
         self.shift = np.zeros(self.shapes[0][1], dtype=np.float32)
         self.scale = np.ones(self.shapes[0][1], dtype=np.float32)
