@@ -16,6 +16,8 @@ from flowrl.experiment import load_experiment_file
 from flowrl.run import json_safe
 from flowrl.trainer import Trainer
 
+from fakes import checkpoints, progress
+
 # One process, two tiny SGD batches per run: each training iteration takes milliseconds.
 TINY = ["--num-workers", "0", "--set", "train_batch_size=64", "--set", "rollout_fragment_length=32"]
 
@@ -27,14 +29,6 @@ def train(tmp_path: Path, *extra: str) -> int:
 def run_dir(results_dir: Path) -> Path:
     (found,) = [p for p in results_dir.iterdir() if p.is_dir()]
     return found
-
-
-def progress(run: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run / "progress.jsonl").read_text().splitlines()]
-
-
-def checkpoints(run: Path) -> list[str]:
-    return sorted(p.name for p in (run / "checkpoints").iterdir() if not p.name.startswith("."))
 
 
 def args_for(*argv: str) -> Any:

@@ -21,16 +21,10 @@ from flowrl.run import (
     stop_reason,
 )
 
+from fakes import checkpoints, progress
+
 # One process, two tiny SGD batches per iteration: each training iteration takes milliseconds.
 TINY = {"num_workers": 0, "train_batch_size": 64, "rollout_fragment_length": 32, "seed": 0}
-
-
-def progress(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
-
-
-def checkpoints(run_dir: Path) -> list[str]:
-    return sorted(p.name for p in (run_dir / "checkpoints").iterdir() if not p.name.startswith("."))
 
 
 # --- stop criteria (no Ray) --------------------------------------------------------------------------

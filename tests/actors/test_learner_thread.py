@@ -10,26 +10,23 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
-import torch
 
 from flowrl.actors import Learned, LearnerThread, RolloutWorker
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from flowrl.envs import get_env_creator
 from flowrl.errors import FlowRLError, LearnerThreadError
-from flowrl.iterators import EventQueue, FromActor, LocalIterator, NextValueNotReady
+from flowrl.iterators import EventQueue, FromActor, NextValueNotReady
 from flowrl.operators import Concurrently, Dequeue, Enqueue
 from flowrl.policy import LearnOutput, PolicySpec, TorchPolicy
+
+from fakes import bc_loss, from_list
 
 
 def make_batch(n: int) -> SampleBatch:
     """``n`` rows, replayed from rows 100.. of a buffer (``batch_indexes``)."""
     columns = {SampleBatch.OBS: np.zeros((n, 2), np.float32), SampleBatch.REWARDS: np.ones(n, np.float32)}
     return SampleBatch({**columns, "batch_indexes": 100 + np.arange(n)})
-
-
-def from_list(items: list[Any]) -> LocalIterator[Any]:
-    return LocalIterator(lambda timeout: iter(items))
 
 
 class FakeWorker:
@@ -134,11 +131,6 @@ def test_a_custom_learn_fn_gets_the_worker_and_batch_and_its_result_passes_throu
 @pytest.mark.timeout(60)
 def test_learns_on_a_real_rollout_worker(learners: Any) -> None:
     env = gym.make("CartPole-v1")
-
-    def bc_loss(policy: TorchPolicy, model: torch.nn.Module, dist_class: Any, batch: dict[str, torch.Tensor]) -> Any:
-        logits, _ = model(batch[SampleBatch.OBS])
-        return -dist_class(logits).logp(batch[SampleBatch.ACTIONS]).mean(), {}
-
     spec = PolicySpec(TorchPolicy, env.observation_space, env.action_space, TrainerConfig(), {"loss_fn": bc_loss})
     worker = RolloutWorker(
         env_creator=get_env_creator("CartPole-v1"),

@@ -17,6 +17,8 @@ from flowrl.errors import FlowRLError
 from flowrl.policy import PolicySpec, TorchPolicy
 from flowrl.policy.mapping import policy_mapping
 
+from fakes import bc_loss
+
 
 class StaggeredEnv(MultiAgentEnv):
     """Agent 'a' lives 3 steps and 'b' 5; each gets reward 1 (a) or 2 (b) per step; obs = [step, agent]."""
@@ -127,11 +129,6 @@ def test_no_mapping_needs_a_single_policy() -> None:
     with pytest.raises(FlowRLError, match="policy_mapping_fn"):
         policy_mapping(None, ["p1", "p2"])
     assert policy_mapping("flowrl.algorithms.ppo_dqn:even_ppo_odd_dqn", [])(3) == "dqn_policy"
-
-
-def bc_loss(policy: TorchPolicy, model: Any, dist_class: Any, batch: dict[str, Any]) -> Any:
-    logits, _ = model(batch[SampleBatch.OBS])
-    return -dist_class(logits).logp(batch[SampleBatch.ACTIONS]).mean(), {}
 
 
 def test_a_rollout_worker_on_a_multi_agent_env_counts_env_and_agent_steps() -> None:

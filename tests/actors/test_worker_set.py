@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import gymnasium as gym
 import numpy as np
 import pytest
 import ray
-import torch
 
 from flowrl.actors import WorkerSet
 from flowrl.config import TrainerConfig
-from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
+from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.envs import get_env_creator
 from flowrl.errors import EnvCheckError
 from flowrl.iterators import from_actors
 from flowrl.policy import PolicySpec, TorchPolicy
 
+from fakes import bc_loss, weights_of
+
 pytestmark = pytest.mark.usefixtures("ray_session")
-
-
-def bc_loss(policy: TorchPolicy, model: torch.nn.Module, dist_class: Any, batch: dict[str, torch.Tensor]) -> Any:
-    logits, _ = model(batch[SampleBatch.OBS])
-    return -dist_class(logits).logp(batch[SampleBatch.ACTIONS]).mean(), {}
 
 
 def make_workers(num_workers: int = 2, recreate: bool = True) -> WorkerSet:
@@ -37,10 +31,6 @@ def make_workers(num_workers: int = 2, recreate: bool = True) -> WorkerSet:
         num_cpus_per_worker=0.1,
         recreate_failed_workers=recreate,
     )
-
-
-def weights_of(workers: WorkerSet) -> list[dict[str, np.ndarray]]:
-    return workers.foreach_worker(lambda w: w.get_weights()[DEFAULT_POLICY_ID])
 
 
 def assert_same_weights(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -12,10 +12,7 @@ from flowrl.errors import FlowRLError
 from flowrl.iterators import EventQueue, LocalIterator, NextValueNotReady
 from flowrl.operators import Concurrently, Dequeue, Enqueue
 
-
-def from_list(items: Iterable[Any]) -> LocalIterator[Any]:
-    items = list(items)
-    return LocalIterator(lambda timeout: iter(items))
+from fakes import from_list
 
 
 def from_generator(make: Callable[[], Iterator[Any]]) -> LocalIterator[Any]:
@@ -198,13 +195,41 @@ def test_enqueue_on_a_full_queue_yields_not_ready_and_drops_nothing() -> None:
     assert consumed == [0, 1, 2, 3, 4, 5]
 
 
-def test_enqueue_needs_an_event_queue() -> None:
+def test_enqueue_and_dequeue_need_a_queue_they_can_wait_on() -> None:
     import queue
 
     with pytest.raises(FlowRLError, match="EventQueue"):
-        Enqueue(queue.Queue())  # type: ignore[arg-type]
+        Enqueue(queue.SimpleQueue())  # type: ignore[arg-type]
     with pytest.raises(FlowRLError, match="EventQueue"):
-        Dequeue(queue.Queue())  # type: ignore[arg-type]
+        Dequeue([])  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(20)
+def test_standard_queues_as_rllib_flow_plans_pass_them_work_without_polling() -> None:
+    import queue
+
+    inbox: queue.Queue[int] = queue.Queue(maxsize=2)
+    outbox: queue.Queue[int] = queue.Queue()
+    stop = threading.Event()
+
+    def worker() -> None:  # a background thread holding the plain queues, as a learner thread would
+        while not stop.is_set():
+            try:
+                outbox.put(10 * inbox.get(timeout=0.05))
+            except queue.Empty:
+                continue
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    feed = from_list(range(5)).transform(Enqueue(inbox))
+    results = Dequeue(outbox)
+    flow = Concurrently([feed, results], mode="async", output_indexes=[1])
+    try:
+        assert sorted(next(flow) for _ in range(5)) == [0, 10, 20, 30, 40]
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    assert isinstance(inbox, EventQueue) and isinstance(outbox, EventQueue)  # converted in place
 
 
 # --- Dequeue ---

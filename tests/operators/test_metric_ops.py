@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import types
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import pytest
 
@@ -21,20 +21,7 @@ from flowrl.operators import (
 from flowrl.operators import metric_ops
 from flowrl.operators.metric_ops import summarize_episodes
 
-
-def from_list(items: Iterable[Any]) -> LocalIterator[Any]:
-    items = list(items)
-    return LocalIterator(lambda timeout: iter(items))
-
-
-def add_steps(sampled: int = 0, trained: int = 0) -> Callable[[Any], Any]:
-    def fn(item: Any) -> Any:
-        counters = LocalIterator.get_metrics().counters
-        counters[STEPS_SAMPLED_COUNTER] += sampled
-        counters[STEPS_TRAINED_COUNTER] += trained
-        return item
-
-    return fn
+from fakes import FakeWorker, FakeWorkerSet, add_steps, from_list
 
 
 class FakeClock:
@@ -44,36 +31,21 @@ class FakeClock:
     def monotonic(self) -> float:
         return self.now
 
+    def advancing(self, seconds: float) -> Callable[[Any], Any]:
+        """A pass-through step that moves the clock on by ``seconds`` per item."""
+
+        def tick(item: Any) -> Any:
+            self.now += seconds
+            return item
+
+        return tick
+
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock(1000.0)
     monkeypatch.setattr(metric_ops, "time", types.SimpleNamespace(monotonic=fake.monotonic))
     return fake
-
-
-class FakeWorker:
-    def __init__(self, episodes: list[list[tuple[float, int]]]) -> None:
-        self.pending = [[{"episode_reward": r, "episode_length": n} for r, n in batch] for batch in episodes]
-
-    def get_metrics(self) -> list[dict[str, float]]:
-        return self.pending.pop(0) if self.pending else []
-
-
-class FakeWorkerSet:
-    """What CollectMetrics uses of a WorkerSet: foreach_worker, remote_workers, num_worker_restarts."""
-
-    def __init__(self, local: FakeWorker, remotes: list[FakeWorker]) -> None:
-        self.local, self.remotes = local, remotes
-        self.num_worker_restarts = 0
-        self.local_flags: list[bool] = []
-
-    def remote_workers(self) -> list[FakeWorker]:
-        return list(self.remotes)
-
-    def foreach_worker(self, fn: Callable[[Any], Any], local: bool = True) -> list[Any]:
-        self.local_flags.append(local)
-        return ([fn(self.local)] if local else []) + [fn(w) for w in self.remotes]
 
 
 # --- pacing ---
@@ -135,7 +107,7 @@ def test_collect_metrics_smooths_over_the_last_min_history_episodes() -> None:
         FakeWorker([[(20.0, 20)], [(50.0, 50)]]),
     ]
     local = FakeWorker([[(999.0, 999)], [(999.0, 999)]])  # the driver's copy does not sample
-    workers = FakeWorkerSet(local, remotes)
+    workers = FakeWorkerSet(local=local, remotes=remotes)
 
     def train_step(item: Any) -> Any:
         metrics = LocalIterator.get_metrics()
@@ -165,14 +137,14 @@ def test_collect_metrics_smooths_over_the_last_min_history_episodes() -> None:
 
 
 def test_collect_metrics_uses_the_local_worker_when_there_are_no_remote_ones() -> None:
-    workers = FakeWorkerSet(FakeWorker([[(7.0, 7), (9.0, 9)]]), [])
+    workers = FakeWorkerSet(local=FakeWorker([[(7.0, 7), (9.0, 9)]]), remotes=[])
     result = from_list([0]).for_each(CollectMetrics(workers)).take(1)[0]
     assert workers.local_flags == [True]
     assert result["episodes_this_iter"] == 2 and result["episode_reward_mean"] == 8.0
 
 
 def test_collect_metrics_with_no_episodes_reports_nan_and_zero_episodes() -> None:
-    workers = FakeWorkerSet(FakeWorker([]), [FakeWorker([])])
+    workers = FakeWorkerSet(local=FakeWorker([]), remotes=[FakeWorker([])])
     result = from_list([0]).for_each(add_steps(sampled=5)).for_each(CollectMetrics(workers)).take(1)[0]
     assert result["episodes_this_iter"] == 0 and math.isnan(result["episode_reward_mean"])
     assert result["timesteps_total"] == 5
@@ -186,7 +158,7 @@ def reporting_config(**overrides: Any) -> TrainerConfig:
 
 
 def test_standard_metrics_reporting_yields_one_result_per_train_item() -> None:
-    workers = FakeWorkerSet(FakeWorker([]), [FakeWorker([[(1.0, 1)], [(3.0, 3)]])])
+    workers = FakeWorkerSet(local=FakeWorker([]), remotes=[FakeWorker([[(1.0, 1)], [(3.0, 3)]])])
     train_op = from_list(range(4)).for_each(add_steps(sampled=10))
     results = list(StandardMetricsReporting(train_op, workers, reporting_config()))
     assert len(results) == 4
@@ -196,20 +168,15 @@ def test_standard_metrics_reporting_yields_one_result_per_train_item() -> None:
 
 
 def test_standard_metrics_reporting_waits_for_timesteps_per_iteration() -> None:
-    workers = FakeWorkerSet(FakeWorker([]), [FakeWorker([])])
+    workers = FakeWorkerSet(local=FakeWorker([]), remotes=[FakeWorker([])])
     train_op = from_list(range(10)).for_each(add_steps(sampled=10))
     results = list(StandardMetricsReporting(train_op, workers, reporting_config(timesteps_per_iteration=25)))
     assert [r["timesteps_total"] for r in results] == [30, 60, 90]
 
 
 def test_standard_metrics_reporting_waits_for_min_iter_time_between_results(clock: FakeClock) -> None:
-    workers = FakeWorkerSet(FakeWorker([]), [FakeWorker([])])
-
-    def tick(item: Any) -> Any:
-        clock.now += 2.0
-        return item
-
-    train_op = from_list(range(12)).for_each(add_steps(sampled=1)).for_each(tick)
+    workers = FakeWorkerSet(local=FakeWorker([]), remotes=[FakeWorker([])])
+    train_op = from_list(range(12)).for_each(add_steps(sampled=1)).for_each(clock.advancing(2.0))
     results = list(StandardMetricsReporting(train_op, workers, reporting_config(min_iter_time_s=5)))
     steps = [r["timesteps_total"] for r in results]
     # After the first result, one every 3 items (6 s of fake time >= 5 s).
@@ -217,13 +184,8 @@ def test_standard_metrics_reporting_waits_for_min_iter_time_between_results(cloc
 
 
 def test_the_first_iteration_also_lasts_min_iter_time(clock: FakeClock) -> None:
-    workers = FakeWorkerSet(FakeWorker([]), [FakeWorker([])])
-
-    def tick(item: Any) -> Any:
-        clock.now += 2.0
-        return item
-
-    train_op = from_list(range(6)).for_each(add_steps(sampled=1)).for_each(tick)
+    workers = FakeWorkerSet(local=FakeWorker([]), remotes=[FakeWorker([])])
+    train_op = from_list(range(6)).for_each(add_steps(sampled=1)).for_each(clock.advancing(2.0))
     results = StandardMetricsReporting(train_op, workers, reporting_config(min_iter_time_s=5))
     first = next(results)
     # Items at 1002 (the clock starts), 1004, 1006, 1008: the first result needs 4 items (6 s >= 5 s).

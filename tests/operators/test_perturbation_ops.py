@@ -18,7 +18,6 @@ from flowrl.algorithms.es import ESConfig, es_gradient, make_es_policy
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.envs import get_env_creator
 from flowrl.errors import ConfigError
-from flowrl.iterators import LocalIterator
 from flowrl.operators import STEPS_SAMPLED_COUNTER
 from flowrl.actors.perturbation import NoiseTable, PerturbationEvaluator, PerturbationResult
 from flowrl.envs.episodes import run_episode
@@ -32,6 +31,8 @@ from flowrl.operators.perturbation_ops import (
 )
 from flowrl.policy import Policy
 from flowrl.policy.perturbable import FlatActor, RunningStats, ascend, flat_parameters
+
+from fakes import from_list
 
 
 def result_of(indices: list[int], returns: list[tuple[float, float]], length: int = 10, **kwargs: Any) -> PerturbationResult:
@@ -323,7 +324,7 @@ def test_update_observation_filter_merges_into_the_model_buffers() -> None:
 
 
 def test_count_perturbation_steps_counts_every_env_step() -> None:
-    it = LocalIterator(lambda timeout: iter([result_of([0, 1], [(1, 1), (1, 1)], length=10, eval_episodes=1, eval_steps=4)]))
+    it = from_list([result_of([0, 1], [(1, 1), (1, 1)], length=10, eval_episodes=1, eval_steps=4)])
     list(it.for_each(count_perturbation_steps))
     counters = it.shared_metrics.get().counters
     assert counters[STEPS_SAMPLED_COUNTER] == 44

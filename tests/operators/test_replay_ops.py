@@ -16,6 +16,8 @@ from flowrl.actors import Learned
 from flowrl.operators import Trained
 from flowrl.operators.replay_ops import Replay, StoreToReplayBuffer, ThrottleSampling, UpdatePriorities
 
+from fakes import from_list
+
 
 def batch(n: int, start: int = 0) -> SampleBatch:
     return SampleBatch(obs=np.arange(start, start + n, dtype=np.float32)[:, None], rewards=np.ones(n, np.float32))
@@ -43,7 +45,7 @@ def test_update_priorities_uses_td_errors_and_keeps_them_out_of_the_info() -> No
     buffer.add_batch(batch(8))
     replayed = buffer.replay()
     trained = Trained(replayed, {"default_policy": {"loss": 1.0}}, {"default_policy": (replayed["batch_indexes"], np.full(4, 5.0))})
-    out = LocalIterator(lambda timeout: iter([trained])).for_each(UpdatePriorities(local_buffer=buffer))
+    out = from_list([trained]).for_each(UpdatePriorities(local_buffer=buffer))
     new_info = next(out).info
     assert "td_error" not in new_info["default_policy"]
     prioritized = buffer.buffers["default_policy"]
@@ -65,7 +67,7 @@ def test_update_priorities_sends_a_learners_priorities_to_the_shard_the_batch_ca
     shard, other = RecordingShard(), RecordingShard()
     priorities = {"default_policy": (np.arange(3), np.ones(3))}
     items = [Learned(shard, {"default_policy": {"loss": 1.0}}, 3, priorities), Learned(other, {}, 3)]
-    out = LocalIterator(lambda timeout: iter(items)).for_each(UpdatePriorities())
+    out = from_list(items).for_each(UpdatePriorities())
     assert [next(out), next(out)] == items  # pass-through
     assert shard.calls == [priorities] and other.calls == []  # nothing to send for a batch without TD errors
     with pytest.raises(FlowRLError, match="source is a replay shard"):

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 import pytest
 
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from flowrl.errors import FlowRLError
-from flowrl.iterators import LocalIterator
 from flowrl.operators import (
     AGENT_STEPS_SAMPLED_COUNTER,
     STEPS_SAMPLED_COUNTER,
@@ -19,10 +18,7 @@ from flowrl.operators import (
 )
 from flowrl.operators.rollout_ops import count_steps_sampled
 
-
-def from_list(items: Iterable[Any]) -> LocalIterator[Any]:
-    items = list(items)
-    return LocalIterator(lambda timeout: iter(items))
+from fakes import from_list
 
 
 def batch_of(ids: Iterable[int]) -> SampleBatch:

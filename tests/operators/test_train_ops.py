@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
-
 import numpy as np
 import pytest
 
@@ -23,73 +21,9 @@ from flowrl.operators import (
     TrainOneStep,
     UpdateTargetNetwork,
 )
-from flowrl.policy import LearnOutput
 from flowrl.policy.sgd import minibatch_sgd
 
-
-def from_list(items: Iterable[Any]) -> LocalIterator[Any]:
-    items = list(items)
-    return LocalIterator(lambda timeout: iter(items))
-
-
-def id_batch(n: int) -> SampleBatch:
-    return SampleBatch({"id": np.arange(n), SampleBatch.REWARDS: np.ones(n, np.float32)})
-
-
-class FakePolicy:
-    """Records every learn_on_batch call; stats are the call number so their mean is known."""
-
-    def __init__(self) -> None:
-        self.calls: list[np.ndarray] = []
-        self.grads_applied: list[Any] = []
-        self.target_updates = 0
-
-    def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
-        self.calls.append(np.array(batch["id"]))
-        return {"loss": float(len(self.calls)), "rows": float(batch.count)}
-
-    def learn(self, batch: SampleBatch) -> LearnOutput:
-        return LearnOutput(self.learn_on_batch(batch))
-
-    def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, float]]:
-        return [np.full(2, float(batch.count))], {"grad_loss": 1.5}
-
-    def update_target(self, tau: float = 1.0) -> None:
-        self.target_updates += 1
-        self.last_tau = tau
-
-
-class FakeLocalWorker:
-    def __init__(self, policies: dict[str, FakePolicy]) -> None:
-        self.policy_map = policies
-        self.applied: list[tuple[list[np.ndarray], str]] = []
-
-    def get_policy(self, pid: str = DEFAULT_POLICY_ID) -> FakePolicy:
-        return self.policy_map[pid]
-
-    def compute_gradients(self, batch: SampleBatch, policy_id: str = DEFAULT_POLICY_ID) -> Any:
-        return self.policy_map[policy_id].compute_gradients(batch)
-
-    def apply_gradients(self, grads: list[np.ndarray], policy_id: str = DEFAULT_POLICY_ID) -> None:
-        self.applied.append((grads, policy_id))
-
-    def get_weights(self, policies: list[str] | None = None) -> dict[str, Any]:
-        return {pid: {"w": np.zeros(1)} for pid in (policies or self.policy_map)}
-
-
-class FakeWorkerSet:
-    def __init__(self, *pids: str) -> None:
-        self.local = FakeLocalWorker({pid: FakePolicy() for pid in (pids or (DEFAULT_POLICY_ID,))})
-        self.syncs: list[tuple[Any, Any]] = []
-
-    def local_worker(self) -> FakeLocalWorker:
-        return self.local
-
-    def trainable_policies(self) -> list[str]:
-        return list(self.local.policy_map)
-
-    def sync_weights(self, policies: list[str] | None = None, global_vars: Any = None) -> None:
-        self.syncs.append((policies, global_vars))
+from fakes import FakePolicy, FakeWorkerSet, add_steps, from_list, id_batch
 
 
 # --- minibatch_sgd ---
@@ -233,16 +167,6 @@ def test_apply_gradients_to_the_source_worker_needs_a_source_actor() -> None:
 
 
 # --- UpdateTargetNetwork ---
-
-
-def add_steps(sampled: int = 0, trained: int = 0) -> Any:
-    def fn(item: Any) -> Any:
-        counters = LocalIterator.get_metrics().counters
-        counters[STEPS_SAMPLED_COUNTER] += sampled
-        counters[STEPS_TRAINED_COUNTER] += trained
-        return item
-
-    return fn
 
 
 def test_update_target_network_every_target_update_freq_sampled_steps() -> None:

@@ -6,7 +6,7 @@ weights first make every copy equal.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Iterator
 
 import gymnasium as gym
 import numpy as np
@@ -18,7 +18,7 @@ from flowrl.algorithms import get_algorithm
 from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
 from flowrl.envs import get_env_creator
 from flowrl.errors import FlowRLError
-from flowrl.iterators import LocalIterator, ParallelIterator
+from flowrl.iterators import ParallelIterator
 from flowrl.operators import (
     LEARNER_INFO,
     STEPS_SAMPLED_COUNTER,
@@ -30,6 +30,8 @@ from flowrl.operators import (
     ParallelRollouts,
     TrainOneStep,
 )
+
+from fakes import from_list, weights_of
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
@@ -66,16 +68,8 @@ def local_only(ray_session: None) -> Iterator[WorkerSet]:
     ws.stop()
 
 
-def all_weights(ws: WorkerSet) -> list[dict[str, np.ndarray]]:
-    return ws.foreach_worker(lambda w: w.get_weights()[DEFAULT_POLICY_ID])
-
-
 def same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
     return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
-
-
-def from_list(items: list[Any]) -> LocalIterator[Any]:
-    return LocalIterator(lambda timeout: iter(items))
 
 
 # --- ParallelRollouts ---
@@ -144,7 +138,7 @@ def test_train_one_step_learns_locally_and_broadcasts_weights(workers: WorkerSet
     assert set(info) == {DEFAULT_POLICY_ID} and "vf_loss" in info[DEFAULT_POLICY_ID]
     assert metrics.info[LEARNER_INFO] == info
     assert metrics.timers["learn"].count == 1 and metrics.timers["update"].count == 1
-    weights = all_weights(workers)
+    weights = weights_of(workers)
     assert not same(weights[0], before)  # it learned
     assert all(same(weights[0], remote) for remote in weights[1:])  # and every worker has the result
 
@@ -188,13 +182,13 @@ def test_async_gradients_count_agent_steps_sampled_too(workers: WorkerSet) -> No
 
 def test_apply_gradients_to_the_source_worker_only(workers: WorkerSet) -> None:
     workers.sync_weights()
-    before = all_weights(workers)
+    before = weights_of(workers)
     assert all(same(before[0], w) for w in before[1:])
     flow = AsyncGradients(workers).for_each(ApplyGradients(workers, update_all=False))
     next(flow)
     source = flow.shared_metrics.get().current_actor
     assert flow.shared_metrics.get().counters[STEPS_TRAINED_COUNTER] == FRAGMENT
-    after = all_weights(workers)
+    after = weights_of(workers)
     assert not same(after[0], before[0])  # the local policy applied the gradients
     remotes = workers.remote_workers()
     for worker, weights in zip(remotes, after[1:]):
@@ -215,7 +209,7 @@ def test_compute_then_apply_gradients_updates_every_worker(workers: WorkerSet) -
     apply_flow = from_list([ComputedGradients(averaged, total)]).for_each(ApplyGradients(workers, update_all=True))
     next(apply_flow)
     assert apply_flow.shared_metrics.get().counters[STEPS_TRAINED_COUNTER] == total
-    weights = all_weights(workers)
+    weights = weights_of(workers)
     assert not same(weights[0], before)
     assert all(same(weights[0], remote) for remote in weights[1:])
 

@@ -1,0 +1,174 @@
+"""Test doubles and small builders shared by the test modules.
+
+Imported as ``fakes``: setup.cfg's ``pythonpath = tests`` puts this directory on the path.
+Everything here runs without Ray; a stand-in keeps only what the operators under test use
+of the real object (a :class:`~flowrl.actors.WorkerSet`, a rollout worker, a policy).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import cloudpickle
+import numpy as np
+import ray.cloudpickle
+import torch
+
+from flowrl.actors import WorkerSet
+from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
+from flowrl.iterators import LocalIterator
+from flowrl.operators import STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER
+from flowrl.policy import LearnOutput, TorchPolicy
+
+# Ray's worker processes cannot import this module (pytest's ``pythonpath`` reaches only the
+# test process), so a function from here sent to them, such as bc_loss in a PolicySpec,
+# travels by value rather than by name.
+for _pickler in (ray.cloudpickle, cloudpickle):
+    _pickler.register_pickle_by_value(sys.modules[__name__])
+
+# --- dataflow builders ---
+
+
+def from_list(items: Iterable[Any]) -> LocalIterator[Any]:
+    """A local iterator over ``items``, copied first so that a generator can be passed too."""
+    items = list(items)
+    return LocalIterator(lambda timeout: iter(items))
+
+
+def add_steps(sampled: int = 0, trained: int = 0) -> Callable[[Any], Any]:
+    """A pass-through step that adds to the plan's sampled and trained step counters, as rollouts and training do."""
+
+    def fn(item: Any) -> Any:
+        counters = LocalIterator.get_metrics().counters
+        counters[STEPS_SAMPLED_COUNTER] += sampled
+        counters[STEPS_TRAINED_COUNTER] += trained
+        return item
+
+    return fn
+
+
+def id_batch(n: int) -> SampleBatch:
+    """``n`` rows numbered 0..n-1 in an ``id`` column, with a reward of 1 each."""
+    return SampleBatch({"id": np.arange(n), SampleBatch.REWARDS: np.ones(n, np.float32)})
+
+
+# --- losses ---
+
+
+def bc_loss(policy: TorchPolicy, model: torch.nn.Module, dist_class: Any, batch: dict[str, torch.Tensor]) -> Any:
+    """Behaviour cloning with no stats: minimise the negative log-likelihood of the batch's actions."""
+    logits, _ = model(batch[SampleBatch.OBS])
+    return -dist_class(logits).logp(batch[SampleBatch.ACTIONS]).mean(), {}
+
+
+# --- workers without Ray ---
+
+
+class FakePolicy:
+    """Records every learn_on_batch call; stats are the call number so their mean is known."""
+
+    def __init__(self) -> None:
+        self.calls: list[np.ndarray] = []
+        self.grads_applied: list[Any] = []
+        self.target_updates = 0
+
+    def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
+        self.calls.append(np.array(batch["id"]))
+        return {"loss": float(len(self.calls)), "rows": float(batch.count)}
+
+    def learn(self, batch: SampleBatch) -> LearnOutput:
+        return LearnOutput(self.learn_on_batch(batch))
+
+    def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, float]]:
+        return [np.full(2, float(batch.count))], {"grad_loss": 1.5}
+
+    def update_target(self, tau: float = 1.0) -> None:
+        self.target_updates += 1
+        self.last_tau = tau
+
+
+class FakeWorker:
+    """A rollout worker: a :class:`FakePolicy` per policy id, the gradients applied, and scripted episodes.
+
+    ``episodes`` holds one list of ``(reward, length)`` episodes per ``get_metrics()`` call;
+    once they run out, a call reports none.
+    """
+
+    def __init__(
+        self, episodes: Sequence[Sequence[tuple[float, int]]] = (), *, policy_ids: Iterable[str] = (DEFAULT_POLICY_ID,)
+    ) -> None:
+        self.policy_map = {pid: FakePolicy() for pid in policy_ids}
+        self.applied: list[tuple[list[np.ndarray], str]] = []
+        self.pending = [[{"episode_reward": r, "episode_length": n} for r, n in batch] for batch in episodes]
+
+    def get_policy(self, pid: str = DEFAULT_POLICY_ID) -> FakePolicy:
+        return self.policy_map[pid]
+
+    def compute_gradients(self, batch: SampleBatch, policy_id: str = DEFAULT_POLICY_ID) -> Any:
+        return self.policy_map[policy_id].compute_gradients(batch)
+
+    def apply_gradients(self, grads: list[np.ndarray], policy_id: str = DEFAULT_POLICY_ID) -> None:
+        self.applied.append((grads, policy_id))
+
+    def get_weights(self, policies: list[str] | None = None) -> dict[str, Any]:
+        return {pid: {"w": np.zeros(1)} for pid in (policies or self.policy_map)}
+
+    def get_metrics(self) -> list[dict[str, float]]:
+        return self.pending.pop(0) if self.pending else []
+
+
+class FakeWorkerSet:
+    """What the operators use of a WorkerSet, recorded: weight syncs and ``foreach_worker``'s ``local`` flags.
+
+    ``FakeWorkerSet("p1", "p2")`` has a local worker with those policies (default: the
+    default policy) and no remote workers; ``local=`` and ``remotes=`` give the workers instead.
+    """
+
+    def __init__(self, *policy_ids: str, local: FakeWorker | None = None, remotes: Sequence[FakeWorker] = ()) -> None:
+        if local is not None and policy_ids:
+            raise ValueError("FakeWorkerSet: give policy ids or a local worker, not both")
+        self.local = local if local is not None else FakeWorker(policy_ids=policy_ids or (DEFAULT_POLICY_ID,))
+        self.remotes = list(remotes)
+        self.num_worker_restarts = 0
+        self.syncs: list[tuple[Any, Any]] = []
+        self.local_flags: list[bool] = []
+
+    def local_worker(self) -> FakeWorker:
+        return self.local
+
+    def remote_workers(self) -> list[FakeWorker]:
+        return list(self.remotes)
+
+    def trainable_policies(self) -> list[str]:
+        return list(self.local.policy_map)
+
+    def sync_weights(self, policies: list[str] | None = None, global_vars: Any = None) -> None:
+        self.syncs.append((policies, global_vars))
+
+    def foreach_worker(self, fn: Callable[[Any], Any], local: bool = True) -> list[Any]:
+        self.local_flags.append(local)
+        return ([fn(self.local)] if local else []) + [fn(w) for w in self.remotes]
+
+
+# --- real worker sets ---
+
+
+def weights_of(workers: WorkerSet) -> list[dict[str, np.ndarray]]:
+    """The default policy's weights on every worker of a (Ray) WorkerSet, the local worker's first."""
+    return workers.foreach_worker(lambda w: w.get_weights()[DEFAULT_POLICY_ID])
+
+
+# --- run directories ---
+
+
+def progress(run_dir: Path) -> list[dict[str, Any]]:
+    """The results a run wrote to its ``progress.jsonl``, one per line."""
+    return [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
+
+
+def checkpoints(run_dir: Path) -> list[str]:
+    """The names of a run's finished checkpoints (hidden, half-written ones left out), sorted."""
+    return sorted(p.name for p in (run_dir / "checkpoints").iterdir() if not p.name.startswith("."))
