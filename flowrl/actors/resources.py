@@ -20,7 +20,7 @@ import ray
 from flowrl.actors.learner_thread import LearnerThread
 from flowrl.actors.replay_actor import create_replay_actors
 from flowrl.data import LocalReplayBuffer
-from flowrl.errors import CheckpointError
+from flowrl.errors import CheckpointError, FlowRLError
 
 if TYPE_CHECKING:
     from flowrl.actors.worker_set import WorkerSet
@@ -70,9 +70,9 @@ class PlanResources:
     """What a plan wires besides its rollout workers; empty for plans that need none.
 
     ``replay_buffer``: a local replay buffer (DQN). ``replay_actors``: replay shard actors
-    (Ape-X). ``learner``: a started learner thread (Ape-X, IMPALA, APPO). ``aggregators``:
-    aggregator actors (IMPALA's tree aggregation). With ``checkpoint_replay_contents`` the
-    replay contents go into checkpoints, not only their counters.
+    (Ape-X). ``learner``: a learner thread (Ape-X, IMPALA, APPO), started here if it was not.
+    ``aggregators``: aggregator actors (IMPALA's tree aggregation). With
+    ``checkpoint_replay_contents`` the replay contents go into checkpoints, not only their counters.
     """
 
     replay_buffer: LocalReplayBuffer | None = None
@@ -80,6 +80,28 @@ class PlanResources:
     learner: LearnerThread | None = None
     aggregators: list[Any] = field(default_factory=list)
     checkpoint_replay_contents: bool = False
+
+    def __post_init__(self) -> None:
+        if self.learner is not None and self.learner.ident is None:
+            self.learner.start()
+
+    def need_replay_buffer(self) -> LocalReplayBuffer:
+        """The local replay buffer; a plan that needs one raises a clear error without it."""
+        if self.replay_buffer is None:
+            raise FlowRLError("this plan replays from a local buffer: declare PlanResources(replay_buffer=...) in make_resources")
+        return self.replay_buffer
+
+    def need_learner(self) -> LearnerThread:
+        """The learner thread; a plan that needs one raises a clear error without it."""
+        if self.learner is None:
+            raise FlowRLError("this plan trains in a learner thread: declare PlanResources(learner=...) in make_resources")
+        return self.learner
+
+    def need_replay_actors(self) -> list[Any]:
+        """The replay shard actors; a plan that needs them raises a clear error without them."""
+        if not self.replay_actors:
+            raise FlowRLError("this plan replays from shard actors: declare PlanResources(replay_actors=...) in make_resources")
+        return self.replay_actors
 
     def stop(self) -> None:
         """Stop the learner thread and kill the actors (idempotent)."""
@@ -144,25 +166,3 @@ def local_replay_buffer(config: ReplayConfig) -> LocalReplayBuffer:
 def replay_shards(config: ReplayConfig, num_shards: int) -> list[Any]:
     """``num_shards`` replay shard actors splitting ``config``'s replay capacity and ``learning_starts``."""
     return create_replay_actors(num_shards, **replay_buffer_args(config))
-
-
-def start_learner(
-    workers: WorkerSet,
-    *,
-    queue_size: int,
-    policies: Sequence[str] | None = None,
-    num_sgd_iter: int = 1,
-    sgd_minibatch_size: int = 0,
-    sequence_length: int = 1,
-) -> LearnerThread:
-    """A started :class:`~flowrl.actors.LearnerThread` learning on the local worker (see its arguments)."""
-    learner = LearnerThread(
-        workers.local_worker(),
-        inqueue_size=queue_size,
-        policies=policies,
-        num_sgd_iter=num_sgd_iter,
-        sgd_minibatch_size=sgd_minibatch_size,
-        sequence_length=sequence_length,
-    )
-    learner.start()
-    return learner

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from flowrl.actors import PlanResources, WorkerSet
-from flowrl.actors.resources import replay_shards, start_learner
+from flowrl.actors import LearnerThread, PlanResources, WorkerSet
+from flowrl.actors.resources import replay_shards
 from flowrl.algorithms.ddpg import DDPGConfig, make_ddpg_policy
 from flowrl.algorithms.dqn import DQNConfig, make_dqn_policy
 from flowrl.algorithms.registry import Algorithm
@@ -71,18 +71,17 @@ class ApexConfig(DQNConfig):
 
 
 def make_resources(workers: WorkerSet, config: ApexConfig) -> PlanResources:
-    """The replay shards and a started learner thread (one gradient step per replayed batch)."""
+    """The replay shards and a learner thread (one gradient step per replayed batch)."""
     return PlanResources(
         replay_actors=replay_shards(config, config.num_replay_shards),
-        learner=start_learner(workers, queue_size=config.learner_queue_size),
+        learner=LearnerThread(workers.local_worker(), inqueue_size=config.learner_queue_size),
         checkpoint_replay_contents=config.store_buffer_in_checkpoints,
     )
 
 
 def execution_plan(workers: WorkerSet, config: ApexConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """Store rollouts || replay into the learner || learner results -> priorities, target updates."""
-    learner, shards = resources.learner, resources.replay_actors
-    assert learner is not None and shards
+    learner, shards = resources.need_learner(), resources.need_replay_actors()
     rollouts = ParallelRollouts(workers, mode="async", num_async=2)
     if config.training_intensity is not None:
         rollouts = rollouts.transform(ThrottleSampling(config.training_intensity, config.learning_starts))

@@ -93,9 +93,9 @@ def make_appo_policy(obs_space: gym.Space, action_space: gym.Space, config: APPO
 
 def execution_plan(workers: WorkerSet, config: APPOConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """IMPALA's train batches -> learner queue || learner results -> target sync -> KL update -> metrics."""
-    assert resources.learner is not None
     enqueue_op, learned = impala.learning_flows(workers, config, resources)
-    sync_target = UpdateTargetNetwork(workers, config.target_update_frequency, counter=NUM_LEARNER_UPDATES, lock=resources.learner.lock)
+    lock = resources.need_learner().lock
+    sync_target = UpdateTargetNetwork(workers, config.target_update_frequency, counter=NUM_LEARNER_UPDATES, lock=lock)
     merged = Concurrently([enqueue_op, learned.for_each(sync_target).for_each(UpdateKL(workers))], mode="async", output_indexes=[1])
     return StandardMetricsReporting(merged, workers, config)
 

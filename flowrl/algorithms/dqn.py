@@ -157,11 +157,7 @@ def make_resources(workers: WorkerSet, config: DQNConfig) -> PlanResources:
 
 
 def training_flow(
-    rollouts: LocalIterator[Any],
-    workers: WorkerSet,
-    config: DQNConfig,
-    buffer: LocalReplayBuffer,
-    policies: Sequence[str] | None = None,
+    rollouts: LocalIterator[Any], workers: WorkerSet, config: DQNConfig, buffer: LocalReplayBuffer, policies: Sequence[str] | None = None
 ) -> LocalIterator[Any]:
     """DQN's learning from a stream of rollouts through ``buffer``: store them || (Replay ->
     TrainOneStep -> UpdatePriorities -> UpdateTargetNetwork), round robin; only ``policies``
@@ -183,9 +179,8 @@ def execution_plan(workers: WorkerSet, config: DQNConfig, resources: PlanResourc
 
     DDPG and TD3 run this same plan with their own policy (soft target updates via ``tau``).
     """
-    assert resources.replay_buffer is not None
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
-    return StandardMetricsReporting(training_flow(rollouts, workers, config, resources.replay_buffer), workers, config)
+    return StandardMetricsReporting(training_flow(rollouts, workers, config, resources.need_replay_buffer()), workers, config)
 
 
 ALGORITHM = Algorithm(

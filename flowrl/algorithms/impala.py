@@ -17,8 +17,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from flowrl.actors import PlanResources, WorkerSet, create_aggregators
-from flowrl.actors.resources import start_learner
+from flowrl.actors import LearnerThread, PlanResources, WorkerSet, create_aggregators
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import TrainerConfig, cfg_field
 from flowrl.data import MultiAgentBatch, SampleBatch
@@ -136,11 +135,11 @@ class TrainBatching:
 
 
 def make_resources(workers: WorkerSet, config: ImpalaConfig) -> PlanResources:
-    """A started learner thread (minibatch epochs that keep fragments whole) and, with
+    """A learner thread (minibatch epochs that keep fragments whole) and, with
     ``num_aggregation_workers``, the aggregator actors over the rollout workers."""
-    learner = start_learner(
-        workers,
-        queue_size=config.learner_queue_size,
+    learner = LearnerThread(
+        workers.local_worker(),
+        inqueue_size=config.learner_queue_size,
         policies=workers.trainable_policies(),
         num_sgd_iter=config.num_sgd_iter,
         sgd_minibatch_size=config.sgd_minibatch_size,
@@ -157,8 +156,7 @@ def make_resources(workers: WorkerSet, config: ImpalaConfig) -> PlanResources:
 def learning_flows(workers: WorkerSet, config: ImpalaConfig, resources: PlanResources) -> LearnerFlows:
     """Train batches (fresh weights back to where each came from) -> the learner thread: the
     enqueue sub-flow and the learner's results. IMPALA's plan, and APPO's with more steps after it."""
-    learner = resources.learner
-    assert learner is not None
+    learner = resources.need_learner()
     if resources.aggregators:
         weights_back = SendWeightsToSource(learner, workers, min_learner_updates=config.broadcast_interval, source_class="AggregatorWorker")
         batches = AggregatedRollouts(workers, resources.aggregators).zip_with_source_actor().for_each(weights_back)
