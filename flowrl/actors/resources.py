@@ -33,22 +33,14 @@ STATE_TIMEOUT_S = 300.0
 class ReplayConfig(Protocol):
     """The replay keys of a config (DQN's and the algorithms built on its replay)."""
 
-    @property
-    def buffer_size(self) -> int: ...
-    @property
-    def learning_starts(self) -> int: ...
-    @property
-    def train_batch_size(self) -> int: ...
-    @property
-    def prioritized_replay(self) -> bool: ...
-    @property
-    def prioritized_replay_alpha(self) -> float: ...
-    @property
-    def prioritized_replay_beta(self) -> float: ...
-    @property
-    def prioritized_replay_eps(self) -> float: ...
-    @property
-    def seed(self) -> int | None: ...
+    buffer_size: int
+    learning_starts: int
+    train_batch_size: int
+    prioritized_replay: bool
+    prioritized_replay_alpha: float
+    prioritized_replay_beta: float
+    prioritized_replay_eps: float
+    seed: int | None
 
 
 def replay_buffer_args(config: ReplayConfig) -> dict[str, Any]:

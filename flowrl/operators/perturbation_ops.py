@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -208,16 +208,11 @@ class BroadcastWeights(Operator):
 class PerturbationSearchConfig(Protocol):
     """The keys :func:`PerturbationSearch` reads (ES's and ARS's shared config)."""
 
-    @property
-    def noise_table_size(self) -> int: ...
-    @property
-    def noise_stdev(self) -> float: ...
-    @property
-    def eval_prob(self) -> float: ...
-    @property
-    def observation_filter(self) -> str: ...
-    @property
-    def seed(self) -> int | None: ...
+    noise_table_size: int
+    noise_stdev: float
+    eval_prob: float
+    observation_filter: Literal["NoFilter", "MeanStdFilter"]
+    seed: int | None
 
 
 C = TypeVar("C", bound=PerturbationSearchConfig)

@@ -20,21 +20,16 @@ from flowrl.policy.torch_policy import TorchPolicy
 class AdvantageConfig(Protocol):
     """The keys :func:`actor_critic_postprocess` reads from a policy's config."""
 
-    @property
-    def gamma(self) -> float: ...
-    @property
-    def lambda_(self) -> float: ...
-    @property
-    def use_gae(self) -> bool: ...
+    gamma: float
+    lambda_: float
+    use_gae: bool
 
 
 class NStepConfig(Protocol):
     """The keys :func:`nstep_postprocess` reads from a policy's config."""
 
-    @property
-    def gamma(self) -> float: ...
-    @property
-    def n_step(self) -> int: ...
+    gamma: float
+    n_step: int
 
 
 def discount_cumsum(x: np.ndarray, gamma: float) -> np.ndarray:

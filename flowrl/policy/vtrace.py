@@ -20,16 +20,11 @@ from flowrl.data import SampleBatch
 class VTraceConfig(Protocol):
     """The keys :func:`batch_vtrace` reads from a policy's config (IMPALA's and APPO's)."""
 
-    @property
-    def rollout_fragment_length(self) -> int: ...
-    @property
-    def gamma(self) -> float: ...
-    @property
-    def vtrace_clip_rho_threshold(self) -> float: ...
-    @property
-    def vtrace_clip_pg_rho_threshold(self) -> float: ...
-    @property
-    def vtrace_clip_c_threshold(self) -> float: ...
+    rollout_fragment_length: int
+    gamma: float
+    vtrace_clip_rho_threshold: float
+    vtrace_clip_pg_rho_threshold: float
+    vtrace_clip_c_threshold: float
 
 
 class VTraceReturns(NamedTuple):
