@@ -159,6 +159,13 @@ def _parse_annotation(cls_name: str, name: str, annotation: Any) -> tuple[tuple[
     return tuple(kinds), tuple(literals), allows_none
 
 
+def field_default(f: dataclasses.Field[Any]) -> Any:
+    """A config field's default value (a fresh copy for dict and list defaults)."""
+    # Not "is not dataclasses.MISSING": a config class that cloudpickle ships by value (one
+    # defined in a script or notebook) arrives in a worker with a copy of that sentinel.
+    return f.default_factory() if callable(f.default_factory) else f.default
+
+
 # Resolved once per config class: annotations and metadata do not change after the class exists.
 _SPECS: dict[type, tuple[_Spec, ...]] = {}
 
@@ -177,7 +184,7 @@ def _resolve_specs(cls: type) -> tuple[_Spec, ...]:
         if meta is None:
             raise TypeError(f"{cls.__name__}.{f.name} must be declared with cfg_field(default, doc)")
         kinds, literals, allows_none = _parse_annotation(cls.__name__, f.name, hints[f.name])
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        default = field_default(f)
         spec = _Spec(f.name, kinds, literals, allows_none, meta, default)
         # A bad default is a bug in the config class, not the user's fault: fail at first use.
         default, found = _check_value(spec, default)

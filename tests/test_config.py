@@ -385,3 +385,21 @@ def test_a_bad_defaults_entry_fails_when_the_class_is_defined(defaults: dict[str
 def test_a_key_in_defaults_and_in_the_class_body_is_refused() -> None:
     with pytest.raises(TypeError, match="Twice.lr is declared in the class body and in defaults"):
         type("Twice", (TrainerConfig,), {"defaults": {"lr": 0.1}, "__annotations__": {"lr": float}, "lr": cfg_field(0.1, "lr")})
+
+
+def test_a_config_class_shipped_by_value_still_validates() -> None:
+    """cloudpickle copies a class defined in a script, notebook or function by value, sentinels included."""
+    import cloudpickle
+
+    def define() -> type[TrainerConfig]:
+        @dataclasses.dataclass(kw_only=True)
+        class Local(TrainerConfig):
+            defaults = {"lr": 0.1}
+
+            hidden: list[int] = cfg_field([8], "Hidden sizes.")
+
+        return Local
+
+    shipped = cloudpickle.loads(cloudpickle.dumps(define()))
+    config = shipped.from_dict({"seed": 1}).frozen()
+    assert config.replace(seed=2).seed == 2 and config.lr == 0.1 and config.hidden == [8]

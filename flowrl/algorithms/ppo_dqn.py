@@ -19,7 +19,7 @@ from flowrl.algorithms import dqn, ppo
 from flowrl.algorithms.dqn import DQNConfig
 from flowrl.algorithms.ppo import PPOConfig
 from flowrl.algorithms.registry import Algorithm
-from flowrl.config import TrainerConfig, cfg_field
+from flowrl.config import TrainerConfig, cfg_field, field_default
 from flowrl.errors import ConfigError
 from flowrl.iterators import LocalIterator
 from flowrl.operators import Concurrently, ParallelRollouts, SelectExperiences, StandardMetricsReporting
@@ -42,10 +42,6 @@ SHARED_KEYS = (
 
 # Keys of the shared config that only the sub-algorithms' configs use.
 LEARNING_KEYS = ("lr", "gamma", "grad_clip", "model", "explore", "exploration_config", "train_batch_size")
-
-
-def _default(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default  # type: ignore[misc]
 
 
 def even_ppo_odd_dqn(agent_id: Hashable) -> str:
@@ -110,7 +106,7 @@ class PPODQNConfig(TrainerConfig):
             problems.append(f"policies_to_train={self.policies_to_train}: ppo_dqn trains both of its policies")
         # Learning keys at the top level would reach neither sub-flow: say where they go.
         for f in dataclasses.fields(TrainerConfig):
-            if f.name in LEARNING_KEYS and getattr(self, f.name) != _default(f):
+            if f.name in LEARNING_KEYS and getattr(self, f.name) != field_default(f):
                 value = getattr(self, f.name)
                 problems.append(f"{f.name}={value!r} applies to neither policy in ppo_dqn; set ppo.{f.name} or dqn.{f.name}")
         for name, sub in (("ppo", self.ppo), ("dqn", self.dqn)):
