@@ -192,15 +192,22 @@ def algorithms_page_plan_lines() -> list[tuple[str, str]]:
 
 
 def plan_source(name: str) -> str:
-    """The source of the algorithm's plan module and of the flowrl.algorithms modules it uses
-    (APPO's plan is IMPALA's, DDPG's is DQN's)."""
+    """The source of the algorithm's plan module, of the flowrl.algorithms modules it uses (APPO's
+    plan is IMPALA's, DDPG's is DQN's), and of the composite operators (functions of
+    flowrl.operators, e.g. PerturbationSearch, LearnInThread) those modules call."""
     module = sys.modules[get_algorithm(name).execution_plan.__module__]
     modules = {module}
     for value in vars(module).values():
         used = value if inspect.ismodule(value) else inspect.getmodule(value)
         if used is not None and used.__name__.startswith("flowrl.algorithms."):
             modules.add(used)
-    return "\n".join(inspect.getsource(m) for m in modules)
+    composites = {
+        value
+        for m in modules
+        for value in vars(m).values()
+        if inspect.isfunction(value) and value.__module__.startswith("flowrl.operators.")
+    }
+    return "\n".join([*(inspect.getsource(m) for m in modules), *(inspect.getsource(f) for f in composites)])
 
 
 def test_algorithms_page_has_a_plan_line_for_every_algorithm() -> None:
@@ -310,7 +317,8 @@ def test_multi_agent_page_ppo_dqn_listing_is_the_code_of_ppo_dqn_py() -> None:
     source = inspect.getsource(ppo_dqn.execution_plan)
     for line in (
         'ppo_rollouts, dqn_rollouts = ParallelRollouts(workers, mode="bulk_sync").duplicate(2)',
-        "dqn.training_flow(dqn_rollouts.for_each(SelectExperiences([DQN_POLICY])), workers, config.dqn_config(), [DQN_POLICY])",
+        "dqn_experience, buffer = dqn_rollouts.for_each(SelectExperiences([DQN_POLICY])), resources.need_replay_buffer()",
+        "dqn.training_flow(dqn_experience, workers, config.dqn_config(), buffer, [DQN_POLICY])",
         "ppo.training_flow(ppo_rollouts.for_each(SelectExperiences([PPO_POLICY])), workers, config.ppo_config(), [PPO_POLICY])",
         'return StandardMetricsReporting(Concurrently([ppo_op, dqn_op], mode="async"), workers, config)',
     ):
