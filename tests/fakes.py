@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -172,3 +173,18 @@ def progress(run_dir: Path) -> list[dict[str, Any]]:
 def checkpoints(run_dir: Path) -> list[str]:
     """The names of a run's finished checkpoints (hidden, half-written ones left out), sorted."""
     return sorted(p.name for p in (run_dir / "checkpoints").iterdir() if not p.name.startswith("."))
+
+
+def is_dead(actor: Any, timeout_s: float = 30.0) -> bool:
+    """Whether ``actor`` dies within ``timeout_s``: ``ray.kill`` is asynchronous, so a call made
+    right after it may still be served; ask until the actor is gone or the time is up."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.ping.remote(), timeout=max(0.1, deadline - time.monotonic()))
+        except ray.exceptions.RayActorError:
+            return True
+        except ray.exceptions.GetTimeoutError:
+            return False
+        time.sleep(0.05)
+    return False
