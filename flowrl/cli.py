@@ -29,6 +29,7 @@ from flowrl.errors import (
     ConfigError,
     EnvError,
     FlowRLError,
+    RunError,
     UnknownAlgorithmError,
 )
 from flowrl.experiment import load_experiment_file, parse_experiment
@@ -53,7 +54,7 @@ if TYPE_CHECKING:  # the Trainer imports torch: load it only when a command need
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
-USAGE_ERRORS = (CLIError, ConfigError, EnvError, UnknownAlgorithmError, CheckpointError)
+USAGE_ERRORS = (CLIError, ConfigError, EnvError, UnknownAlgorithmError, CheckpointError, RunError)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C
 
 

@@ -82,6 +82,11 @@ class UnknownAlgorithmError(FlowRLError):
     """The algorithm name is not registered."""
 
 
+class RunError(FlowRLError):
+    """A run's setup cannot be used: a run directory or its ``params.json``, an experiment file,
+    or stop criteria. The message names the directory or file and what is wrong with it."""
+
+
 class CLIError(FlowRLError):
     """A command-line argument, or a file it names, cannot be used; the message says why and what would work."""
 

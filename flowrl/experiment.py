@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, TypedDict
 
-from flowrl.errors import CLIError
+from flowrl.errors import RunError
 from flowrl.run import parse_stop
 
 # Top-level keys of an experiment file besides flat config keys ("run" is RLlib's name for "algo").
@@ -69,35 +69,35 @@ def _yaml_problem(error: Exception) -> str:
 def load_experiment_file(path: str | os.PathLike[str]) -> Experiment:
     """Read a YAML (``.yaml``, ``.yml``) or JSON (``.json``) experiment file (see :func:`parse_experiment`).
 
-    Raises :class:`CLIError` naming the file and what is wrong with it.
+    Raises :class:`RunError` naming the file and what is wrong with it.
     """
     file = Path(path)
     suffix = file.suffix.lower()
     if suffix not in (".yaml", ".yml", ".json"):
-        raise CLIError(f"--config {str(file)!r}: unknown file type {suffix or '(no extension)'!r}; use .yaml, .yml or .json")
+        raise RunError(f"experiment file {str(file)!r}: unknown file type {suffix or '(no extension)'!r}; use .yaml, .yml or .json")
     try:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise CLIError(f"--config {str(file)!r}: no such file") from None
+        raise RunError(f"experiment file {str(file)!r}: no such file") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise CLIError(f"--config {str(file)!r}: cannot read it ({e})") from None
+        raise RunError(f"experiment file {str(file)!r}: cannot read it ({e})") from None
     if suffix == ".json":
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            raise CLIError(f"--config {str(file)!r} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+            raise RunError(f"experiment file {str(file)!r} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
     else:
         try:
             import yaml
         except ImportError:
-            raise CLIError(
-                f"--config {str(file)!r}: reading YAML needs PyYAML (pip install pyyaml); or write the config as .json"
+            raise RunError(
+                f"experiment file {str(file)!r}: reading YAML needs PyYAML (pip install pyyaml); or write the config as .json"
             ) from None
         try:
             data = _load_yaml(text)
         except yaml.YAMLError as e:
-            raise CLIError(f"--config {str(file)!r} is not valid YAML: {_yaml_problem(e)}") from None
-    return parse_experiment(data, source=f"--config {str(file)!r}")
+            raise RunError(f"experiment file {str(file)!r} is not valid YAML: {_yaml_problem(e)}") from None
+    return parse_experiment(data, source=f"experiment file {str(file)!r}")
 
 
 def parse_experiment(data: Any, source: str = "the config file") -> Experiment:
@@ -106,12 +106,12 @@ def parse_experiment(data: Any, source: str = "the config file") -> Experiment:
     Accepts RLlib's tuned-example layout (``algo`` or ``run``, ``env``, ``stop``, ``config``;
     optionally under one experiment name) and a flat dict of config keys; top-level keys
     that are not experiment keys are config keys. ``source`` names the data in errors
-    (:class:`CLIError`).
+    (:class:`RunError`).
     """
     if data is None:  # an empty file
         data = {}
     if not isinstance(data, Mapping):
-        raise CLIError(f"{source} must hold a mapping of keys to values, not {type(data).__name__}")
+        raise RunError(f"{source} must hold a mapping of keys to values, not {type(data).__name__}")
     if len(data) == 1:
         (name, inner), = data.items()
         if name not in EXPERIMENT_KEYS and isinstance(inner, Mapping) and set(inner) & set(EXPERIMENT_KEYS):
@@ -119,17 +119,17 @@ def parse_experiment(data: Any, source: str = "the config file") -> Experiment:
     data = dict(data)
     algo, run = data.pop("algo", None), data.pop("run", None)
     if algo is not None and run is not None and str(algo).lower() != str(run).lower():
-        raise CLIError(f"{source} names two algorithms: algo={algo!r} and run={run!r}; keep one")
+        raise RunError(f"{source} names two algorithms: algo={algo!r} and run={run!r}; keep one")
     algo = algo if algo is not None else run
     env = data.pop("env", None)
     for key, value in (("algo", algo), ("env", env)):
         if value is not None and not isinstance(value, str):
-            raise CLIError(f"{source}: {key} must be a string, got {value!r} ({type(value).__name__})")
+            raise RunError(f"{source}: {key} must be a string, got {value!r} ({type(value).__name__})")
     stop = parse_stop(data.pop("stop", None) or {}, source)
     config = data.pop("config", None) or {}
     if not isinstance(config, Mapping):
-        raise CLIError(f"{source}: config must be a mapping of config keys to values, not {type(config).__name__}")
+        raise RunError(f"{source}: config must be a mapping of config keys to values, not {type(config).__name__}")
     both = sorted(set(data) & set(config))
     if both:
-        raise CLIError(f"{source} sets {', '.join(map(repr, both))} both at the top level and under 'config'; keep one")
+        raise RunError(f"{source} sets {', '.join(map(repr, both))} both at the top level and under 'config'; keep one")
     return {"algo": algo, "env": env, "stop": stop, "config": {**data, **config}}

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from flowrl.checkpoint import METADATA_FILE, latest_checkpoint
-from flowrl.errors import CheckpointError, CLIError, ConfigError
+from flowrl.errors import CheckpointError, ConfigError, RunError
 
 if TYPE_CHECKING:  # the Trainer imports torch: load it only when a run starts
     from flowrl.trainer import Trainer
@@ -61,15 +61,15 @@ STOP_KEYS = ("episode_reward_mean", "timesteps_total", "training_iteration")
 def parse_stop(stop: Any, source: str) -> dict[str, float]:
     """Check a ``stop`` mapping (keys among :data:`STOP_KEYS`, numeric values); ``source`` names it in errors."""
     if not isinstance(stop, Mapping):
-        raise CLIError(f"{source}: stop must be a mapping like {{training_iteration: 10}}, not {type(stop).__name__}")
+        raise RunError(f"{source}: stop must be a mapping like {{training_iteration: 10}}, not {type(stop).__name__}")
     checked = {}
     for key, value in stop.items():
         if key not in STOP_KEYS:
             close = difflib.get_close_matches(str(key), list(STOP_KEYS), n=1, cutoff=0.5)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise CLIError(f"{source}: unknown stop criterion {key!r}; {hint}valid: {', '.join(STOP_KEYS)}")
+            raise RunError(f"{source}: unknown stop criterion {key!r}; {hint}valid: {', '.join(STOP_KEYS)}")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise CLIError(f"{source}: stop {key}={value!r} must be a number")
+            raise RunError(f"{source}: stop {key}={value!r} must be a number")
         checked[key] = value
     return checked
 
@@ -118,19 +118,19 @@ class RunSpec:
 
 
 def read_run_spec(run_dir: str | os.PathLike[str]) -> RunSpec:
-    """The :class:`RunSpec` in a run directory's ``params.json``; :class:`CLIError` if it is not a run directory."""
+    """The :class:`RunSpec` in a run directory's ``params.json``; :class:`RunError` if it is not a run directory."""
     run_dir = Path(run_dir)
     path = run_dir / PARAMS_FILE
     if not run_dir.is_dir():
-        raise CLIError(f"--resume {str(run_dir)!r}: no such directory")
+        raise RunError(f"run directory {str(run_dir)!r}: no such directory")
     try:
         params = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise CLIError(f"--resume {str(run_dir)!r} is not a flowrl run directory: it has no {PARAMS_FILE}") from None
+        raise RunError(f"run directory {str(run_dir)!r} is not a flowrl run directory: it has no {PARAMS_FILE}") from None
     except (OSError, ValueError) as e:
-        raise CLIError(f"--resume {str(run_dir)!r}: cannot read {PARAMS_FILE} ({e})") from None
+        raise RunError(f"run directory {str(run_dir)!r}: cannot read {PARAMS_FILE} ({e})") from None
     if not isinstance(params, dict) or not all(isinstance(params.get(k), t) for k, t in (("algo", str), ("env", str), ("config", dict))):
-        raise CLIError(f"--resume {str(run_dir)!r}: {PARAMS_FILE} lacks algo, env or config; it was not written by flowrl train")
+        raise RunError(f"run directory {str(run_dir)!r}: {PARAMS_FILE} lacks algo, env or config; it was not written by flowrl train")
     stop = parse_stop(params.get("stop") or {}, f"{path}")
     return RunSpec(params["algo"], params["env"], params["config"], stop, int(params.get("checkpoint_freq") or 0))
 
@@ -190,13 +190,18 @@ def _make_run_dir(results_dir: Path, algo: str, env: str) -> Path:
             continue
         (run_dir / CHECKPOINTS_DIR).mkdir()
         return run_dir
-    raise CLIError(f"cannot create a run directory {stem!r} under {str(results_dir)!r}: every numbered name is taken")
+    raise RunError(f"cannot create a run directory {stem!r} under {str(results_dir)!r}: every numbered name is taken")
+
+
+def _replace_file(path: Path, text: str) -> None:
+    """Write ``path`` through a temporary sibling and a rename: a reader never sees half of it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)  # a reader never sees half a params.json
+    _replace_file(path, json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n")
 
 
 def _read_progress(path: Path) -> tuple[list[dict[str, Any]], bool]:
@@ -374,14 +379,14 @@ def find_resume_point(
     """Read a run directory and find where it resumes: its latest checkpoint and the results up to it.
 
     ``stop`` criteria replace the run's own key by key (the others are kept) and count the
-    whole run; ``checkpoint_freq`` replaces the run's own. Raises :class:`CLIError` if
+    whole run; ``checkpoint_freq`` replaces the run's own. Raises :class:`RunError` if
     ``run_dir`` is not a run directory and :class:`CheckpointError` if it has no usable checkpoint.
     """
     directory = Path(run_dir)
     spec = read_run_spec(directory)
     checkpoint = latest_checkpoint(directory / CHECKPOINTS_DIR)
     if checkpoint is None:
-        raise CheckpointError(f"--resume {str(directory)!r}: no checkpoint under {str(directory / CHECKPOINTS_DIR)!r} to resume from")
+        raise CheckpointError(f"run directory {str(directory)!r}: no checkpoint under {str(directory / CHECKPOINTS_DIR)!r} to resume from")
     iteration, timesteps = _checkpoint_progress(checkpoint)
     spec = dataclasses.replace(
         spec,
@@ -414,10 +419,7 @@ def resume_run(point: ResumePoint, *, num_workers: int | None = None, address: s
     try:
         trainer.restore(point.checkpoint)
         if point.drops_results:
-            progress = point.directory / PROGRESS_FILE
-            tmp = progress.with_name(f".{PROGRESS_FILE}.tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in point.results), encoding="utf-8")
-            os.replace(tmp, progress)
+            _replace_file(point.directory / PROGRESS_FILE, "".join(json.dumps(r) + "\n" for r in point.results))
         spec = dataclasses.replace(point.spec, config=trainer.config.to_dict())
         _write_json(point.directory / PARAMS_FILE, spec.to_params())
     except BaseException:

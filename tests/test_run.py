@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from flowrl.errors import CheckpointError, CLIError, ConfigError
+from flowrl.errors import CheckpointError, ConfigError, RunError
 from flowrl.run import (
     RunSpec,
     find_resume_point,
@@ -44,9 +44,9 @@ def test_stop_reason_names_the_first_criterion_met() -> None:
 
 def test_stop_criteria_are_checked() -> None:
     assert parse_stop({"training_iteration": 3}, "here") == {"training_iteration": 3}
-    with pytest.raises(CLIError, match="here: unknown stop criterion 'training_iterations'; did you mean 'training_iteration'"):
+    with pytest.raises(RunError, match="here: unknown stop criterion 'training_iterations'; did you mean 'training_iteration'"):
         parse_stop({"training_iterations": 3}, "here")
-    with pytest.raises(CLIError, match="must be a number"):
+    with pytest.raises(RunError, match="must be a number"):
         RunSpec("pg", "CartPole-v1", stop={"timesteps_total": "1e6"})  # type: ignore[dict-item]
     with pytest.raises(ConfigError, match="checkpoint_freq=-1 must be an integer >= 0"):
         RunSpec("pg", "CartPole-v1", checkpoint_freq=-1)
@@ -157,9 +157,9 @@ def test_resume_knows_when_there_is_nothing_to_do(tmp_path: Path, ray_session: N
 
 
 def test_resume_needs_a_run_directory_with_a_checkpoint(tmp_path: Path) -> None:
-    with pytest.raises(CLIError, match="no such directory"):
+    with pytest.raises(RunError, match="no such directory"):
         find_resume_point(tmp_path / "nowhere")
-    with pytest.raises(CLIError, match="no params.json"):
+    with pytest.raises(RunError, match="no params.json"):
         find_resume_point(tmp_path)
     (tmp_path / "params.json").write_text(json.dumps({"algo": "pg", "env": "CartPole-v1", "config": {}}))
     assert read_run_spec(tmp_path) == RunSpec("pg", "CartPole-v1")

@@ -26,6 +26,7 @@ from flowrl.data import (
     SampleBatch,
     as_policy_batches,
 )
+from flowrl.data.replay_buffer import BATCH_INDEXES
 from flowrl.errors import FlowRLError, LearnerThreadError
 from flowrl.iterators import EventQueue, FromActor, TimerStat
 from flowrl.policy.sgd import minibatch_sgd
@@ -38,8 +39,6 @@ logger = logging.getLogger(__name__)
 Batch = SampleBatch | MultiAgentBatch
 #: Per policy id, the replayed rows' indexes and their new TD errors (what replay buffers take).
 Priorities = Mapping[str, tuple[np.ndarray, np.ndarray]]
-#: The column of replayed batches that names each row's place in its replay buffer.
-BATCH_INDEXES = "batch_indexes"
 
 
 class Learned(NamedTuple):

@@ -156,15 +156,14 @@ def make_resources(workers: WorkerSet, config: ImpalaConfig) -> PlanResources:
 def learning_flows(workers: WorkerSet, config: ImpalaConfig, resources: PlanResources) -> LearnerFlows:
     """Train batches (fresh weights back to where each came from) -> the learner thread: the
     enqueue sub-flow and the learner's results. IMPALA's plan, and APPO's with more steps after it."""
-    learner = resources.need_learner()
-    if resources.aggregators:
-        weights_back = SendWeightsToSource(learner, workers, min_learner_updates=config.broadcast_interval, source_class="AggregatorWorker")
-        batches = AggregatedRollouts(workers, resources.aggregators).zip_with_source_actor().for_each(weights_back)
+    learner, aggregated = resources.need_learner(), bool(resources.aggregators)
+    if aggregated:  # the aggregators batch; the driver gets train batches
+        sources, source_class = AggregatedRollouts(workers, resources.aggregators), "AggregatorWorker"
     else:
-        weights_back = SendWeightsToSource(learner, workers, min_learner_updates=config.broadcast_interval)
-        fragments = ParallelRollouts(workers, mode="async", num_async=2).zip_with_source_actor().for_each(weights_back)
-        batches = TrainBatching(config)(fragments)
-    return LearnInThread(batches, learner)
+        sources, source_class = ParallelRollouts(workers, mode="async", num_async=2), "RolloutWorker"
+    weights_back = SendWeightsToSource(learner, workers, min_learner_updates=config.broadcast_interval, source_class=source_class)
+    fed_back = sources.zip_with_source_actor().for_each(weights_back)
+    return LearnInThread(fed_back if aggregated else TrainBatching(config)(fed_back), learner)
 
 
 def execution_plan(workers: WorkerSet, config: ImpalaConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:

@@ -96,14 +96,14 @@ class CollectMetrics(StatefulOperator):
     one included only when there are no remote workers.
     """
 
+    state_key = "collect_metrics"
+
     def __init__(self, workers: WorkerSet, min_history: int = 100, selected_workers: Sequence[Any] | None = None) -> None:
         self.workers = workers
         self.history: collections.deque[dict[str, float]] = collections.deque(maxlen=min_history)
         self.selected_workers = list(selected_workers) if selected_workers is not None else None
         self.episodes_total = 0
         self.iteration_started = time.monotonic()
-
-    state_key = "collect_metrics"
 
     def plan_links(self) -> list[ActorLink]:
         """Reads the rollout workers' finished episodes."""

@@ -220,16 +220,20 @@ class UpdateTargetNetwork:
         self.lock: ContextManager[Any] = lock if lock is not None else contextlib.nullcontext()
         self.counter = counter or (STEPS_TRAINED_COUNTER if by_steps_trained else STEPS_SAMPLED_COUNTER)
         self.policies = list(policies) if policies is not None else workers.trainable_policies()
+        # Checked once, when the plan is built: the local worker keeps its policy objects for good.
+        self._targets: list[TargetNetworkPolicy] = []
+        for pid in self.policies:
+            policy = workers.local_worker().get_policy(pid)
+            if not isinstance(policy, TargetNetworkPolicy):
+                raise _needs("UpdateTargetNetwork", "policies with a target network", pid, policy)
+            self._targets.append(policy)
 
     def __call__(self, item: Any) -> Any:
         metrics = LocalIterator.get_metrics()
         now = metrics.counters[self.counter]
         if now - metrics.counters[LAST_TARGET_UPDATE_TS] >= self.target_update_freq:
             with self.lock:
-                for pid in self.policies:
-                    policy = self.workers.local_worker().get_policy(pid)
-                    if not isinstance(policy, TargetNetworkPolicy):
-                        raise _needs("UpdateTargetNetwork", "policies with a target network", pid, policy)
+                for policy in self._targets:
                     policy.update_target(self.tau)
             metrics.counters[NUM_TARGET_UPDATES] += 1
             metrics.counters[LAST_TARGET_UPDATE_TS] = now

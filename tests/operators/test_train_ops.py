@@ -195,3 +195,11 @@ def test_update_target_network_only_for_the_given_policies() -> None:
     op = UpdateTargetNetwork(workers, 1, policies=["p2"])  # type: ignore[arg-type]
     list(from_list(range(3)).for_each(add_steps(sampled=1)).for_each(op))
     assert [workers.local.get_policy(p).target_updates for p in ("p1", "p2")] == [0, 3]
+
+
+def test_update_target_network_refuses_a_policy_without_a_target_when_the_plan_is_built() -> None:
+    workers = FakeWorkerSet("p1", "p2")
+    workers.local.policy_map["p2"] = object()  # type: ignore[assignment]
+    with pytest.raises(FlowRLError, match="UpdateTargetNetwork needs policies with a target network; policy 'p2' is a object"):
+        UpdateTargetNetwork(workers, 1)  # type: ignore[arg-type]
+    UpdateTargetNetwork(workers, 1, policies=["p1"])  # type: ignore[arg-type]  # only p1 is moved: fine
