@@ -149,14 +149,15 @@ class Trainer:
             return local.get_state()
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`get_state`'s output into this trainer (same algorithm)."""
+        """Restore :meth:`get_state`'s output into this trainer (same algorithm); older layouts are upgraded."""
+        state = upgraded_state(state)
         if state.get("algo") != self.algorithm.name:
             raise CheckpointError(
                 f"the checkpoint was written by algorithm {state.get('algo')!r}, not {self.algorithm.name!r}"
             )
         self.workers.local_worker().set_state(state["worker"])
         self.plan.set_state(state["plan"])
-        self.resources.set_state(state.get("resources", {}))
+        self.resources.set_state(state["resources"])
         self._finished_metrics = self.plan.metrics.save()
         self.iteration = int(state["iteration"])
         self.time_total_s = float(state["time_total_s"])
@@ -213,6 +214,36 @@ class Trainer:
 
     def __repr__(self) -> str:
         return f"Trainer(algo={self.algorithm.name!r}, env={self.env!r}, iteration={self.iteration})"
+
+
+# Version 1 keyed operator state by "<position>:<label>" and kept the replay buffers' state
+# there; version 2 keys operators by their state_key and keeps replay state under "resources".
+_V1_OPERATOR_KEYS = {"CollectMetrics": "collect_metrics", "MixInReplay": "mix_in_replay"}
+
+
+def upgraded_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A Trainer state (``get_state``'s output) in this version's layout.
+
+    A version-1 state (written before plans got their resources) keeps everything: its
+    replay buffers' state moves to ``resources`` and its operators' state to their keys.
+    Raises :class:`~flowrl.errors.CheckpointError` for a version this flowrl cannot read.
+    """
+    version = state.get("version", 1)
+    if version == CHECKPOINT_VERSION:
+        return dict(state)
+    if version != 1:
+        raise CheckpointError(f"the checkpoint's layout is version {version!r}; this flowrl reads versions 1 and {CHECKPOINT_VERSION}")
+    operators: dict[str, Any] = {}
+    resources: dict[str, Any] = {}
+    for key, op_state in state["plan"].get("operators", {}).items():
+        label = key.partition(":")[2]
+        if "StoreToReplayBuffer" in label:
+            resources.update({"replay_buffer": op_state["buffer"]} if "buffer" in op_state else {"replay_shards": op_state["shards"]})
+        for name, state_key in _V1_OPERATOR_KEYS.items():
+            if name in label:  # numbered as Plan numbers repeated keys, in dataflow order
+                repeats = sum(1 for k in operators if k.partition("#")[0] == state_key)
+                operators[f"{state_key}#{repeats}" if repeats else state_key] = op_state
+    return {**state, "version": CHECKPOINT_VERSION, "plan": {**state["plan"], "operators": operators}, "resources": resources}
 
 
 def policy_specs(algorithm: Algorithm, config: TrainerConfig, env_creator: Callable[[dict[str, Any]], Any]) -> dict[str, PolicySpec]:

@@ -533,3 +533,26 @@ def test_apex_checkpoints_carry_the_replay_shards(tmp_path: Any) -> None:
         assert shard["num_steps_added"] >= original["num_steps_added"] > 0
     finally:
         restored.stop()
+
+
+def test_a_version_1_checkpoint_restores_its_replay_buffer_and_operator_state(tmp_path: Any) -> None:
+    """Version 1 kept replay state among the plan's operators, keyed by position and label."""
+    config = {"num_workers": 0, "learning_starts": 50, "train_batch_size": 16, "timesteps_per_iteration": 100,
+              "seed": 0, "store_buffer_in_checkpoints": True}
+    with Trainer("dqn", "CartPole-v1", config) as trainer:
+        trainer.train()
+        state = trainer.get_state()
+    v1_state = {key: value for key, value in state.items() if key != "resources"}
+    v1_state["version"] = 1
+    v1_state["plan"] = {**state["plan"], "operators": {
+        "2:for_each(StoreToReplayBuffer)": {"buffer": state["resources"]["replay_buffer"]},
+        "9:for_each(CollectMetrics)": state["plan"]["operators"]["collect_metrics"],
+    }}
+    path = flowrl.checkpoint.write_checkpoint(tmp_path / "v1", v1_state, {"iteration": 1})
+    with Trainer.from_checkpoint(path) as restored:
+        buffer = restored.resources.need_replay_buffer()
+        assert buffer.num_steps_added == state["resources"]["replay_buffer"]["num_steps_added"] > 0
+        assert sum(len(b) for b in buffer.buffers.values()) > 0
+        assert restored.plan.get_state()["operators"] == state["plan"]["operators"]
+    with pytest.raises(CheckpointError, match="layout is version 7; this flowrl reads versions 1 and 2"):
+        flowrl.trainer.upgraded_state({**state, "version": 7})
