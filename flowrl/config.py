@@ -501,7 +501,65 @@ class TrainerConfig:
         min=1,
     )
     recreate_failed_workers: bool = cfg_field(
-        True, "Replace a dead remote rollout worker in place (plan and counters survive); False: drop it and go on."
+        True,
+        "Replace a remote rollout worker that died, raised or hung, in place (plan and counters survive); "
+        "False: drop it and go on with the rest.",
+    )
+    max_worker_restarts: int = cfg_field(
+        1000,
+        "Most rollout-worker restarts in a run; one more failure raises a FlowRLError naming the worker. "
+        "A worker failing again within a minute of its restart waits 1, 2, 4 ... (at most 30) seconds first.",
+        min=0,
+    )
+    restart_failed_sub_environments: bool = cfg_field(
+        False,
+        "An env that raises in reset or step is recreated alone and its episode dropped (num_faulty_episodes); "
+        "False: the error fails the whole worker, which is restarted.",
+    )
+    sample_timeout_s: float | None = cfg_field(
+        None,
+        "Seconds a remote worker may take to deliver a requested sample; past it the worker is probed, killed "
+        "and replaced and the iteration goes on with the others. None: wait as long as it takes.",
+        min=0,
+        min_exclusive=True,
+    )
+    sample_min_fraction: float = cfg_field(
+        1.0,
+        "Synchronous sampling: a round ends once this fraction of the workers delivered; fragments that "
+        "arrive later join the next round (num_late_fragments). 1.0: wait for every worker.",
+        min=0,
+        max=1,
+        min_exclusive=True,
+    )
+    worker_startup_timeout_s: float = cfg_field(
+        120.0,
+        "Seconds the remote workers may take to start (Ray must find their CPUs, GPUs and custom resources); "
+        "past it a FlowRLError names what is missing.",
+        min=0,
+        min_exclusive=True,
+    )
+    num_gpus_per_worker: float = cfg_field(0.0, "GPUs Ray reserves for each remote rollout worker.", min=0)
+    custom_resources_per_worker: dict[str, float] = cfg_field(
+        {}, "Custom Ray resources (name -> amount) reserved for each remote rollout worker."
+    )
+    on_bad_observation: Literal["raise", "drop_episode"] = cfg_field(
+        "raise",
+        "What the sampler does with a non-finite, wrongly shaped or out-of-space observation or a non-finite "
+        "reward: 'raise' names worker, env, step, field and value; 'drop_episode' drops that episode and "
+        "counts it in num_bad_observations.",
+    )
+    max_consecutive_nonfinite_updates: int = cfg_field(
+        10,
+        "Updates in a row whose loss or gradients are not finite (each skipped, weights unchanged, counted in "
+        "num_nonfinite_updates) before a FlowRLError ends the run.",
+        min=1,
+        per_policy=True,
+    )
+    learner_timeout_s: float = cfg_field(
+        600.0,
+        "Seconds a learner thread holding work may go without finishing a batch before it is reported as an error.",
+        min=0,
+        min_exclusive=True,
     )
     # Reporting.
     metrics_smoothing_episodes: int = cfg_field(

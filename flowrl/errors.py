@@ -106,3 +106,37 @@ class ReplayBufferError(FlowRLError, ValueError):
 
     Also a ``ValueError``, so code that checks priorities with ``except ValueError`` works.
     """
+
+
+class WorkerFailureError(FlowRLError):
+    """Rollout workers failed past what the run may absorb: the restart cap was reached, or none is left.
+
+    ``worker_indices`` names the workers (1-based, as in ``env_config.worker_index``); the
+    message carries the last failure's remote traceback, which is also chained as ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, worker_indices: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.worker_indices = list(worker_indices or [])
+
+
+class PlanStoppedError(FlowRLError):
+    """``train()`` was called on a trainer whose plan already ended with an error; the message says which."""
+
+
+class BadObservationError(EnvError):
+    """An env produced an observation or reward that must not reach the learner: not finite, of the
+    wrong shape or dtype, or outside its space. The message names worker, env index, step, field,
+    value and bound."""
+
+
+class NonFiniteUpdateError(FlowRLError):
+    """Too many updates in a row had a non-finite loss or gradient (each was skipped, weights unchanged)."""
+
+
+class ReplayShardError(FlowRLError):
+    """A replay shard actor failed to store a batch or to take new priorities; the message carries its error."""
+
+
+class ResourceUnavailableError(FlowRLError):
+    """Ray could not start a run's actors within ``worker_startup_timeout_s``; the message names what they need."""

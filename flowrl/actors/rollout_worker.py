@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterator, Mapping, TypeVar, cast
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, TypeVar, cast
 
 import gymnasium as gym
 import numpy as np
+import ray
 import torch
 
 from flowrl.actors.multi_agent_sampler import MultiAgentSampler
@@ -14,6 +15,7 @@ from flowrl.actors.sampler import EpisodeStats, VectorSampler
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from flowrl.envs import is_multi_agent_env
+from flowrl.envs.context import EnvContext
 from flowrl.envs.registry import EnvCreator
 from flowrl.errors import FlowRLError
 from flowrl.iterators import ParallelIteratorWorker
@@ -40,6 +42,19 @@ def as_config(config: TrainerConfig | Mapping[str, Any]) -> TrainerConfig:
     return TrainerConfig.from_dict(config).frozen()
 
 
+#: The Ray concurrency group of a remote worker's control calls (health probes, metrics), served
+#: in their own thread so that they never queue behind a long or stuck sample.
+CONTROL_GROUP = "control"
+
+
+class WorkerMetrics(NamedTuple):
+    """What a worker reports per iteration: episodes finished and faults absorbed since its last report."""
+
+    episodes: list[dict[str, Any]]
+    num_faulty_episodes: int = 0
+    num_bad_observations: int = 0
+
+
 class RolloutWorker(ParallelIteratorWorker):
     """Steps ``num_envs_per_worker`` envs with its policies and returns sample batches.
 
@@ -54,7 +69,12 @@ class RolloutWorker(ParallelIteratorWorker):
     to :class:`~flowrl.policy.PolicySpec`. ``config`` is the algorithm's config object (a
     dict of :class:`~flowrl.config.TrainerConfig` keys also works); the worker reads its
     sampling keys (``num_envs_per_worker``, ``rollout_fragment_length``, ``batch_mode``,
-    ``seed``, ``env_config``, ``clip_actions``, ``compress_observations``, ``policy_mapping_fn``).
+    ``seed``, ``env_config``, ``clip_actions``, ``compress_observations``, ``policy_mapping_fn``,
+    ``restart_failed_sub_environments``, ``on_bad_observation``).
+
+    Each env's creator gets an :class:`~flowrl.envs.context.EnvContext`: ``env_config``
+    plus ``worker_index``, ``vector_index``, ``num_workers`` and ``recreated_worker``
+    (``recreated``: this worker replaces one that failed).
     """
 
     def __init__(
@@ -64,9 +84,15 @@ class RolloutWorker(ParallelIteratorWorker):
         policy_specs: Mapping[str, PolicySpec],
         config: TrainerConfig | Mapping[str, Any],
         worker_index: int = 0,
+        num_workers: int = 0,
+        recreated: bool = False,
     ) -> None:
         self.config = config = as_config(config)
         self.worker_index = worker_index
+        self.env_context = EnvContext(
+            config.env_config, worker_index=worker_index, num_workers=num_workers, recreated_worker=recreated
+        )
+        self._env_creator = env_creator
         # Held by whoever changes or reads the policies while another thread may train them
         # (a LearnerThread learns under it; checkpoints and weight broadcasts read under it).
         self.lock = threading.RLock()
@@ -78,7 +104,7 @@ class RolloutWorker(ParallelIteratorWorker):
         if worker_seed is not None:
             torch.manual_seed(worker_seed)
             np.random.seed(worker_seed % 2**32)
-        self.envs = [env_creator(dict(config.env_config)) for _ in range(config.num_envs_per_worker)]
+        self.envs = [self.make_env(i) for i in range(config.num_envs_per_worker)]
         self.multi_agent = is_multi_agent_env(self.envs[0])
         if not self.multi_agent and DEFAULT_POLICY_ID not in policy_specs:
             raise FlowRLError(
@@ -105,6 +131,7 @@ class RolloutWorker(ParallelIteratorWorker):
                 seed=worker_seed,
                 episode_id_base=worker_index << 40,
                 clip_actions=config.clip_actions,
+                **self._fault_options(),
             )
         else:
             self.sampler = VectorSampler(
@@ -115,10 +142,24 @@ class RolloutWorker(ParallelIteratorWorker):
                 seed=worker_seed,
                 episode_id_base=worker_index << 40,
                 clip_actions=config.clip_actions,
+                **self._fault_options(),
             )
+        self._reported = WorkerMetrics([])
         super().__init__(self._sample_forever)
         global _global_worker
         _global_worker = self
+
+    def make_env(self, vector_index: int) -> Any:
+        """A new env for slot ``vector_index`` of this worker (its creator gets the :class:`EnvContext`)."""
+        return self._env_creator(self.env_context.copy_with(vector_index=vector_index))
+
+    def _fault_options(self) -> dict[str, Any]:
+        """The sampler's handling of failing envs and bad observations, from the config."""
+        return {
+            "env_maker": self.make_env if self.config.restart_failed_sub_environments else None,
+            "on_bad_observation": self.config.on_bad_observation,
+            "worker_index": self.worker_index,
+        }
 
     def _sample_forever(self) -> Iterator[SampleBatch | MultiAgentBatch]:
         while True:
@@ -170,9 +211,16 @@ class RolloutWorker(ParallelIteratorWorker):
         """Report an episode run outside the sampler (e.g. ES's evaluation episodes) with the sampled ones."""
         self.sampler.finished.append(stats)
 
-    def get_metrics(self) -> list[dict[str, float]]:
-        """Return and forget the episodes finished since the last call."""
-        return [vars(s) for s in self.sampler.pop_episode_stats()]
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def get_metrics(self) -> WorkerMetrics:
+        """The episodes finished and the faults absorbed since the last call (each reported once).
+
+        A remote worker answers from its control thread, without waiting for a sample in progress.
+        """
+        episodes = [vars(s) for s in self.sampler.pop_episode_stats()]
+        faulty, bad = self.sampler.num_faulty_episodes, self.sampler.num_bad_observations
+        last, self._reported = self._reported, WorkerMetrics([], faulty, bad)
+        return WorkerMetrics(episodes, faulty - last.num_faulty_episodes, bad - last.num_bad_observations)
 
     def get_state(self) -> dict[str, Any]:
         """Policy states keyed by policy id."""
@@ -187,11 +235,20 @@ class RolloutWorker(ParallelIteratorWorker):
         """Call ``fn(self, *args)`` here (inside the actor for a remote worker)."""
         return fn(self, *args)
 
+    @ray.method(concurrency_group=CONTROL_GROUP)
     def ping(self) -> str:
-        """Answer a health check."""
+        """Answer a health check (from the control thread: it shows the process is alive, even mid-sample)."""
         return "pong"
 
     def stop(self) -> None:
-        """Close the envs."""
+        """Close every env, even when one's ``close`` raises; the first such error is raised after the rest closed."""
+        first_error: BaseException | None = None
         for env in self.envs:
-            env.close()
+            try:
+                env.close()
+            except Exception as e:  # noqa: BLE001 - close the others first, then report it
+                first_error = first_error or e
+        if first_error is not None:
+            raise FlowRLError(
+                f"rollout worker {self.worker_index}: an env's close() raised {type(first_error).__name__}: {first_error}"
+            ) from first_error
