@@ -17,20 +17,22 @@ class IteratorUsageError(FlowRLError):
 
 
 class ShardFailedError(FlowRLError):
-    """A shard actor of a parallel iterator died while serving items.
+    """A shard actor of a parallel iterator failed while serving items.
 
-    (An exception raised by user code inside a shard reaches the driver as Ray's
-    ``RayTaskError``, which is also an instance of the original exception type.)
-
-    ``shard_index`` is the shard's position in its parallel iterator and
-    ``iterator_name`` the chain it belonged to; the original exception is chained
-    as ``__cause__``.
+    ``reason`` says how: ``"died"`` (the actor is gone), ``"raised"`` (code inside the
+    shard raised; only gathers with a failure hook report this, others let Ray's
+    ``RayTaskError`` through, which is also an instance of the original exception type) or
+    ``"timed_out"`` (no item within the gather's ``shard_timeout_s``; the actor may be hung).
+    ``shard_index`` is the shard's position in its parallel iterator and ``iterator_name``
+    the chain it belonged to; the original exception, if any, is chained as ``__cause__``.
     """
 
-    def __init__(self, message: str, *, shard_index: int, iterator_name: str) -> None:
+    def __init__(self, message: str, *, shard_index: int = -1, iterator_name: str = "", reason: str = "died") -> None:
+        # Defaults let Ray unpickle it (exceptions are rebuilt from their message, then their attributes).
         super().__init__(message)
         self.shard_index = shard_index
         self.iterator_name = iterator_name
+        self.reason = reason
 
 
 class EnvError(FlowRLError):

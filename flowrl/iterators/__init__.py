@@ -6,6 +6,7 @@ Knows nothing about reinforcement learning. See ``docs/iterators.md``.
 from flowrl.iterators.local import FromActor, LocalIterator, NextValueNotReady, StageNode, callable_name
 from flowrl.iterators.metrics import MetricsContext, SharedMetrics, StageStats, TimerStat
 from flowrl.iterators.parallel import (
+    LATE_ITEMS_COUNTER,
     ParallelIterator,
     ParallelIteratorWorker,
     from_actors,
@@ -16,6 +17,7 @@ from flowrl.iterators.parallel import (
 from flowrl.iterators.queues import EventQueue, as_event_queue
 
 __all__ = [
+    "LATE_ITEMS_COUNTER",
     "EventQueue",
     "FromActor",
     "LocalIterator",

@@ -81,8 +81,8 @@ class NextValueNotReady:
 class _Waiter:
     """Blocks until one of a set of not-ready sources may have an item.
 
-    Ray refs alone: one ``ray.wait`` with no timeout. One event alone: ``Event.wait`` (for at
-    most a second at a time).
+    Ray refs alone: one ``ray.wait``; one event alone: ``Event.wait`` (each for at most a
+    second at a time).
     Mixed handles, several events, or only bare markers cannot be waited on as one, so
     those poll with a capped exponential backoff (1 ms doubling to 20 ms), which keeps an
     idle driver under ~1% of a core.
@@ -90,7 +90,7 @@ class _Waiter:
 
     _MIN_DELAY_S = 0.001
     _MAX_DELAY_S = 0.02
-    _EVENT_RECHECK_S = 1.0
+    _RECHECK_S = 1.0
 
     def __init__(self) -> None:
         self._delay = self._MIN_DELAY_S
@@ -109,12 +109,13 @@ class _Waiter:
                 "duplicate() into the same union (or Concurrently)."
             )
         refs, events = list(merged.object_refs), merged.events
+        # Both waits are bounded, so a source waiting on an actor gets to check its deadline
+        # (a shard timeout) and one waiting on a thread to re-check that the thread is alive.
         if refs and not events:
-            ray.wait(refs, num_returns=1)
+            ray.wait(refs, num_returns=1, timeout=self._RECHECK_S)
             return
         if len(events) == 1 and not refs:
-            # Bounded, so a source waiting on a thread gets to re-check that the thread is alive.
-            events[0].wait(timeout=self._EVENT_RECHECK_S)
+            events[0].wait(timeout=self._RECHECK_S)
             return
         if any(event.is_set() for event in events):
             return

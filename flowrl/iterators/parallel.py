@@ -15,9 +15,11 @@ from __future__ import annotations
 import collections
 import functools
 import inspect
+import math
+import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Generator, Generic, Iterable, Iterator, Sequence, TypeVar
 
 import ray
 
@@ -50,6 +52,8 @@ class _EndOfShard:
 
 
 _END = _EndOfShard()
+#: What fetching an item gives, in the driver, when its shard failed and was replaced.
+_RESTARTED = object()
 
 
 def _check_item_source(source: Any, repeat: bool) -> None:
@@ -155,19 +159,29 @@ class _ShardActor(ParallelIteratorWorker):
 _RemoteShardActor = ray.remote(num_cpus=0)(_ShardActor)
 
 FailureHook = Callable[[int, Any, ShardFailedError], Any]
-"""``hook(shard_index, dead_actor, error)`` returns a replacement actor, or None to drop the shard."""
+"""``hook(shard_index, failed_actor, error)`` returns a replacement actor, or None to drop the shard."""
+
+#: Longest wait for a shard actor to open a stream when the gather has no ``shard_timeout_s``
+#: (a replacement actor may still be starting: importing, building envs).
+OPEN_TIMEOUT_S = 600.0
+#: Metrics counter of the items a ``batch_across_shards(min_fraction < 1)`` round did not wait
+#: for, which joined a later round.
+LATE_ITEMS_COUNTER = "num_late_items"
+
+_FAILURES = (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError)
 
 
 @dataclass
 class _ActorSet:
-    """Shard actors that share one list of transforms and one failure hook."""
+    """Shard actors that share one list of transforms, one failure hook and one item timeout."""
 
     actors: list[Any]
     transforms: list[ShardTransform] = field(default_factory=list)
     on_failure: FailureHook | None = None
+    timeout_s: float | None = None
 
     def with_transform(self, transform: ShardTransform) -> "_ActorSet":
-        return _ActorSet(self.actors, self.transforms + [transform], self.on_failure)
+        return _ActorSet(self.actors, self.transforms + [transform], self.on_failure, self.timeout_s)
 
 
 @dataclass(eq=False)
@@ -178,12 +192,28 @@ class _Shard:
     actor: Any
     transforms: list[ShardTransform]
     on_failure: FailureHook | None
+    timeout_s: float | None = None
     dropped: bool = False
     next_item: Callable[[], ray.ObjectRef[Any]] | None = None
 
 
+def _next_deadline(deadlines: Iterable[float], timeout: float | None) -> float | None:
+    """How long a wait may block: until the nearest shard deadline or the caller's timeout."""
+    nearest = min(deadlines, default=None)
+    if nearest is None:
+        return timeout
+    left = max(0.0, nearest - time.monotonic())
+    return left if timeout is None else min(left, timeout)
+
+
 class _ShardStreams:
-    """One gather's streams on its shards: opening, requesting, fetching, failures, closing."""
+    """One gather's streams on its shards: opening, requesting, fetching, failures, closing.
+
+    A shard fails when its actor dies, when code in it raises (only with a failure hook;
+    without one the task error propagates as Ray raised it) or when a request is pending
+    longer than its ``timeout_s``. The failure hook then replaces the actor (the stream is
+    reopened on it) or drops the shard; without a hook a :class:`ShardFailedError` is raised.
+    """
 
     def __init__(self, shards: list[_Shard], iterator_name: str) -> None:
         self.iterator_name = iterator_name
@@ -195,10 +225,10 @@ class _ShardStreams:
         """Wait for a stream to open (re-opening on a replacement actor); False if dropped."""
         while True:
             try:
-                slot = ray.get(ref)
+                slot = ray.get(ref, timeout=shard.timeout_s or OPEN_TIMEOUT_S)
                 break
-            except ray.exceptions.RayActorError as e:
-                if not self._replace(shard, e):
+            except _FAILURES as e:
+                if not self.fail(shard, e):
                     return False
                 ref = shard.actor.par_iter_init.remote(self.key, shard.transforms)
         if slot is None:
@@ -207,13 +237,21 @@ class _ShardStreams:
             shard.next_item = getattr(shard.actor, f"par_iter_next_{slot}").remote
         return True
 
-    def _replace(self, shard: _Shard, cause: Exception) -> bool:
-        """Handle a dead shard actor through the hook: True if replaced, False if dropped."""
+    def fail(self, shard: _Shard, cause: BaseException) -> bool:
+        """Hand a failed shard to its hook: True if its actor was replaced, False if it was dropped."""
+        if isinstance(cause, ray.exceptions.RayTaskError):
+            if shard.on_failure is None:
+                raise cause
+            reason, what = "raised", f"raised {type(cause).__name__}"
+        elif isinstance(cause, ray.exceptions.GetTimeoutError):
+            reason, what = "timed_out", f"gave no item within {shard.timeout_s} s"
+        else:
+            reason, what = "died", f"died or became unreachable ({type(cause).__name__})"
         error = ShardFailedError(
-            f"shard {shard.index} of {self.iterator_name} failed: its actor {shard.actor} died or "
-            f"became unreachable while serving items ({type(cause).__name__})",
+            f"shard {shard.index} of {self.iterator_name} failed: its actor {shard.actor} {what} while serving items",
             shard_index=shard.index,
             iterator_name=self.iterator_name,
+            reason=reason,
         )
         error.__cause__ = cause
         if shard.on_failure is None:
@@ -225,31 +263,16 @@ class _ShardStreams:
         shard.actor = replacement
         return True
 
+    def restart(self, shard: _Shard, cause: BaseException) -> bool:
+        """Fail ``shard`` and reopen this stream on its replacement; False if it was dropped."""
+        return self.fail(shard, cause) and self._finish_open(
+            shard, shard.actor.par_iter_init.remote(self.key, shard.transforms)
+        )
+
     def request(self, shard: _Shard) -> ray.ObjectRef[Any]:
         """Ask ``shard`` for the next item of this stream."""
         assert shard.next_item is not None
         return shard.next_item()
-
-    def get(self, ref: ray.ObjectRef[Any], shard: _Shard, sent_to: Any) -> Any:
-        """The result of ``ref`` (sent to actor ``sent_to``); END if the shard is gone or the
-        request was to an actor that has since been replaced."""
-        try:
-            return ray.get(ref)
-        except ray.exceptions.RayActorError as e:
-            if shard.dropped or shard.actor is not sent_to:
-                return _END
-            if not self._replace(shard, e) or not self._finish_open(
-                shard, shard.actor.par_iter_init.remote(self.key, shard.transforms)
-            ):
-                return _END
-            return self.get(self.request(shard), shard, shard.actor)
-
-    def get_round(self, refs: list[ray.ObjectRef[Any]], shards: list[_Shard]) -> list[Any]:
-        """Results of one request per shard, fetched in one call when no actor failed."""
-        try:
-            return ray.get(refs)
-        except ray.exceptions.RayActorError:
-            return [self.get(ref, shard, shard.actor) for ref, shard in zip(refs, shards)]
 
     def close(self) -> None:
         """Release this stream on every live shard (fire and forget)."""
@@ -258,6 +281,20 @@ class _ShardStreams:
         for shard in self.live:
             if not shard.dropped:
                 shard.actor.par_iter_close.remote(self.key)
+
+
+def _overdue(requests: dict[_Shard, tuple[ray.ObjectRef[Any], float]]) -> list[_Shard]:
+    """The shards whose request, pending since the time given, is still not answered past their timeout."""
+    now = time.monotonic()
+    late = {s: ref for s, (ref, since) in requests.items() if s.timeout_s is not None and now - since >= s.timeout_s}
+    if not late:
+        return []
+    answered, _ = ray.wait(list(late.values()), num_returns=len(late), timeout=0)
+    return [s for s, ref in late.items() if ref not in answered]
+
+
+def _timed_out(shard: _Shard) -> ray.exceptions.GetTimeoutError:
+    return ray.exceptions.GetTimeoutError(f"no item from {shard.actor} within {shard.timeout_s} s")
 
 
 class ParallelIterator(Generic[T]):
@@ -329,7 +366,7 @@ class ParallelIterator(Generic[T]):
         shards: list[_Shard] = []
         for actor_set in self.actor_sets:
             for actor in actor_set.actors:
-                shards.append(_Shard(len(shards), actor, actor_set.transforms, actor_set.on_failure))
+                shards.append(_Shard(len(shards), actor, actor_set.transforms, actor_set.on_failure, actor_set.timeout_s))
         return shards
 
     def num_shards(self) -> int:
@@ -354,7 +391,9 @@ class ParallelIterator(Generic[T]):
         for i in shards_to_keep:
             if not 0 <= i < len(shards):
                 raise IteratorUsageError(f"select_shards({list(shards_to_keep)}): {self!r} has shards 0..{len(shards) - 1}")
-        sets = [_ActorSet([shards[i].actor], shards[i].transforms, shards[i].on_failure) for i in shards_to_keep]
+        sets = [
+            _ActorSet([shards[i].actor], shards[i].transforms, shards[i].on_failure, shards[i].timeout_s) for i in shards_to_keep
+        ]
         return ParallelIterator(sets, f"{self.name}.select_shards({len(sets)} shards)", [self])
 
     def union(self, *others: "ParallelIterator[Any]") -> "ParallelIterator[Any]":
@@ -371,25 +410,94 @@ class ParallelIterator(Generic[T]):
 
     # -- gathers ---------------------------------------------------------------------
 
-    def _sync_rounds(self, timeout: float | None) -> Iterator[Any]:
-        """Yield, per round, a list of (shard, item) from every live shard, or a marker."""
+    def _sync_rounds(self, timeout: float | None, min_fraction: float = 1.0) -> Iterator[Any]:
+        """Yield, per round, a list of (shard, item) in shard order, or a not-ready marker.
+
+        A round requests an item from every live shard that has none in flight and ends once
+        ``ceil(min_fraction * live shards)`` of the items in flight arrived; the others stay
+        in flight and join a later round (counted in ``LATE_ITEMS_COUNTER``).
+        """
         streams = _ShardStreams(self._shards(), self.name)
+        # Per shard, its request in flight: (ref, when sent, round sent in).
+        in_flight: dict[_Shard, tuple[ray.ObjectRef[Any], float, int]] = {}
+        active = list(streams.live)
+        round_number = 0
         try:
-            active = list(streams.live)
             while active:
-                refs = [streams.request(shard) for shard in active]
-                while timeout is not None:
-                    _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
-                    if not pending:
-                        break
-                    yield NextValueNotReady(pending)
-                results = streams.get_round(refs, active)
-                round_items = [(shard, item) for shard, item in zip(active, results) if item is not _END]
-                active = [shard for shard, _ in round_items]
+                round_number += 1
+                for shard in active:
+                    if shard not in in_flight:
+                        in_flight[shard] = (streams.request(shard), time.monotonic(), round_number)
+                done = yield from self._wait_round(streams, active, in_flight, timeout, min_fraction, round_number)
+                round_items = self._collect_round(streams, active, in_flight, done, round_number)
                 if round_items:
                     yield round_items
         finally:
             streams.close()
+
+    def _wait_round(
+        self,
+        streams: _ShardStreams,
+        active: list[_Shard],
+        in_flight: dict[_Shard, tuple[ray.ObjectRef[Any], float, int]],
+        timeout: float | None,
+        min_fraction: float,
+        round_number: int,
+    ) -> Generator[NextValueNotReady, None, set[ray.ObjectRef[Any]]]:
+        """Wait until enough of the round's items arrived, restarting shards past their timeout."""
+        while True:
+            refs = [in_flight[shard][0] for shard in active]
+            if not refs:
+                return set()
+            need = max(1, math.ceil(min_fraction * len(refs)))
+            deadlines = [in_flight[s][1] + s.timeout_s for s in active if s.timeout_s is not None]
+            done, pending = ray.wait(refs, num_returns=need, timeout=_next_deadline(deadlines, timeout))
+            if len(done) >= need:
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+                return set(ready)
+            expired = _overdue({s: in_flight[s][:2] for s in active})
+            for shard in expired:
+                del in_flight[shard]
+                if streams.restart(shard, _timed_out(shard)):
+                    in_flight[shard] = (streams.request(shard), time.monotonic(), round_number)
+                else:
+                    active.remove(shard)
+            if not expired and timeout is not None:
+                yield NextValueNotReady(pending)
+
+    def _collect_round(
+        self,
+        streams: _ShardStreams,
+        active: list[_Shard],
+        in_flight: dict[_Shard, tuple[ray.ObjectRef[Any], float, int]],
+        done: set[ray.ObjectRef[Any]],
+        round_number: int,
+    ) -> list[tuple[_Shard, Any]]:
+        """The arrived items of the round, in shard order; failed shards are restarted or dropped."""
+        arrived = [shard for shard in active if in_flight[shard][0] in done]
+        try:
+            results = ray.get([in_flight[shard][0] for shard in arrived])
+        except _FAILURES:
+            results = [self._fetch_one(streams, shard, in_flight[shard][0]) for shard in arrived]
+        round_items: list[tuple[_Shard, Any]] = []
+        for shard, item in zip(arrived, results):
+            sent_in = in_flight.pop(shard)[2]
+            if item is _END:  # the shard's items ran out, or it failed and was dropped
+                active.remove(shard)
+                continue
+            if item is _RESTARTED:  # its replacement is asked again next round
+                continue
+            if sent_in < round_number:
+                current_metrics().counters[LATE_ITEMS_COUNTER] += 1
+            round_items.append((shard, item))
+        return round_items
+
+    def _fetch_one(self, streams: _ShardStreams, shard: _Shard, ref: ray.ObjectRef[Any]) -> Any:
+        """One arrived item; a failure restarts the shard (``_RESTARTED``) or drops it (``_END``)."""
+        try:
+            return ray.get(ref)
+        except _FAILURES as e:
+            return _RESTARTED if streams.restart(shard, e) else _END
 
     def gather_sync(self) -> LocalIterator[T]:
         """Round-robin over the shards, one item from each per round, with a barrier per round.
@@ -408,10 +516,18 @@ class ParallelIterator(Generic[T]):
 
         return LocalIterator(base, SharedMetrics(), name=f"{self.name}.gather_sync()", stages=[self._source_stage("gather_sync")])
 
-    def batch_across_shards(self) -> LocalIterator[list[T]]:
-        """Yield one list per round holding the next item of every live shard."""
+    def batch_across_shards(self, min_fraction: float = 1.0) -> LocalIterator[list[T]]:
+        """Yield one list per round holding the next item of every live shard.
+
+        With ``min_fraction`` < 1 a round ends as soon as that fraction of the shards
+        delivered (stragglers do not hold it up); the items still in flight are not lost but
+        join a later round, each counted in the metrics counter ``num_late_items``.
+        """
+        if not 0 < min_fraction <= 1:
+            raise IteratorUsageError(f"batch_across_shards(min_fraction={min_fraction}): must be in (0, 1]")
+
         def base(timeout: float | None) -> Iterator[Any]:
-            for round_items in self._sync_rounds(timeout):
+            for round_items in self._sync_rounds(timeout, min_fraction):
                 if isinstance(round_items, NextValueNotReady):
                     yield round_items
                 else:
@@ -426,30 +542,50 @@ class ParallelIterator(Generic[T]):
         request is sent only after its previous item was consumed downstream, so with
         ``num_async=1`` a function applied after the gather has run on an actor's item
         before that actor is asked for the next one. The source actor of each item is
-        recorded for :meth:`LocalIterator.zip_with_source_actor`.
+        recorded for :meth:`LocalIterator.zip_with_source_actor`. A shard replaced after a
+        failure gets ``num_async`` fresh requests.
         """
         if num_async < 1:
             raise IteratorUsageError(f"gather_async(num_async={num_async}): must be >= 1 requests in flight per shard")
 
         def base(timeout: float | None) -> Iterator[Any]:
             streams = _ShardStreams(self._shards(), self.name)
-            # Per shard, its requests in the order sent, each with the actor it went to. An
-            # actor answers in that order, so only the oldest request of each shard is
-            # waited on: items from one shard are yielded in order even with num_async > 1.
-            queues: dict[_Shard, collections.deque[tuple[ray.ObjectRef[Any], Any]]] = {
-                shard: collections.deque((streams.request(shard), shard.actor) for _ in range(num_async))
-                for shard in streams.live
-            }
+            # Per shard, its requests in the order sent. An actor answers in that order, so
+            # only the oldest request of each shard is waited on: items from one shard are
+            # yielded in order even with num_async > 1. ``head_since``: when the oldest
+            # request became the one the actor works on (its timeout runs from then).
+            queues: dict[_Shard, collections.deque[ray.ObjectRef[Any]]] = {}
+            head_since: dict[_Shard, float] = {}
+
+            def refill(shard: _Shard) -> None:
+                queues[shard] = collections.deque(streams.request(shard) for _ in range(num_async))
+                head_since[shard] = time.monotonic()
+
+            def restart(shard: _Shard, cause: BaseException) -> None:
+                # Requests sent to the failed actor are abandoned; the replacement gets fresh ones.
+                del queues[shard]
+                if streams.restart(shard, cause):
+                    refill(shard)
+
+            for shard in streams.live:
+                refill(shard)
             ready: list[_Shard] = []
             last: _Shard | None = None
             try:
                 while queues:
                     if not ready:
-                        heads = {q[0][0]: shard for shard, q in queues.items()}
+                        expired = _overdue({s: (q[0], head_since[s]) for s, q in queues.items()})
+                        for shard in expired:
+                            restart(shard, _timed_out(shard))
+                        if not queues:
+                            break
+                        heads = {q[0]: shard for shard, q in queues.items()}
                         refs = list(heads)
-                        done, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+                        deadlines = [head_since[s] + s.timeout_s for s in queues if s.timeout_s is not None]
+                        done, _ = ray.wait(refs, num_returns=1, timeout=_next_deadline(deadlines, timeout))
                         if not done:
-                            yield NextValueNotReady(refs)
+                            if timeout is not None:
+                                yield NextValueNotReady(refs)
                             continue
                         if len(refs) > 1 and heads[done[0]] is last:
                             # ray.wait does not pick fairly among ready refs: before serving
@@ -457,8 +593,13 @@ class ParallelIterator(Generic[T]):
                             done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
                         ready = sorted((heads[r] for r in done), key=lambda shard: shard is last)
                     shard = ready.pop(0)
-                    ref, sent_to = queues[shard].popleft()
-                    item = streams.get(ref, shard, sent_to)
+                    ref = queues[shard].popleft()
+                    head_since[shard] = time.monotonic()
+                    try:
+                        item = ray.get(ref)
+                    except _FAILURES as e:
+                        restart(shard, e)
+                        continue
                     if item is _END:
                         if not queues[shard]:
                             del queues[shard]
@@ -466,7 +607,8 @@ class ParallelIterator(Generic[T]):
                     last = shard
                     current_metrics().current_actor = shard.actor
                     yield item
-                    queues[shard].append((streams.request(shard), shard.actor))
+                    if shard in queues:
+                        queues[shard].append(streams.request(shard))
             finally:
                 streams.close()
 
@@ -513,14 +655,20 @@ def from_iterators(generators: Sequence[ItemSource], repeat: bool = False, name:
 
 
 def from_actors(
-    actors: Sequence[Any], name: str | None = None, on_shard_failure: FailureHook | None = None
+    actors: Sequence[Any],
+    name: str | None = None,
+    on_shard_failure: FailureHook | None = None,
+    shard_timeout_s: float | None = None,
 ) -> ParallelIterator[Any]:
     """A parallel iterator over existing actors whose class inherits :class:`ParallelIteratorWorker`.
 
     Without ``on_shard_failure`` a dead actor makes the gather raise
-    :class:`~flowrl.errors.ShardFailedError`. With it, ``on_shard_failure(shard_index,
-    dead_actor, error)`` may return a replacement actor, on which the gather reopens its
-    stream and carries on, or None to go on without that shard; raising propagates.
+    :class:`~flowrl.errors.ShardFailedError` (and an exception raised in a shard reaches the
+    driver as Ray's ``RayTaskError``). With it, a shard that dies, raises or times out is
+    handed to ``on_shard_failure(shard_index, failed_actor, error)`` (``error.reason`` says
+    which), which may return a replacement actor, on which the gather reopens its stream and
+    carries on, or None to go on without that shard; raising propagates. ``shard_timeout_s``:
+    the longest a shard may take to answer a request before it counts as failed (None: no limit).
     """
     if not actors:
         raise IteratorUsageError("from_actors() needs at least one actor")
@@ -529,4 +677,8 @@ def from_actors(
             raise IteratorUsageError(
                 f"from_actors(): {actor!r} cannot serve a shard; its class must inherit ParallelIteratorWorker"
             )
-    return ParallelIterator([_ActorSet(list(actors), [], on_shard_failure)], name or f"from_actors[shards={len(actors)}]")
+    if shard_timeout_s is not None and shard_timeout_s <= 0:
+        raise IteratorUsageError(f"from_actors(shard_timeout_s={shard_timeout_s}): must be > 0 seconds, or None")
+    return ParallelIterator(
+        [_ActorSet(list(actors), [], on_shard_failure, shard_timeout_s)], name or f"from_actors[shards={len(actors)}]"
+    )

@@ -380,3 +380,143 @@ def test_streams_are_closed_when_a_gather_ends() -> None:
 def test_bad_shard_arguments_fail_in_the_driver() -> None:
     with pytest.raises(IteratorUsageError, match="shuffle_buffer_size=0"):
         from_range(4).shuffle(0)
+
+
+# -- faults a failure hook absorbs: errors, timeouts, stragglers ------------------------------
+
+
+def raises_after(n: int) -> Any:
+    def gen() -> Iterator[int]:
+        for i in itertools.count():
+            if i == n:
+                raise ValueError(f"item {i} is broken")
+            yield i
+
+    return gen
+
+
+def hangs_after(n: int) -> Any:
+    def gen() -> Iterator[int]:
+        for i in itertools.count():
+            if i == n:
+                time.sleep(3600)
+            yield i
+
+    return gen
+
+
+shard_actor = ray.remote(num_cpus=0)(ParallelIteratorWorker)
+
+
+class Replacer:
+    """A failure hook that kills the failed actor, records the error and serves ``range(100, ...)`` instead."""
+
+    def __init__(self) -> None:
+        self.errors: list[ShardFailedError] = []
+
+    def __call__(self, index: int, failed: Any, error: ShardFailedError) -> Any:
+        self.errors.append(error)
+        ray.kill(failed, no_restart=True)
+        return shard_actor.remote(lambda: itertools.count(100))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("gather", ["gather_sync", "gather_async"])
+def test_an_error_raised_in_a_shard_goes_to_the_failure_hook(gather: str) -> None:
+    hook = Replacer()
+    it = getattr(from_actors([shard_actor.remote(lambda: itertools.count(1000)), shard_actor.remote(raises_after(2))], on_shard_failure=hook), gather)()
+    items: list[int] = []
+    while 100 not in items:  # the healthy shard keeps serving meanwhile
+        items.append(next(it))
+    assert [e.reason for e in hook.errors] == ["raised"]
+    assert hook.errors[0].shard_index == 1
+    assert "item 2 is broken" in str(hook.errors[0].__cause__)
+    assert {0, 1, 1000} <= set(items)
+
+
+@pytest.mark.timeout(60)
+def test_an_error_raised_in_a_shard_without_a_hook_is_the_original_error() -> None:
+    it = from_actors([shard_actor.remote(raises_after(1))]).gather_sync()
+    assert next(it) == 0
+    with pytest.raises(ValueError, match="item 1 is broken"):
+        next(it)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("gather", ["gather_sync", "gather_async"])
+def test_a_hung_shard_times_out_and_is_replaced(gather: str) -> None:
+    hook = Replacer()
+    actors = [shard_actor.remote(lambda: itertools.count(1000)), shard_actor.remote(hangs_after(1))]
+    it = getattr(from_actors(actors, on_shard_failure=hook, shard_timeout_s=2.0), gather)()
+    items: list[int] = []
+    while 100 not in items:  # the healthy shard keeps serving meanwhile
+        items.append(next(it))
+    assert [(e.reason, e.shard_index) for e in hook.errors] == [("timed_out", 1)]
+    assert 0 in items and 1000 in items
+
+
+@pytest.mark.timeout(60)
+def test_a_hung_shard_without_a_hook_raises_within_its_timeout() -> None:
+    it = from_actors([shard_actor.remote(hangs_after(0))], shard_timeout_s=0.5).gather_async()
+    started = time.monotonic()
+    with pytest.raises(ShardFailedError, match="gave no item within 0.5 s") as info:
+        next(it)
+    assert info.value.reason == "timed_out"
+    assert time.monotonic() - started < 30
+
+
+@ray.remote(num_cpus=0)
+class Counting(ParallelIteratorWorker):
+    """Items 0, 1, 2 ...; ``served()`` says how many it has produced."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        super().__init__(self._items)
+
+    def _items(self) -> Iterator[int]:
+        for i in itertools.count():
+            self.count += 1
+            yield i
+
+    def served(self) -> int:
+        return self.count
+
+
+@pytest.mark.timeout(60)
+def test_a_replaced_shard_gets_its_full_num_async_requests_back() -> None:
+    replacements: list[Any] = []
+
+    def hook(index: int, failed: Any, error: ShardFailedError) -> Any:
+        replacements.append(Counting.remote())
+        return replacements[-1]
+
+    it = from_actors([shard_actor.remote(dies_after(1))], on_shard_failure=hook).gather_async(num_async=3)
+    assert next(it) == 0  # then the actor dies with two requests in flight
+    assert next(it) == 0  # the replacement's first item
+    # Three requests went to the replacement at once (the next goes out when the gather is resumed).
+    deadline = time.monotonic() + 10
+    while ray.get(replacements[0].served.remote()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    assert ray.get(replacements[0].served.remote()) == 3
+    assert it.take(3) == [1, 2, 3]
+    assert len(replacements) == 1
+
+
+@pytest.mark.timeout(60)
+def test_batch_across_shards_with_min_fraction_does_not_wait_for_a_straggler() -> None:
+    fast = [shard_actor.remote(slow_source(0.01, t)) for t in "ab"]
+    straggler = shard_actor.remote(slow_source(5.0, "z"))  # far slower than five fast rounds
+    it = from_actors([*fast, straggler]).batch_across_shards(min_fraction=0.6)
+    rounds = [next(it) for _ in range(5)]
+    assert [sorted(item[0] for item in r) for r in rounds] == [["a", "b"]] * 5
+    assert it.shared_metrics.get().counters["num_late_items"] == 0
+    while not any(item.startswith("z") for item in rounds[-1]):  # the late fragment joins a later round
+        rounds.append(next(it))
+    assert [item for r in rounds for item in r if item.startswith("z")] == ["z0"]
+    assert it.shared_metrics.get().counters["num_late_items"] == 1
+
+
+def test_batch_across_shards_rejects_a_bad_min_fraction() -> None:
+    with pytest.raises(IteratorUsageError, match="min_fraction=0"):
+        from_range(4).batch_across_shards(min_fraction=0)
