@@ -8,18 +8,34 @@ its checker and :mod:`flowrl.envs.multi_agent_envs` for the built-in multi-agent
 
 from flowrl.envs.atari import is_atari_id, make_atari_env
 from flowrl.envs.checker import check_env
+from flowrl.envs.context import EnvContext
 from flowrl.envs.multi_agent import MultiAgentEnv, is_multi_agent_env, seed_action_spaces
 from flowrl.envs.multi_agent_checker import check_multi_agent_env
 from flowrl.envs.multi_agent_envs import CooperativeMatching, MultiAgentCartPole
 from flowrl.envs.registry import env_spaces, get_env_creator, make_env, multi_agent_env_spaces, register_env
+from flowrl.envs.testing import (
+    FaultCounter,
+    FaultInjectEnv,
+    InjectedFault,
+    fault_counter,
+    faults_fired,
+    release_fault_counters,
+    remove_fault_counter,
+)
 
 __all__ = [
     "CooperativeMatching",
+    "EnvContext",
+    "FaultCounter",
+    "FaultInjectEnv",
+    "InjectedFault",
     "MultiAgentCartPole",
     "MultiAgentEnv",
     "check_env",
     "check_multi_agent_env",
     "env_spaces",
+    "fault_counter",
+    "faults_fired",
     "get_env_creator",
     "is_atari_id",
     "is_multi_agent_env",
@@ -27,5 +43,7 @@ __all__ = [
     "make_env",
     "multi_agent_env_spaces",
     "register_env",
+    "release_fault_counters",
+    "remove_fault_counter",
     "seed_action_spaces",
 ]
