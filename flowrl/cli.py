@@ -182,7 +182,7 @@ def _fmt(value: Any, spec: str = ".1f") -> str:
 
 def format_iteration(result: Mapping[str, Any], steps_this_iter: int) -> str:
     """One line per iteration: iteration, timesteps, reward mean (min/max), steps/s, total time,
-    and each policy's mean return per agent in multi-agent runs."""
+    each policy's mean return per agent in multi-agent runs, and the faults absorbed so far (if any)."""
     elapsed = result.get("time_this_iter_s") or 0.0
     rate = steps_this_iter / elapsed if elapsed > 0 else float("nan")
     line = (
@@ -196,7 +196,21 @@ def format_iteration(result: Mapping[str, Any], steps_this_iter: int) -> str:
     per_policy = result.get("policy_reward_mean") or {}
     if per_policy:
         line += "  " + " ".join(f"{pid} {_fmt(value)}" for pid, value in sorted(per_policy.items()))
+    faults = [f"{label} {result[key]}" for key, label in _FAULTS_SHOWN if result.get(key)]
+    if faults:
+        line += "  " + ", ".join(faults)
     return line
+
+
+# Fault counters the iteration line shows once they are non-zero, with their labels.
+_FAULTS_SHOWN = (
+    ("num_worker_restarts", "restarts"),
+    ("num_replay_shard_restarts", "replay shard restarts"),
+    ("num_faulty_episodes", "faulty episodes"),
+    ("num_bad_observations", "bad observations"),
+    ("num_nonfinite_updates", "non-finite updates"),
+    ("num_late_fragments", "late fragments"),
+)
 
 
 def _describe_stop(stop: Mapping[str, float]) -> str:

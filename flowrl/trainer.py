@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from pathlib import Path
@@ -17,7 +18,9 @@ from flowrl.checkpoint import read_checkpoint, write_checkpoint
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.envs import get_env_creator, is_multi_agent_env
-from flowrl.errors import CheckpointError, ConfigError, FlowRLError
+from flowrl.envs.context import EnvContext
+from flowrl.envs.registry import close_env
+from flowrl.errors import CheckpointError, ConfigError, FlowRLError, PlanStoppedError
 from flowrl.operators import STEPS_SAMPLED_COUNTER
 from flowrl.operators.metric_ops import summarize_episodes
 from flowrl.envs.episodes import run_episode
@@ -28,6 +31,8 @@ from flowrl.ray_runtime import start_ray, stop_ray
 
 EnvSpec = str | Callable[[dict[str, Any]], gym.Env]
 CHECKPOINT_VERSION = 2
+
+logger = logging.getLogger(__name__)
 
 
 class Trainer:
@@ -84,6 +89,7 @@ class Trainer:
             raise
         self.iteration = 0
         self.time_total_s = 0.0
+        self._stopped_by: str | None = None  # why the plan ended, once an error unwound it
         # The counters as of the last finished iteration: what a checkpoint records, so one taken
         # while an iteration is interrupted does not count that iteration's partial work.
         self._finished_metrics = self.plan.metrics.save()
@@ -100,9 +106,27 @@ class Trainer:
     # -- running ---------------------------------------------------------------------
 
     def train(self) -> dict[str, Any]:
-        """Run one training iteration (``next(plan)``) and return its result dict."""
+        """Run one training iteration (``next(plan)``) and return its result dict.
+
+        An error the plan cannot absorb propagates and ends the plan: every later call raises
+        :class:`~flowrl.errors.PlanStoppedError` saying why (restore a checkpoint into a new
+        Trainer to go on).
+        """
+        if self._stopped_by is not None:
+            raise PlanStoppedError(
+                f"algorithm {self.algorithm.name!r}: the plan stopped at iteration {self.iteration + 1} with "
+                f"{self._stopped_by}; build a new Trainer (or restore a checkpoint into one) to go on"
+            )
         start = time.perf_counter()
-        result = next(self.plan)
+        try:
+            result = next(self.plan)
+        except StopIteration:
+            self._stopped_by = "no more results (its sources ran out)"
+            raise PlanStoppedError(f"algorithm {self.algorithm.name!r}: the plan ended: {self._stopped_by}") from None
+        except BaseException as e:
+            # The error unwound the plan's generators: they cannot be resumed.
+            self._stopped_by = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            raise
         if not isinstance(result, dict):
             raise FlowRLError(
                 f"algorithm {self.algorithm.name!r}: its plan yielded a {type(result).__name__}, not a result dict; "
@@ -118,7 +142,8 @@ class Trainer:
             timestamp=time.time(),
             plan=self.plan.stats(),
         )
-        result.setdefault("info", {}).update(self.resources.stats())
+        result.setdefault("info", {}).update(self.resources.stats())  # may replace a dead replay shard: first
+        result.update(self.resources.fault_counters())
         self._finished_metrics = self.plan.metrics.save()
         return result
 
@@ -200,17 +225,36 @@ class Trainer:
     # -- lifecycle -------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Release the plan's resources and every actor, and stop Ray if this trainer started it."""
-        self.resources.stop()
-        self.workers.stop()
+        """Release the plan's resources and every actor, and stop Ray if this trainer started it.
+
+        Every step runs even when an earlier one fails (an env's ``close`` raising, a learner
+        thread that does not stop); the failures are then raised together as one
+        :class:`~flowrl.errors.FlowRLError`.
+        """
+        problems = []
+        for step in (self.resources.stop, self.workers.stop):
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 - release the rest first, then report
+                problems.append(f"{type(e).__name__}: {e}")
+        learner = self.resources.learner
+        if learner is not None and learner.is_alive():
+            problems.append(f"learner thread {learner.name!r} did not stop (it is stuck in a learning step)")
         stop_ray(self._owns_ray)
         self._owns_ray = False
+        if problems:
+            raise FlowRLError("Trainer.stop(): everything was released, but:\n" + "\n".join(f"  - {p}" for p in problems))
 
     def __enter__(self) -> "Trainer":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        try:
+            self.stop()
+        except FlowRLError:
+            if exc_type is None:
+                raise
+            logger.exception("Trainer.stop() while handling another error")  # do not hide the error in flight
 
     def __repr__(self) -> str:
         return f"Trainer(algo={self.algorithm.name!r}, env={self.env!r}, iteration={self.iteration})"
@@ -253,7 +297,7 @@ def policy_specs(algorithm: Algorithm, config: TrainerConfig, env_creator: Calla
     Problems a user can cause (a mapping to an unknown policy, agents of one policy with
     different spaces, ``policies`` on a single-agent env) raise one :class:`~flowrl.errors.ConfigError`.
     """
-    probe = env_creator(dict(config.env_config))
+    probe = env_creator(EnvContext(config.env_config, num_workers=config.num_workers))
     try:
         if not is_multi_agent_env(probe):
             if config.policies:
@@ -269,7 +313,7 @@ def policy_specs(algorithm: Algorithm, config: TrainerConfig, env_creator: Calla
             )
         spaces = multi_agent_policy_spaces(probe, config)
     finally:
-        probe.close()
+        close_env(probe)
     if algorithm.make_policies is not None:
         return algorithm.make_policies(spaces, config)
     policy_keys = config.per_policy_keys()
@@ -333,7 +377,7 @@ def evaluate_policies(
     A Gymnasium env acts with ``default_policy``; in a multi-agent env each agent acts with
     the policy ``config.policy_mapping_fn`` maps it to.
     """
-    instance = get_env_creator(env)(dict(config.env_config))
+    instance = get_env_creator(env)(EnvContext(config.env_config))
     episodes: list[dict[str, Any]] = []
     try:
         for i in range(num_episodes):
@@ -347,7 +391,7 @@ def evaluate_policies(
                 total, length = run_episode(single, lambda obs: policy.compute_single_action(obs, explore=False), episode_seed)
                 episodes.append({"episode_reward": total, "episode_length": length})
     finally:
-        instance.close()
+        close_env(instance)
     return {**summarize_episodes(episodes), "episodes": num_episodes}
 
 

@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import cloudpickle
+import gymnasium as gym
 import numpy as np
 import ray.cloudpickle
 import torch
 
-from flowrl.actors import WorkerSet
+from flowrl.actors import WorkerMetrics, WorkerSet
 from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
+from flowrl.envs import EnvContext
 from flowrl.iterators import LocalIterator
 from flowrl.operators import STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER
 from flowrl.policy import LearnOutput, TorchPolicy
@@ -75,6 +77,7 @@ class FakePolicy:
         self.calls: list[np.ndarray] = []
         self.grads_applied: list[Any] = []
         self.target_updates = 0
+        self.num_nonfinite_updates = 0
 
     def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
         self.calls.append(np.array(batch["id"]))
@@ -117,12 +120,12 @@ class FakeWorker:
     def get_weights(self, policies: list[str] | None = None) -> dict[str, Any]:
         return {pid: {"w": np.zeros(1)} for pid in (policies or self.policy_map)}
 
-    def get_metrics(self) -> list[dict[str, float]]:
-        return self.pending.pop(0) if self.pending else []
+    def get_metrics(self) -> WorkerMetrics:
+        return WorkerMetrics(self.pending.pop(0) if self.pending else [])
 
 
 class FakeWorkerSet:
-    """What the operators use of a WorkerSet, recorded: weight syncs and ``foreach_worker``'s ``local`` flags.
+    """What the operators use of a WorkerSet, recorded: weight syncs.
 
     ``FakeWorkerSet("p1", "p2")`` has a local worker with those policies (default: the
     default policy) and no remote workers; ``local=`` and ``remotes=`` give the workers instead.
@@ -135,13 +138,23 @@ class FakeWorkerSet:
         self.remotes = list(remotes)
         self.num_worker_restarts = 0
         self.syncs: list[tuple[Any, Any]] = []
-        self.local_flags: list[bool] = []
 
     def local_worker(self) -> FakeWorker:
         return self.local
 
     def remote_workers(self) -> list[FakeWorker]:
         return list(self.remotes)
+
+    def remote_worker_indices(self) -> list[int]:
+        return list(range(1, len(self.remotes) + 1))
+
+    def num_healthy_workers(self) -> int:
+        return len(self.remotes)
+
+    def collect_metrics(self) -> list[tuple[int, WorkerMetrics]]:
+        if not self.remotes:
+            return [(0, self.local.get_metrics())]
+        return [(i + 1, w.get_metrics()) for i, w in enumerate(self.remotes)]
 
     def trainable_policies(self) -> list[str]:
         return list(self.local.policy_map)
@@ -150,7 +163,6 @@ class FakeWorkerSet:
         self.syncs.append((policies, global_vars))
 
     def foreach_worker(self, fn: Callable[[Any], Any], local: bool = True) -> list[Any]:
-        self.local_flags.append(local)
         return ([fn(self.local)] if local else []) + [fn(w) for w in self.remotes]
 
 
@@ -188,3 +200,35 @@ def is_dead(actor: Any, timeout_s: float = 30.0) -> bool:
             return False
         time.sleep(0.05)
     return False
+
+
+# --- envs that report or break where they run (env_config is an EnvContext) ---
+
+
+class RecordsContext(gym.Wrapper):
+    """CartPole that keeps the EnvContext it was built with."""
+
+    def __init__(self, env_config: EnvContext) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.context = (env_config.worker_index, env_config.vector_index, env_config.num_workers, env_config.recreated_worker)
+        self.user_keys = dict(env_config)
+
+
+class FailsWhenRecreated(gym.Wrapper):
+    """CartPole whose creator raises in a worker that replaces a failed one."""
+
+    def __init__(self, env_config: EnvContext) -> None:
+        if env_config.recreated_worker:
+            raise RuntimeError(f"cannot start again on worker {env_config.worker_index}")
+        super().__init__(gym.make("CartPole-v1"))
+
+
+class CloseRaises(gym.Wrapper):
+    """CartPole whose close() raises."""
+
+    def __init__(self, env_config: EnvContext) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+
+    def close(self) -> None:
+        raise OSError("simulator socket already gone")
+

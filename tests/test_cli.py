@@ -313,6 +313,13 @@ def test_the_iteration_line_shows_each_policys_return_in_multi_agent_runs() -> N
     assert multi.startswith(single) and multi.endswith("dqn_policy 40.0 ppo_policy 150.2")
 
 
+def test_the_iteration_line_shows_faults_once_there_are_any() -> None:
+    base = {"training_iteration": 3, "timesteps_total": 600, "time_this_iter_s": 2.0, "num_worker_restarts": 0, "num_bad_observations": 0}
+    assert "restarts" not in cli.format_iteration(base, 600)
+    line = cli.format_iteration({**base, "num_worker_restarts": 2, "num_bad_observations": 1}, 600)
+    assert line.endswith("restarts 2, bad observations 1")
+
+
 SMALL_ASYNC = ["--num-workers", "2", "--set", "num_cpus_per_worker=0.1", "--set", "rollout_fragment_length=10"]
 SMALL_IMPALA = ["--set", "num_envs_per_worker=2", "--set", "train_batch_size=40"]
 

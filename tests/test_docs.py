@@ -36,6 +36,7 @@ DOC_PATHS = [
     "docs/concepts.md",
     "docs/writing-an-algorithm.md",
     "docs/algorithms.md",
+    "docs/fault-tolerance.md",
 ]
 
 

@@ -9,13 +9,19 @@ hands the driver a few large train batches. Weights flow back down the same tree
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import ray
 
-from flowrl.errors import FlowRLError
+from flowrl.errors import FlowRLError, ShardFailedError
 from flowrl.iterators import LocalIterator, ParallelIteratorWorker, from_actors
+
+if TYPE_CHECKING:
+    from flowrl.actors.worker_set import WorkerSet
+
+logger = logging.getLogger(__name__)
 
 StreamFn = Callable[[LocalIterator[Any]], LocalIterator[Any]]
 
@@ -39,16 +45,21 @@ class AggregatorWorker(ParallelIteratorWorker):
     :meth:`set_weights` are forwarded to each rollout worker of the group the next time
     it delivers a fragment, so its next sample uses them.
 
-    A rollout worker of the group that dies ends this actor's stream with a
-    :class:`~flowrl.errors.ShardFailedError` naming it (aggregators do not replace workers).
+    A rollout worker of the group that dies, raises or gives nothing for ``shard_timeout_s``
+    ends this actor's stream with a :class:`~flowrl.errors.ShardFailedError` whose
+    ``shard_index`` is the worker's position in the group: the driver's
+    :class:`AggregatorSet` then replaces the worker and this aggregator.
     """
 
-    def __init__(self, rollout_workers: Sequence[Any], make_stream: StreamFn, num_async: int = 2) -> None:
+    def __init__(
+        self, rollout_workers: Sequence[Any], make_stream: StreamFn, num_async: int = 2, shard_timeout_s: float | None = None
+    ) -> None:
         if not rollout_workers:
             raise FlowRLError("AggregatorWorker needs at least one rollout worker")
         self.rollout_workers = list(rollout_workers)
         self.make_stream = make_stream
         self.num_async = num_async
+        self.shard_timeout_s = shard_timeout_s
         self.weights: Any = None
         self.global_vars: Mapping[str, Any] | None = None
         self.weights_version = 0
@@ -58,7 +69,9 @@ class AggregatorWorker(ParallelIteratorWorker):
 
     def _stream(self) -> Iterator[Aggregated]:
         fragments = (
-            from_actors(self.rollout_workers, name="rollout_workers")
+            from_actors(
+                self.rollout_workers, name="rollout_workers", on_shard_failure=_report, shard_timeout_s=self.shard_timeout_s
+            )
             .gather_async(num_async=self.num_async)
             .zip_with_source_actor()
             .for_each(self._forward_weights)
@@ -88,13 +101,88 @@ class AggregatorWorker(ParallelIteratorWorker):
         return "pong"
 
 
-def create_aggregators(rollout_workers: Sequence[Any], num_aggregators: int, make_stream: StreamFn, num_cpus: float = 0.5) -> list[Any]:
-    """``num_aggregators`` aggregator actors, rollout workers dealt to them round robin."""
-    if not 1 <= num_aggregators <= len(rollout_workers):
-        raise FlowRLError(
-            f"num_aggregation_workers={num_aggregators} must be between 1 and the number of rollout workers "
-            f"({len(rollout_workers)}): each aggregator gathers from at least one worker"
+def _report(shard_index: int, failed: Any, error: ShardFailedError) -> Any:
+    """An aggregator cannot replace a rollout worker (the driver owns them): end the stream, naming it."""
+    raise error
+
+
+def _worker_failure(error: ShardFailedError) -> ShardFailedError | None:
+    """The rollout worker's failure an aggregator reported, inside the failure of the aggregator's stream."""
+    cause = error.__cause__
+    if isinstance(cause, ray.exceptions.RayTaskError):
+        cause = cause.cause
+    return cause if isinstance(cause, ShardFailedError) else None
+
+
+class AggregatorSet(Sequence[Any]):
+    """The aggregator actors of a plan, each over its group of rollout workers (dealt round robin).
+
+    A sequence of actor handles. :meth:`replace` is the failure hook of a gather over them:
+    when an aggregator's stream ends because one of its rollout workers failed, that
+    worker is handed to the :class:`~flowrl.actors.WorkerSet` (which restarts or drops it)
+    and the aggregator is recreated over its group's workers in service; an aggregator
+    that died itself is recreated too. Either way ``num_restarts`` counts it.
+    """
+
+    def __init__(
+        self, workers: WorkerSet, num_aggregators: int, make_stream: StreamFn, num_cpus: float = 0.5, num_async: int = 2
+    ) -> None:
+        indices = workers.remote_worker_indices()
+        if not 1 <= num_aggregators <= len(indices):
+            raise FlowRLError(
+                f"num_aggregation_workers={num_aggregators} must be between 1 and the number of rollout workers "
+                f"({len(indices)}): each aggregator gathers from at least one worker"
+            )
+        self.workers = workers
+        self.make_stream = make_stream
+        self.num_async = num_async
+        self.num_restarts = 0
+        self._remote_cls = ray.remote(num_cpus=num_cpus, max_restarts=0)(AggregatorWorker)
+        self._groups = [indices[i::num_aggregators] for i in range(num_aggregators)]
+        self._actors = [self._create(group) for group in self._groups]
+        self._replacements: dict[Any, Any] = {}
+
+    def _create(self, group: list[int]) -> Any:
+        live = dict(zip(self.workers.remote_worker_indices(), self.workers.remote_workers()))
+        return self._remote_cls.remote(
+            [live[i] for i in group if i in live], self.make_stream, self.num_async, self.workers.sample_timeout_s
         )
-    remote_cls = ray.remote(num_cpus=num_cpus, max_restarts=0)(AggregatorWorker)
-    groups = [list(rollout_workers[i::num_aggregators]) for i in range(num_aggregators)]
-    return [remote_cls.remote(group, make_stream) for group in groups]
+
+    def _live(self) -> list[Any]:
+        return [actor for actor in self._actors if actor is not None]
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._live()[index]
+
+    def __len__(self) -> int:
+        return len(self._live())
+
+    def replace(self, index: int, failed: Any, error: ShardFailedError) -> Any:
+        """Hand a failed rollout worker to the worker set and recreate aggregator ``index`` (its position
+        when the gather was built); None if its group is gone."""
+        if failed in self._replacements:
+            return self._replacements[failed]
+        worker_failure = _worker_failure(error)
+        if worker_failure is not None:
+            group = self._groups[index]
+            live = dict(zip(self.workers.remote_worker_indices(), self.workers.remote_workers()))
+            worker_index = group[worker_failure.shard_index] if worker_failure.shard_index < len(group) else None
+            if worker_index in live:
+                self.workers.handle_failure(live[worker_index], worker_failure)
+        elif error.reason == "raised":
+            raise error  # the aggregator's own code failed: not a fault a restart fixes
+        ray.kill(failed, no_restart=True)
+        in_service = set(self.workers.remote_worker_indices())
+        self._groups[index] = [i for i in self._groups[index] if i in in_service]
+        replacement = self._create(self._groups[index]) if self._groups[index] else None
+        logger.warning("aggregator %d failed (%s); %s", index, error, "recreated" if replacement else "its workers are gone")
+        self._actors[index] = replacement
+        self._replacements[failed] = replacement
+        self.num_restarts += 1
+        return replacement
+
+    def stop(self) -> None:
+        """Kill every aggregator actor."""
+        for actor in self._live():
+            ray.kill(actor, no_restart=True)
+        self._actors = []

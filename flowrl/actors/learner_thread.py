@@ -108,7 +108,8 @@ class LearnerThread(threading.Thread):
     ``learn_fn`` must not be combined with).
 
     If ``learn_fn`` raises, the thread records the error and ends; :meth:`check` then
-    raises it in the caller's thread.
+    raises it in the caller's thread, as it does when one ``learn_fn`` call has run longer
+    than ``timeout_s`` (a stuck learner is reported, not waited on forever).
     """
 
     #: Longest wait on an empty inqueue (or a full outqueue) before re-reading the stop flag.
@@ -125,6 +126,7 @@ class LearnerThread(threading.Thread):
         num_sgd_iter: int = 1,
         sgd_minibatch_size: int = 0,
         sequence_length: int = 1,
+        timeout_s: float | None = None,
         name: str = "learner",
     ) -> None:
         if inqueue_size < 0 or outqueue_size < 0:
@@ -163,6 +165,8 @@ class LearnerThread(threading.Thread):
         self.lock = getattr(local_worker, "lock", None) or threading.RLock()
         self._stop_event = threading.Event()
         self._waiting_sum = 0
+        self.timeout_s = timeout_s
+        self._learning_since: float | None = None  # when the learn_fn call in progress started
 
     # -- the thread --------------------------------------------------------------------
 
@@ -189,9 +193,11 @@ class LearnerThread(threading.Thread):
         self._waiting_sum += self.inqueue.qsize()
 
         source, batch = (item.actor, item.item) if isinstance(item, FromActor) else (None, item)
+        self._learning_since = time.monotonic()
         with self.lock, self.learn_timer:
             result = self.learn_fn(self.local_worker, batch)._replace(source=source)
             self.learn_timer.push_units_processed(result.steps)
+        self._learning_since = None
         self.learner_info = result.info
         self.num_steps_trained += result.steps
         self.num_batches_trained += 1
@@ -219,6 +225,12 @@ class LearnerThread(threading.Thread):
                 f"learner thread {self.name!r} failed: {type(e).__name__}: {e}\n"
                 f"traceback in the learner thread:\n{self.error_traceback}"
             ) from e
+        started = self._learning_since
+        if self.timeout_s is not None and started is not None and time.monotonic() - started > self.timeout_s:
+            raise LearnerThreadError(
+                f"learner thread {self.name!r} has been learning on one batch for over {self.timeout_s:g} s "
+                "(learner_timeout_s): it is stuck or far too slow"
+            )
         if self._stop_event.is_set():
             return False
         if self.ident is None:

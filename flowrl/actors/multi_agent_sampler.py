@@ -6,19 +6,22 @@ on its group's stacked observations. Every agent's transitions form its own traj
 a piece ends when the agent terminates or truncates, or when the fragment ends (then its
 policy's postprocessing bootstraps from the last next-observation), and is postprocessed
 by that agent's policy. A fragment is a :class:`~flowrl.data.MultiAgentBatch` of
-``fragment_length x num_envs`` env steps.
+``fragment_length x num_envs`` env steps, less the steps of episodes dropped for a fault
+(see :class:`~flowrl.actors.sampler.FaultTolerantSampler`).
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Hashable, Mapping
+import math
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from flowrl.actors.sampler import MAX_UNCOLLECTED_EPISODES, EpisodeStats
+from flowrl.actors.sampler import EnvMaker, EpisodeStats, FaultTolerantSampler, ObservationCheck, reward_problem
 from flowrl.data import MultiAgentBatch, SampleBatch, concat_samples
 from flowrl.errors import EnvError, FlowRLError
 from flowrl.policy import Policy
@@ -64,13 +67,29 @@ class _Trajectory:
         return batch
 
 
-class MultiAgentSampler:
+@dataclass
+class _Fragment:
+    """What one :meth:`MultiAgentSampler.sample` call gathered: postprocessed pieces and the episodes dropped."""
+
+    #: Per policy id: ``(episode id, piece)``, so that a piece of an episode dropped later can be left out.
+    pieces: dict[str, list[tuple[int, SampleBatch]]] = field(default_factory=lambda: collections.defaultdict(list))
+    dropped: set[int] = field(default_factory=set)
+    dropped_env_steps: int = 0
+
+
+class MultiAgentSampler(FaultTolerantSampler):
     """Samples :class:`~flowrl.data.MultiAgentBatch` fragments from multi-agent ``envs``.
 
     ``policy_map`` holds the policies by id; ``policy_mapping_fn(agent_id)`` picks one for
     each agent at the start of its episode, and an id that is not in ``policy_map`` raises
     a :class:`~flowrl.errors.FlowRLError` naming the agent. Only ``truncate_episodes``
     sampling: each :meth:`sample` steps every env ``fragment_length`` times.
+
+    Faults are handled per env as in :class:`~flowrl.actors.sampler.FaultTolerantSampler`
+    (an episode is dropped for all of its agents). Each agent's observations are checked
+    against ``observation_space(agent)``; the live agents' ones as each policy's stacked
+    batch, in a few vectorized passes (agents that share a policy share its space), and a
+    leaving agent's last one alone. Rewards are checked per env step.
     """
 
     def __init__(
@@ -83,8 +102,13 @@ class MultiAgentSampler:
         seed: int | None = None,
         episode_id_base: int = 0,
         clip_actions: bool = True,
+        env_maker: EnvMaker | None = None,
+        on_bad_observation: str = "raise",
+        worker_index: int = 0,
     ) -> None:
-        self.envs = envs
+        super().__init__(
+            envs, env_maker=env_maker, on_bad_observation=on_bad_observation, worker_index=worker_index, seed=seed
+        )
         self.policy_map = policy_map
         self.policy_mapping_fn = policy_mapping_fn
         self.fragment_length = fragment_length
@@ -94,19 +118,31 @@ class MultiAgentSampler:
             if clip_actions and isinstance(p.action_space, gym.spaces.Box)
         }
         self._agent_index = {agent: i for i, agent in enumerate(envs[0].possible_agents)}
+        self._obs_checks: dict[Hashable, ObservationCheck] = {}
+        #: Checks on (the default); benchmarks/sampler_checks.py turns them off to measure their cost.
+        self._check_data = True
         self._next_episode_id = episode_id_base
         n = len(envs)
-        self.finished: collections.deque[EpisodeStats] = collections.deque(maxlen=MAX_UNCOLLECTED_EPISODES)
         self.steps_sampled = 0
         self.obs: list[dict[Hashable, Any]] = [{} for _ in envs]
         self.ts = np.zeros(n, dtype=np.int64)
         self.eps_ids = np.zeros(n, dtype=np.int64)
         self.trajectories: list[dict[Hashable, _Trajectory]] = [{} for _ in range(n)]
-        for i, env in enumerate(envs):
+        for i in range(n):
             self._start_episode(i, None if seed is None else seed + i)
+        # The live agents grouped by policy with their stacked, checked observations: what acts next.
+        self._groups: dict[str, tuple[list[tuple[int, Hashable]], np.ndarray]] = {}
+        self._prepare_groups(_Fragment(), -1)
 
     def _start_episode(self, i: int, seed: int | None = None) -> None:
-        obs, _ = self.envs[i].reset(seed=seed)
+        while True:
+            try:
+                obs, _ = self.envs[i].reset(seed=seed)
+                break
+            except Exception as error:
+                if self.env_maker is None:
+                    raise
+                seed = self._recreate_env(i, "env.reset()", error)
         self.obs[i] = dict(obs)
         self.ts[i] = 0
         self._next_episode_id += 1
@@ -130,33 +166,31 @@ class MultiAgentSampler:
 
     def sample(self) -> MultiAgentBatch:
         """One fragment: ``fragment_length`` steps of every env, postprocessed per agent trajectory."""
-        pieces: dict[str, list[SampleBatch]] = collections.defaultdict(list)
-
-        def close(trajectory: _Trajectory) -> None:
-            piece = trajectory.cut()
-            if piece is not None:
-                pieces[trajectory.policy_id].append(self.policy_map[trajectory.policy_id].postprocess_trajectory(piece))
-
-        for _ in range(self.fragment_length):
-            self._step(close)
+        fragment = _Fragment()
+        for step in range(self.fragment_length):
+            self._step(fragment, step)
         for env_trajectories in self.trajectories:
             for trajectory in env_trajectories.values():
-                close(trajectory)
+                self._close(fragment, trajectory)
         env_steps = self.fragment_length * len(self.envs)
         self.steps_sampled += env_steps
-        batches = {pid: concat_samples(batches) if len(batches) > 1 else batches[0] for pid, batches in pieces.items()}
-        return MultiAgentBatch(batches, env_steps)
+        batches: dict[str, SampleBatch] = {}
+        for pid, pieces in fragment.pieces.items():
+            kept = [piece for eps_id, piece in pieces if eps_id not in fragment.dropped]
+            if kept:
+                batches[pid] = concat_samples(kept) if len(kept) > 1 else kept[0]
+        return MultiAgentBatch(batches, env_steps - fragment.dropped_env_steps)
 
-    def _step(self, close: Callable[[_Trajectory], None]) -> None:
-        # Group every live agent of every env by its policy, so each policy acts once.
-        groups: dict[str, list[tuple[int, Hashable]]] = collections.defaultdict(list)
-        for i, env_obs in enumerate(self.obs):
-            for agent in env_obs:
-                groups[self._trajectory(i, agent).policy_id].append((i, agent))
+    def _close(self, fragment: _Fragment, trajectory: _Trajectory) -> None:
+        piece = trajectory.cut()
+        if piece is not None:
+            policy = self.policy_map[trajectory.policy_id]
+            fragment.pieces[trajectory.policy_id].append((trajectory.eps_id, policy.postprocess_trajectory(piece)))
+
+    def _step(self, fragment: _Fragment, step: int) -> None:
         actions: list[dict[Hashable, Any]] = [{} for _ in self.envs]
         rows: dict[tuple[int, Hashable], dict[str, Any]] = {}
-        for policy_id, members in groups.items():
-            obs_batch = np.stack([np.asarray(self.obs[i][agent]) for i, agent in members])
+        for policy_id, (members, obs_batch) in self._groups.items():
             policy_actions, extra = self.policy_map[policy_id].compute_actions(obs_batch)
             clip = self._clip.get(policy_id)
             for k, (i, agent) in enumerate(members):
@@ -164,7 +198,23 @@ class MultiAgentSampler:
                 actions[i][agent] = np.clip(action, *clip) if clip is not None else action
                 rows[(i, agent)] = {SampleBatch.OBS: obs_batch[k], SampleBatch.ACTIONS: action, **{key: v[k] for key, v in extra.items()}}
         for i, env in enumerate(self.envs):
-            new_obs, rewards, terminateds, truncateds, _ = env.step(actions[i])
+            try:
+                new_obs, rewards, terminateds, truncateds, _ = env.step(actions[i])
+            except Exception as error:
+                if self.env_maker is None:
+                    raise
+                seed = self._recreate_env(i, "env.step()", error)
+                self._drop_episode(fragment, i, int(self.ts[i]) + 1, step)
+                self._start_episode(i, seed)
+                continue
+            live = list(env.agents)
+            if self._check_data:
+                problem = self._step_problem(i, new_obs, rewards, live)
+                if problem is not None:
+                    self._bad_data(i, self._step_where(i, step), problem)
+                    self._drop_episode(fragment, i, int(self.ts[i]) + 1, step)
+                    self._start_episode(i)
+                    continue
             t = int(self.ts[i])
             for agent in actions[i]:
                 row = rows[(i, agent)]
@@ -179,12 +229,11 @@ class MultiAgentSampler:
                 trajectory = self.trajectories[i][agent]
                 trajectory.add(row)
                 if terminated or truncated:
-                    close(trajectory)
+                    self._close(fragment, trajectory)
             for agent, reward in rewards.items():
                 if agent not in actions[i]:
                     self._trajectory(i, agent).reward_without_acting(float(reward))
             self.ts[i] += 1
-            live = list(env.agents)
             if live:
                 missing = [agent for agent in live if agent not in new_obs]
                 if missing:
@@ -196,9 +245,98 @@ class MultiAgentSampler:
                 if trajectory.columns:  # an agent the env dropped without a done flag: its piece ends here
                     trajectory.columns[SampleBatch.TRUNCATEDS][-1] = True
                     trajectory.columns[SampleBatch.REWARDS][-1] += trajectory.pending_reward
-                    close(trajectory)
+                    self._close(fragment, trajectory)
             self._record_episode(i)
+            self._episode_kept(i)
             self._start_episode(i)
+        self._prepare_groups(fragment, step)
+
+    def _step_where(self, i: int, step: int) -> str:
+        vector_step = self.steps_sampled // len(self.envs) + step
+        return f"env.step() at step {int(self.ts[i])} of its episode (vector step {vector_step})"
+
+    def _obs_check(self, i: int, agent: Hashable) -> ObservationCheck:
+        check = self._obs_checks.get(agent)
+        if check is None:
+            space = self.envs[i].observation_space(agent)
+            check = self._obs_checks[agent] = ObservationCheck(space, f"observation_space({agent!r})")
+        return check
+
+    def _step_problem(
+        self, i: int, new_obs: Mapping[Hashable, Any], rewards: Mapping[Hashable, Any], live: list[Hashable]
+    ) -> str | None:
+        """What is wrong with a step's rewards, or with the last observation of an agent that left; or None.
+
+        (The live agents' observations are checked stacked, by :meth:`_prepare_groups`.)
+        """
+        try:
+            finite = math.isfinite(sum(rewards.values()))  # one sum: finite only if every reward is
+        except TypeError:
+            finite = False
+        if not finite:
+            for agent, reward in rewards.items():
+                problem = reward_problem(reward, f"reward[{agent!r}]")
+                if problem is not None:
+                    return problem
+        for agent, obs in new_obs.items():
+            if agent not in live:
+                problem = self._obs_check(i, agent).problem(obs, f"new_obs[{agent!r}]")
+                if problem is not None:
+                    return problem
+        return None
+
+    def _prepare_groups(self, fragment: _Fragment, step: int) -> None:
+        """Group the live agents of every env by policy, stack and check their observations (after vector ``step``).
+
+        An env with a bad observation has its episode dropped (or raises) and is reset, and
+        the groups are made again.
+        """
+        while True:
+            groups: dict[str, list[tuple[int, Hashable]]] = collections.defaultdict(list)
+            for i, env_obs in enumerate(self.obs):
+                for agent in env_obs:
+                    groups[self._trajectory(i, agent).policy_id].append((i, agent))
+            self._groups = {}
+            for policy_id, members in groups.items():
+                bad = None
+                try:
+                    obs_batch = np.stack([np.asarray(self.obs[i][agent]) for i, agent in members])
+                except ValueError:  # observations of different shapes
+                    if not self._check_data or (bad := self._first_bad_observation(members)) is None:
+                        raise
+                else:
+                    if self._check_data and not self._obs_check(*members[0]).rows_ok(obs_batch):
+                        bad = self._first_bad_observation(members)  # None: a sum overflowed, all is well
+                if bad is not None:
+                    self._drop_for_observation(fragment, step, *bad)
+                    break
+                self._groups[policy_id] = (members, obs_batch)
+            else:
+                return
+
+    def _first_bad_observation(self, members: list[tuple[int, Hashable]]) -> tuple[int, Hashable, str] | None:
+        for i, agent in members:
+            field = f"{'obs' if self.ts[i] == 0 else 'new_obs'}[{agent!r}]"
+            problem = self._obs_check(i, agent).problem(self.obs[i][agent], field)
+            if problem is not None:
+                return i, agent, problem
+        return None
+
+    def _drop_for_observation(self, fragment: _Fragment, step: int, i: int, agent: Hashable, problem: str) -> None:
+        """Raise for, or drop the episode of, env ``i`` whose agent's next observation is bad; start another."""
+        vector_step = self.steps_sampled // len(self.envs) + step
+        if self.ts[i] == 0:  # from a reset, for the next vector step
+            where = f"env.reset() (vector step {vector_step + 1})"
+        else:
+            where = f"env.step() at step {int(self.ts[i]) - 1} of its episode (vector step {vector_step})"
+        self._bad_data(i, where, problem)
+        self._drop_episode(fragment, i, int(self.ts[i]), step)
+        self._start_episode(i)
+
+    def _drop_episode(self, fragment: _Fragment, i: int, steps_taken: int, step: int) -> None:
+        """Leave env ``i``'s episode (``steps_taken`` steps so far) out of the fragment: its pieces and env steps."""
+        fragment.dropped.add(int(self.eps_ids[i]))
+        fragment.dropped_env_steps += min(steps_taken, step + 1)
 
     def _record_episode(self, i: int) -> None:
         policy_rewards: dict[str, list[float]] = collections.defaultdict(list)
@@ -206,9 +344,3 @@ class MultiAgentSampler:
             policy_rewards[trajectory.policy_id].append(trajectory.total_reward)
         total_reward = sum(sum(returns) for returns in policy_rewards.values())
         self.finished.append(EpisodeStats(float(total_reward), int(self.ts[i]), dict(policy_rewards)))
-
-    def pop_episode_stats(self) -> list[EpisodeStats]:
-        """Episodes finished since the last call (the most recent ones, if very many)."""
-        finished = list(self.finished)
-        self.finished.clear()
-        return finished

@@ -36,13 +36,15 @@ _WEIGHTED_SUM_CHUNK = 256
 
 # Per process: noise tables fetched from the object store, by object id (read-only, zero-copy views).
 _FETCHED_NOISE: dict[str, np.ndarray] = {}
+#: Longest wait for the noise table from the object store (it may come from another node).
+NOISE_FETCH_TIMEOUT_S = 300.0
 
 
 def _fetch_noise(ref: ray.ObjectRef) -> np.ndarray:
     key = ref.hex()
     if key not in _FETCHED_NOISE:
         _FETCHED_NOISE.clear()  # a worker serves one plan's table at a time
-        _FETCHED_NOISE[key] = ray.get(ref)
+        _FETCHED_NOISE[key] = ray.get(ref, timeout=NOISE_FETCH_TIMEOUT_S)
     return _FETCHED_NOISE[key]
 
 

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
-from typing import Any, Iterator, Mapping
+from collections.abc import Sequence
+from typing import Any, Iterator, Mapping, overload
 
 import ray
 
 from flowrl.data import LocalReplayBuffer, MultiAgentBatch, SampleBatch
-from flowrl.errors import FlowRLError
+from flowrl.errors import FlowRLError, ReplayShardError
 from flowrl.iterators import ParallelIteratorWorker
 
 Batch = SampleBatch | MultiAgentBatch
+
+logger = logging.getLogger(__name__)
 
 
 @ray.remote(num_cpus=0)
@@ -69,22 +74,123 @@ class ReplayActor(ParallelIteratorWorker):
         return "pong"
 
 
+def _first_line(error: BaseException | None) -> str:
+    """``Type: first line of its message``: Ray's error texts run to many lines."""
+    if error is None:
+        return "reported failed"
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+class ReplayShards(Sequence[Any]):
+    """The replay tier: :class:`ReplayActor` handles that a dead shard's replacement takes the place of.
+
+    Reads like the list of the current handles (``len``, indexing, iteration), so code that
+    reads it at the time of use always sees the live shards. Remembers each shard's buffer
+    arguments: :meth:`replace` recreates a failed shard *empty* with them (its rows are lost;
+    it replays again once it holds ``learning_starts`` steps), in the same position, logs a
+    warning and counts the restart in ``num_restarts``; ``refill_steps`` sums the
+    replacements' ``learning_starts`` (steps sampling must add before they replay). Build one
+    with :func:`create_replay_actors`.
+    """
+
+    def __init__(self, shard_args: Sequence[Mapping[str, Any]], *, num_cpus: float = 0.0) -> None:
+        if not shard_args:
+            raise FlowRLError("ReplayShards needs the buffer arguments of at least one shard")
+        self._shard_args = [dict(args) for args in shard_args]
+        self._num_cpus = num_cpus
+        self._actors = [self._start(args) for args in self._shard_args]
+        # Failed handles -> their position, so that every later report of one gets its replacement.
+        self._replaced: dict[Any, int] = {}
+        # Gathers, operators and PlanResources.stats may report the same failure from different threads.
+        self._lock = threading.Lock()
+        self._stopped = False
+        self.num_restarts = 0
+        self.refill_steps = 0
+
+    def _start(self, args: Mapping[str, Any]) -> Any:
+        # ray.remote's stubs keep the class type, which has no .options.
+        return ReplayActor.options(num_cpus=self._num_cpus).remote(**args)  # type: ignore[attr-defined]
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Any]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        return self._actors[index]
+
+    def __len__(self) -> int:
+        return len(self._actors)
+
+    def __iter__(self) -> Iterator[Any]:
+        # A copy: a replacement during the iteration does not disturb it.
+        return iter(list(self._actors))
+
+    def __repr__(self) -> str:
+        return f"ReplayShards({len(self._actors)} shards, {self.num_restarts} restarts)"
+
+    def was_replaced(self, actor: Any) -> bool:
+        """Whether ``actor`` is a shard that failed and was replaced (rows it handed out are gone)."""
+        return actor in self._replaced
+
+    def replace(self, failed_actor: Any, error: BaseException | None = None) -> Any:
+        """The replacement of ``failed_actor``: a new, empty shard with the same arguments, in its place.
+
+        Idempotent: a shard that was already replaced is not replaced again, and every
+        caller reporting it gets the shard now in its place. The failed actor is killed, in
+        case it is hung rather than dead. Raises :class:`~flowrl.errors.ReplayShardError`
+        for an actor that is not one of these shards, or after :meth:`stop`.
+        """
+        with self._lock:
+            if failed_actor in self._replaced:
+                return self._actors[self._replaced[failed_actor]]
+            if self._stopped:
+                raise ReplayShardError(f"replay shard {failed_actor} failed after the replay tier was stopped") from error
+            try:
+                index = self._actors.index(failed_actor)
+            except ValueError:
+                raise ReplayShardError(f"{failed_actor} failed but is not one of the replay shards {self._actors}") from error
+            ray.kill(failed_actor)
+            self._actors[index] = self._start(self._shard_args[index])
+            self._replaced[failed_actor] = index
+            self.num_restarts += 1
+            self.refill_steps += int(self._shard_args[index].get("learning_starts", 0))
+            logger.warning(
+                "replay shard %d failed (%s); recreated it empty (replay shard restart %d)",
+                index,
+                _first_line(error),
+                self.num_restarts,
+            )
+            return self._actors[index]
+
+    def stop(self) -> None:
+        """Kill every shard; failures reported afterwards raise instead of starting new ones (idempotent)."""
+        with self._lock:
+            self._stopped = True
+            for actor in self._actors:
+                ray.kill(actor)
+
+
 def create_replay_actors(
     num_shards: int, *, capacity: int, learning_starts: int, num_cpus: float = 0.0, seed: int | None = None, **buffer_args: Any
-) -> list[Any]:
+) -> ReplayShards:
     """``num_shards`` :class:`ReplayActor` shards splitting ``capacity`` and ``learning_starts`` between them.
 
     ``buffer_args``: the other arguments of :class:`~flowrl.data.LocalReplayBuffer`; shard
-    ``i`` samples with ``seed + i``.
+    ``i`` samples with ``seed + i``. The shards come as :class:`ReplayShards`, which
+    recreates a failed one.
     """
     if num_shards < 1:
         raise FlowRLError(f"create_replay_actors(num_shards={num_shards}): needs at least one shard")
-    return [
-        ReplayActor.options(num_cpus=num_cpus).remote(  # type: ignore[attr-defined]  # ray.remote's stubs keep the class type
-            capacity=max(1, capacity // num_shards),
-            learning_starts=learning_starts // num_shards,
-            seed=None if seed is None else seed + shard,
+    shard_args = [
+        {
+            "capacity": max(1, capacity // num_shards),
+            "learning_starts": learning_starts // num_shards,
+            "seed": None if seed is None else seed + shard,
             **buffer_args,
-        )
+        }
         for shard in range(num_shards)
     ]
+    return ReplayShards(shard_args, num_cpus=num_cpus)

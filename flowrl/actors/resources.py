@@ -11,16 +11,18 @@ them, one can be replaced without rebuilding the plan.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 import ray
 
+from flowrl.actors.aggregator import AggregatorSet
 from flowrl.actors.learner_thread import LearnerThread
-from flowrl.actors.replay_actor import create_replay_actors
+from flowrl.actors.replay_actor import ReplayShards, create_replay_actors
 from flowrl.data import LocalReplayBuffer
-from flowrl.errors import CheckpointError, FlowRLError
+from flowrl.errors import CheckpointError, FlowRLError, ReplayShardError
 
 if TYPE_CHECKING:
     from flowrl.actors.worker_set import WorkerSet
@@ -62,15 +64,17 @@ class PlanResources:
     """What a plan wires besides its rollout workers; empty for plans that need none.
 
     ``replay_buffer``: a local replay buffer (DQN). ``replay_actors``: replay shard actors
-    (Ape-X). ``learner``: a learner thread (Ape-X, IMPALA, APPO), started here if it was not.
-    ``aggregators``: aggregator actors (IMPALA's tree aggregation). With
-    ``checkpoint_replay_contents`` the replay contents go into checkpoints, not only their counters.
+    (Ape-X), as :class:`~flowrl.actors.ReplayShards` so that a dead one is recreated (in
+    any other sequence a dead shard is an error). ``learner``: a learner thread (Ape-X,
+    IMPALA, APPO), started here if it was not. ``aggregators``: aggregator actors (IMPALA's
+    tree aggregation). With ``checkpoint_replay_contents`` the replay contents go into
+    checkpoints, not only their counters.
     """
 
     replay_buffer: LocalReplayBuffer | None = None
-    replay_actors: list[Any] = field(default_factory=list)
+    replay_actors: Sequence[Any] = field(default_factory=list)
     learner: LearnerThread | None = None
-    aggregators: list[Any] = field(default_factory=list)
+    aggregators: AggregatorSet | None = None
     checkpoint_replay_contents: bool = False
 
     def __post_init__(self) -> None:
@@ -89,7 +93,7 @@ class PlanResources:
             raise FlowRLError("this plan trains in a learner thread: declare PlanResources(learner=...) in make_resources")
         return self.learner
 
-    def need_replay_actors(self) -> list[Any]:
+    def need_replay_actors(self) -> Sequence[Any]:
         """The replay shard actors; a plan that needs them raises a clear error without them."""
         if not self.replay_actors:
             raise FlowRLError("this plan replays from shard actors: declare PlanResources(replay_actors=...) in make_resources")
@@ -99,9 +103,19 @@ class PlanResources:
         """Stop the learner thread and kill the actors (idempotent)."""
         if self.learner is not None:
             self.learner.stop()
-        for actor in [*self.replay_actors, *self.aggregators]:
-            ray.kill(actor)
-        self.replay_actors, self.aggregators = [], []
+        if isinstance(self.replay_actors, ReplayShards):
+            self.replay_actors.stop()  # also keeps a late failure report from starting a new shard
+        else:
+            for actor in self.replay_actors:
+                ray.kill(actor)
+        if self.aggregators is not None:
+            self.aggregators.stop()
+        self.replay_actors, self.aggregators = [], None
+
+    def fault_counters(self) -> dict[str, int]:
+        """Fault counts for the top level of the result: ``num_replay_shard_restarts`` (0 without shards)."""
+        shards = self.replay_actors
+        return {"num_replay_shard_restarts": shards.num_restarts if isinstance(shards, ReplayShards) else 0}
 
     def get_state(self) -> dict[str, Any]:
         """The replay buffers' state (their contents with ``checkpoint_replay_contents``), for checkpoints.
@@ -114,8 +128,8 @@ class PlanResources:
         if self.replay_buffer is not None:
             state["replay_buffer"] = self.replay_buffer.get_state(include_contents=contents)
         if self.replay_actors:
-            refs = [actor.get_state.remote(contents) for actor in self.replay_actors]
-            state["replay_shards"] = ray.get(refs, timeout=STATE_TIMEOUT_S)
+            args = [(contents,)] * len(self.replay_actors)
+            state["replay_shards"] = self._ask_shards("get_state", args, STATE_TIMEOUT_S)
         return state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -129,8 +143,7 @@ class PlanResources:
                     f"the checkpoint holds {len(shards)} replay shards, this run has {len(self.replay_actors)}; "
                     "restore with the checkpoint's num_replay_shards"
                 )
-            refs = [actor.set_state.remote(shard) for actor, shard in zip(self.replay_actors, shards)]
-            ray.get(refs, timeout=STATE_TIMEOUT_S)
+            self._ask_shards("set_state", [(shard,) for shard in shards], STATE_TIMEOUT_S)
 
     def stats(self) -> dict[str, Any]:
         """Learner queue and throughput, replay sizes: what ``result["info"]`` reports of them."""
@@ -140,9 +153,39 @@ class PlanResources:
         if self.replay_buffer is not None:
             stats["replay_buffer"] = self.replay_buffer.stats()
         if self.replay_actors:
-            refs = [actor.stats.remote() for actor in self.replay_actors]
-            stats["replay_shards"] = ray.get(refs, timeout=STATS_TIMEOUT_S)
+            args = [()] * len(self.replay_actors)
+            stats["replay_shards"] = self._ask_shards("stats", args, STATS_TIMEOUT_S, replace_dead=True)
         return stats
+
+    def _ask_shards(
+        self, method: str, args: Sequence[tuple[Any, ...]], timeout_s: float, replace_dead: bool = False
+    ) -> list[Any]:
+        """Each replay shard's answer to ``method(*args[i])``, all within ``timeout_s``.
+
+        A shard that gives no answer in time, or is dead, raises
+        :class:`~flowrl.errors.ReplayShardError` naming it; with ``replace_dead`` a dead shard
+        of :class:`ReplayShards` is recreated instead, and its replacement answers.
+        """
+        actors = list(self.replay_actors)
+        refs = [getattr(actor, method).remote(*call_args) for actor, call_args in zip(actors, args)]
+        deadline = time.monotonic() + timeout_s
+        answers: list[Any] = []
+        for index, (actor, ref) in enumerate(zip(actors, refs)):
+            try:
+                answers.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
+            except ray.exceptions.GetTimeoutError as e:
+                raise ReplayShardError(f"replay shard {index} gave no answer to {method} within {timeout_s} s") from e
+            except ray.exceptions.RayActorError as e:
+                if not (replace_dead and isinstance(self.replay_actors, ReplayShards)):
+                    raise ReplayShardError(f"replay shard {index} died before it answered {method}: its rows are lost") from e
+                replacement = self.replay_actors.replace(actor, e)
+                ref = getattr(replacement, method).remote(*args[index])
+                try:
+                    # A time of its own: a new actor starts a process and imports flowrl first.
+                    answers.append(ray.get(ref, timeout=timeout_s))
+                except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as e2:
+                    raise ReplayShardError(f"replay shard {index} was recreated; its replacement did not answer {method}") from e2
+        return answers
 
 
 def no_resources(workers: WorkerSet, config: Any) -> PlanResources:
@@ -155,6 +198,7 @@ def local_replay_buffer(config: ReplayConfig) -> LocalReplayBuffer:
     return LocalReplayBuffer(**replay_buffer_args(config))
 
 
-def replay_shards(config: ReplayConfig, num_shards: int) -> list[Any]:
-    """``num_shards`` replay shard actors splitting ``config``'s replay capacity and ``learning_starts``."""
+def replay_shards(config: ReplayConfig, num_shards: int) -> ReplayShards:
+    """``num_shards`` replay shard actors splitting ``config``'s replay capacity and ``learning_starts``
+    (a dead one is recreated empty)."""
     return create_replay_actors(num_shards, **replay_buffer_args(config))

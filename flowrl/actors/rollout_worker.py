@@ -7,7 +7,6 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, TypeVar, cast
 
 import gymnasium as gym
 import numpy as np
-import ray
 import torch
 
 from flowrl.actors.multi_agent_sampler import MultiAgentSampler
@@ -45,6 +44,14 @@ def as_config(config: TrainerConfig | Mapping[str, Any]) -> TrainerConfig:
 #: The Ray concurrency group of a remote worker's control calls (health probes, metrics), served
 #: in their own thread so that they never queue behind a long or stuck sample.
 CONTROL_GROUP = "control"
+
+
+def control_call(worker: Any, method: str, *args: Any) -> Any:
+    """Call ``method`` of a remote rollout worker in its control thread; returns the object ref.
+
+    For calls that only read (``ping``, ``get_metrics``): they are answered while a sample runs.
+    """
+    return getattr(worker, method).options(concurrency_group=CONTROL_GROUP).remote(*args)
 
 
 class WorkerMetrics(NamedTuple):
@@ -211,11 +218,11 @@ class RolloutWorker(ParallelIteratorWorker):
         """Report an episode run outside the sampler (e.g. ES's evaluation episodes) with the sampled ones."""
         self.sampler.finished.append(stats)
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
     def get_metrics(self) -> WorkerMetrics:
         """The episodes finished and the faults absorbed since the last call (each reported once).
 
-        A remote worker answers from its control thread, without waiting for a sample in progress.
+        Ask a remote worker with :func:`control_call` to have it answer without waiting for a
+        sample in progress.
         """
         episodes = [vars(s) for s in self.sampler.pop_episode_stats()]
         faulty, bad = self.sampler.num_faulty_episodes, self.sampler.num_bad_observations
@@ -235,9 +242,8 @@ class RolloutWorker(ParallelIteratorWorker):
         """Call ``fn(self, *args)`` here (inside the actor for a remote worker)."""
         return fn(self, *args)
 
-    @ray.method(concurrency_group=CONTROL_GROUP)
     def ping(self) -> str:
-        """Answer a health check (from the control thread: it shows the process is alive, even mid-sample)."""
+        """Answer a health check (through :func:`control_call`: it shows the process is alive, even mid-sample)."""
         return "pong"
 
     def stop(self) -> None:

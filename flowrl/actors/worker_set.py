@@ -1,42 +1,93 @@
-"""A local rollout worker plus N remote ones, with weight sync and worker recovery."""
+"""A local rollout worker plus N remote ones, with weight sync and bounded worker recovery."""
 
 from __future__ import annotations
 
+import collections
 import logging
+import time
 from typing import Any, Callable, Mapping, TypeVar, cast
 
 import gymnasium as gym
 import ray
 
-from flowrl.actors.rollout_worker import RolloutWorker, as_config
+from flowrl.actors.rollout_worker import CONTROL_GROUP, RolloutWorker, WorkerMetrics, as_config, control_call
 from flowrl.config import TrainerConfig
 from flowrl.envs import check_env as check_env_api
 from flowrl.envs import check_multi_agent_env, is_multi_agent_env
-from flowrl.envs.registry import EnvCreator
-from flowrl.errors import FlowRLError, ShardFailedError
-from flowrl.policy import PolicySpec
+from flowrl.envs.context import EnvContext
+from flowrl.envs.registry import EnvCreator, close_env
+from flowrl.errors import BadObservationError, ConfigError, FlowRLError, ResourceUnavailableError, ShardFailedError, WorkerFailureError
 
 R = TypeVar("R")
 
 logger = logging.getLogger(__name__)
+
+#: Longest wait for a health probe (answered by a worker's control thread, even mid-sample).
+PROBE_TIMEOUT_S = 10.0
+#: Longest wait for a ``foreach_worker`` call when the config sets no ``sample_timeout_s``.
+CALL_TIMEOUT_S = 600.0
+#: Longest wait for the remote workers to close their envs when the set stops.
+STOP_TIMEOUT_S = 5.0
+#: A worker failing again within this many seconds of its last restart waits before the next.
+RESTART_WINDOW_S = 60.0
+MAX_RESTART_DELAY_S = 30.0
+
+
+def restart_delay_s(recent_restarts: int) -> float:
+    """Seconds to wait before restarting a worker restarted ``recent_restarts`` times in the last minute.
+
+    0 for a one-off failure, then 1, 2, 4 ... capped at 30: a crash loop backs off.
+    """
+    return 0.0 if recent_restarts == 0 else min(2.0 ** (recent_restarts - 1), MAX_RESTART_DELAY_S)
+
+
+def check_cluster_resources(config: TrainerConfig, num_workers: int, num_cpus_per_worker: float) -> None:
+    """Raise :class:`~flowrl.errors.ConfigError` if the workers ask for more than the whole cluster has.
+
+    Compares ``num_workers`` times each worker's CPUs, GPUs and custom resources with
+    ``ray.cluster_resources()``, before any actor starts.
+    """
+    if num_workers == 0:
+        return
+    total = ray.cluster_resources()
+    asked = {"CPU": num_cpus_per_worker, "GPU": config.num_gpus_per_worker, **config.custom_resources_per_worker}
+    problems = []
+    for name, per_worker in asked.items():
+        need = num_workers * per_worker
+        have = total.get(name, 0.0)
+        if need > have + 1e-9:
+            key = {"CPU": "num_cpus_per_worker", "GPU": "num_gpus_per_worker"}.get(name, f"custom_resources_per_worker[{name!r}]")
+            problems.append(
+                f"num_workers={num_workers} x {key}={per_worker:g} needs {need:g} {name}, but the Ray cluster has "
+                f"{have:g} in all; lower them or add nodes"
+            )
+    if problems:
+        raise ConfigError(problems)
 
 
 class WorkerSet:
     """The local worker (in this process) and ``num_workers`` remote rollout actors.
 
     Unless ``check_env=False``, one env is made and checked with
-    :func:`flowrl.envs.check_env` first. ``recreate_failed_workers=True`` replaces a remote worker that died with a new actor
-    at the same index, loaded with the local worker's current weights and state, and
-    counts it in ``num_worker_restarts``; ``False`` drops it and carries on with the
-    rest. Failures are noticed by :meth:`foreach_worker` and by gathers built with
-    :meth:`on_shard_failure` as their hook.
+    :func:`flowrl.envs.check_env` first, and the workers' resources are checked against
+    the cluster's (an impossible request is a :class:`~flowrl.errors.ConfigError`); the
+    remote workers must then start within ``config.worker_startup_timeout_s``.
+
+    A remote worker that dies, raises or hangs (reported by :meth:`foreach_worker` and by
+    gathers built with :meth:`on_shard_failure` as their hook) is killed and, with
+    ``recreate_failed_workers``, replaced by a new actor at the same index (same
+    exploration slot), loaded with the local worker's weights and the latest global vars,
+    and counted in ``num_worker_restarts``; without, dropped. Restarts are capped by
+    ``config.max_worker_restarts`` and back off when one worker keeps failing; past the
+    cap, or with no worker left, a :class:`~flowrl.errors.WorkerFailureError` names the
+    worker and carries the remote traceback.
     """
 
     def __init__(
         self,
         *,
         env_creator: EnvCreator,
-        policy_specs: Mapping[str, PolicySpec],
+        policy_specs: Mapping[str, Any],
         config: TrainerConfig | Mapping[str, Any],
         num_workers: int,
         num_cpus_per_worker: float = 1.0,
@@ -46,26 +97,44 @@ class WorkerSet:
         config = as_config(config)
         if check_env:
             # Reject a broken env here, with a message naming the fault, before any actor starts.
-            env = env_creator(dict(config.env_config))
+            env = env_creator(EnvContext(config.env_config, num_workers=num_workers))
             try:
                 if is_multi_agent_env(env):
                     check_multi_agent_env(env)
                 else:
                     check_env_api(cast(gym.Env, env))
             finally:
-                env.close()
+                close_env(env)
+        check_cluster_resources(config, num_workers, num_cpus_per_worker)
         self._env_creator = env_creator
         self._policy_specs = dict(policy_specs)
         self._config = config
-        self._remote_cls = ray.remote(num_cpus=num_cpus_per_worker, max_restarts=0)(RolloutWorker)
+        self._num_workers = num_workers
+        # Ray's stubs do not list concurrency_groups, which ray.remote takes for actor classes.
+        remote = cast(Any, ray.remote)
+        self._remote_cls = remote(
+            num_cpus=num_cpus_per_worker,
+            num_gpus=config.num_gpus_per_worker,
+            resources=dict(config.custom_resources_per_worker),
+            max_restarts=0,
+            concurrency_groups={CONTROL_GROUP: 1},
+        )(RolloutWorker)
         self.recreate_failed_workers = recreate_failed_workers
+        self.max_worker_restarts = config.max_worker_restarts
+        self.sample_timeout_s = config.sample_timeout_s
+        self.sample_min_fraction = config.sample_min_fraction
         self.num_worker_restarts = 0
         self.num_workers_dropped = 0
-        self._local = RolloutWorker(env_creator=env_creator, policy_specs=policy_specs, config=config, worker_index=0)
+        self._restart_times: dict[int, collections.deque[float]] = collections.defaultdict(collections.deque)
+        self._local = RolloutWorker(
+            env_creator=env_creator, policy_specs=policy_specs, config=config, worker_index=0, num_workers=num_workers
+        )
         self._remote = [self._make_remote(i + 1) for i in range(num_workers)]
+        self._indices = list(range(1, num_workers + 1))
         self._replacements: dict[Any, Any] = {}
         self._global_vars: Mapping[str, Any] | None = None
         if self._remote:
+            self._wait_started(num_cpus_per_worker)
             self.sync_weights()
 
     def _make_remote(self, worker_index: int, incarnation: int = 0) -> Any:
@@ -78,7 +147,32 @@ class WorkerSet:
             policy_specs=self._policy_specs,
             config=config,
             worker_index=worker_index,
+            num_workers=self._num_workers,
+            recreated=incarnation > 0,
         )
+
+    def _wait_started(self, num_cpus_per_worker: float) -> None:
+        """Wait for every remote worker to answer a probe; fail clearly (killing them all) if one cannot."""
+        probes = {control_call(worker, "ping"): index for worker, index in zip(self._remote, self._indices)}
+        timeout = self._config.worker_startup_timeout_s
+        ready, pending = ray.wait(list(probes), num_returns=len(probes), timeout=timeout)
+        try:
+            for ref in ready:
+                ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            self._kill_remote()
+            raise WorkerFailureError(
+                f"a rollout worker failed to start: {e}", worker_indices=[probes[r] for r in ready]
+            ) from e
+        if pending:
+            self._kill_remote()
+            asked = {"CPU": num_cpus_per_worker, "GPU": self._config.num_gpus_per_worker, **self._config.custom_resources_per_worker}
+            wanted = ", ".join(f"{amount:g} {name}" for name, amount in asked.items() if amount)
+            raise ResourceUnavailableError(
+                f"rollout workers {sorted(probes[r] for r in pending)} did not start within "
+                f"worker_startup_timeout_s={timeout:g}: each needs {wanted or 'no resources'}, and Ray has "
+                f"{ray.available_resources()} available now (other actors or runs may hold the rest)"
+            )
 
     def local_worker(self) -> RolloutWorker:
         """The worker living in this process (the learner's copy of the policies)."""
@@ -88,9 +182,21 @@ class WorkerSet:
         """Handles of the live remote workers, in worker-index order."""
         return list(self._remote)
 
+    def remote_worker_indices(self) -> list[int]:
+        """The worker index (1-based, as in ``env_config.worker_index``) of each of :meth:`remote_workers`."""
+        return list(self._indices)
+
+    def num_healthy_workers(self) -> int:
+        """Remote workers in service (replacements included, dropped ones not)."""
+        return len(self._remote)
+
     def trainable_policies(self) -> list[str]:
         """Ids of the policies to train (``policies_to_train``, default all)."""
         return list(self._config.policies_to_train or self._local.policy_map)
+
+    def remember_global_vars(self, global_vars: Mapping[str, Any]) -> None:
+        """Record the run-wide variables last sent to a worker: what a replacement starts with."""
+        self._global_vars = dict(global_vars)
 
     def sync_weights(self, policies: list[str] | None = None, global_vars: Mapping[str, Any] | None = None) -> None:
         """Broadcast the local worker's weights (one ``ray.put``) and ``global_vars`` to every remote worker.
@@ -98,7 +204,7 @@ class WorkerSet:
         Actor calls from one caller run in order, so each worker's next sample uses them.
         """
         if global_vars is not None:
-            self._global_vars = dict(global_vars)
+            self.remember_global_vars(global_vars)
             self._local.set_global_vars(global_vars)
         if not self._remote:
             return
@@ -107,57 +213,159 @@ class WorkerSet:
             worker.set_weights.remote(weights, self._global_vars)
 
     def foreach_worker(self, fn: Callable[[RolloutWorker], R], local: bool = True) -> list[R]:
-        """``fn(worker)`` on the local worker (if ``local``) and every remote one; results in order."""
+        """``fn(worker)`` on the local worker (if ``local``) and every remote one; results in order.
+
+        A remote worker that fails (or takes longer than ``sample_timeout_s``) is handled as
+        in a gather, and ``fn`` runs on its replacement.
+        """
         results = [fn(self._local)] if local else []
-        refs = [(w, w.apply.remote(fn)) for w in self._remote]
-        for worker, ref in refs:
-            try:
-                results.append(ray.get(ref))
-            except ray.exceptions.RayActorError as e:
-                replacement = self._handle_failure(worker, e)
-                if replacement is not None:
-                    results.append(ray.get(replacement.apply.remote(fn)))
+        timeout = self._config.sample_timeout_s or CALL_TIMEOUT_S
+        for worker, ref in [(w, w.apply.remote(fn)) for w in self._remote]:
+            while True:
+                try:
+                    results.append(ray.get(ref, timeout=timeout))
+                    break
+                except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError) as e:
+                    worker = self.handle_failure(worker, e)
+                    if worker is None:
+                        break
+                    ref = worker.apply.remote(fn)
         return results
 
-    def on_shard_failure(self, shard_index: int, dead_actor: Any, error: ShardFailedError) -> Any:
-        """Failure hook for gathers over the remote workers (``from_actors(..., on_shard_failure=...)``)."""
-        return self._handle_failure(dead_actor, error)
+    def collect_metrics(self) -> list[tuple[int, WorkerMetrics]]:
+        """(worker index, report) of each worker in service: the remote ones', or the local worker's
+        when there are none. Asked through the control thread, with a timeout; a worker that
+        cannot answer is handled as failed (its report is lost with it)."""
+        if not self._remote:
+            return [(0, self._local.get_metrics())]
+        asked = [(index, worker, control_call(worker, "get_metrics")) for index, worker in zip(self._indices, self._remote)]
+        reports = []
+        for index, worker, ref in asked:
+            try:
+                reports.append((index, ray.get(ref, timeout=PROBE_TIMEOUT_S)))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+                self.handle_failure(worker, e)
+        return reports
 
-    def _handle_failure(self, dead: Any, error: Exception) -> Any:
-        """Replace or drop a dead remote worker; returns the replacement or None."""
-        if dead in self._replacements:  # another caller already handled this death
-            return self._replacements[dead]
-        if dead not in self._remote:
-            raise FlowRLError(f"rollout worker {dead} failed but is not one of this WorkerSet's workers") from error
-        index = self._remote.index(dead)
+    def on_shard_failure(self, shard_index: int, failed: Any, error: ShardFailedError) -> Any:
+        """Failure hook for gathers over the remote workers (``from_actors(..., on_shard_failure=...)``)."""
+        return self.handle_failure(failed, error)
+
+    def handle_failure(self, failed: Any, error: BaseException) -> Any:
+        """Kill a failed remote worker and replace or drop it; returns the replacement or None."""
+        if failed in self._replacements:  # another caller already handled this failure
+            return self._replacements[failed]
+        if failed not in self._remote:
+            raise FlowRLError(f"rollout worker {failed} failed but is not one of this WorkerSet's workers") from error
+        position = self._remote.index(failed)
+        worker_index = self._indices[position]
+        what = f"rollout worker {worker_index} {_how_it_failed(error)}"
+        if what.endswith("timed out"):
+            what += f" ({_probe(failed)})"
+        ray.kill(failed, no_restart=True)  # a worker that raised or hangs is still alive
+        cause = error.__cause__ if isinstance(error, ShardFailedError) and error.__cause__ is not None else error
+        if isinstance(cause, BadObservationError):
+            raise cause  # on_bad_observation="raise": the user asked for the run to stop on it
         if not self.recreate_failed_workers:
-            logger.warning("rollout worker %d died (%s); continuing without it", index + 1, error)
-            self._remote.pop(index)
-            self._replacements[dead] = None
+            self._remote.pop(position)
+            self._indices.pop(position)
+            self._replacements[failed] = None
             self.num_workers_dropped += 1
+            if not self._remote:
+                raise WorkerFailureError(
+                    f"{what}, and it was the last one: every rollout worker failed and recreate_failed_workers=False. "
+                    f"Last failure:\n{cause}",
+                    worker_indices=[worker_index],
+                ) from cause
+            logger.warning("%s; continuing without it (%d left)", what, len(self._remote))
             return None
-        logger.warning("rollout worker %d died (%s); recreating it", index + 1, error)
+        if self.num_worker_restarts >= self.max_worker_restarts:
+            raise WorkerFailureError(
+                f"{what}, and the run already restarted workers {self.num_worker_restarts} times "
+                f"(max_worker_restarts={self.max_worker_restarts}). Last failure:\n{cause}",
+                worker_indices=[worker_index],
+            ) from cause
+        delay = self._backoff(worker_index)
+        logger.warning("%s; recreating it%s: %s", what, f" in {delay:g} s" if delay else "", cause)
+        time.sleep(delay)
         self.num_worker_restarts += 1
-        replacement = self._make_remote(index + 1, incarnation=self.num_worker_restarts)
-        replacement.set_weights.remote(self._local.get_weights(), self._global_vars)
-        self._remote[index] = replacement
-        self._replacements[dead] = replacement
+        replacement = self._make_remote(worker_index, incarnation=self.num_worker_restarts)
+        with self._local.lock:  # not halfway through a learner thread's step
+            weights = self._local.get_weights()
+        replacement.set_weights.remote(weights, self._global_vars)
+        self._remote[position] = replacement
+        self._replacements[failed] = replacement
         return replacement
 
+    def _backoff(self, worker_index: int) -> float:
+        """The delay before restarting ``worker_index``, from its restarts in the last minute (recorded now)."""
+        now = time.monotonic()
+        times = self._restart_times[worker_index]
+        while times and now - times[0] > RESTART_WINDOW_S:
+            times.popleft()
+        delay = restart_delay_s(len(times))
+        times.append(now + delay)
+        return delay
+
     def probe_unhealthy_workers(self) -> int:
-        """Ping every remote worker, replacing (or dropping) the dead; returns how many were dead."""
+        """Probe every remote worker (with a timeout), replacing or dropping the dead; returns how many were dead."""
+        probes = [(worker, control_call(worker, "ping")) for worker in self._remote]
         dead = 0
-        for worker in list(self._remote):
+        for worker, ref in probes:
             try:
-                ray.get(worker.ping.remote())
-            except ray.exceptions.RayActorError as e:
+                ray.get(ref, timeout=PROBE_TIMEOUT_S)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
                 dead += 1
-                self._handle_failure(worker, e)
+                self.handle_failure(worker, e)
         return dead
 
     def stop(self) -> None:
-        """Close the local worker's envs and kill the remote workers."""
-        self._local.stop()
+        """Close every worker's envs and kill the remote workers, even when an env's ``close`` raises.
+
+        Raises a :class:`~flowrl.errors.FlowRLError` naming the failed closes after every
+        actor is gone.
+        """
+        problems = []
+        try:
+            self._local.stop()
+        except FlowRLError as e:
+            problems.append(str(e))
+        closing = [worker.stop.remote() for worker in self._remote]
+        done, _ = ray.wait(closing, num_returns=len(closing), timeout=STOP_TIMEOUT_S) if closing else ([], [])
+        for ref in done:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                pass  # a dead worker has no envs left to close
+            except ray.exceptions.RayTaskError as e:
+                problems.append(str(e).strip().splitlines()[-1])
+        self._kill_remote()
+        if problems:
+            raise FlowRLError("stopping the rollout workers: " + "; ".join(problems))
+
+    def _kill_remote(self) -> None:
         for worker in self._remote:
-            ray.kill(worker)
-        self._remote = []
+            ray.kill(worker, no_restart=True)
+        self._remote, self._indices = [], []
+
+
+def _how_it_failed(error: BaseException) -> str:
+    """How a worker failed, in words, from the error a gather or a call reported."""
+    if isinstance(error, ShardFailedError):
+        reason = error.reason
+    elif isinstance(error, ray.exceptions.GetTimeoutError):
+        reason = "timed_out"
+    elif isinstance(error, ray.exceptions.RayTaskError):
+        reason = "raised"
+    else:
+        reason = "died"
+    return {"died": "died", "raised": "raised an error", "timed_out": "timed out"}[reason]
+
+
+def _probe(worker: Any) -> str:
+    """Whether a worker that timed out is still alive (a health probe with its own timeout)."""
+    try:
+        ray.get(control_call(worker, "ping"), timeout=PROBE_TIMEOUT_S)
+        return "it is alive but stuck"
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return "it does not answer probes"

@@ -84,20 +84,20 @@ def execution_plan(workers: WorkerSet, config: ApexConfig, resources: PlanResour
     learner, shards = resources.need_learner(), resources.need_replay_actors()
     rollouts = ParallelRollouts(workers, mode="async", num_async=2)
     if config.training_intensity is not None:
-        rollouts = rollouts.transform(ThrottleSampling(config.training_intensity, config.learning_starts))
+        rollouts = rollouts.transform(ThrottleSampling(config.training_intensity, config.learning_starts, replay_shards=shards))
     store_op = (
         rollouts.for_each(StoreToReplayBuffer(actors=shards))
         .zip_with_source_actor()
         .for_each(SendWeightsToSource(learner, workers, min_steps=config.max_weight_sync_delay))
     )
     replay_op, learned = LearnInThread(Replay(actors=shards, num_async=4).zip_with_source_actor(), learner)
-    update_op = learned.for_each(UpdatePriorities()).for_each(
+    update_op = learned.for_each(UpdatePriorities(actors=shards)).for_each(
         UpdateTargetNetwork(workers, config.target_network_update_freq, by_steps_trained=True, tau=config.tau, lock=learner.lock)
     )
     merged = Concurrently([store_op, replay_op, update_op], mode="async", output_indexes=[2])
-    # Episode statistics from the lowest-epsilon third of the workers: what the policy can do.
-    remote = workers.remote_workers()
-    return StandardMetricsReporting(merged, workers, config, selected_workers=remote[-max(1, len(remote) // 3):])
+    # Episode statistics from the lowest-epsilon third of the workers (the highest indices): what the policy can do.
+    n = config.num_workers
+    return StandardMetricsReporting(merged, workers, config, selected_workers=range(n - max(1, n // 3) + 1, n + 1))
 
 
 ALGORITHM = Algorithm(

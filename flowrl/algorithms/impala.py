@@ -17,7 +17,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from flowrl.actors import LearnerThread, PlanResources, WorkerSet, create_aggregators
+from flowrl.actors import AggregatorSet, LearnerThread, PlanResources, WorkerSet
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import TrainerConfig, cfg_field
 from flowrl.data import MultiAgentBatch, SampleBatch
@@ -76,7 +76,7 @@ class ImpalaConfig(TrainerConfig):
     num_aggregation_workers: int = cfg_field(
         0,
         "Aggregator actors that gather and batch for groups of rollout workers (0: the driver does it). "
-        "Aggregators do not replace rollout workers: one that dies ends the run.",
+        "A rollout worker that fails is restarted and its aggregator recreated over the group.",
         min=0,
     )
     num_cpus_per_aggregator: float = cfg_field(0.5, "CPUs Ray reserves for each aggregator actor.", min=0)
@@ -144,26 +144,25 @@ def make_resources(workers: WorkerSet, config: ImpalaConfig) -> PlanResources:
         num_sgd_iter=config.num_sgd_iter,
         sgd_minibatch_size=config.sgd_minibatch_size,
         sequence_length=config.rollout_fragment_length,
+        timeout_s=config.learner_timeout_s,
     )
-    aggregators = []
+    aggregators = None
     if config.num_aggregation_workers:
-        aggregators = create_aggregators(
-            workers.remote_workers(), config.num_aggregation_workers, TrainBatching(config), config.num_cpus_per_aggregator
-        )
+        aggregators = AggregatorSet(workers, config.num_aggregation_workers, TrainBatching(config), config.num_cpus_per_aggregator)
     return PlanResources(learner=learner, aggregators=aggregators)
 
 
 def learning_flows(workers: WorkerSet, config: ImpalaConfig, resources: PlanResources) -> LearnerFlows:
     """Train batches (fresh weights back to where each came from) -> the learner thread: the
     enqueue sub-flow and the learner's results. IMPALA's plan, and APPO's with more steps after it."""
-    learner, aggregated = resources.need_learner(), bool(resources.aggregators)
-    if aggregated:  # the aggregators batch; the driver gets train batches
-        sources, source_class = AggregatedRollouts(workers, resources.aggregators), "AggregatorWorker"
+    learner, aggregators = resources.need_learner(), resources.aggregators
+    if aggregators is not None:  # the aggregators batch; the driver gets train batches
+        sources, source_class = AggregatedRollouts(workers, aggregators), "AggregatorWorker"
     else:
         sources, source_class = ParallelRollouts(workers, mode="async", num_async=2), "RolloutWorker"
     weights_back = SendWeightsToSource(learner, workers, min_learner_updates=config.broadcast_interval, source_class=source_class)
     fed_back = sources.zip_with_source_actor().for_each(weights_back)
-    return LearnInThread(fed_back if aggregated else TrainBatching(config)(fed_back), learner)
+    return LearnInThread(fed_back if aggregators is not None else TrainBatching(config)(fed_back), learner)
 
 
 def execution_plan(workers: WorkerSet, config: ImpalaConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:

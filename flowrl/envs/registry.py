@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import logging
 from typing import Any, Callable, Union
 
 import gymnasium
@@ -33,6 +34,8 @@ from flowrl.envs.multi_agent import (
 )
 from flowrl.envs.multi_agent_envs import BUILTIN_MULTI_AGENT_ENVS
 from flowrl.errors import EnvError, FlowRLError, UnknownEnvError
+
+logger = logging.getLogger(__name__)
 
 # A multi-agent env need not subclass MultiAgentEnv (PettingZoo envs don't); is_multi_agent_env decides.
 AnyEnv = Union[gymnasium.Env, MultiAgentEnv[Any]]
@@ -103,6 +106,17 @@ def get_env_creator(env: EnvSpec) -> EnvCreator:
     )
 
 
+def close_env(env: Any) -> None:
+    """Close an env made only to be inspected (a probe), logging instead of raising if its ``close`` fails.
+
+    Training envs are closed by their worker, which reports such errors when it stops.
+    """
+    try:
+        env.close()
+    except Exception:  # noqa: BLE001 - a probe's close must not fail what it was made for
+        logger.warning("closing a probe env of type %s raised", type(env).__name__, exc_info=True)
+
+
 def make_env(env: EnvSpec, env_config: dict | None = None, *, seed: int | None = None) -> AnyEnv:
     """Create an env from a registered or built-in name, a Gymnasium id or a creator, passing it ``env_config``.
 
@@ -158,7 +172,7 @@ def env_spaces(env: EnvSpec, env_config: dict | None = None) -> tuple[gymnasium.
             )
         return instance.observation_space, instance.action_space
     finally:
-        instance.close()
+        close_env(instance)
 
 
 def multi_agent_env_spaces(
@@ -187,7 +201,7 @@ def multi_agent_env_spaces(
             )
         return multi_agent_spaces(instance)
     finally:
-        instance.close()
+        close_env(instance)
 
 
 def _short_list(items: Any, limit: int = 6) -> str:

@@ -66,7 +66,7 @@ class SendWeightsToSource(Operator):
                     weights = self.workers.local_worker().get_weights()
                 self.weights = ray.put(weights)
                 self.weights_version = version
-            send_weights(actor, self.weights)
+            send_weights(self.workers, actor, self.weights)
             self.steps_since[actor] = 0
             self.version_sent[actor] = version
         return batch

@@ -7,10 +7,9 @@ import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-import ray
 
-from flowrl.actors import WorkerSet
-from flowrl.iterators import LocalIterator
+from flowrl.actors import WorkerMetrics, WorkerSet
+from flowrl.iterators import LATE_ITEMS_COUNTER, LocalIterator
 from flowrl.operators.names import LEARNER_INFO, STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER
 from flowrl.operators.protocol import ActorLink, StatefulOperator
 
@@ -88,21 +87,25 @@ def summarize_episodes(episodes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 class CollectMetrics(StatefulOperator):
-    """Build one result dict: episode statistics from the workers plus the flow's counters.
+    """Build one result dict: episode statistics from the workers, the flow's counters and the fault counters.
 
     Episode statistics are smoothed over the last ``min_history`` finished episodes
-    (``metrics_smoothing_episodes``). ``selected_workers`` restricts which workers'
-    episodes count (e.g. Ape-X's lowest-epsilon ones); by default all workers, the local
-    one included only when there are no remote workers.
+    (``metrics_smoothing_episodes``). ``selected_workers`` lists the worker indices whose
+    episodes count (e.g. Ape-X's lowest-epsilon ones; looked up among the live workers each
+    time, so replacements count); by default all workers, the local one included only when
+    there are no remote workers. Faults absorbed by any worker are counted: the result's
+    top-level ``num_healthy_workers``, ``num_worker_restarts``, ``num_faulty_episodes``,
+    ``num_bad_observations``, ``num_nonfinite_updates`` and ``num_late_fragments``.
     """
 
     state_key = "collect_metrics"
 
-    def __init__(self, workers: WorkerSet, min_history: int = 100, selected_workers: Sequence[Any] | None = None) -> None:
+    def __init__(self, workers: WorkerSet, min_history: int = 100, selected_workers: Sequence[int] | None = None) -> None:
         self.workers = workers
-        self.history: collections.deque[dict[str, float]] = collections.deque(maxlen=min_history)
-        self.selected_workers = list(selected_workers) if selected_workers is not None else None
+        self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=min_history)
+        self.selected_workers = set(selected_workers) if selected_workers is not None else None
         self.episodes_total = 0
+        self.faults = {"num_faulty_episodes": 0, "num_bad_observations": 0}
         self.iteration_started = time.monotonic()
 
     def plan_links(self) -> list[ActorLink]:
@@ -110,27 +113,34 @@ class CollectMetrics(StatefulOperator):
         return [ActorLink("RolloutWorker", "collect episode stats")]
 
     def get_state(self) -> dict[str, Any]:
-        """The smoothing window and episode count, for checkpoints."""
-        return {"history": list(self.history), "episodes_total": self.episodes_total}
+        """The smoothing window and the episode and fault counts, for checkpoints."""
+        return {"history": list(self.history), "episodes_total": self.episodes_total, **self.faults}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`get_state`'s output."""
         self.history.clear()
         self.history.extend(state["history"])
         self.episodes_total = int(state["episodes_total"])
+        for key in self.faults:
+            self.faults[key] = int(state.get(key, 0))
 
-    def _new_episodes(self) -> list[dict[str, float]]:
-        if self.selected_workers is not None:
-            return [e for stats in ray.get([w.get_metrics.remote() for w in self.selected_workers]) for e in stats]
-        local = not self.workers.remote_workers()
-        return [e for stats in self.workers.foreach_worker(lambda w: w.get_metrics(), local=local) for e in stats]
+    def _counted_episodes(self, reports: list[tuple[int, WorkerMetrics]]) -> list[dict[str, Any]]:
+        selected = self.selected_workers
+        if selected is not None and not selected & {index for index, _ in reports}:
+            selected = None  # none of the chosen workers is in service: report what the others saw
+        return [e for index, report in reports if selected is None or index in selected for e in report.episodes]
 
     def __call__(self, item: Any) -> dict[str, Any]:
         metrics = LocalIterator.get_metrics()
-        episodes = self._new_episodes()
+        reports = self.workers.collect_metrics()
+        episodes = self._counted_episodes(reports)
+        for _, report in reports:
+            self.faults["num_faulty_episodes"] += report.num_faulty_episodes
+            self.faults["num_bad_observations"] += report.num_bad_observations
         self.history.extend(episodes)
         self.episodes_total += len(episodes)
         now = time.monotonic()
+        policies = self.workers.local_worker().policy_map.values()
         result: dict[str, Any] = {
             **summarize_episodes(list(self.history)),
             "episodes_this_iter": len(episodes),
@@ -140,7 +150,11 @@ class CollectMetrics(StatefulOperator):
             "time_this_iter_s": now - self.iteration_started,
             "info": {LEARNER_INFO: metrics.info.get(LEARNER_INFO, {}), **dict(metrics.counters)},
             "timers": {f"{name}_time_ms": round(1000 * t.mean, 3) for name, t in metrics.timers.items()},
+            "num_healthy_workers": self.workers.num_healthy_workers(),
             "num_worker_restarts": self.workers.num_worker_restarts,
+            **self.faults,
+            "num_nonfinite_updates": sum(policy.num_nonfinite_updates for policy in policies),
+            "num_late_fragments": metrics.counters[LATE_ITEMS_COUNTER],
         }
         for name, timer in metrics.timers.items():
             if timer.units:
@@ -153,7 +167,7 @@ def StandardMetricsReporting(
     train_op: LocalIterator[Any],
     workers: WorkerSet,
     config: Any,
-    selected_workers: Sequence[Any] | None = None,
+    selected_workers: Sequence[int] | None = None,
 ) -> LocalIterator[dict[str, Any]]:
     """One result per training iteration, from a flow of training outputs.
 

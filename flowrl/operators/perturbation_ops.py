@@ -21,9 +21,9 @@ from flowrl.actors import WorkerSet
 from flowrl.actors.perturbation import EvaluatePerturbations, NoiseTable, PerturbationResult
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.errors import FlowRLError
-from flowrl.iterators import LocalIterator, SharedMetrics, from_actors
+from flowrl.iterators import LocalIterator, SharedMetrics
 from flowrl.operators.metric_ops import record_learner_info
-from flowrl.operators.rollout_ops import count_sampled
+from flowrl.operators.rollout_ops import count_sampled, rollout_actors
 from flowrl.operators.names import (
     LEARN_ON_BATCH_TIMER,
     STEPS_TRAINED_COUNTER,
@@ -97,8 +97,7 @@ def PerturbationRollouts(
         local = workers.local_worker()
         source: LocalIterator[PerturbationResult] = LocalIterator(lambda timeout: evaluate.rounds(local), SharedMetrics(), name="local_worker.evaluate_perturbations()")
         return source.for_each(count_perturbation_steps)
-    actors = from_actors(remote, name="rollout_workers", on_shard_failure=workers.on_shard_failure)
-    return actors.transform(evaluate).batch_across_shards().for_each(PerturbationResult.concat).for_each(count_perturbation_steps)
+    return rollout_actors(workers).transform(evaluate).batch_across_shards().for_each(PerturbationResult.concat).for_each(count_perturbation_steps)
 
 
 class CollectPerturbations:

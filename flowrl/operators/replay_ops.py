@@ -1,19 +1,30 @@
-"""Operators for experience replay: storing rollouts, replaying batches, updating priorities."""
+"""Operators for experience replay: storing rollouts, replaying batches, updating priorities.
+
+Calls to replay shard actors are checked, not fired and forgotten: the operators keep each
+call until it finished, look at the finished ones on every call (without blocking), and
+block (for at most ``timeout_s``) while ``max_in_flight`` are pending, so an error in a shard
+reaches the driver on the next call and unacknowledged batches never pile up. Given the
+shards as :class:`~flowrl.actors.ReplayShards`, a dead shard is recreated empty and the
+plan goes on; given any other sequence, it is a :class:`~flowrl.errors.ReplayShardError`.
+"""
 
 from __future__ import annotations
 
+import logging
 import random
-from typing import Any, Iterator, Mapping, Sequence
+import time
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
+import ray
 
-from flowrl.actors import Learned
+from flowrl.actors import Learned, ReplayShards
 from flowrl.data import (
     LocalReplayBuffer,
     MultiAgentBatch,
     SampleBatch,
 )
-from flowrl.errors import FlowRLError
+from flowrl.errors import FlowRLError, ReplayShardError, ShardFailedError
 from flowrl.iterators import (
     LocalIterator,
     NextValueNotReady,
@@ -29,19 +40,137 @@ from flowrl.operators.train_ops import Trained
 
 Batch = SampleBatch | MultiAgentBatch
 
+logger = logging.getLogger(__name__)
+
+#: Default bound on a replay operator's unanswered calls, per replay shard.
+CALLS_IN_FLIGHT_PER_SHARD = 4
+#: Longest a replay operator waits for room under its bound before the shards count as hung.
+SHARD_CALL_TIMEOUT_S = 60.0
+#: Longest a replay shard may take to answer a replay request before it counts as failed.
+REPLAY_TIMEOUT_S = 60.0
+
+
+class _ShardCall(NamedTuple):
+    """A call to a replay shard whose answer is awaited only to see that it succeeded."""
+
+    ref: ray.ObjectRef[Any]
+    actor: Any
+    shard_index: int | None
+
+
+class _ShardCalls:
+    """One operator's unanswered calls to replay shards: bounded, and checked for errors.
+
+    A call whose shard died counts in ``num_lost`` (its shard replaced, when the shards are
+    :class:`~flowrl.actors.ReplayShards`); one that raised in the shard raises
+    :class:`~flowrl.errors.ReplayShardError` here.
+    """
+
+    def __init__(self, shards: Sequence[Any] | None, what: str, max_in_flight: int, timeout_s: float) -> None:
+        if max_in_flight < 1:
+            raise FlowRLError(f"max_in_flight={max_in_flight}: at least one call to the replay shards must be allowed")
+        if timeout_s <= 0:
+            raise FlowRLError(f"timeout_s={timeout_s}: must be > 0 seconds")
+        self.shards = shards
+        self.what = what
+        self.max_in_flight = max_in_flight
+        self.timeout_s = timeout_s
+        self.pending: list[_ShardCall] = []
+        self.num_lost = 0
+
+    def add(self, ref: ray.ObjectRef[Any], actor: Any, shard_index: int | None) -> None:
+        """Keep the call ``ref`` made to ``actor`` until it finished."""
+        self.pending.append(_ShardCall(ref, actor, shard_index))
+
+    def make_room(self) -> None:
+        """Check the finished calls, then block until fewer than ``max_in_flight`` are pending."""
+        self.check_finished()
+        deadline = time.monotonic() + self.timeout_s
+        while len(self.pending) >= self.max_in_flight:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                shards = sorted({_shard_name(call.shard_index, call.actor) for call in self.pending})
+                raise ReplayShardError(
+                    f"{len(self.pending)} calls to {self.what} on {', '.join(shards)} got no answer within "
+                    f"{self.timeout_s} s (max_in_flight={self.max_in_flight}): the shards are hung or overloaded"
+                )
+            refs = [call.ref for call in self.pending]
+            ray.wait(refs, num_returns=len(refs) - self.max_in_flight + 1, timeout=left)
+            self.check_finished()
+
+    def check_finished(self) -> None:
+        """Settle every call that finished, without waiting for the others."""
+        if not self.pending:
+            return
+        done, _ = ray.wait([call.ref for call in self.pending], num_returns=len(self.pending), timeout=0)
+        finished = set(done)
+        for call in [call for call in self.pending if call.ref in finished]:
+            self.pending.remove(call)
+            self._settle(call)
+
+    def _settle(self, call: _ShardCall) -> None:
+        name = _shard_name(call.shard_index, call.actor)
+        try:
+            ray.get(call.ref, timeout=0)  # finished: answers at once
+        except ray.exceptions.RayActorError as e:
+            if not isinstance(self.shards, ReplayShards):
+                raise ReplayShardError(f"{name} died before it could {self.what}") from e
+            self.shards.replace(call.actor, e)
+            self.num_lost += 1
+            logger.debug("%s died before it could %s; the call is lost", name, self.what)
+        except ray.exceptions.RayError as e:
+            cause = e.cause if isinstance(e, ray.exceptions.RayTaskError) else e
+            raise ReplayShardError(f"{name} failed to {self.what}: {type(cause).__name__}: {cause}") from e
+
+
+def _shard_name(shard_index: int | None, actor: Any) -> str:
+    return f"replay shard {shard_index}" if shard_index is not None else f"replay shard {actor}"
+
+
+def _index_of(shards: Sequence[Any], actor: Any) -> int | None:
+    try:
+        return shards.index(actor)
+    except ValueError:
+        return None
+
 
 class StoreToReplayBuffer(Operator):
     """Add each batch to a local replay buffer, or to a random one of the replay actors (pass-through).
 
     The buffers are owned outside the plan (:class:`~flowrl.actors.PlanResources`), which
-    also checkpoints them.
+    also checkpoints them. With actors, at most ``max_in_flight`` writes (default
+    :data:`CALLS_IN_FLIGHT_PER_SHARD` per shard) are unanswered at any time: a store call
+    blocks until there is room, for at most ``timeout_s``, then raises
+    :class:`~flowrl.errors.ReplayShardError`. A shard's error in ``add_batch`` raises that
+    error on a later store call; a write to a shard that died is lost (``num_lost_replay_writes``)
+    and the shard recreated when ``actors`` are :class:`~flowrl.actors.ReplayShards`.
     """
 
-    def __init__(self, *, local_buffer: LocalReplayBuffer | None = None, actors: Sequence[Any] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        local_buffer: LocalReplayBuffer | None = None,
+        actors: Sequence[Any] | None = None,
+        max_in_flight: int | None = None,
+        timeout_s: float = SHARD_CALL_TIMEOUT_S,
+    ) -> None:
         if (local_buffer is None) == (actors is None):
             raise FlowRLError("StoreToReplayBuffer needs exactly one of local_buffer= or actors=")
         self.local_buffer = local_buffer
-        self.actors = list(actors) if actors is not None else []
+        # Not copied: a replaced shard must be seen in place of the dead one.
+        self.actors: Sequence[Any] = actors if actors is not None else ()
+        bound = max_in_flight if max_in_flight is not None else CALLS_IN_FLIGHT_PER_SHARD * max(1, len(self.actors))
+        self._writes = _ShardCalls(self.actors, "store a batch", bound, timeout_s)
+
+    @property
+    def pending_writes(self) -> int:
+        """Writes sent to the replay shards and not yet seen to finish."""
+        return len(self._writes.pending)
+
+    @property
+    def num_lost_replay_writes(self) -> int:
+        """Writes that never reached a buffer because their shard died."""
+        return self._writes.num_lost
 
     def plan_links(self) -> list[ActorLink]:
         """Adds batches to the replay shards (nothing for a local buffer)."""
@@ -50,8 +179,11 @@ class StoreToReplayBuffer(Operator):
     def __call__(self, batch: Batch) -> Batch:
         if self.local_buffer is not None:
             self.local_buffer.add_batch(batch)
-        else:
-            random.choice(self.actors).add_batch.remote(batch)
+            return batch
+        self._writes.make_room()
+        index = random.randrange(len(self.actors))
+        actor = self.actors[index]
+        self._writes.add(actor.add_batch.remote(batch), actor, index)
         return batch
 
 
@@ -62,8 +194,27 @@ class _IsBatch(HiddenOperator):
         return item is not None
 
 
+class _ReplaceFailedShard:
+    """The failure hook of a gather over :class:`~flowrl.actors.ReplayShards`: a shard that died
+    or hung is recreated empty; one whose code raised is an error (a new shard would raise again)."""
+
+    def __init__(self, shards: ReplayShards) -> None:
+        self.shards = shards
+
+    def __call__(self, shard_index: int, failed_actor: Any, error: ShardFailedError) -> Any:
+        if error.reason == "raised":
+            cause = error.__cause__
+            cause = cause.cause if isinstance(cause, ray.exceptions.RayTaskError) else cause
+            raise ReplayShardError(f"replay shard {shard_index} failed to replay: {type(cause).__name__}: {cause}") from error
+        return self.shards.replace(failed_actor, error)
+
+
 def Replay(
-    *, local_buffer: LocalReplayBuffer | None = None, actors: Sequence[Any] | None = None, num_async: int = 4
+    *,
+    local_buffer: LocalReplayBuffer | None = None,
+    actors: Sequence[Any] | None = None,
+    num_async: int = 4,
+    timeout_s: float = REPLAY_TIMEOUT_S,
 ) -> LocalIterator[Batch]:
     """A source of replayed batches, from a local buffer or from replay actors.
 
@@ -72,11 +223,16 @@ def Replay(
     buffer) run, and replay actors answer None after a short wait, which is dropped here.
     With actors, batches arrive as shards produce them (``num_async`` requests in flight
     per shard); :meth:`~flowrl.iterators.LocalIterator.zip_with_source_actor` names the shard.
+    A shard that dies, or gives no answer within ``timeout_s``, is recreated empty when
+    ``actors`` are :class:`~flowrl.actors.ReplayShards` and the gather goes on; otherwise
+    it raises :class:`~flowrl.errors.ShardFailedError`.
     """
     if (local_buffer is None) == (actors is None):
         raise FlowRLError("Replay needs exactly one of local_buffer= or actors=")
     if actors is not None:
-        return from_actors(list(actors), name="replay_actors").gather_async(num_async=num_async).filter(_IsBatch())
+        hook = _ReplaceFailedShard(actors) if isinstance(actors, ReplayShards) else None
+        shards = from_actors(actors, name="replay_actors", on_shard_failure=hook, shard_timeout_s=timeout_s)
+        return shards.gather_async(num_async=num_async).filter(_IsBatch())
 
     def base(timeout: float | None) -> Iterator[Any]:
         while True:
@@ -144,10 +300,40 @@ class UpdatePriorities(Operator):
     ``local_buffer``) or :class:`~flowrl.actors.Learned` (a learner thread's, replayed from
     the replay shard that is its ``source``) and hands their ``priorities`` (replayed rows'
     indexes and TD errors) to that buffer.
+
+    Updates sent to shards are bounded and checked as :class:`StoreToReplayBuffer`'s
+    writes are (``max_in_flight``: default :data:`CALLS_IN_FLIGHT_PER_SHARD` per shard of
+    ``actors``, or that many without them): a shard's error (such as a non-finite priority)
+    raises :class:`~flowrl.errors.ReplayShardError` on a later call. Priorities for a shard
+    that has died are dropped, counted in ``num_dropped_priority_updates``: its replacement
+    holds none of those rows. Pass the shards as ``actors``
+    (:class:`~flowrl.actors.ReplayShards`) to have a dead one recreated; without them a
+    dead shard is an error.
     """
 
-    def __init__(self, local_buffer: LocalReplayBuffer | None = None) -> None:
+    def __init__(
+        self,
+        local_buffer: LocalReplayBuffer | None = None,
+        *,
+        actors: Sequence[Any] | None = None,
+        max_in_flight: int | None = None,
+        timeout_s: float = SHARD_CALL_TIMEOUT_S,
+    ) -> None:
         self.local_buffer = local_buffer
+        self.actors = actors
+        bound = max_in_flight if max_in_flight is not None else CALLS_IN_FLIGHT_PER_SHARD * max(1, len(actors or ()))
+        self._updates = _ShardCalls(actors, "update priorities", bound, timeout_s)
+        self._num_dropped_stale = 0
+
+    @property
+    def pending_updates(self) -> int:
+        """Priority updates sent to the replay shards and not yet seen to finish."""
+        return len(self._updates.pending)
+
+    @property
+    def num_dropped_priority_updates(self) -> int:
+        """Priority updates dropped because their shard had died."""
+        return self._updates.num_lost + self._num_dropped_stale
 
     def plan_links(self) -> list[ActorLink]:
         """Sends priorities back to the replay shards (nothing for a local buffer)."""
@@ -159,10 +345,19 @@ class UpdatePriorities(Operator):
         if self.local_buffer is not None:
             self.local_buffer.update_priorities(item.priorities)
         elif isinstance(item, Learned) and item.source is not None:
-            item.source.update_priorities.remote(dict(item.priorities))
+            self._send(item.source, dict(item.priorities))
         else:
             raise FlowRLError("UpdatePriorities without local_buffer= needs Learned items whose source is a replay shard")
         return item
+
+    def _send(self, shard: Any, priorities: dict[str, Any]) -> None:
+        self._updates.make_room()
+        if isinstance(self.actors, ReplayShards) and self.actors.was_replaced(shard):
+            self._num_dropped_stale += 1
+            logger.debug("dropped priorities for replay shard %s: it died and was replaced", shard)
+            return
+        index = _index_of(self.actors, shard) if self.actors is not None else None
+        self._updates.add(shard.update_priorities.remote(priorities), shard, index)
 
 
 class ThrottleSampling:
@@ -173,18 +368,25 @@ class ThrottleSampling:
     yields a not-ready marker, so an async union serves the learner's sub-flows until they
     have trained enough. Keeps the replay ratio of asynchronous plans (Ape-X) close to
     ``training_intensity`` whatever the relative speed of sampling and learning.
+
+    With ``replay_shards`` (:class:`~flowrl.actors.ReplayShards`; other sequences never
+    recreate a shard), each shard recreated after a failure adds its ``learning_starts``
+    to ``start_after``: it replays nothing until sampling refilled it, and with a single
+    shard training would otherwise wait on sampling and sampling on training for ever.
     """
 
-    def __init__(self, training_intensity: float, start_after: int) -> None:
+    def __init__(self, training_intensity: float, start_after: int, *, replay_shards: Sequence[Any] | None = None) -> None:
         if training_intensity <= 0:
             raise FlowRLError(f"ThrottleSampling(training_intensity={training_intensity}): must be > 0")
         self.training_intensity = training_intensity
         self.start_after = start_after
+        self.replay_shards = replay_shards
 
     def __call__(self, upstream: Iterator[Any]) -> Iterator[Any]:
         while True:
             counters = LocalIterator.get_metrics().counters
-            allowed = self.start_after + counters[STEPS_TRAINED_COUNTER] / self.training_intensity
+            refill = self.replay_shards.refill_steps if isinstance(self.replay_shards, ReplayShards) else 0
+            allowed = self.start_after + refill + counters[STEPS_TRAINED_COUNTER] / self.training_intensity
             if counters[STEPS_SAMPLED_COUNTER] > allowed:
                 yield NextValueNotReady(waits_on_siblings=True)
                 continue

@@ -6,7 +6,7 @@ from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
-from flowrl.actors import Aggregated, WorkerSet, get_global_worker
+from flowrl.actors import Aggregated, AggregatorSet, WorkerSet, get_global_worker
 from flowrl.data import (
     DEFAULT_POLICY_ID,
     MultiAgentBatch,
@@ -41,18 +41,27 @@ def count_steps_sampled(batch: Batch) -> Batch:
     return batch
 
 
-def _rollout_actors(workers: WorkerSet) -> ParallelIterator[Batch]:
-    return from_actors(workers.remote_workers(), name="rollout_workers", on_shard_failure=workers.on_shard_failure)
+def rollout_actors(workers: WorkerSet) -> ParallelIterator[Batch]:
+    """The remote workers as a parallel iterator whose failed shards the worker set restarts
+    (``sample_timeout_s`` bounds each request)."""
+    return from_actors(
+        workers.remote_workers(),
+        name="rollout_workers",
+        on_shard_failure=workers.on_shard_failure,
+        shard_timeout_s=workers.sample_timeout_s,
+    )
 
 
 def ParallelRollouts(workers: WorkerSet, *, mode: str = "bulk_sync", num_async: int = 1) -> Any:
     """Experience from the rollout workers, counted in ``num_steps_sampled``.
 
     ``bulk_sync``: one fragment from every worker per item, concatenated (a barrier per
-    round). ``async``: fragments as they arrive, ``num_async`` requests in flight per
+    round; with ``sample_min_fraction`` < 1 a round ends once that fraction of the workers
+    delivered, and late fragments join the next round). ``async``: fragments as they arrive, ``num_async`` requests in flight per
     worker. ``raw``: the :class:`~flowrl.iterators.ParallelIterator` over the workers,
     for plans that gather it themselves. With no remote workers the local worker samples.
-    Dead workers are replaced (or dropped) by the worker set without ending the stream.
+    Workers that die, raise or time out are replaced (or dropped) by the worker set without
+    ending the stream.
     """
     if mode not in ROLLOUT_MODES:
         raise FlowRLError(f"ParallelRollouts(mode={mode!r}): mode must be one of {ROLLOUT_MODES}")
@@ -64,11 +73,12 @@ def ParallelRollouts(workers: WorkerSet, *, mode: str = "bulk_sync", num_async: 
             lambda timeout: local._sample_forever(), SharedMetrics(), name="local_worker.sample()"
         )
         return rollouts.for_each(count_steps_sampled)
-    actors = _rollout_actors(workers)
+    actors = rollout_actors(workers)
     if mode == "raw":
         return actors
     if mode == "bulk_sync":
-        return actors.batch_across_shards().for_each(concat_samples).for_each(count_steps_sampled)
+        rounds = actors.batch_across_shards(min_fraction=workers.sample_min_fraction)
+        return rounds.for_each(concat_samples).for_each(count_steps_sampled)
     return actors.gather_async(num_async=num_async).for_each(count_steps_sampled)
 
 
@@ -94,18 +104,19 @@ class _CountAggregatedSteps(Operator):
         return aggregated.item
 
 
-def AggregatedRollouts(workers: WorkerSet, aggregators: Sequence[Any]) -> LocalIterator[Any]:
+def AggregatedRollouts(workers: WorkerSet, aggregators: AggregatorSet) -> LocalIterator[Any]:
     """What ``aggregators`` (aggregator actors over the remote rollout workers) serve, as it arrives.
 
     Each aggregator gathers asynchronously from its group of rollout workers and serves
     the items its stream makes of them (e.g. train batches); the driver counts their
     freshly sampled steps. Weights sent to an aggregator (``set_weights``) reach its
     workers as they next deliver. The aggregators are created and owned outside the plan
-    (:class:`~flowrl.actors.PlanResources`).
+    (:class:`~flowrl.actors.PlanResources`); one whose rollout worker failed is recreated
+    by the :class:`~flowrl.actors.AggregatorSet`, with the worker restarted.
     """
-    if not aggregators:
+    if not len(aggregators):
         raise FlowRLError("AggregatedRollouts needs at least one aggregator actor")
-    return from_actors(list(aggregators), name="aggregators").gather_async().for_each(
+    return from_actors(list(aggregators), name="aggregators", on_shard_failure=aggregators.replace).gather_async().for_each(
         _CountAggregatedSteps(len(workers.remote_workers()))
     )
 
@@ -139,7 +150,7 @@ def AsyncGradients(workers: WorkerSet) -> LocalIterator[ComputedGradients]:
     """
     if not workers.remote_workers():
         raise FlowRLError("AsyncGradients needs remote workers (num_workers >= 1)")
-    return _rollout_actors(workers).for_each(_sample_and_compute_gradients).gather_async().for_each(_record_gradient_source)
+    return rollout_actors(workers).for_each(_sample_and_compute_gradients).gather_async().for_each(_record_gradient_source)
 
 
 class ConcatBatches:

@@ -188,7 +188,7 @@ class ApplyGradients(Operator):
             actor = metrics.current_actor
             if actor is None:
                 raise FlowRLError("ApplyGradients(update_all=False) needs the source actor; use it right after AsyncGradients")
-            send_weights(actor, local.get_weights([self.policy_id]))
+            send_weights(self.workers, actor, local.get_weights([self.policy_id]))
         info: LearnerInfo = metrics.info.get(LEARNER_INFO, {})
         return info
 

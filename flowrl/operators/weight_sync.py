@@ -26,9 +26,13 @@ def broadcast_weights(workers: WorkerSet, policies: Sequence[str] | None = None)
     metrics.counters[NUM_WEIGHT_SYNCS] += 1
 
 
-def send_weights(actor: Any, weights: Any) -> None:
-    """Send ``weights`` (per policy id, or their object ref) to one actor; timed and counted like a broadcast."""
+def send_weights(workers: WorkerSet, actor: Any, weights: Any) -> None:
+    """Send ``weights`` (per policy id, or their object ref) to one of ``workers``' actors (or an
+    aggregator over them); timed and counted like a broadcast. The worker set remembers the
+    global vars sent, for a worker that replaces a failed one."""
     metrics = LocalIterator.get_metrics()
     with metrics.timers[WORKER_UPDATE_TIMER]:
-        actor.set_weights.remote(weights, global_vars())
+        variables = global_vars()
+        actor.set_weights.remote(weights, variables)
+        workers.remember_global_vars(variables)
     metrics.counters[NUM_WEIGHT_SYNCS] += 1

@@ -11,9 +11,12 @@ import gymnasium as gym
 import numpy as np
 
 from flowrl.data import SampleBatch
-from flowrl.errors import ConfigError
+from flowrl.errors import ConfigError, NonFiniteUpdateError
 
 ModelWeights = dict[str, np.ndarray]
+#: Learner statistic of an update skipped for a non-finite loss or gradient: 1.0 (over several updates,
+#: e.g. minibatch SGD's epochs, the fraction of them skipped). Absent when every update was applied.
+NONFINITE_UPDATE = "nonfinite_update"
 C = TypeVar("C", bound="PolicyConfig")
 ConfigT = TypeVar("ConfigT", bound="PolicyConfig")
 
@@ -44,6 +47,8 @@ class PolicyConfig(Protocol):
     def seed(self) -> int | None: ...
     @property
     def num_workers(self) -> int: ...
+    @property
+    def max_consecutive_nonfinite_updates(self) -> int: ...
 
     def replace(self: C, **changes: Any) -> C:
         """A copy with ``changes`` applied, validated."""
@@ -105,6 +110,11 @@ class Policy(abc.ABC, Generic[ConfigT]):
     ``config`` is the algorithm's config object (see :class:`PolicyConfig`).
     ``global_timestep`` is the number of env steps sampled by the whole run, pushed in by
     :meth:`on_global_var_update`; schedules (learning rate, exploration) read it.
+
+    An update whose loss or gradients are not finite must be skipped, weights and optimizer
+    state untouched (implementations call :meth:`record_update`): ``num_nonfinite_updates``
+    counts them (cumulative, checkpointed), and ``config.max_consecutive_nonfinite_updates``
+    of them in a row raise :class:`~flowrl.errors.NonFiniteUpdateError`.
     """
 
     def __init__(
@@ -116,6 +126,8 @@ class Policy(abc.ABC, Generic[ConfigT]):
         self.config = config
         self.worker_index = worker_index
         self.global_timestep = 0
+        self.num_nonfinite_updates = 0
+        self._nonfinite_in_a_row = 0
 
     @abc.abstractmethod
     def compute_actions(
@@ -156,14 +168,38 @@ class Policy(abc.ABC, Generic[ConfigT]):
     def set_weights(self, weights: ModelWeights) -> None:
         """Load parameters from :meth:`get_weights`."""
 
+    def record_update(self, nonfinite: str | None) -> None:
+        """Note an update: applied (``nonfinite`` None) or skipped, ``nonfinite`` saying which value was not finite.
+
+        Raises :class:`~flowrl.errors.NonFiniteUpdateError` when this makes
+        ``config.max_consecutive_nonfinite_updates`` skipped updates in a row.
+        """
+        if nonfinite is None:
+            self._nonfinite_in_a_row = 0
+            return
+        self.num_nonfinite_updates += 1
+        self._nonfinite_in_a_row += 1
+        cap = self.config.max_consecutive_nonfinite_updates
+        if self._nonfinite_in_a_row >= cap:
+            raise NonFiniteUpdateError(
+                f"{type(self).__name__} on worker {self.worker_index}: {self._nonfinite_in_a_row} updates in a row "
+                f"were skipped because a value was not finite (max_consecutive_nonfinite_updates={cap}); the last "
+                f"had {nonfinite}. Look for NaN/inf in the batch (rewards, observations) or lower the learning rate."
+            )
+
     def get_state(self) -> dict[str, Any]:
         """Everything needed to resume: weights and counters (subclasses add optimizer state)."""
-        return {"weights": self.get_weights(), "global_timestep": self.global_timestep}
+        return {
+            "weights": self.get_weights(),
+            "global_timestep": self.global_timestep,
+            "num_nonfinite_updates": self.num_nonfinite_updates,
+        }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`get_state`'s output."""
         self.set_weights(state["weights"])
         self.global_timestep = int(state["global_timestep"])
+        self.num_nonfinite_updates = int(state.get("num_nonfinite_updates", 0))  # absent in older checkpoints
 
     def on_global_var_update(self, global_vars: Mapping[str, Any]) -> None:
         """Receive run-wide variables; ``global_vars["timestep"]`` is the env steps sampled so far."""

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import collections
-
 import numpy as np
 
 from flowrl.data import SampleBatch
-from flowrl.policy.policy import Policy
+from flowrl.policy.policy import NONFINITE_UPDATE, Policy
 
 
 def _shuffle_sequences(batch: SampleBatch, sequence_length: int, rng: np.random.Generator) -> SampleBatch:
@@ -34,12 +32,15 @@ def minibatch_sgd(
     ``sequence_length`` > 1 keeps runs of that many rows together (the fixed-length
     fragments V-trace reads time-major): the batch must hold whole runs, and the
     minibatch size is rounded down to whole runs (at least one).
+
+    The means are over the updates the policy applied (over all, if it skipped every one
+    for a non-finite value); ``nonfinite_update`` is then the fraction it skipped.
     """
     if sequence_length < 1 or batch.count % sequence_length:
         raise ValueError(f"minibatch_sgd: a batch of {batch.count} rows does not split into runs of sequence_length={sequence_length}")
     rng = np.random.default_rng(seed)
-    sums: dict[str, float] = collections.defaultdict(float)
-    steps = 0
+    applied: list[dict[str, float]] = []
+    skipped: list[dict[str, float]] = []
     size = sgd_minibatch_size if 0 < sgd_minibatch_size < batch.count else batch.count
     size = max(sequence_length, size - size % sequence_length)
     for _ in range(num_sgd_iter):
@@ -48,7 +49,11 @@ def minibatch_sgd(
             minibatch = epoch.slice(start, min(start + size, batch.count))
             if minibatch.count < max(1, size // 2):
                 continue
-            for key, value in policy.learn_on_batch(minibatch).items():
-                sums[key] += float(value)
-            steps += 1
-    return {key: total / steps for key, total in sums.items()} if steps else {}
+            stats = policy.learn_on_batch(minibatch)
+            (skipped if stats.get(NONFINITE_UPDATE) else applied).append(stats)
+    averaged = applied or skipped
+    keys = dict.fromkeys(key for stats in averaged for key in stats)  # in first-seen order
+    means = {key: sum(float(stats[key]) for stats in averaged if key in stats) / len(averaged) for key in keys}
+    if skipped:
+        means[NONFINITE_UPDATE] = len(skipped) / (len(applied) + len(skipped))
+    return means

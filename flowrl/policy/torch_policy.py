@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Mapping, NamedTuple
+import math
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -16,7 +17,7 @@ from flowrl.policy.distributions import ActionDistribution, dist_class_for
 from flowrl.policy.exploration import StochasticSampling, make_exploration
 from flowrl.policy.models import ActorCriticModel, model_config, obs_to_tensor
 from flowrl.policy.numpy_inference import NumpyActorCritic, sample_numpy
-from flowrl.policy.policy import ConfigT, LearnOutput, ModelWeights, Policy
+from flowrl.policy.policy import NONFINITE_UPDATE, ConfigT, LearnOutput, ModelWeights, Policy
 
 TensorBatch = dict[str, torch.Tensor]
 
@@ -174,36 +175,73 @@ class TorchPolicy(Policy[ConfigT]):
                 tensors[key] = torch.as_tensor(value, device=self.device)
         return tensors
 
-    def _loss(self, batch: SampleBatch) -> LearnOutput:
-        """Run the loss and backpropagate it: the statistics (with the gradient norm when clipped) and TD errors."""
+    def _loss(self, batch: SampleBatch) -> tuple[LearnOutput, str | None]:
+        """Run the loss and backpropagate it.
+
+        Returns the statistics (with the gradient norm when clipped) and TD errors, and what
+        was not finite (the loss or a gradient), or None if everything was.
+        """
         self.model.train()
         out = LossOutput(*self.loss_fn(self, self.model, self.dist_class, self.to_tensors(batch)))
         self.optimizer.zero_grad()
         out.loss.backward()
         stats = dict(out.stats)
         if self.config.grad_clip is not None:
-            stats["grad_gnorm"] = float(nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip))
+            grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip))
+            stats["grad_gnorm"] = grad_norm
+        else:
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            grad_norm = float(nn.utils.get_total_norm(grads)) if grads else 0.0
         td_error = None if out.td_error is None else out.td_error.detach().cpu().numpy()
-        return LearnOutput(stats, td_error)
+        loss = float(out.loss.detach())
+        # The norm is finite only if every gradient is: one number to test instead of every tensor.
+        if math.isfinite(loss) and math.isfinite(grad_norm):
+            return LearnOutput(stats, td_error), None
+        named = self.model.named_parameters()
+        culprit = next((name for name, p in named if p.grad is not None and not p.grad.isfinite().all()), None)
+        where = f", first in the gradient of {culprit}" if culprit is not None else ""
+        return LearnOutput(stats, td_error), f"loss={loss:.6g} and gradient norm={grad_norm:.6g}{where}"
 
     def learn(self, batch: SampleBatch) -> LearnOutput:
-        out = self._loss(batch)
+        """One optimizer step on ``batch``; skipped if the loss or a gradient is not finite (see :class:`Policy`).
+
+        A skipped update's statistics hold ``nonfinite_update: 1.0``, and it gives no TD
+        errors (replay priorities stay as they were).
+        """
+        out, nonfinite = self._loss(batch)
+        self.record_update(nonfinite)
+        if nonfinite is not None:
+            self.optimizer.zero_grad()
+            return LearnOutput({**out.stats, NONFINITE_UPDATE: 1.0})
         self.optimizer.step()
         return out
 
     def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, float]]:
-        stats = self._loss(batch).stats
+        """Gradients of the loss on ``batch``, not applied, and the learner statistics.
+
+        If the loss or a gradient is not finite, every gradient is NaN (so that whoever applies
+        them skips the update, even when only the loss was not finite) and the statistics hold
+        ``nonfinite_update: 1.0``.
+        """
+        out, nonfinite = self._loss(batch)
         grads = [
             p.grad.detach().cpu().numpy().copy() if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
             for p in self.model.parameters()
         ]
-        return grads, stats
+        if nonfinite is None:
+            return grads, out.stats
+        return [np.full_like(g, np.nan) for g in grads], {**out.stats, NONFINITE_UPDATE: 1.0}
 
     def apply_gradients(self, gradients: list[np.ndarray]) -> None:
-        params = list(self.model.parameters())
-        if len(gradients) != len(params):
-            raise ValueError(f"got {len(gradients)} gradients for {len(params)} parameters")
-        for p, g in zip(params, gradients):
+        """One optimizer step with ``gradients``; skipped if one is not finite (see :class:`Policy`)."""
+        named = list(self.model.named_parameters())
+        if len(gradients) != len(named):
+            raise ValueError(f"got {len(gradients)} gradients for {len(named)} parameters")
+        bad = _first_nonfinite(gradients)
+        self.record_update(None if bad is None else f"a non-finite gradient of {named[bad][0]} given to apply_gradients")
+        if bad is not None:
+            return
+        for (_, p), g in zip(named, gradients):
             p.grad = torch.tensor(g, device=self.device).reshape(p.shape)  # a copy: Ray hands out read-only arrays
         self.optimizer.step()
 
@@ -247,3 +285,12 @@ class TorchPolicy(Policy[ConfigT]):
             self._np_rng.bit_generator.state = state["np_rng"]
         if self.target_model is not None and state.get("target") is not None:
             self.target_model.load_state_dict(state["target"])
+
+
+def _first_nonfinite(arrays: Sequence[np.ndarray]) -> int | None:
+    """The index of the first array holding a NaN or infinity, or None."""
+    # One sum per array, finite only if every element is; an overflowing sum gets the closer look.
+    for k, array in enumerate(arrays):
+        if not math.isfinite(np.add.reduce(array, axis=None)) and not np.isfinite(array).all():
+            return k
+    return None

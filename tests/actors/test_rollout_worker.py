@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from flowrl.actors import RolloutWorker
+from flowrl.actors import RolloutWorker, WorkerMetrics
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
 from flowrl.envs import get_env_creator
@@ -67,13 +67,13 @@ def test_rows_are_consistent_transitions() -> None:
 def test_episode_statistics_match_the_sampled_rewards() -> None:
     worker = make_worker(num_envs_per_worker=1, rollout_fragment_length=500, batch_mode="complete_episodes")
     batch = worker.sample()
-    stats = worker.get_metrics()
+    stats = worker.get_metrics().episodes
     episodes = batch.split_by_episode()
     assert len(stats) == len(episodes) > 0
     for s, episode in zip(stats, episodes):
         assert s["episode_length"] == episode.count
         assert s["episode_reward"] == pytest.approx(float(episode[SampleBatch.REWARDS].sum()))
-    assert worker.get_metrics() == []  # each episode is reported once
+    assert worker.get_metrics() == WorkerMetrics([], 0, 0)  # each episode is reported once
 
 
 def test_truncation_bootstraps_and_termination_does_not() -> None:

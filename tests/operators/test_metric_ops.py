@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import pytest
 
+from flowrl.actors import WorkerMetrics
 from flowrl.config import TrainerConfig
 from flowrl.iterators import LocalIterator
 from flowrl.operators import (
@@ -127,19 +128,33 @@ def test_collect_metrics_smooths_over_the_last_min_history_episodes() -> None:
     # Only the last 3 episodes (30, 40, 50) count.
     assert (second["episode_reward_mean"], second["episode_reward_min"], second["episode_reward_max"]) == (40.0, 30.0, 50.0)
     assert second["episode_len_mean"] == 40.0
-    assert workers.local_flags == [False, False]
     assert second["timesteps_total"] == 200 and second["timesteps_trained"] == 160
     assert second["info"]["learner"] == {"default_policy": {"loss": 2.0}}
     assert second["info"][STEPS_SAMPLED_COUNTER] == 200 and second["info"][STEPS_TRAINED_COUNTER] == 160
     assert second["timers"]["learn_time_ms"] == pytest.approx(250.0)
     assert second["timers"]["learn_throughput"] == pytest.approx(320.0)
-    assert second["num_worker_restarts"] == 0
+    assert second["num_worker_restarts"] == 0 and second["num_healthy_workers"] == 2
+
+
+def test_collect_metrics_counts_episodes_of_the_selected_workers_and_faults_of_all() -> None:
+    remotes = [FakeWorker([[(10.0, 10)]]), FakeWorker([[(20.0, 20)]]), FakeWorker([[(30.0, 30)]])]
+    remotes[0].get_metrics = lambda: WorkerMetrics([{"episode_reward": 10.0, "episode_length": 10}], 2, 1)  # type: ignore[method-assign]
+    workers = FakeWorkerSet(remotes=remotes)
+    result = from_list([0]).for_each(CollectMetrics(workers, selected_workers=[3])).take(1)[0]
+    assert result["episodes_this_iter"] == 1 and result["episode_reward_mean"] == 30.0
+    assert (result["num_faulty_episodes"], result["num_bad_observations"]) == (2, 1)
+    assert result["num_late_fragments"] == 0 and result["num_nonfinite_updates"] == 0
+
+
+def test_collect_metrics_falls_back_to_every_worker_when_none_selected_is_in_service() -> None:
+    workers = FakeWorkerSet(remotes=[FakeWorker([[(10.0, 10)]])])
+    result = from_list([0]).for_each(CollectMetrics(workers, selected_workers=[5])).take(1)[0]
+    assert result["episodes_this_iter"] == 1
 
 
 def test_collect_metrics_uses_the_local_worker_when_there_are_no_remote_ones() -> None:
     workers = FakeWorkerSet(local=FakeWorker([[(7.0, 7), (9.0, 9)]]), remotes=[])
     result = from_list([0]).for_each(CollectMetrics(workers)).take(1)[0]
-    assert workers.local_flags == [True]
     assert result["episodes_this_iter"] == 2 and result["episode_reward_mean"] == 8.0
 
 

@@ -6,13 +6,14 @@ from typing import Any, Iterator
 
 import numpy as np
 import pytest
+import ray
 
 from flowrl.data import LocalReplayBuffer, SampleBatch
 from flowrl.errors import FlowRLError
 from flowrl.iterators import LocalIterator, NextValueNotReady
 from flowrl.operators import STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER, Concurrently
 from flowrl.operators import MixInReplay
-from flowrl.actors import Learned
+from flowrl.actors import Learned, ReplayActor
 from flowrl.operators import Trained
 from flowrl.operators.replay_ops import Replay, StoreToReplayBuffer, ThrottleSampling, UpdatePriorities
 
@@ -52,26 +53,26 @@ def test_update_priorities_uses_td_errors_and_keeps_them_out_of_the_info() -> No
     assert np.allclose(prioritized.priorities()[replayed["batch_indexes"]], 5.0 + 1e-6)
 
 
-class RecordingShard:
-    """A stand-in for a replay shard actor handle: records update_priorities.remote calls."""
-
-    def __init__(self) -> None:
-        self.calls: list[dict[str, Any]] = []
-        self.update_priorities = self  # so that shard.update_priorities.remote(...) lands in remote()
-
-    def remote(self, priorities: dict[str, Any]) -> None:
-        self.calls.append(priorities)
-
-
+@pytest.mark.usefixtures("ray_session")
 def test_update_priorities_sends_a_learners_priorities_to_the_shard_the_batch_came_from() -> None:
-    shard, other = RecordingShard(), RecordingShard()
-    priorities = {"default_policy": (np.arange(3), np.ones(3))}
-    items = [Learned(shard, {"default_policy": {"loss": 1.0}}, 3, priorities), Learned(other, {}, 3)]
-    out = from_list(items).for_each(UpdatePriorities())
-    assert [next(out), next(out)] == items  # pass-through
-    assert shard.calls == [priorities] and other.calls == []  # nothing to send for a batch without TD errors
-    with pytest.raises(FlowRLError, match="source is a replay shard"):
-        UpdatePriorities()(Trained(batch(3), {}, priorities))
+    shard, other = (ReplayActor.remote(capacity=16, learning_starts=0, replay_batch_size=4, seed=0) for _ in range(2))
+    try:
+        ray.get([shard.add_batch.remote(batch(8)), other.add_batch.remote(batch(8))])
+        indexes = ray.get(shard.replay.remote())["batch_indexes"]
+        priorities = {"default_policy": (indexes, np.full(4, 5.0))}
+        items = [Learned(shard, {"default_policy": {"loss": 1.0}}, 4, priorities), Learned(other, {}, 4)]
+        op = UpdatePriorities(actors=[shard, other])
+        out = from_list(items).for_each(op)
+        assert [next(out), next(out)] == items  # pass-through
+        stats = ray.get([shard.stats.remote(), other.stats.remote()])
+        max_priority = [s["policies"]["default_policy"]["max_priority"] for s in stats]
+        assert max_priority == [pytest.approx(5.0 + 1e-6), 1.0]  # nothing sent for a batch without TD errors
+        assert op.num_dropped_priority_updates == 0
+        with pytest.raises(FlowRLError, match="source is a replay shard"):
+            op(Trained(batch(3), {}, priorities))
+    finally:
+        ray.kill(shard)
+        ray.kill(other)
 
 
 def test_throttle_holds_sampling_until_training_catches_up() -> None:
