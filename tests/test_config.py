@@ -349,7 +349,9 @@ def test_workers_and_policies_get_a_frozen_copy_with_the_keys_their_readers_use(
     with pytest.raises(FrozenConfigError, match="TrainerConfig is frozen"):
         frozen.seed = 6
     assert frozen.replace(seed=6).seed == 6 and frozen.replace(seed=6).is_frozen and not config.is_frozen
-    assert TrainerConfig.per_policy_keys() == {"lr", "model", "grad_clip", "explore", "exploration_config", "num_gpus", "seed", "gamma"}
+    assert TrainerConfig.per_policy_keys() == {
+        "lr", "model", "grad_clip", "explore", "exploration_config", "num_gpus", "seed", "gamma", "max_consecutive_nonfinite_updates"
+    }
     assert frozen.lr == 1e-3 and frozen.model == {"fcnet_hiddens": [8]}
 
 

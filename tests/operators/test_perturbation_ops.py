@@ -195,7 +195,7 @@ def test_antithetic_rounds_have_consistent_shapes_and_record_eval_episodes() -> 
     np.testing.assert_array_equal(result.returns, result.lengths)  # CartPole pays 1 per step
     assert result.lengths.min() >= 1
     # eval_prob=1: one unperturbed episode per pair, in the worker's episode statistics.
-    episodes = worker.get_metrics()
+    episodes = worker.get_metrics().episodes
     assert result.eval_episodes == len(episodes) == 3
     assert result.eval_steps == sum(e["episode_length"] for e in episodes)
     assert result.obs_stats is not None and result.obs_stats.count == result.perturbed_steps()
