@@ -286,3 +286,31 @@ def test_resources_that_exist_but_are_taken_fail_after_worker_startup_timeout_s(
 
 def test_restart_backoff_grows_for_a_crash_loop_and_is_capped() -> None:
     assert [restart_delay_s(n) for n in range(8)] == [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+
+
+# -- stragglers ----------------------------------------------------------------------------
+
+
+def test_sample_min_fraction_goes_on_without_a_straggler_and_counts_its_late_fragments(counter: str) -> None:
+    # Worker 2 takes about 0.5 s per fragment (100 steps x 5 ms); worker 1 a few milliseconds.
+    slow = {"kind": "slow", "worker_indices": [2], "delay_s": 0.005}
+    trainer = make_trainer(
+        "ppo", FaultInjectEnv, sample_min_fraction=0.5, train_batch_size=200, env_config=fault_env(counter, slow)
+    )
+    try:
+        result = train_until(trainer, lambda r: r["num_late_fragments"] >= 1, max_iterations=500)
+        assert result["num_worker_restarts"] == 0 and result["num_healthy_workers"] == 2
+    finally:
+        trainer.stop()
+
+
+def test_metrics_are_collected_while_a_worker_is_stuck_in_a_sample(counter: str) -> None:
+    hang = {"kind": "hang", "worker_indices": [2], "at_step": 10, "times": 1, "hang_s": 60}
+    trainer = make_trainer("apex", FaultInjectEnv, env_config=fault_env(counter, hang))
+    try:
+        trainer.train()  # worker 2 is stuck from its first fragment on; worker 1 samples
+        reports = trainer.workers.collect_metrics()
+        assert [index for index, _ in reports] == [1, 2]  # worker 2 answered from its control thread
+        assert trainer.workers.num_worker_restarts == 0
+    finally:
+        trainer.stop()

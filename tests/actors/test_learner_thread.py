@@ -424,3 +424,25 @@ def test_only_the_policies_to_train_learn(learners: Any) -> None:
 def test_a_custom_learn_fn_excludes_the_sgd_settings() -> None:
     with pytest.raises(FlowRLError, match="custom learn_fn"):
         LearnerThread(FakeWorker(), learn_fn=lambda w, b: ({}, 0), num_sgd_iter=2)
+
+
+@pytest.mark.timeout(30)
+def test_a_stuck_learner_is_reported_after_timeout_s_instead_of_waited_on(learners: Any) -> None:
+    gate = threading.Event()  # never opened during the check: the learning step is stuck
+    learner = learners(FakeWorker(gate=gate), timeout_s=0.5)
+    learner.start()
+    source = Dequeue(learner.outqueue, check=learner.check)
+    learner.inqueue.put(FromActor("a", make_batch(3)))
+    with pytest.raises(LearnerThreadError, match=r"learning on one batch for over 0.5 s \(learner_timeout_s\)"):
+        next(source)
+    gate.set()  # let the thread finish so the fixture can stop it
+
+
+@pytest.mark.timeout(30)
+def test_a_slow_but_moving_learner_is_not_reported(learners: Any) -> None:
+    learner = learners(FakeWorker(delay_s=0.05), timeout_s=5.0)
+    learner.start()
+    source = Dequeue(learner.outqueue, check=learner.check)
+    for _ in range(3):
+        learner.inqueue.put(FromActor("a", make_batch(3)))
+    assert [next(source).source for _ in range(3)] == ["a", "a", "a"]
