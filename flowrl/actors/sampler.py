@@ -24,6 +24,7 @@ import numpy as np
 from gymnasium import spaces
 
 from flowrl.data import SampleBatch, concat_samples
+from flowrl.envs.checker import abbreviate, element_name
 from flowrl.errors import BadObservationError, EnvError, FlowRLError
 from flowrl.policy import Policy
 
@@ -52,27 +53,12 @@ class EpisodeStats:
     policy_rewards: dict[str, list[float]] = field(default_factory=dict)
 
 
-def _short(value: Any, limit: int = 80) -> str:
-    """``value`` abbreviated for an error message."""
-    if isinstance(value, np.ndarray):
-        text = np.array2string(value, threshold=8, edgeitems=2, precision=4, separator=", ")
-    elif isinstance(value, np.generic):
-        text = str(value)  # numpy 2's repr adds "np.float32(...)", noise in a message
-    else:
-        text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _at(name: str, index: tuple[Any, ...]) -> str:
-    return f"{name}[{', '.join(str(int(i)) for i in index)}]" if index else name
-
-
 def reward_problem(reward: Any, field: str = "reward") -> str | None:
     """What is wrong with one reward (not a real number, or not finite), or None; ``field`` names it."""
     try:
         value = float(reward)
     except (TypeError, ValueError):
-        return f"{field}={_short(reward)} of type {type(reward).__name__}, which is not a real number"
+        return f"{field}={abbreviate(reward)} of type {type(reward).__name__}, which is not a real number"
     return None if math.isfinite(value) else f"{field}={value}, which is not finite"
 
 
@@ -135,10 +121,10 @@ class ObservationCheck:
             return None
         array = np.asarray(value)
         if self.shape is not None and array.shape != self.shape:
-            return f"{field}={_short(value)} with shape {array.shape}, but {self.space_name}.shape is {self.shape}"
+            return f"{field}={abbreviate(value)} with shape {array.shape}, but {self.space_name}.shape is {self.shape}"
         if self.dtype is not None and not np.can_cast(array.dtype, self.dtype, "same_kind"):
             return (
-                f"{field}={_short(value)} of dtype {array.dtype}, which does not cast to "
+                f"{field}={abbreviate(value)} of dtype {array.dtype}, which does not cast to "
                 f"{self.space_name}.dtype {self.dtype}"
             )
         if cacheable:
@@ -152,15 +138,15 @@ class ObservationCheck:
             bad = np.argwhere(~np.isfinite(array))
             if len(bad):
                 index = tuple(bad[0])
-                return f"{_at(field, index)}={_short(array[index])}, which is not finite"
+                return f"{element_name(field, index)}={abbreviate(array[index])}, which is not finite"
         for bound, name, relation in ((self.low, "low", "below"), (self.high, "high", "above")):
             if bound is None:
                 continue
             bad = np.argwhere(array < bound if relation == "below" else array > bound)
             if len(bad):
                 index = tuple(bad[0])
-                limit = _at(f"{self.space_name}.{name}", index)
-                return f"{_at(field, index)}={_short(array[index])} {relation} {limit}={_short(bound[index])}"
+                limit = element_name(f"{self.space_name}.{name}", index)
+                return f"{element_name(field, index)}={abbreviate(array[index])} {relation} {limit}={abbreviate(bound[index])}"
         return None
 
     def problem(self, value: Any, field: str) -> str | None:
@@ -483,7 +469,7 @@ class VectorSampler(FaultTolerantSampler):
                 fragment.columns[SampleBatch.REWARDS][step, i] = reward
                 return True
             except (TypeError, ValueError):
-                problem = reward_problem(reward) or f"reward={_short(reward)}"
+                problem = reward_problem(reward) or f"reward={abbreviate(reward)}"
         self._bad_data(i, self._step_where(i, step), problem)
         self._placeholder(fragment, step, i)
         return False
@@ -503,7 +489,7 @@ class VectorSampler(FaultTolerantSampler):
             self._start_episode(i, None, step + 1, full=True)
 
     def _problem(self, value: Any, field: str) -> str:
-        return self._obs_check.value_problem(value, field) or f"{field}={_short(value)}"
+        return self._obs_check.value_problem(value, field) or f"{field}={abbreviate(value)}"
 
     def _placeholder(self, fragment: _Fragment, step: int, i: int) -> None:
         """Fill row ``step`` of env ``i`` with valid values that end its episode (the row is dropped with it)."""

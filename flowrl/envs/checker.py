@@ -39,7 +39,7 @@ def check_env(env: gymnasium.Env, *, num_steps: int = 50, seed: int = 0) -> None
     if not _same(first_obs, again_obs):
         raise EnvCheckError(
             f"{method} ignores seed: two calls returned different first observations "
-            f"{_short(first_obs)} and {_short(again_obs)}; reset must seed the env's RNG "
+            f"{abbreviate(first_obs)} and {abbreviate(again_obs)}; reset must seed the env's RNG "
             f"(call super().reset(seed=seed) and draw randomness from self.np_random)"
         )
 
@@ -50,7 +50,7 @@ def check_env(env: gymnasium.Env, *, num_steps: int = 50, seed: int = 0) -> None
             result = env.step(action)
         except Exception as exc:
             raise EnvCheckError(
-                f"env.step({_short(action)}) raised {type(exc).__name__}: {exc} (step {step} of check_env)"
+                f"env.step({abbreviate(action)}) raised {type(exc).__name__}: {exc} (step {step} of check_env)"
             ) from exc
         terminated, truncated = _check_step_result(result, observation_space, step)
         if terminated or truncated:
@@ -63,7 +63,7 @@ def _space(env: Any, attribute: str) -> spaces.Space:
     space = getattr(env, attribute)
     if not isinstance(space, spaces.Space):
         raise EnvCheckError(
-            f"env.{attribute} is {_short(space)} of type {type(space).__name__}, "
+            f"env.{attribute} is {abbreviate(space)} of type {type(space).__name__}, "
             f"but it must be a gymnasium.spaces.Space (e.g. gymnasium.spaces.Box)"
         )
     return space
@@ -95,12 +95,12 @@ def _checked_reset(env: Any, method: str, observation_space: spaces.Space, **kwa
         and observation_space.contains(result)
     ):
         raise EnvCheckError(
-            f"{method} returned a bare observation {_short(result)} instead of the tuple (obs, info); "
+            f"{method} returned a bare observation {abbreviate(result)} instead of the tuple (obs, info); "
             f"Gymnasium's reset returns (obs, info)"
         )
     obs, info = result
     if not isinstance(info, dict):
-        raise EnvCheckError(f"{method} returned info {_short(info)} of type {type(info).__name__}; info must be a dict")
+        raise EnvCheckError(f"{method} returned info {abbreviate(info)} of type {type(info).__name__}; info must be a dict")
     _check_obs(obs, observation_space, method, "obs", "observation_space")
     return obs
 
@@ -118,7 +118,7 @@ def _check_step_result(result: Any, observation_space: spaces.Space, step: int) 
     truncated = _checked_flag(truncated, method, "truncated", "truncated", where)
     if not isinstance(info, dict):
         raise EnvCheckError(
-            f"{method} returned info {_short(info)} of type {type(info).__name__}; info must be a dict{where}"
+            f"{method} returned info {abbreviate(info)} of type {type(info).__name__}; info must be a dict{where}"
         )
     return terminated, truncated
 
@@ -131,7 +131,7 @@ def _check_step_arity(result: Any, method: str, api: str, old_api: str, where: s
     """
     if not isinstance(result, tuple):
         raise EnvCheckError(
-            f"{method} returned {_short(result)} of type {type(result).__name__}; it must return {api}{where}"
+            f"{method} returned {abbreviate(result)} of type {type(result).__name__}; it must return {api}{where}"
         )
     if len(result) == 4:
         raise EnvCheckError(f"{method} returned 4 values {old_api}; {api} is needed{where}")
@@ -143,7 +143,7 @@ def _check_reward(reward: Any, method: str, name: str, subject: str, where: str)
     """Raise unless ``reward`` is a finite real scalar; ``name`` spells where it was returned, ``subject`` the rule's subject."""
     if not _is_real_scalar(reward):
         raise EnvCheckError(
-            f"{method} returned {name}={_short(reward)} of type {type(reward).__name__}; "
+            f"{method} returned {name}={abbreviate(reward)} of type {type(reward).__name__}; "
             f"{subject} must be a finite real scalar (a float){where}"
         )
     if not math.isfinite(float(reward)):
@@ -154,7 +154,7 @@ def _checked_flag(flag: Any, method: str, name: str, subject: str, where: str) -
     """``flag`` (a termination or truncation) as a bool; raise unless it is a Python or numpy bool."""
     if not isinstance(flag, (bool, np.bool_)):
         raise EnvCheckError(
-            f"{method} returned {name}={_short(flag)} of type {type(flag).__name__}; {subject} must be a bool{where}"
+            f"{method} returned {name}={abbreviate(flag)} of type {type(flag).__name__}; {subject} must be a bool{where}"
         )
     return bool(flag)
 
@@ -182,7 +182,7 @@ def _check_obs(obs: Any, space: spaces.Space, method: str, obs_name: str, space_
             if len(bad):
                 index = tuple(bad[0])
                 raise fail(
-                    f"with {_at(obs_name, index)}={_short(array[index])}, which is not finite; "
+                    f"with {element_name(obs_name, index)}={abbreviate(array[index])}, which is not finite; "
                     f"observations must be finite numbers (NaN/inf poison training)"
                 )
         # Both sides have the space's dtype here, so the comparison is exact (no float32 rounding surprise).
@@ -192,7 +192,7 @@ def _check_obs(obs: Any, space: spaces.Space, method: str, obs_name: str, space_
             isinstance(obs, (int, np.integer))
             or (isinstance(obs, np.ndarray) and obs.ndim == 0 and np.issubdtype(obs.dtype, np.integer))
         ):
-            raise fail(f"{_short(obs)} of type {type(obs).__name__}, but {space_name} is {space}; it must be an int")
+            raise fail(f"{abbreviate(obs)} of type {type(obs).__name__}, but {space_name} is {space}; it must be an int")
         value, low, high = int(obs), int(space.start), int(space.start + space.n - 1)
         if value < low:
             raise fail(f"{obs_name}={value} below {space_name}.start={low}")
@@ -210,13 +210,13 @@ def _check_obs(obs: Any, space: spaces.Space, method: str, obs_name: str, space_
         bad = np.argwhere((array != 0) & (array != 1))
         if len(bad):
             index = tuple(bad[0])
-            shown = _short(array[index])
-            raise fail(f"with {_at(obs_name, index)}={shown}, but {space_name} is {space}: values must be 0 or 1")
+            shown = abbreviate(array[index])
+            raise fail(f"with {element_name(obs_name, index)}={shown}, but {space_name} is {space}: values must be 0 or 1")
     elif isinstance(space, spaces.Dict):
         if not isinstance(obs, dict) or set(obs) != set(space.spaces):
             keys = sorted(map(str, obs)) if isinstance(obs, dict) else None
             raise fail(
-                f"{_short(obs)} of type {type(obs).__name__} (keys {keys}), but {space_name} is a Dict "
+                f"{abbreviate(obs)} of type {type(obs).__name__} (keys {keys}), but {space_name} is a Dict "
                 f"with keys {sorted(map(str, space.spaces))}"
             )
         for key, subspace in space.spaces.items():
@@ -224,23 +224,23 @@ def _check_obs(obs: Any, space: spaces.Space, method: str, obs_name: str, space_
     elif isinstance(space, spaces.Tuple):
         if not isinstance(obs, tuple) or len(obs) != len(space.spaces):
             raise fail(
-                f"{_short(obs)} of type {type(obs).__name__}, but {space_name} is a Tuple of {len(space.spaces)}"
+                f"{abbreviate(obs)} of type {type(obs).__name__}, but {space_name} is a Tuple of {len(space.spaces)}"
             )
         for i, subspace in enumerate(space.spaces):
             _check_obs(obs[i], subspace, method, f"{obs_name}[{i}]", f"{space_name}[{i}]", where)
     elif not space.contains(obs):
-        raise fail(f"{obs_name}={_short(obs)} that is not in {space_name} {space}")
+        raise fail(f"{obs_name}={abbreviate(obs)} that is not in {space_name} {space}")
 
 
 def _check_array(obs: Any, space: spaces.Space, fail: Any, obs_name: str, space_name: str, *, integer: bool) -> None:
     if not isinstance(obs, (np.ndarray, np.generic)):
         raise fail(
-            f"{_short(obs)} of type {type(obs).__name__}, but {space_name} is {space}; "
+            f"{abbreviate(obs)} of type {type(obs).__name__}, but {space_name} is {space}; "
             f"{obs_name} must be a numpy array"
         )
     array = np.asarray(obs)
     if array.shape != space.shape:
-        raise fail(f"{_short(array)} with shape {array.shape} but {space_name}.shape is {space.shape}")
+        raise fail(f"{abbreviate(array)} with shape {array.shape} but {space_name}.shape is {space.shape}")
     if array.dtype != space.dtype:
         raise fail(
             f"with dtype {array.dtype} but {space_name}.dtype is {space.dtype} "
@@ -262,11 +262,12 @@ def _check_bounds(
         offending = np.argwhere(bad)
         if len(offending):
             index = tuple(offending[0])
-            value, limit = _short(array[index]), _short(bound[index])
-            raise fail(f"with {_at(obs_name, index)}={value} {relation} {_at(bound_name, index)}={limit}")
+            value, limit = abbreviate(array[index]), abbreviate(bound[index])
+            raise fail(f"with {element_name(obs_name, index)}={value} {relation} {element_name(bound_name, index)}={limit}")
 
 
-def _at(name: str, index: tuple) -> str:
+def element_name(name: str, index: tuple) -> str:
+    """``name`` with an element's index, e.g. ``obs[0, 2]`` (just ``name`` for a scalar)."""
     if not index:
         return name
     return f"{name}[{', '.join(str(int(i)) for i in index)}]"
@@ -283,7 +284,8 @@ def _same(a: Any, b: Any) -> bool:
         return a == b
 
 
-def _short(value: Any, limit: int = 80) -> str:
+def abbreviate(value: Any, limit: int = 80) -> str:
+    """``value`` shortened for an error message (arrays summarised, at most ``limit`` characters)."""
     if isinstance(value, np.ndarray):
         text = np.array2string(value, threshold=8, edgeitems=2, precision=4, separator=", ")
     elif isinstance(value, np.generic):

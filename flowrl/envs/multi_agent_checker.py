@@ -20,7 +20,7 @@ from flowrl.envs.checker import (
     _check_step_arity,
     _checked_flag,
     _same,
-    _short,
+    abbreviate,
 )
 from flowrl.envs.multi_agent import AgentID, _is_aec_env, aec_env_message, seed_action_spaces
 from flowrl.errors import EnvCheckError
@@ -57,7 +57,7 @@ def check_multi_agent_env(env: Any, *, num_steps: int = 50, seed: int = 0) -> No
     if first_agents != again_agents or not _same(first_obs, again_obs):
         raise EnvCheckError(
             f"env.reset(seed={seed}) ignores seed: two calls returned different first observations "
-            f"{_short(first_obs)} and {_short(again_obs)} (agents {first_agents} and {again_agents}); "
+            f"{abbreviate(first_obs)} and {abbreviate(again_obs)} (agents {first_agents} and {again_agents}); "
             f"reset must seed every source of randomness in the env"
         )
 
@@ -72,7 +72,7 @@ def check_multi_agent_env(env: Any, *, num_steps: int = 50, seed: int = 0) -> No
         try:
             result = env.step(actions)
         except Exception as exc:
-            raise EnvCheckError(f"env.step({_short(actions)}) raised {type(exc).__name__}: {exc}{where}") from exc
+            raise EnvCheckError(f"env.step({abbreviate(actions)}) raised {type(exc).__name__}: {exc}{where}") from exc
         obs, done = _check_step_result(env, result, live, possible_agents, observation_spaces, finished, where)
         finished |= done
         if not env.agents:
@@ -86,7 +86,7 @@ def _checked_possible_agents(env: Any) -> list:
     possible = env.possible_agents
     if not isinstance(possible, (list, tuple)) or not possible:
         raise EnvCheckError(
-            f"env.possible_agents is {_short(possible)} of type {type(possible).__name__}; "
+            f"env.possible_agents is {abbreviate(possible)} of type {type(possible).__name__}; "
             f"it must be a non-empty list of agent ids"
         )
     for agent in possible:
@@ -94,7 +94,7 @@ def _checked_possible_agents(env: Any) -> list:
             hash(agent)
         except TypeError:
             raise EnvCheckError(
-                f"env.possible_agents holds {_short(agent)} of type {type(agent).__name__}, which is not hashable; "
+                f"env.possible_agents holds {abbreviate(agent)} of type {type(agent).__name__}, which is not hashable; "
                 f"agent ids key dicts (use ints or strings)"
             ) from None
     if len(set(possible)) != len(possible):
@@ -118,11 +118,11 @@ def _agent_space(env: Any, method: str, agent: AgentID) -> spaces.Space:
         ) from exc
     if not isinstance(space, spaces.Space):
         raise EnvCheckError(
-            f"{call} returned {_short(space)} of type {type(space).__name__}, "
+            f"{call} returned {abbreviate(space)} of type {type(space).__name__}, "
             f"but it must be a gymnasium.spaces.Space (e.g. gymnasium.spaces.Box)"
         )
     if again != space:
-        raise EnvCheckError(f"{call} returned {_short(space)} and then {_short(again)}; an agent's space must not change")
+        raise EnvCheckError(f"{call} returned {abbreviate(space)} and then {abbreviate(again)}; an agent's space must not change")
     return space
 
 
@@ -134,14 +134,14 @@ def _checked_reset(env: Any, observation_spaces: dict, seed: int | None) -> tupl
         raise EnvCheckError(f"{method} raised {type(exc).__name__}: {exc}") from exc
     if not (isinstance(result, tuple) and len(result) == 2):
         raise EnvCheckError(
-            f"{method} returned {_short(result)} of type {type(result).__name__}; "
+            f"{method} returned {abbreviate(result)} of type {type(result).__name__}; "
             f"the Parallel API's reset returns the pair (obs, infos) of dicts keyed by agent"
         )
     obs, infos = result
     for field, value in (("obs", obs), ("infos", infos)):
         if not isinstance(value, dict):
             raise EnvCheckError(
-                f"{method} returned {field} {_short(value)} of type {type(value).__name__}; "
+                f"{method} returned {field} {abbreviate(value)} of type {type(value).__name__}; "
                 f"{field} must be a dict keyed by agent"
             )
     agents = _checked_agents(env, method, set(observation_spaces), "")
@@ -158,23 +158,23 @@ def _checked_agents(env: Any, method: str, possible: set, where: str) -> list:
     agents = getattr(env, "agents", None)
     if not isinstance(agents, (list, tuple)):
         raise EnvCheckError(
-            f"after {method}, env.agents is {_short(agents)} of type {type(agents).__name__}; "
+            f"after {method}, env.agents is {abbreviate(agents)} of type {type(agents).__name__}; "
             f"it must be the list of live agent ids{where}"
         )
     strangers = [agent for agent in agents if agent not in possible]
     if strangers:
         raise EnvCheckError(
-            f"after {method}, env.agents holds {_short(strangers)}, not in env.possible_agents "
-            f"{_short(sorted(possible, key=repr))}{where}"
+            f"after {method}, env.agents holds {abbreviate(strangers)}, not in env.possible_agents "
+            f"{abbreviate(sorted(possible, key=repr))}{where}"
         )
     if len(set(agents)) != len(agents):
-        raise EnvCheckError(f"after {method}, env.agents {_short(list(agents))} repeats an agent{where}")
+        raise EnvCheckError(f"after {method}, env.agents {abbreviate(list(agents))} repeats an agent{where}")
     return list(agents)
 
 
 def _keyed_by(method: str, expected: list) -> str:
     who = "the live agents (env.agents)" if method.startswith("env.reset") else "the agents that acted"
-    return f"{who}, {_short(expected)}"
+    return f"{who}, {abbreviate(expected)}"
 
 
 def _check_keys(method: str, field: str, value: dict, expected: list, where: str) -> None:
@@ -203,7 +203,7 @@ def _check_info_keys(method: str, infos: dict, expected: list, where: str) -> No
             )
         if not isinstance(info, dict):
             raise EnvCheckError(
-                f"{method} returned infos[{agent!r}]={_short(info)} of type {type(info).__name__}; "
+                f"{method} returned infos[{agent!r}]={abbreviate(info)} of type {type(info).__name__}; "
                 f"each agent's info must be a dict{where}"
             )
 
@@ -229,7 +229,7 @@ def _check_step_result(
     for field, value in zip(_STEP_FIELDS, result):
         if not isinstance(value, dict):
             raise EnvCheckError(
-                f"{method} returned {field} {_short(value)} of type {type(value).__name__}; "
+                f"{method} returned {field} {abbreviate(value)} of type {type(value).__name__}; "
                 f"{field} must be a dict keyed by agent{where}"
             )
     obs, rewards, terminations, truncations, infos = result
@@ -260,7 +260,7 @@ def _check_step_result(
             field = "terminations" if flags[0] else "truncations"
             raise EnvCheckError(
                 f"after {method} returned {field}[{agent!r}]=True, agent {agent!r} is still in env.agents "
-                f"{_short(agents_after)}; step must remove a finished agent from env.agents{where}"
+                f"{abbreviate(agents_after)}; step must remove a finished agent from env.agents{where}"
             )
         if not any(flags) and agent not in after:
             raise EnvCheckError(

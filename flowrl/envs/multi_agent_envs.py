@@ -12,7 +12,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from flowrl.envs.checker import _short
+from flowrl.envs.checker import abbreviate
 from flowrl.envs.multi_agent import AgentID, MultiAgentEnv
 from flowrl.errors import EnvError
 
@@ -168,7 +168,7 @@ def _lookup(spaces_by_agent: dict, agent: AgentID, method: str, possible_agents:
 def _raise_bad_actions(actions: Any, agents: list) -> NoReturn:
     if not isinstance(actions, dict):
         raise EnvError(
-            f"step() needs a dict of actions keyed by agent; got {_short(actions)} of type {type(actions).__name__}"
+            f"step() needs a dict of actions keyed by agent; got {abbreviate(actions)} of type {type(actions).__name__}"
         )
     if not agents:
         raise EnvError("step() called with no live agents: the episode is over (env.agents is empty); call reset()")
