@@ -508,7 +508,7 @@ class TrainerConfig:
     max_worker_restarts: int = cfg_field(
         1000,
         "Most rollout-worker restarts in a run; one more failure raises a FlowRLError naming the worker. "
-        "A worker failing again within a minute of its restart waits 1, 2, 4 ... (at most 30) seconds first.",
+        "While a worker's replacements fail to start, each next attempt waits 1, 2, 4 ... (at most 30) seconds.",
         min=0,
     )
     restart_failed_sub_environments: bool = cfg_field(

@@ -81,8 +81,11 @@ class Trainer:
                 plan = self.algorithm.execution_plan(self.workers, self.config, self.resources)
                 self.plan = Plan(plan, name=self.algorithm.name)
             except BaseException:
-                self.resources.stop()
-                self.workers.stop()
+                for release in (self.resources.stop, self.workers.stop):
+                    try:
+                        release()
+                    except FlowRLError:  # keep the error that stopped the build the one raised
+                        logger.exception("releasing a Trainer whose build failed")
                 raise
         except BaseException:
             stop_ray(self._owns_ray)

@@ -28,17 +28,16 @@ PROBE_TIMEOUT_S = 10.0
 CALL_TIMEOUT_S = 600.0
 #: Longest wait for the remote workers to close their envs when the set stops.
 STOP_TIMEOUT_S = 5.0
-#: A worker failing again within this many seconds of its last restart waits before the next.
-RESTART_WINDOW_S = 60.0
 MAX_RESTART_DELAY_S = 30.0
 
 
-def restart_delay_s(recent_restarts: int) -> float:
-    """Seconds to wait before restarting a worker restarted ``recent_restarts`` times in the last minute.
+def restart_delay_s(failed_starts: int) -> float:
+    """Seconds to wait before restarting a worker whose last ``failed_starts`` incarnations failed to start.
 
-    0 for a one-off failure, then 1, 2, 4 ... capped at 30: a crash loop backs off.
+    0 after a worker that ran (a one-off crash is replaced at once), then 1, 2, 4 ...
+    capped at 30: a worker whose constructor keeps failing backs off.
     """
-    return 0.0 if recent_restarts == 0 else min(2.0 ** (recent_restarts - 1), MAX_RESTART_DELAY_S)
+    return 0.0 if failed_starts == 0 else min(2.0 ** (failed_starts - 1), MAX_RESTART_DELAY_S)
 
 
 def check_cluster_resources(config: TrainerConfig, num_workers: int, num_cpus_per_worker: float) -> None:
@@ -78,7 +77,7 @@ class WorkerSet:
     ``recreate_failed_workers``, replaced by a new actor at the same index (same
     exploration slot), loaded with the local worker's weights and the latest global vars,
     and counted in ``num_worker_restarts``; without, dropped. Restarts are capped by
-    ``config.max_worker_restarts`` and back off when one worker keeps failing; past the
+    ``config.max_worker_restarts`` and back off while a worker's replacements fail to start; past the
     cap, or with no worker left, a :class:`~flowrl.errors.WorkerFailureError` names the
     worker and carries the remote traceback.
     """
@@ -125,7 +124,7 @@ class WorkerSet:
         self.sample_min_fraction = config.sample_min_fraction
         self.num_worker_restarts = 0
         self.num_workers_dropped = 0
-        self._restart_times: dict[int, collections.deque[float]] = collections.defaultdict(collections.deque)
+        self._init_failures: dict[int, int] = collections.defaultdict(int)  # in a row, per worker index
         self._local = RolloutWorker(
             env_creator=env_creator, policy_specs=policy_specs, config=config, worker_index=0, num_workers=num_workers
         )
@@ -285,7 +284,7 @@ class WorkerSet:
                 f"(max_worker_restarts={self.max_worker_restarts}). Last failure:\n{cause}",
                 worker_indices=[worker_index],
             ) from cause
-        delay = self._backoff(worker_index)
+        delay = self._backoff(worker_index, cause)
         logger.warning("%s; recreating it%s: %s", what, f" in {delay:g} s" if delay else "", cause)
         time.sleep(delay)
         self.num_worker_restarts += 1
@@ -297,15 +296,13 @@ class WorkerSet:
         self._replacements[failed] = replacement
         return replacement
 
-    def _backoff(self, worker_index: int) -> float:
-        """The delay before restarting ``worker_index``, from its restarts in the last minute (recorded now)."""
-        now = time.monotonic()
-        times = self._restart_times[worker_index]
-        while times and now - times[0] > RESTART_WINDOW_S:
-            times.popleft()
-        delay = restart_delay_s(len(times))
-        times.append(now + delay)
-        return delay
+    def _backoff(self, worker_index: int, cause: BaseException) -> float:
+        """The delay before restarting ``worker_index``: it grows while its replacements keep failing to start."""
+        if isinstance(cause, ray.exceptions.RayActorError) and cause.actor_init_failed:
+            self._init_failures[worker_index] += 1
+        else:
+            self._init_failures[worker_index] = 0
+        return restart_delay_s(self._init_failures[worker_index])
 
     def probe_unhealthy_workers(self) -> int:
         """Probe every remote worker (with a timeout), replacing or dropping the dead; returns how many were dead."""
