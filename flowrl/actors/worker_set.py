@@ -253,7 +253,10 @@ class WorkerSet:
     def handle_failure(self, failed: Any, error: BaseException) -> Any:
         """Kill a failed remote worker and replace or drop it; returns the replacement or None."""
         if failed in self._replacements:  # another caller already handled this failure
-            return self._replacements[failed]
+            replacement = self._replacements[failed]
+            while replacement in self._replacements:  # which may have failed to start in turn
+                replacement = self._replacements[replacement]
+            return replacement
         if failed not in self._remote:
             raise FlowRLError(f"rollout worker {failed} failed but is not one of this WorkerSet's workers") from error
         position = self._remote.index(failed)
@@ -294,6 +297,23 @@ class WorkerSet:
         replacement.set_weights.remote(weights, self._global_vars)
         self._remote[position] = replacement
         self._replacements[failed] = replacement
+        return self._started(replacement, worker_index)
+
+    def _started(self, replacement: Any, worker_index: int) -> Any:
+        """``replacement`` once it has started (its constructor ran), or what replaced it in turn if it failed to.
+
+        Waiting here, rather than in the gather that asked, keeps a short ``sample_timeout_s``
+        from timing out a worker that is still starting.
+        """
+        try:
+            ray.get(control_call(replacement, "ping"), timeout=self._config.worker_startup_timeout_s)
+        except ray.exceptions.RayActorError as e:
+            return self.handle_failure(replacement, e)
+        except ray.exceptions.GetTimeoutError:
+            raise ResourceUnavailableError(
+                f"the replacement of rollout worker {worker_index} did not start within worker_startup_timeout_s="
+                f"{self._config.worker_startup_timeout_s:g}; Ray has {ray.available_resources()} available now"
+            ) from None
         return replacement
 
     def _backoff(self, worker_index: int, cause: BaseException) -> float:

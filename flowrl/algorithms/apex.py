@@ -74,7 +74,9 @@ def make_resources(workers: WorkerSet, config: ApexConfig) -> PlanResources:
     """The replay shards and a learner thread (one gradient step per replayed batch)."""
     return PlanResources(
         replay_actors=replay_shards(config, config.num_replay_shards),
-        learner=LearnerThread(workers.local_worker(), inqueue_size=config.learner_queue_size),
+        learner=LearnerThread(
+            workers.local_worker(), inqueue_size=config.learner_queue_size, timeout_s=config.learner_timeout_s
+        ),
         checkpoint_replay_contents=config.store_buffer_in_checkpoints,
     )
 

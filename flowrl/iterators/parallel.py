@@ -161,9 +161,9 @@ _RemoteShardActor = ray.remote(num_cpus=0)(_ShardActor)
 FailureHook = Callable[[int, Any, ShardFailedError], Any]
 """``hook(shard_index, failed_actor, error)`` returns a replacement actor, or None to drop the shard."""
 
-#: Longest wait for a shard actor to open a stream when the gather has no ``shard_timeout_s``
-#: (a replacement actor may still be starting: importing, building envs).
-OPEN_TIMEOUT_S = 600.0
+#: Least time a shard actor gets to open a stream, whatever the gather's ``shard_timeout_s`` (which
+#: bounds items): a replacement actor may still be starting (importing, building envs).
+OPEN_TIMEOUT_S = 120.0
 #: Metrics counter of the items a ``batch_across_shards(min_fraction < 1)`` round did not wait
 #: for, which joined a later round.
 LATE_ITEMS_COUNTER = "num_late_items"
@@ -225,7 +225,7 @@ class _ShardStreams:
         """Wait for a stream to open (re-opening on a replacement actor); False if dropped."""
         while True:
             try:
-                slot = ray.get(ref, timeout=shard.timeout_s or OPEN_TIMEOUT_S)
+                slot = ray.get(ref, timeout=max(shard.timeout_s or 0.0, OPEN_TIMEOUT_S))
                 break
             except _FAILURES as e:
                 if not self.fail(shard, e):
