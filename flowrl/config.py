@@ -517,9 +517,10 @@ class TrainerConfig:
         "False: the error fails the whole worker, which is restarted.",
     )
     sample_timeout_s: float | None = cfg_field(
-        None,
+        600.0,
         "Seconds a remote worker may take to deliver a requested sample; past it the worker is probed, killed "
-        "and replaced and the iteration goes on with the others. None: wait as long as it takes.",
+        "and replaced and the iteration goes on with the others. Keep it well above one fragment's sampling "
+        "time. None: no limit (a hung env then stalls synchronous plans for ever).",
         min=0,
         min_exclusive=True,
     )
