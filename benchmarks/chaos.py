@@ -71,6 +71,7 @@ from flowrl import Trainer
 from flowrl.envs.testing import FaultInjectEnv, release_fault_counters
 from flowrl.operators import StoreToReplayBuffer
 from flowrl.operators.replay_ops import UpdatePriorities
+from learning import json_safe  # benchmarks/ is on the path when a script in it runs
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "chaos.json"
@@ -118,22 +119,6 @@ def tuned_config(algo: str) -> dict[str, Any]:
     """The ``config`` of ``tuned_examples/cartpole-<algo>.yaml``."""
     spec = yaml.safe_load((ROOT / "tuned_examples" / f"cartpole-{algo}.yaml").read_text())
     return dict(spec["config"])
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` as plain JSON data: NaN and infinities become None, tuples lists, other objects strings."""
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    try:
-        return json_safe(float(value))  # numpy scalars
-    except (TypeError, ValueError):
-        return str(value)
 
 
 def target(name: str, measured: Any, goal: str, met: bool | None) -> dict[str, Any]:
