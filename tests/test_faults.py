@@ -314,3 +314,17 @@ def test_metrics_are_collected_while_a_worker_is_stuck_in_a_sample(counter: str)
         assert trainer.workers.num_worker_restarts == 0
     finally:
         trainer.stop()
+
+
+def test_an_aggregator_reporting_a_worker_the_set_already_replaced_does_not_restart_it_again() -> None:
+    trainer = make_trainer("impala", num_aggregation_workers=1)
+    try:
+        trainer.train()
+        kill_one(trainer)
+        assert trainer.workers.probe_unhealthy_workers() == 1  # the worker set replaces it first
+        aggregators = trainer.resources.aggregators
+        assert aggregators is not None
+        result = train_until(trainer, lambda r: aggregators.num_restarts == 1 and r["episodes_this_iter"] > 0)
+        assert result["num_worker_restarts"] == 1 and result["num_healthy_workers"] == 2
+    finally:
+        trainer.stop()

@@ -139,14 +139,18 @@ class AggregatorSet(Sequence[Any]):
         self.num_restarts = 0
         self._remote_cls = ray.remote(num_cpus=num_cpus, max_restarts=0)(AggregatorWorker)
         self._groups = [indices[i::num_aggregators] for i in range(num_aggregators)]
-        self._actors = [self._create(group) for group in self._groups]
+        # Per aggregator, the worker handles it gathers from, in its shard order.
+        self._members: list[list[Any]] = [[] for _ in self._groups]
+        self._actors = [self._create(i) for i in range(num_aggregators)]
         self._replacements: dict[Any, Any] = {}
 
-    def _create(self, group: list[int]) -> Any:
+    def _create(self, index: int) -> Any:
         live = dict(zip(self.workers.remote_worker_indices(), self.workers.remote_workers()))
-        return self._remote_cls.remote(
-            [live[i] for i in group if i in live], self.make_stream, self.num_async, self.workers.sample_timeout_s
-        )
+        self._groups[index] = [i for i in self._groups[index] if i in live]
+        self._members[index] = [live[i] for i in self._groups[index]]
+        if not self._members[index]:
+            return None
+        return self._remote_cls.remote(self._members[index], self.make_stream, self.num_async, self.workers.sample_timeout_s)
 
     def _live(self) -> list[Any]:
         return [actor for actor in self._actors if actor is not None]
@@ -164,17 +168,13 @@ class AggregatorSet(Sequence[Any]):
             return self._replacements[failed]
         worker_failure = _worker_failure(error)
         if worker_failure is not None:
-            group = self._groups[index]
-            live = dict(zip(self.workers.remote_worker_indices(), self.workers.remote_workers()))
-            worker_index = group[worker_failure.shard_index] if worker_failure.shard_index < len(group) else None
-            if worker_index in live:
-                self.workers.handle_failure(live[worker_index], worker_failure)
+            # The handle the aggregator gathered from: if the worker set already replaced it
+            # (another caller saw the death first), this returns that replacement untouched.
+            self.workers.handle_failure(self._members[index][worker_failure.shard_index], worker_failure)
         elif error.reason == "raised":
             raise error  # the aggregator's own code failed: not a fault a restart fixes
         ray.kill(failed, no_restart=True)
-        in_service = set(self.workers.remote_worker_indices())
-        self._groups[index] = [i for i in self._groups[index] if i in in_service]
-        replacement = self._create(self._groups[index]) if self._groups[index] else None
+        replacement = self._create(index)
         logger.warning("aggregator %d failed (%s); %s", index, error, "recreated" if replacement else "its workers are gone")
         self._actors[index] = replacement
         self._replacements[failed] = replacement
