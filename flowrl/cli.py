@@ -206,6 +206,8 @@ def format_iteration(result: Mapping[str, Any], steps_this_iter: int) -> str:
 _FAULTS_SHOWN = (
     ("num_worker_restarts", "restarts"),
     ("num_replay_shard_restarts", "replay shard restarts"),
+    ("num_lost_replay_calls", "lost replay calls"),
+    ("num_aggregator_restarts", "aggregator restarts"),
     ("num_faulty_episodes", "faulty episodes"),
     ("num_bad_observations", "bad observations"),
     ("num_nonfinite_updates", "non-finite updates"),

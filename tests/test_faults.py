@@ -326,5 +326,6 @@ def test_an_aggregator_reporting_a_worker_the_set_already_replaced_does_not_rest
         assert aggregators is not None
         result = train_until(trainer, lambda r: aggregators.num_restarts == 1 and r["episodes_this_iter"] > 0)
         assert result["num_worker_restarts"] == 1 and result["num_healthy_workers"] == 2
+        assert result["num_aggregator_restarts"] == 1
     finally:
         trainer.stop()

@@ -90,8 +90,9 @@ class ReplayShards(Sequence[Any]):
     arguments: :meth:`replace` recreates a failed shard *empty* with them (its rows are lost;
     it replays again once it holds ``learning_starts`` steps), in the same position, logs a
     warning and counts the restart in ``num_restarts``; ``refill_steps`` sums the
-    replacements' ``learning_starts`` (steps sampling must add before they replay). Build one
-    with :func:`create_replay_actors`.
+    replacements' ``learning_starts`` (steps sampling must add before they replay), and
+    ``num_lost_calls`` counts the writes and priority updates the replay operators lost to a
+    shard that died. Build one with :func:`create_replay_actors`.
     """
 
     def __init__(self, shard_args: Sequence[Mapping[str, Any]], *, num_cpus: float = 0.0) -> None:
@@ -107,6 +108,7 @@ class ReplayShards(Sequence[Any]):
         self._stopped = False
         self.num_restarts = 0
         self.refill_steps = 0
+        self.num_lost_calls = 0
 
     def _start(self, args: Mapping[str, Any]) -> Any:
         # ray.remote's stubs keep the class type, which has no .options.

@@ -113,9 +113,15 @@ class PlanResources:
         self.replay_actors, self.aggregators = [], None
 
     def fault_counters(self) -> dict[str, int]:
-        """Fault counts for the top level of the result: ``num_replay_shard_restarts`` (0 without shards)."""
-        shards = self.replay_actors
-        return {"num_replay_shard_restarts": shards.num_restarts if isinstance(shards, ReplayShards) else 0}
+        """Fault counts for the top level of the result (0 for resources a plan does not have):
+        ``num_replay_shard_restarts``, ``num_lost_replay_calls`` (writes and priority updates lost
+        with a dead shard) and ``num_aggregator_restarts``."""
+        shards = self.replay_actors if isinstance(self.replay_actors, ReplayShards) else None
+        return {
+            "num_replay_shard_restarts": shards.num_restarts if shards is not None else 0,
+            "num_lost_replay_calls": shards.num_lost_calls if shards is not None else 0,
+            "num_aggregator_restarts": self.aggregators.num_restarts if self.aggregators is not None else 0,
+        }
 
     def get_state(self) -> dict[str, Any]:
         """The replay buffers' state (their contents with ``checkpoint_replay_contents``), for checkpoints.

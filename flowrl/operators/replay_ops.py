@@ -66,7 +66,9 @@ class _ShardCalls:
     :class:`~flowrl.errors.ReplayShardError` here.
     """
 
-    def __init__(self, shards: Sequence[Any] | None, what: str, max_in_flight: int, timeout_s: float) -> None:
+    def __init__(self, shards: Sequence[Any] | None, what: str, max_in_flight: int | None, timeout_s: float) -> None:
+        if max_in_flight is None:
+            max_in_flight = CALLS_IN_FLIGHT_PER_SHARD * max(1, len(shards or ()))
         if max_in_flight < 1:
             raise FlowRLError(f"max_in_flight={max_in_flight}: at least one call to the replay shards must be allowed")
         if timeout_s <= 0:
@@ -116,6 +118,7 @@ class _ShardCalls:
             if not isinstance(self.shards, ReplayShards):
                 raise ReplayShardError(f"{name} died before it could {self.what}") from e
             self.shards.replace(call.actor, e)
+            self.shards.num_lost_calls += 1  # for the result (PlanResources.fault_counters)
             self.num_lost += 1
             logger.debug("%s died before it could %s; the call is lost", name, self.what)
         except ray.exceptions.RayError as e:
@@ -159,8 +162,7 @@ class StoreToReplayBuffer(Operator):
         self.local_buffer = local_buffer
         # Not copied: a replaced shard must be seen in place of the dead one.
         self.actors: Sequence[Any] = actors if actors is not None else ()
-        bound = max_in_flight if max_in_flight is not None else CALLS_IN_FLIGHT_PER_SHARD * max(1, len(self.actors))
-        self._writes = _ShardCalls(self.actors, "store a batch", bound, timeout_s)
+        self._writes = _ShardCalls(self.actors, "store a batch", max_in_flight, timeout_s)
 
     @property
     def pending_writes(self) -> int:
@@ -321,8 +323,7 @@ class UpdatePriorities(Operator):
     ) -> None:
         self.local_buffer = local_buffer
         self.actors = actors
-        bound = max_in_flight if max_in_flight is not None else CALLS_IN_FLIGHT_PER_SHARD * max(1, len(actors or ()))
-        self._updates = _ShardCalls(actors, "update priorities", bound, timeout_s)
+        self._updates = _ShardCalls(actors, "update priorities", max_in_flight, timeout_s)
         self._num_dropped_stale = 0
 
     @property
@@ -354,6 +355,7 @@ class UpdatePriorities(Operator):
         self._updates.make_room()
         if isinstance(self.actors, ReplayShards) and self.actors.was_replaced(shard):
             self._num_dropped_stale += 1
+            self.actors.num_lost_calls += 1
             logger.debug("dropped priorities for replay shard %s: it died and was replaced", shard)
             return
         index = _index_of(self.actors, shard) if self.actors is not None else None

@@ -22,6 +22,11 @@ from fakes import is_dead
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]
 
 
+def no_faults(**counts: int) -> dict[str, int]:
+    """PlanResources.fault_counters() with every count 0 but ``counts``."""
+    return {"num_replay_shard_restarts": 0, "num_lost_replay_calls": 0, "num_aggregator_restarts": 0, **counts}
+
+
 def rows(n: int, start: int = 0) -> SampleBatch:
     obs = np.arange(start, start + n, dtype=np.float32)[:, None]
     return SampleBatch({SampleBatch.OBS: obs, SampleBatch.REWARDS: np.ones(n, np.float32)})
@@ -57,7 +62,7 @@ def test_a_dead_shard_is_replaced_empty_in_place_and_counted_once() -> None:
         # The replacement has the dead shard's settings (half of the capacity each).
         ray.get(replacement.add_batch.remote(rows(3)))
         assert ray.get(replacement.stats.remote())["policies"]["default_policy"]["capacity"] == 100
-        assert PlanResources(replay_actors=shards).fault_counters() == {"num_replay_shard_restarts": 1}
+        assert PlanResources(replay_actors=shards).fault_counters() == no_faults(num_replay_shard_restarts=1)
     finally:
         shards.stop()
     with pytest.raises(ReplayShardError, match="stopped"):
@@ -75,11 +80,11 @@ def test_plan_resources_stats_replace_a_dead_shard_and_state_names_it() -> None:
             resources.get_state()
         assert shards.num_restarts == 0  # a checkpoint does not silently hold an empty shard
         assert [s["num_steps_added"] for s in resources.stats()["replay_shards"]] == [4, 0]
-        assert resources.fault_counters() == {"num_replay_shard_restarts": 1}
+        assert resources.fault_counters() == no_faults(num_replay_shard_restarts=1)
         assert len(resources.get_state()["replay_shards"]) == 2
     finally:
         resources.stop()
-    assert resources.fault_counters() == {"num_replay_shard_restarts": 0}  # nothing held after stop
+    assert resources.fault_counters() == no_faults()  # nothing held after stop
 
 
 def test_without_replay_shards_a_dead_shard_is_an_error() -> None:
@@ -88,7 +93,7 @@ def test_without_replay_shards_a_dead_shard_is_an_error() -> None:
     kill(actor)
     with pytest.raises(ReplayShardError, match="replay shard 0 died"):
         resources.stats()
-    assert resources.fault_counters() == {"num_replay_shard_restarts": 0}
+    assert resources.fault_counters() == no_faults()
     store = StoreToReplayBuffer(actors=[actor])
     with pytest.raises(ReplayShardError, match="replay shard 0 died before it could store a batch"):
         for _ in range(100):
@@ -147,6 +152,7 @@ def test_a_write_to_a_killed_shard_replaces_it_and_counts_the_lost_batch() -> No
         assert shards.num_restarts == 1 and store.num_lost_replay_writes >= 1
         # Every write either reached the replacement or is counted lost.
         assert steps_added(shards[0]) // 2 + store.num_lost_replay_writes == sent
+        assert shards.num_lost_calls == store.num_lost_replay_writes  # what the result reports
     finally:
         shards.stop()
 
