@@ -195,10 +195,15 @@ class Trainer:
         timestep = self.plan.metrics.counters[STEPS_SAMPLED_COUNTER]
         self.workers.sync_weights(global_vars={"timestep": timestep})
 
-    def save(self, checkpoint_dir: str | Path) -> str:
-        """Write a checkpoint under ``checkpoint_dir`` (atomically) and return its path."""
+    def save(self, checkpoint_dir: str | Path, metadata: Mapping[str, Any] | None = None) -> str:
+        """Write a checkpoint under ``checkpoint_dir`` (atomically) and return its path.
+
+        ``metadata`` adds keys to the checkpoint's ``metadata.json`` (e.g. the metric a run
+        keeps its best checkpoint by).
+        """
         path = Path(checkpoint_dir) / f"checkpoint_{self.iteration:06d}"
         metadata = {
+            **(metadata or {}),
             "algo": self.algorithm.name,
             "env": self.env if isinstance(self.env, str) else repr(self.env),
             "iteration": self.iteration,
@@ -206,6 +211,17 @@ class Trainer:
             "config": self.config.to_dict(),
         }
         return str(write_checkpoint(path, self.get_state(), metadata))
+
+    def state_problem(self) -> str | None:
+        """Why this trainer's state is not worth saving (a policy weight that is not finite), or None.
+
+        A run that ends with an error saves an emergency checkpoint only when this is None.
+        """
+        for pid, policy in self.workers.local_worker().policy_map.items():
+            for name, value in policy.get_weights().items():
+                if not np.isfinite(value).all():
+                    return f"policy {pid!r} has non-finite weights in {name!r}"
+        return None
 
     def restore(self, checkpoint_path: str | Path) -> None:
         """Load a checkpoint written by :meth:`save` into this trainer."""
