@@ -140,6 +140,10 @@ class Plan:
                 seen[key] += 1
         return found
 
+    def state_keys(self) -> frozenset[str]:
+        """The keys under which :meth:`get_state` keeps its operators' states."""
+        return frozenset(self._stateful_operators())
+
     def get_state(self) -> dict[str, Any]:
         """Counters and info of the metrics context, and the state of operators that keep some."""
         return {

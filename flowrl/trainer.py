@@ -14,6 +14,7 @@ import torch
 
 from flowrl.algorithms import Algorithm, get_algorithm, list_algorithms
 from flowrl.actors import PlanResources, WorkerSet
+from flowrl.actors.rng import process_rng_state, set_process_rng_state
 from flowrl.checkpoint import read_checkpoint, write_checkpoint
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
@@ -21,16 +22,17 @@ from flowrl.envs import get_env_creator, is_multi_agent_env
 from flowrl.envs.context import EnvContext
 from flowrl.envs.registry import close_env
 from flowrl.errors import CheckpointError, ConfigError, FlowRLError, PlanStoppedError
-from flowrl.operators import STEPS_SAMPLED_COUNTER
+from flowrl.operators import STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER
 from flowrl.operators.metric_ops import summarize_episodes
 from flowrl.envs.episodes import run_episode
 from flowrl.plan import Plan
 from flowrl.policy import Policy, PolicySpec
 from flowrl.policy.mapping import policy_mapping
 from flowrl.ray_runtime import start_ray, stop_ray
+from flowrl.restore import Layout, check_restore, state_layout
 
 EnvSpec = str | Callable[[dict[str, Any]], gym.Env]
-CHECKPOINT_VERSION = 2
+CHECKPOINT_VERSION = 3
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +98,10 @@ class Trainer:
         # The counters as of the last finished iteration: what a checkpoint records, so one taken
         # while an iteration is interrupted does not count that iteration's partial work.
         self._finished_metrics = self.plan.metrics.save()
+        # The learner thread's steps the plan had taken in when the last iteration finished.
+        self._learner_steps_taken = 0
+        #: What the last restore found: checkpoint, config overrides, partial parts, envs restarted.
+        self.restore_report: dict[str, Any] | None = None
 
     def _configure_driver(self) -> None:
         # Spinning OpenMP threads competing with rollout workers for a few cores slow small
@@ -147,7 +153,12 @@ class Trainer:
         )
         result.setdefault("info", {}).update(self.resources.stats())  # may replace a dead replay shard: first
         result.update(self.resources.fault_counters())
+        if self.restore_report is not None:
+            result["restore"] = self.restore_report
         self._finished_metrics = self.plan.metrics.save()
+        learner = self.resources.learner
+        if learner is not None:
+            self._learner_steps_taken = learner.num_steps_trained - learner.steps_not_delivered()
         return result
 
     def evaluate(self, num_episodes: int = 10, seed: int | None = None) -> dict[str, Any]:
@@ -157,43 +168,111 @@ class Trainer:
     # -- checkpoints -----------------------------------------------------------------
 
     def get_state(self) -> dict[str, Any]:
-        """Everything needed to resume: config, weights, optimizer and exploration state, counters, RNGs."""
-        return {
-            "version": CHECKPOINT_VERSION,
-            "algo": self.algorithm.name,
-            "env": self.env,
-            "config": self.config.to_dict(jsonable=False),
-            "iteration": self.iteration,
-            "time_total_s": self.time_total_s,
-            "worker": self._worker_state(),
-            "plan": {**self.plan.get_state(), "metrics": self._finished_metrics},
-            "resources": self.resources.get_state(),
-            "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
-        }
+        """Everything needed to resume: config, spaces, weights, optimizer and exploration state,
+        counters, RNGs, the envs' episodes in progress in every rollout worker, and the plan's
+        resources (replay buffers).
 
-    def _worker_state(self) -> dict[str, Any]:
+        A learner thread is paused while the state is read, so weights and counters agree.
+        """
+        remote = self.workers.get_remote_states()  # first: they may wait for samples in flight
         local = self.workers.local_worker()
-        with local.lock:  # not halfway through a learner thread's step
-            return local.get_state()
+        with local.lock:  # not halfway through a learner thread's step; it waits until we are done
+            return {
+                "version": CHECKPOINT_VERSION,
+                "algo": self.algorithm.name,
+                "env": self.env,
+                "config": self.config.to_dict(jsonable=False),
+                "iteration": self.iteration,
+                "time_total_s": self.time_total_s,
+                "spaces": {pid: (p.observation_space, p.action_space) for pid, p in local.policy_map.items()},
+                "worker": local.get_state(),
+                "remote_workers": remote,
+                "plan": {**self.plan.get_state(), "metrics": self._checkpoint_metrics()},
+                "resources": self.resources.get_state(),
+                "rng": process_rng_state(),
+            }
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`get_state`'s output into this trainer (same algorithm); older layouts are upgraded."""
+    def _checkpoint_metrics(self) -> tuple[dict[str, int], dict[str, Any]]:
+        # The counters of the last finished iteration, plus the steps a learner thread trained
+        # since (their results wait in its outqueue): those are in the weights being saved.
+        counters, info = self._finished_metrics
+        learner = self.resources.learner
+        if learner is None:
+            return dict(counters), dict(info)
+        extra = learner.num_steps_trained - self._learner_steps_taken
+        return {**counters, STEPS_TRAINED_COUNTER: counters.get(STEPS_TRAINED_COUNTER, 0) + extra}, dict(info)
+
+    def layout(self) -> Layout:
+        """What a checkpoint restored into this trainer must match (see :mod:`flowrl.restore`)."""
+        local = self.workers.local_worker()
+        return Layout(
+            algo=self.algorithm.name,
+            env=self.env if isinstance(self.env, str) else None,
+            spaces={pid: (p.observation_space, p.action_space) for pid, p in local.policy_map.items()},
+            weight_shapes={pid: {k: tuple(v.shape) for k, v in p.get_weights().items()} for pid, p in local.policy_map.items()},
+            target_networks=frozenset(pid for pid, p in local.policy_map.items() if getattr(p, "target_model", None) is not None),
+            operators=self.plan.state_keys(),
+            replay_shards=len(self.resources.replay_actors),
+            replay_buffer=self.resources.replay_buffer is not None,
+        )
+
+    def set_state(self, state: Mapping[str, Any], *, allow_partial: bool = False, source: str = "the checkpoint") -> None:
+        """Restore :meth:`get_state`'s output into this trainer; older layouts are upgraded.
+
+        Everything is checked first (see :mod:`flowrl.restore`): a checkpoint of another
+        algorithm, env, spaces or model shapes raises :class:`~flowrl.errors.CheckpointError`
+        naming both sides, and so does a partial restore unless ``allow_partial`` (then it
+        is logged and reported); in either case the trainer is left as it was. This
+        trainer's config wins over the checkpoint's: the optimizers keep its learning rates
+        and loss coefficients named in it take its values. What the restore found is kept
+        in :attr:`restore_report` and reported in every later result under ``"restore"``.
+        """
         state = upgraded_state(state)
-        if state.get("algo") != self.algorithm.name:
+        check = check_restore(state_layout(state), self.layout(), state["config"], self.config.to_dict(jsonable=False))
+        if check.mismatches:
+            raise CheckpointError(f"{source} does not fit this trainer:\n" + "\n".join(f"  - {m}" for m in check.mismatches))
+        if check.partial and not allow_partial:
             raise CheckpointError(
-                f"the checkpoint was written by algorithm {state.get('algo')!r}, not {self.algorithm.name!r}"
+                f"{source} can only be restored in part (pass allow_partial=True to accept that):\n"
+                + "\n".join(f"  - {p}" for p in check.partial)
             )
-        self.workers.local_worker().set_state(state["worker"])
+        for problem in check.partial:
+            logger.warning("partial restore from %s: %s", source, problem)
+        local = self.workers.local_worker()
+        with local.lock:
+            fresh = {0: local.set_state(state["worker"])}
+            self._apply_overrides(check.overrides)
         self.plan.set_state(state["plan"])
-        self.resources.set_state(state["resources"])
+        self.resources.set_state(state["resources"], allow_partial=allow_partial)
         self._finished_metrics = self.plan.metrics.save()
+        learner = self.resources.learner
+        self._learner_steps_taken = learner.num_steps_trained - learner.steps_not_delivered() if learner is not None else 0
         self.iteration = int(state["iteration"])
         self.time_total_s = float(state["time_total_s"])
-        random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
-        torch.set_rng_state(state["rng"]["torch"])
+        set_process_rng_state(state["rng"])
         timestep = self.plan.metrics.counters[STEPS_SAMPLED_COUNTER]
         self.workers.sync_weights(global_vars={"timestep": timestep})
+        fresh.update(self.workers.set_remote_states(state.get("remote_workers", {})))
+        restarted = {index: envs for index, envs in fresh.items() if envs}
+        self.restore_report = {
+            "checkpoint": source,
+            "iteration": self.iteration,
+            "config_overrides": check.overrides,
+            "partial": check.partial,
+            "envs_restarted": restarted,
+        }
+        if restarted:
+            logger.warning("restored from %s, but these envs (worker index: vector indices) could not be saved "
+                           "mid-episode and started new episodes: %s", source, restarted)
+
+    def _apply_overrides(self, overrides: Mapping[str, Any]) -> None:
+        # Loss coefficients an algorithm adapts (PPO's kl_coeff) are saved state; a value the
+        # caller gives in the config at restore replaces the saved one.
+        for policy in self.workers.local_worker().policy_map.values():
+            coeffs = getattr(policy, "coeffs", {})
+            for key in overrides:
+                if key in coeffs:
+                    coeffs[key] = float(getattr(policy.config, key))
 
     def save(self, checkpoint_dir: str | Path, metadata: Mapping[str, Any] | None = None) -> str:
         """Write a checkpoint under ``checkpoint_dir`` (atomically) and return its path.
@@ -223,22 +302,40 @@ class Trainer:
                     return f"policy {pid!r} has non-finite weights in {name!r}"
         return None
 
-    def restore(self, checkpoint_path: str | Path) -> None:
-        """Load a checkpoint written by :meth:`save` into this trainer."""
+    def restore(self, checkpoint_path: str | Path, *, allow_partial: bool = False) -> None:
+        """Load a checkpoint written by :meth:`save` into this trainer (checked first: see :meth:`set_state`).
+
+        A checkpoint is a pickle, and loading a pickle can run code: restore only checkpoints
+        you trust (:func:`flowrl.load_policy` reads a policy from anyone without unpickling).
+        """
         state, _ = read_checkpoint(checkpoint_path)
-        self.set_state(state)
+        self.set_state(state, allow_partial=allow_partial, source=f"checkpoint {str(checkpoint_path)!r}")
 
     @classmethod
     def from_checkpoint(
-        cls, checkpoint_path: str | Path, *, address: str | None = None, config_overrides: Mapping[str, Any] | None = None
+        cls,
+        checkpoint_path: str | Path,
+        *,
+        address: str | None = None,
+        config_overrides: Mapping[str, Any] | None = None,
+        allow_partial: bool = False,
     ) -> "Trainer":
-        """A new trainer built from a checkpoint's algorithm, env and config, with its state restored."""
+        """A new trainer built from a checkpoint's algorithm, env and config, with its state restored.
+
+        ``config_overrides`` win over the checkpoint's config, optimizer state included (a
+        new ``lr`` is the optimizer's learning rate); they are reported in the results'
+        ``"restore"`` entry. Restore only checkpoints you trust (see :meth:`restore`).
+        """
         state, _ = read_checkpoint(checkpoint_path)
         for key in ("algo", "env", "config"):
             if key not in state:
                 raise CheckpointError(f"checkpoint {str(checkpoint_path)!r} has no {key!r}: not a flowrl Trainer checkpoint")
         trainer = cls(state["algo"], state["env"], {**state["config"], **(config_overrides or {})}, address=address)
-        trainer.set_state(state)
+        try:
+            trainer.set_state(state, allow_partial=allow_partial, source=f"checkpoint {str(checkpoint_path)!r}")
+        except BaseException:
+            trainer.stop()
+            raise
         return trainer
 
     # -- lifecycle -------------------------------------------------------------------
@@ -280,7 +377,8 @@ class Trainer:
 
 
 # Version 1 keyed operator state by "<position>:<label>" and kept the replay buffers' state
-# there; version 2 keys operators by their state_key and keeps replay state under "resources".
+# there; version 2 keys operators by their state_key and keeps replay state under "resources";
+# version 3 adds the spaces, the remote workers' and the samplers' states (read where present).
 _V1_OPERATOR_KEYS = {"CollectMetrics": "collect_metrics", "MixInReplay": "mix_in_replay"}
 
 
@@ -292,10 +390,10 @@ def upgraded_state(state: Mapping[str, Any]) -> dict[str, Any]:
     Raises :class:`~flowrl.errors.CheckpointError` for a version this flowrl cannot read.
     """
     version = state.get("version", 1)
-    if version == CHECKPOINT_VERSION:
-        return dict(state)
+    if version not in (1, 2, CHECKPOINT_VERSION):
+        raise CheckpointError(f"the checkpoint's layout is version {version!r}; this flowrl reads versions 1 to {CHECKPOINT_VERSION}")
     if version != 1:
-        raise CheckpointError(f"the checkpoint's layout is version {version!r}; this flowrl reads versions 1 and {CHECKPOINT_VERSION}")
+        return {**state, "version": CHECKPOINT_VERSION, "upgraded_from": version}
     operators: dict[str, Any] = {}
     resources: dict[str, Any] = {}
     for key, op_state in state["plan"].get("operators", {}).items():
@@ -306,7 +404,8 @@ def upgraded_state(state: Mapping[str, Any]) -> dict[str, Any]:
             if name in label:  # numbered as Plan numbers repeated keys, in dataflow order
                 repeats = sum(1 for k in operators if k.partition("#")[0] == state_key)
                 operators[f"{state_key}#{repeats}" if repeats else state_key] = op_state
-    return {**state, "version": CHECKPOINT_VERSION, "plan": {**state["plan"], "operators": operators}, "resources": resources}
+    return {**state, "version": CHECKPOINT_VERSION, "upgraded_from": 1, "plan": {**state["plan"], "operators": operators},
+            "resources": resources}
 
 
 def policy_specs(algorithm: Algorithm, config: TrainerConfig, env_creator: Callable[[dict[str, Any]], Any]) -> dict[str, PolicySpec]:

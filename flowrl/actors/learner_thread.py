@@ -156,6 +156,7 @@ class LearnerThread(threading.Thread):
         self.learn_timer = TimerStat()  # seconds per learn_fn call; units: steps trained
         self.num_steps_trained = 0
         self.num_batches_trained = 0
+        self._steps_being_delivered = 0  # of the result being put on a full outqueue
         self.learner_info: dict[str, dict[str, float]] = {}
         self.error: BaseException | None = None
         self.error_traceback = ""
@@ -197,17 +198,28 @@ class LearnerThread(threading.Thread):
         with self.lock, self.learn_timer:
             result = self.learn_fn(self.local_worker, batch)._replace(source=source)
             self.learn_timer.push_units_processed(result.steps)
+            # Counted with the weights they changed: a checkpoint (under the lock) sees both or neither.
+            self.num_steps_trained += result.steps
+            self.num_batches_trained += 1
+            self._steps_being_delivered = result.steps
         self._learning_since = None
         self.learner_info = result.info
-        self.num_steps_trained += result.steps
-        self.num_batches_trained += 1
 
-        while not self._stop_event.is_set():
-            try:
-                self.outqueue.put(result, timeout=self.poll_interval_s)
-                return
-            except queue.Full:
-                continue
+        try:
+            while not self._stop_event.is_set():
+                try:
+                    self.outqueue.put(result, timeout=self.poll_interval_s)
+                    return
+                except queue.Full:
+                    continue
+        finally:
+            self._steps_being_delivered = 0
+
+    def steps_not_delivered(self) -> int:
+        """Steps trained whose results the driver has not taken from ``outqueue`` yet."""
+        with self.outqueue.mutex:
+            queued = sum(getattr(item, "steps", 0) for item in self.outqueue.queue)
+        return queued + self._steps_being_delivered
 
     # -- the driver's side ---------------------------------------------------------------
 

@@ -134,6 +134,18 @@ class MultiAgentSampler(FaultTolerantSampler):
         self._groups: dict[str, tuple[list[tuple[int, Hashable]], np.ndarray]] = {}
         self._prepare_groups(_Fragment(), -1)
 
+    STATE_ATTRS = FaultTolerantSampler.STATE_ATTRS + (
+        "_next_episode_id", "steps_sampled", "obs", "ts", "eps_ids", "trajectories",
+    )
+
+    def set_state(self, state: Mapping[str, Any]) -> list[int]:
+        fresh = super().set_state(state)
+        self._prepare_groups(_Fragment(), -1)  # what acts next: the restored observations
+        return fresh
+
+    def _restart_episode(self, index: int) -> None:
+        self._start_episode(index, None if self._reseed is None else int(self._reseed.integers(2**31)))
+
     def _start_episode(self, i: int, seed: int | None = None) -> None:
         while True:
             try:

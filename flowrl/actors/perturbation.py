@@ -174,8 +174,9 @@ class PerturbationEvaluator:
     Each pair shares one env seed (common random numbers); after each pair, with
     probability ``eval_prob``, one episode of the unperturbed weights is run and recorded
     in the worker's episode statistics (what ``CollectMetrics`` reports). Noise indices,
-    env seeds and evaluation draws come from a generator seeded by the worker's seed and
-    index, so a seeded run is reproducible.
+    env seeds and evaluation draws come from the worker's ``perturbations`` random stream
+    (seeded by the config's seed and the worker index, and checkpointed with the worker), so
+    a seeded run is reproducible and resumes exactly.
     """
 
     def __init__(
@@ -204,8 +205,7 @@ class PerturbationEvaluator:
         self.eval_prob = float(eval_prob)
         self.collect_obs_stats = collect_obs_stats
         self.actor = FlatActor(model, self.env.action_space, worker.config.clip_actions)
-        seed = worker.config.seed
-        self.rng = np.random.default_rng(None if seed is None else [int(seed), worker.worker_index])
+        self.rng = worker.rng_stream("perturbations")  # saved with the worker: a resumed run draws the same
 
     def _seed(self) -> int:
         return int(self.rng.integers(2**31))

@@ -138,13 +138,18 @@ class PlanResources:
             state["replay_shards"] = self._ask_shards("get_state", args, STATE_TIMEOUT_S)
         return state
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`get_state`'s output into resources of the same shape."""
+    def set_state(self, state: Mapping[str, Any], *, allow_partial: bool = False) -> None:
+        """Restore :meth:`get_state`'s output into resources of the same shape.
+
+        Replay shards of another number are an error, or with ``allow_partial`` left empty.
+        """
         if self.replay_buffer is not None and "replay_buffer" in state:
             self.replay_buffer.set_state(state["replay_buffer"])
         shards: Sequence[Any] = state.get("replay_shards", [])
         if self.replay_actors and shards:
             if len(shards) != len(self.replay_actors):
+                if allow_partial:
+                    return
                 raise CheckpointError(
                     f"the checkpoint holds {len(shards)} replay shards, this run has {len(self.replay_actors)}; "
                     "restore with the checkpoint's num_replay_shards"

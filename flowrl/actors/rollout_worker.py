@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from flowrl.actors.multi_agent_sampler import MultiAgentSampler
+from flowrl.actors.rng import process_rng_state, set_process_rng_state
 from flowrl.actors.sampler import EpisodeStats, VectorSampler
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
@@ -152,6 +153,8 @@ class RolloutWorker(ParallelIteratorWorker):
                 **self._fault_options(),
             )
         self._reported = WorkerMetrics([])
+        self._rng_streams: dict[str, np.random.Generator] = {}
+        self._saved_rng_streams: dict[str, Any] = {}  # restored before their stream was asked for
         super().__init__(self._sample_forever)
         global _global_worker
         _global_worker = self
@@ -229,14 +232,58 @@ class RolloutWorker(ParallelIteratorWorker):
         last, self._reported = self._reported, WorkerMetrics([], faulty, bad)
         return WorkerMetrics(episodes, faulty - last.num_faulty_episodes, bad - last.num_bad_observations)
 
-    def get_state(self) -> dict[str, Any]:
-        """Policy states keyed by policy id."""
-        return {"policies": {pid: p.get_state() for pid, p in self.policy_map.items()}}
+    def rng_stream(self, name: str) -> np.random.Generator:
+        """A named random stream of this worker (e.g. ES's perturbation draws), seeded from the
+        config's seed, the worker index and ``name``, and saved in checkpoints with the worker."""
+        stream = self._rng_streams.get(name)
+        if stream is None:
+            seed = self.config.seed
+            stream = np.random.default_rng(None if seed is None else [int(seed), self.worker_index, *name.encode()])
+            if name in self._saved_rng_streams:
+                stream.bit_generator.state = self._saved_rng_streams.pop(name)
+            self._rng_streams[name] = stream
+        return stream
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`get_state`'s output."""
-        for pid, policy_state in state["policies"].items():
+    def get_state(self, *, weights: bool = True) -> dict[str, Any]:
+        """What resuming this worker exactly where it is needs.
+
+        The policies' states keyed by policy id (with ``weights=False`` only what acting
+        needs besides the weights, under ``"policy_sampling"``: a remote worker gets its
+        weights from the learner), the sampler's envs and episodes in progress and, in a
+        remote worker (which owns its process), the process's RNG states.
+        """
+        policies = {pid: p.get_state() if weights else p.get_sampling_state() for pid, p in self.policy_map.items()}
+        state = {
+            "policies" if weights else "policy_sampling": policies,
+            "sampler": self.sampler.get_state(),
+            "rng_streams": {**self._saved_rng_streams, **{k: g.bit_generator.state for k, g in self._rng_streams.items()}},
+        }
+        if self.worker_index > 0:
+            state["rng"] = process_rng_state()
+        return state
+
+    def set_state(self, state: Mapping[str, Any]) -> list[int]:
+        """Restore :meth:`get_state`'s output (of this worker or another of as many envs).
+
+        Returns the vector indices of the envs whose episodes could not be restored and
+        started anew (see :meth:`~flowrl.actors.sampler.FaultTolerantSampler.set_state`).
+        """
+        for pid, policy_state in state.get("policies", {}).items():
             self.policy_map[pid].set_state(policy_state)
+        for pid, sampling_state in state.get("policy_sampling", {}).items():
+            self.policy_map[pid].set_sampling_state(sampling_state)
+        fresh: list[int] = []
+        if "sampler" in state:  # absent in checkpoints written before flowrl saved envs
+            fresh = self.sampler.set_state(state["sampler"])
+            self._reported = WorkerMetrics([], self.sampler.num_faulty_episodes, self.sampler.num_bad_observations)
+        for name, stream_state in state.get("rng_streams", {}).items():
+            if name in self._rng_streams:
+                self._rng_streams[name].bit_generator.state = stream_state
+            else:
+                self._saved_rng_streams[name] = stream_state
+        if "rng" in state and self.worker_index > 0:
+            set_process_rng_state(state["rng"])
+        return fresh
 
     def apply(self, fn: Callable[..., R], *args: Any) -> R:
         """Call ``fn(self, *args)`` here (inside the actor for a remote worker)."""

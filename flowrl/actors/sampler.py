@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
+import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+import cloudpickle
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from gymnasium.utils import EzPickle
 
 from flowrl.data import SampleBatch, concat_samples
 from flowrl.envs.checker import abbreviate, element_name
@@ -38,6 +42,22 @@ MAX_DROPPED_IN_A_ROW = 100
 
 EnvMaker = Callable[[int], Any]
 """Builds a new env for a vector index (the slot of the env it replaces)."""
+
+logger = logging.getLogger(__name__)
+
+
+def env_snapshot(env: Any) -> bytes | None:
+    """``env`` pickled with its state (mid-episode), or None where that cannot be done faithfully.
+
+    Gymnasium's ``EzPickle`` envs pickle their constructor arguments only, so unpickling one
+    starts it afresh: those, and envs that cannot be pickled at all, give None.
+    """
+    if isinstance(getattr(env, "unwrapped", env), EzPickle):
+        return None
+    try:
+        return cloudpickle.dumps(env)
+    except Exception:  # noqa: BLE001 - any env may hold something unpicklable (a socket, an emulator)
+        return None
 
 
 @dataclass
@@ -232,6 +252,46 @@ class FaultTolerantSampler:
         # Seeds for recreated envs, derived from the sampler's seed: the same faults give the same run.
         self._reseed = None if seed is None else np.random.default_rng([seed & (2**64 - 1), 0x5EED])
 
+    #: What, besides the envs, makes up the sampler's progress between two samples (subclasses add theirs).
+    STATE_ATTRS: ClassVar[tuple[str, ...]] = (
+        "num_faulty_episodes", "num_bad_observations", "finished", "_dropped_in_a_row", "_reseed",
+    )
+
+    def get_state(self) -> dict[str, Any]:
+        """The envs, each pickled mid-episode (None where an env cannot be, see :func:`env_snapshot`),
+        the episodes in progress, the fault counters and the seed stream: what resuming
+        sampling exactly where it was needs."""
+        state = copy.deepcopy({name: getattr(self, name) for name in self.STATE_ATTRS})
+        return {**state, "envs": [env_snapshot(env) for env in self.envs]}
+
+    def set_state(self, state: Mapping[str, Any]) -> list[int]:
+        """Restore :meth:`get_state`'s output into a sampler with as many envs.
+
+        Returns the vector indices of the envs whose state could not be restored: they start
+        a new episode. With a different number of envs nothing is restored and every env
+        index is returned.
+        """
+        snapshots = state["envs"]
+        if len(snapshots) != len(self.envs):
+            return list(range(len(self.envs)))
+        for name in self.STATE_ATTRS:
+            setattr(self, name, copy.deepcopy(state[name]))
+        fresh = []
+        for i, snapshot in enumerate(snapshots):
+            if snapshot is None:
+                fresh.append(i)
+                continue
+            with contextlib.suppress(Exception):  # the replaced env's close must not stop the restore
+                self.envs[i].close()
+            self.envs[i] = cloudpickle.loads(snapshot)
+        for i in fresh:
+            self._restart_episode(i)
+        return fresh
+
+    def _restart_episode(self, index: int) -> None:
+        """Start a new episode in env ``index``, dropping what the sampler holds of the one before."""
+        raise NotImplementedError
+
     def pop_episode_stats(self) -> list[EpisodeStats]:
         """Episodes finished since the last call (the most recent ones, if very many).
 
@@ -346,6 +406,14 @@ class VectorSampler(FaultTolerantSampler):
         dtype = self._obs_check.dtype
         self.obs = np.stack(observations) if dtype is None else np.stack(observations).astype(dtype)
         self._carry: list[list[SampleBatch]] = [[] for _ in range(n)]
+
+    STATE_ATTRS = FaultTolerantSampler.STATE_ATTRS + (
+        "_next_episode_id", "eps_ids", "ts", "episode_rewards", "steps_sampled", "obs", "_carry",
+    )
+
+    def _restart_episode(self, index: int) -> None:
+        self._carry[index] = []
+        self._start_episode(index, None if self._reseed is None else int(self._reseed.integers(2**31)), 0)
 
     def _new_episode_id(self) -> int:
         self._next_episode_id += 1

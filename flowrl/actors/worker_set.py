@@ -231,6 +231,42 @@ class WorkerSet:
                     ref = worker.apply.remote(fn)
         return results
 
+    def get_remote_states(self) -> dict[int, dict[str, Any]]:
+        """Each remote worker's state (:meth:`RolloutWorker.get_state` without weights) keyed by worker index.
+
+        Asked in the workers' sampling thread, so each answers between two samples (an
+        asynchronous plan's requests in flight are served first). A worker that fails or
+        does not answer within ``sample_timeout_s`` is handled as failed and left out: its
+        replacement starts afresh on restore.
+        """
+        timeout = self._config.sample_timeout_s or CALL_TIMEOUT_S
+        asked = [(index, worker, worker.get_state.remote(weights=False)) for index, worker in zip(self._indices, self._remote)]
+        states = {}
+        for index, worker, ref in asked:
+            try:
+                states[index] = ray.get(ref, timeout=timeout)
+            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError) as e:
+                logger.warning("rollout worker %d gave no state for the checkpoint (%s); it will start afresh", index, _how_it_failed(e))
+                self.handle_failure(worker, e)
+        return states
+
+    def set_remote_states(self, states: Mapping[int, Mapping[str, Any]]) -> dict[int, list[int]]:
+        """Restore :meth:`get_remote_states`'s output into the remote workers of the same index.
+
+        Workers with no saved state (more workers than when the checkpoint was taken) keep
+        their own; saved states of workers this set lacks are not used. Returns, per worker
+        index, the envs that started a new episode because their state could not be restored.
+        """
+        timeout = self._config.sample_timeout_s or CALL_TIMEOUT_S
+        asked = [(index, worker.set_state.remote(states[index])) for index, worker in zip(self._indices, self._remote) if index in states]
+        fresh = {}
+        for index, ref in asked:
+            try:
+                fresh[index] = ray.get(ref, timeout=timeout)
+            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError) as e:
+                raise FlowRLError(f"rollout worker {index} could not restore its checkpointed state: {_how_it_failed(e)}") from e
+        return fresh
+
     def collect_metrics(self) -> list[tuple[int, WorkerMetrics]]:
         """(worker index, report) of each worker in service: the remote ones', or the local worker's
         when there are none. Asked through the control thread, with a timeout; a worker that

@@ -33,8 +33,14 @@ class OncePerTimeInterval:
         return False
 
 
-class OncePerTimestepsElapsed:
-    """A filter that passes an item when ``delay_steps`` env steps were sampled (or trained) since the last."""
+class OncePerTimestepsElapsed(StatefulOperator):
+    """A filter that passes an item when ``delay_steps`` env steps were sampled (or trained) since the last.
+
+    The count at the last item passed is checkpointed: a restored plan ends its next
+    iteration where the uninterrupted one would have.
+    """
+
+    state_key = "once_per_timesteps_elapsed"
 
     def __init__(self, delay_steps: int, by_steps_trained: bool = False) -> None:
         self.delay_steps = delay_steps
@@ -49,6 +55,12 @@ class OncePerTimestepsElapsed:
             self.last_passed = now
             return True
         return False
+
+    def get_state(self) -> dict[str, Any]:
+        return {"last_passed": self.last_passed}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self.last_passed = int(state["last_passed"])
 
 
 def record_learner_info(info: Mapping[str, Any]) -> None:

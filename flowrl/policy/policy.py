@@ -201,6 +201,15 @@ class Policy(abc.ABC, Generic[ConfigT]):
         self.global_timestep = int(state["global_timestep"])
         self.num_nonfinite_updates = int(state.get("num_nonfinite_updates", 0))  # absent in older checkpoints
 
+    def get_sampling_state(self) -> dict[str, Any]:
+        """What acting needs besides the weights (a sampling copy gets those from the learner):
+        the global timestep here; subclasses add their exploration and RNG state."""
+        return {"global_timestep": self.global_timestep}
+
+    def set_sampling_state(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`get_sampling_state`'s output."""
+        self.global_timestep = int(state["global_timestep"])
+
     def on_global_var_update(self, global_vars: Mapping[str, Any]) -> None:
         """Receive run-wide variables; ``global_vars["timestep"]`` is the env steps sampled so far."""
         self.global_timestep = int(global_vars["timestep"])

@@ -278,13 +278,32 @@ class TorchPolicy(Policy[ConfigT]):
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         super().set_state(state)
+        # The optimizer's state (moments, step counts) comes from the checkpoint, its settings
+        # (learning rates, betas) from this policy's config, which may override the checkpoint's.
+        settings = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state["optimizer"])
+        for group, own in zip(self.optimizer.param_groups, settings):
+            group.update(own)
         self.exploration.set_state(state["exploration"])
         self.coeffs = dict(state["coeffs"])
         if "np_rng" in state:
             self._np_rng.bit_generator.state = state["np_rng"]
         if self.target_model is not None and state.get("target") is not None:
             self.target_model.load_state_dict(state["target"])
+
+    def get_sampling_state(self) -> dict[str, Any]:
+        return {
+            **super().get_sampling_state(),
+            "exploration": self.exploration.get_state(),
+            "coeffs": dict(self.coeffs),
+            "np_rng": copy.deepcopy(self._np_rng.bit_generator.state),
+        }
+
+    def set_sampling_state(self, state: Mapping[str, Any]) -> None:
+        super().set_sampling_state(state)
+        self.exploration.set_state(state["exploration"])
+        self.coeffs = dict(state["coeffs"])
+        self._np_rng.bit_generator.state = state["np_rng"]
 
 
 def _first_nonfinite(arrays: Sequence[np.ndarray]) -> int | None:
