@@ -97,8 +97,8 @@ class ActorCritics(nn.Module):
         self.critics = nn.ModuleList(
             mlp(obs_dim + act_dim, config.critic_hiddens, "relu", 1) for _ in range(2 if config.twin_q else 1)
         )
-        self.register_buffer("low", torch.as_tensor(action_space.low, dtype=torch.float32))
-        self.register_buffer("high", torch.as_tensor(action_space.high, dtype=torch.float32))
+        self.register_buffer("low", torch.tensor(action_space.low, dtype=torch.float32))
+        self.register_buffer("high", torch.tensor(action_space.high, dtype=torch.float32))
 
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         """Deterministic actions within the bounds."""
