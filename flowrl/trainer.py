@@ -21,6 +21,7 @@ from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.envs import get_env_creator, is_multi_agent_env
 from flowrl.envs.context import EnvContext
 from flowrl.envs.registry import close_env
+from flowrl.inference import policy_files
 from flowrl.errors import CheckpointError, ConfigError, FlowRLError, PlanStoppedError
 from flowrl.operators import STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER
 from flowrl.operators.metric_ops import summarize_episodes
@@ -187,6 +188,7 @@ class Trainer:
                 "spaces": {pid: (p.observation_space, p.action_space) for pid, p in local.policy_map.items()},
                 "worker": local.get_state(),
                 "remote_workers": remote,
+                "num_worker_restarts": self.workers.num_worker_restarts,
                 "plan": {**self.plan.get_state(), "metrics": self._checkpoint_metrics()},
                 "resources": self.resources.get_state(),
                 "rng": process_rng_state(),
@@ -249,6 +251,8 @@ class Trainer:
         self._learner_steps_taken = learner.num_steps_trained - learner.steps_not_delivered() if learner is not None else 0
         self.iteration = int(state["iteration"])
         self.time_total_s = float(state["time_total_s"])
+        # The whole run's restarts: max_worker_restarts caps them across resumed sessions too.
+        self.workers.num_worker_restarts = int(state.get("num_worker_restarts", 0))
         set_process_rng_state(state["rng"])
         timestep = self.plan.metrics.counters[STEPS_SAMPLED_COUNTER]
         self.workers.sync_weights(global_vars={"timestep": timestep})
@@ -289,7 +293,15 @@ class Trainer:
             "timesteps_total": self._finished_metrics[0].get(STEPS_SAMPLED_COUNTER, 0),
             "config": self.config.to_dict(),
         }
-        return str(write_checkpoint(path, self.get_state(), metadata))
+        local = self.workers.local_worker()
+        with local.lock:  # the portable weights are the same moment's as the state's
+            state = self.get_state()
+            try:
+                files = policy_files(local.policy_map, self.algorithm.name, self.config)
+            except CheckpointError as e:  # an exotic space JSON cannot describe: the full checkpoint still counts
+                logger.warning("checkpoint %s: no portable policy files (load_policy cannot read it): %s", path, e)
+                files = {}
+        return str(write_checkpoint(path, state, metadata, files=files))
 
     def state_problem(self) -> str | None:
         """Why this trainer's state is not worth saving (a policy weight that is not finite), or None.

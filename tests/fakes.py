@@ -7,11 +7,13 @@ of the real object (a :class:`~flowrl.actors.WorkerSet`, a rollout worker, a pol
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 import gymnasium as gym
@@ -25,6 +27,9 @@ from flowrl.envs import EnvContext
 from flowrl.iterators import LocalIterator
 from flowrl.operators import STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER
 from flowrl.policy import LearnOutput, TorchPolicy
+
+if TYPE_CHECKING:
+    from flowrl import Trainer
 
 # Ray's worker processes cannot import this module (pytest's ``pythonpath`` reaches only the
 # test process), so a function from here sent to them, such as bc_loss in a PolicySpec,
@@ -172,6 +177,30 @@ class FakeWorkerSet:
 def weights_of(workers: WorkerSet) -> list[dict[str, np.ndarray]]:
     """The default policy's weights on every worker of a (Ray) WorkerSet, the local worker's first."""
     return workers.foreach_worker(lambda w: w.get_weights()[DEFAULT_POLICY_ID])
+
+
+# --- trainers ---
+
+
+def fingerprint(trainer: Trainer) -> dict[str, Any]:
+    """Hashes of the local policy's weights and optimizer state, its coefficients, counters and iteration."""
+    policy = trainer.workers.local_worker().get_policy()
+    weights = hashlib.sha256()
+    for key, value in sorted(policy.get_weights().items()):
+        weights.update(key.encode())
+        weights.update(np.ascontiguousarray(value).tobytes())
+    optimizer = hashlib.sha256()
+    for index, state in sorted(policy.optimizer.state_dict()["state"].items()):
+        for name, tensor in sorted(state.items()):
+            optimizer.update(f"{index}.{name}".encode())
+            optimizer.update(torch.as_tensor(tensor).detach().cpu().numpy().tobytes())
+    return {
+        "weights": weights.hexdigest(),
+        "optimizer": optimizer.hexdigest(),
+        "coeffs": dict(policy.coeffs),
+        "counters": dict(trainer.plan.metrics.counters),
+        "iteration": trainer.iteration,
+    }
 
 
 # --- run directories ---

@@ -6,7 +6,6 @@ another algorithm or a fresh trainer use ``num_workers=0`` (no actors).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -15,20 +14,27 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 import ray
 import torch
+from fakes import fingerprint
 
 import flowrl.checkpoint
 import flowrl.trainer
 from flowrl import Trainer
 from flowrl.actors import WorkerSet
 from flowrl.data import DEFAULT_POLICY_ID
-from flowrl.errors import CheckpointError, ConfigError, UnknownAlgorithmError, UnknownEnvError
+from flowrl.errors import (
+    CheckpointError,
+    ConfigError,
+    UnknownAlgorithmError,
+    UnknownEnvError,
+)
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(180)]
 
@@ -45,27 +51,6 @@ PPO_CONFIG = {
     "seed": 0,
 }
 STEPS_PER_ITER = 40
-
-
-def fingerprint(trainer: Trainer) -> dict[str, Any]:
-    """Hashes of the local policy's weights and optimizer state, its coefficients, counters and iteration."""
-    policy = trainer.workers.local_worker().get_policy()
-    weights = hashlib.sha256()
-    for key, value in sorted(policy.get_weights().items()):
-        weights.update(key.encode())
-        weights.update(np.ascontiguousarray(value).tobytes())
-    optimizer = hashlib.sha256()
-    for index, state in sorted(policy.optimizer.state_dict()["state"].items()):
-        for name, tensor in sorted(state.items()):
-            optimizer.update(f"{index}.{name}".encode())
-            optimizer.update(torch.as_tensor(tensor).detach().cpu().numpy().tobytes())
-    return {
-        "weights": weights.hexdigest(),
-        "optimizer": optimizer.hexdigest(),
-        "coeffs": dict(policy.coeffs),
-        "counters": dict(trainer.plan.metrics.counters),
-        "iteration": trainer.iteration,
-    }
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +192,7 @@ def test_save_writes_a_complete_checkpoint_atomically(trained: tuple[Trainer, di
     trainer, _ = trained
     path = Path(trainer.save(tmp_path))
     assert path == tmp_path / f"checkpoint_{trainer.iteration:06d}"
-    assert sorted(p.name for p in path.iterdir()) == ["metadata.json", "state.pkl"]
+    assert sorted(p.name for p in path.iterdir()) == ["COMPLETE", "metadata.json", "policies.json", "policies.safetensors", "state.pkl"]
     metadata = json.loads((path / "metadata.json").read_text())
     assert metadata["algo"] == "ppo" and metadata["env"] == ENV and metadata["iteration"] == trainer.iteration
     assert metadata["config"]["sgd_minibatch_size"] == 20

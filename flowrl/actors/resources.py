@@ -124,12 +124,13 @@ class PlanResources:
         }
 
     def get_state(self) -> dict[str, Any]:
-        """The replay buffers' state (their contents with ``checkpoint_replay_contents``), for checkpoints.
+        """The replay buffers' state (their contents with ``checkpoint_replay_contents``) and the
+        fault counters, for checkpoints.
 
         Learner threads and aggregators keep nothing that outlives a batch: the learner's
         policies are the local worker's, saved with it.
         """
-        state: dict[str, Any] = {}
+        state: dict[str, Any] = {"fault_counters": self.fault_counters()}
         contents = self.checkpoint_replay_contents
         if self.replay_buffer is not None:
             state["replay_buffer"] = self.replay_buffer.get_state(include_contents=contents)
@@ -143,6 +144,12 @@ class PlanResources:
 
         Replay shards of another number are an error, or with ``allow_partial`` left empty.
         """
+        counters = state.get("fault_counters", {})  # absent in checkpoints written before they were saved
+        if isinstance(self.replay_actors, ReplayShards):
+            self.replay_actors.num_restarts = int(counters.get("num_replay_shard_restarts", 0))
+            self.replay_actors.num_lost_calls = int(counters.get("num_lost_replay_calls", 0))
+        if self.aggregators is not None:
+            self.aggregators.num_restarts = int(counters.get("num_aggregator_restarts", 0))
         if self.replay_buffer is not None and "replay_buffer" in state:
             self.replay_buffer.set_state(state["replay_buffer"])
         shards: Sequence[Any] = state.get("replay_shards", [])

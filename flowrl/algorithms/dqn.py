@@ -67,7 +67,9 @@ class DQNConfig(TrainerConfig):
     prioritized_replay_beta: float = cfg_field(0.4, "Importance-sampling correction exponent.", min=0, max=1)
     prioritized_replay_eps: float = cfg_field(1e-6, "Added to |TD error| to get a priority.", min=0, min_exclusive=True)
     store_buffer_in_checkpoints: bool = cfg_field(
-        False, "Save the replay buffer's contents in checkpoints (large), not only its counters."
+        True,
+        "Save the replay buffer's contents in checkpoints, not only its counters: a resumed run "
+        "goes on with the same experience (and a seeded one exactly). Turn off for buffers too large to save.",
     )
     training_intensity: float | None = cfg_field(
         None,
