@@ -1,7 +1,8 @@
 """Exact resume: a seeded run killed with SIGKILL after a checkpoint and resumed with ``flowrl train --resume``
 ends bit-identical to the uninterrupted run (weights, optimizer state, counters, per-iteration rewards).
 
-Each test runs the ``flowrl`` command three times in subprocesses (each with its own embedded Ray).
+The PPO and DQN tests run the ``flowrl`` command three times in subprocesses (each with its own
+embedded Ray); the other synchronous algorithms are checked through the Trainer, in this process.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import numpy as np
 import pytest
 import torch
 
+from flowrl import Trainer
 from flowrl.checkpoint import latest_checkpoint, read_checkpoint
 from flowrl.data import DEFAULT_POLICY_ID
+from flowrl.run import json_safe
 
 from fakes import progress
 
@@ -101,3 +104,44 @@ def test_a_run_killed_after_a_checkpoint_resumes_bit_identically(algo: str, tmp_
     for index, moments in optimizer_a.items():
         assert all(torch.equal(torch.as_tensor(value), torch.as_tensor(optimizer_b[index][key])) for key, value in moments.items())
     assert a["plan"]["metrics"][0] == b["plan"]["metrics"][0]
+
+
+SYNCHRONOUS = [
+    ("pg", "CartPole-v1", {"num_workers": 0, "train_batch_size": 100}),
+    ("a2c", "CartPole-v1", {"num_workers": 1, "train_batch_size": 100, "rollout_fragment_length": 50}),
+    ("ddpg", "Pendulum-v1", {"num_workers": 0, "learning_starts": 50, "timesteps_per_iteration": 100, "train_batch_size": 16}),
+    ("td3", "Pendulum-v1", {"num_workers": 1, "learning_starts": 50, "timesteps_per_iteration": 100, "train_batch_size": 16,
+                            "rollout_fragment_length": 25}),
+    ("es", "CartPole-v1", {"num_workers": 1, "episodes_per_batch": 4, "train_batch_size": 100}),
+    ("ars", "CartPole-v1", {"num_workers": 0, "train_batch_size": 100}),
+    ("ppo", "MultiAgentCartPole", {"num_workers": 1, "train_batch_size": 100, "rollout_fragment_length": 50,
+                                   "sgd_minibatch_size": 50, "num_sgd_iter": 1}),
+]
+
+
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize(("algo", "env", "config"), SYNCHRONOUS, ids=[f"{a}-{e}" for a, e, _ in SYNCHRONOUS])
+def test_a_restored_trainer_repeats_the_uninterrupted_run(algo: str, env: str, config: dict[str, Any], tmp_path: Path) -> None:
+    """Through ``Trainer.save`` and ``from_checkpoint``, with the driver or remote workers sampling."""
+    config = {**config, "seed": 1, "num_cpus_per_worker": 0.25}
+    with Trainer(algo, env, config) as trainer:
+        trainer.train()
+        path = trainer.save(tmp_path)
+        expected = [repeated(trainer.train()) for _ in range(2)]
+        expected_fingerprint = fingerprint_all(trainer)
+    with Trainer.from_checkpoint(path) as restored:
+        assert [repeated(restored.train()) for _ in range(2)] == expected
+        assert fingerprint_all(restored) == expected_fingerprint
+        assert restored.restore_report is not None and restored.restore_report["envs_restarted"] == {}
+
+
+def repeated(result: dict[str, Any]) -> dict[str, Any]:
+    """What a result must repeat exactly, NaN (no episode finished yet) as None so that it compares equal."""
+    return json_safe({k: result.get(k) for k in REPEATED})
+
+
+def fingerprint_all(trainer: Trainer) -> dict[str, Any]:
+    """Every policy's weights, and the counters."""
+    weights = {pid: {name: value.tobytes() for name, value in policy.get_weights().items()}
+               for pid, policy in trainer.workers.local_worker().policy_map.items()}
+    return {"weights": weights, "counters": dict(trainer.plan.metrics.counters)}
