@@ -37,6 +37,7 @@ DOC_PATHS = [
     "docs/writing-an-algorithm.md",
     "docs/algorithms.md",
     "docs/fault-tolerance.md",
+    "docs/checkpoints.md",
 ]
 
 
