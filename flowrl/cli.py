@@ -4,23 +4,37 @@ This module parses flags, calls the library and prints. ``flowrl train`` is a sh
 :mod:`flowrl.run` (the run directory, stop criteria, checkpoints, resuming), and ``--config``
 files are read by :mod:`flowrl.experiment`.
 
-Errors a user can cause (an unknown algorithm or env, an invalid config, a bad ``--set``,
-an unreadable config file or checkpoint) print ``flowrl: error: ...`` to stderr and exit
-with status 2, without a traceback; a failure while running (e.g. a worker that cannot be
-recovered) exits with status 1. Ctrl-C during training saves a checkpoint and exits with
-status 130.
+Exit statuses:
+
+- 0: done (a stop criterion was met, or with ``--resume`` already was).
+- 1: training failed (a worker that cannot be recovered, an env or learner error, any error
+  raised while training): ``flowrl: error: ...``, then the checkpoint saved for it (when the
+  Trainer's state was intact; else why none was), and the ``flowrl train --resume RUN_DIR``
+  command.
+- 2: an error a user can cause (an unknown algorithm or env, an invalid config, a bad ``--set``
+  or flag, an unreadable config file, run directory or checkpoint): ``flowrl: error: ...`` on
+  stderr, without a traceback.
+- 128 + the signal's number when a signal ended training: 130 for SIGINT (Ctrl-C), 143 for
+  SIGTERM, 129 for SIGHUP. ``train`` first saves a checkpoint and prints the resume command;
+  a second signal while it saves abandons that checkpoint (the previous one stays the
+  latest) and exits with the same status.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import math
+import signal
 import sys
 import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from flowrl.checkpoint import METADATA_FILE, latest_checkpoint
 from flowrl.errors import (
@@ -36,11 +50,16 @@ from flowrl.experiment import load_experiment_file, parse_experiment
 from flowrl.ray_runtime import ray_session
 from flowrl.run import (
     CHECKPOINTS_DIR,
+    DEFAULT_CHECKPOINT_INTERVAL_S,
+    DEFAULT_KEEP_CHECKPOINTS,
     DEFAULT_RESULTS_DIR,
     PARAMS_FILE,
     PROGRESS_FILE,
     Run,
     RunSpec,
+    RunSummary,
+    RunWarning,
+    SignalInterrupt,
     find_resume_point,
     read_run_spec,
     resume_run,
@@ -56,6 +75,11 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 USAGE_ERRORS = (CLIError, ConfigError, EnvError, UnknownAlgorithmError, CheckpointError, RunError)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C
+
+
+def exit_status_for(signum: int) -> int:
+    """The exit status for a run ended by signal ``signum``: 128 + its number, as shells report it."""
+    return 128 + int(signum)
 
 
 # --- --set values -----------------------------------------------------------------------------------
@@ -116,7 +140,7 @@ def apply_set(config: dict[str, Any], assignments: Sequence[tuple[list[str], Any
 # --- building trainers ------------------------------------------------------------------------------
 
 
-def _get_algorithm(name: str | None, source: str) -> "Algorithm":
+def _get_algorithm(name: str | None, source: str) -> Algorithm:
     from flowrl.algorithms import get_algorithm, list_algorithms
 
     if not name:
@@ -124,7 +148,7 @@ def _get_algorithm(name: str | None, source: str) -> "Algorithm":
     return get_algorithm(name)  # UnknownAlgorithmError names the closest algorithms
 
 
-def build_config(algorithm: "Algorithm", file_config: Mapping[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+def build_config(algorithm: Algorithm, file_config: Mapping[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """The config dict: algorithm defaults < config file < ``--set`` < ``--num-workers`` / ``--seed``.
 
     Keys left out keep the algorithm's defaults (the Trainer fills them in); the result is
@@ -150,7 +174,7 @@ def stop_from_flags(args: argparse.Namespace) -> dict[str, float]:
     return {key: value for key, value in given.items() if value is not None}
 
 
-def train_settings(args: argparse.Namespace, command: str = "train") -> tuple["Algorithm", str, dict[str, Any], dict[str, float]]:
+def train_settings(args: argparse.Namespace, command: str = "train") -> tuple[Algorithm, str, dict[str, Any], dict[str, float]]:
     """``(algorithm, env, config, stop)`` of a new run from the flags and the ``--config`` file."""
     from flowrl.envs import get_env_creator
 
@@ -165,7 +189,7 @@ def train_settings(args: argparse.Namespace, command: str = "train") -> tuple["A
     return algorithm, env, config, stop
 
 
-def _new_trainer(algo: str, env: str, config: Mapping[str, Any], address: str | None) -> "Trainer":
+def _new_trainer(algo: str, env: str, config: Mapping[str, Any], address: str | None) -> Trainer:
     from flowrl.trainer import Trainer
 
     return Trainer(algo, env, dict(config), address=address)
@@ -224,30 +248,61 @@ def _describe_stop(stop: Mapping[str, float]) -> str:
 # --- commands ---------------------------------------------------------------------------------------
 
 
+def checkpoint_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The checkpoint settings given as flags, as :class:`~flowrl.run.RunSpec` keywords (flags left out are absent)."""
+    given = {
+        "checkpoint_freq": getattr(args, "checkpoint_freq", None),
+        "checkpoint_interval_s": getattr(args, "checkpoint_interval_s", None),
+        "keep_checkpoints": getattr(args, "keep_checkpoints", None),
+        "keep_best": getattr(args, "keep_best", None),
+    }
+    return {key: value for key, value in given.items() if value is not None}
+
+
 def _train(args: argparse.Namespace) -> int:
     if args.resume:
         return _resume(args)
     algorithm, env, config, stop = train_settings(args)
-    spec = RunSpec(algorithm.name, env, config, stop, checkpoint_freq=args.checkpoint_freq or 0)
+    spec = RunSpec(algorithm.name, env, config, stop, **checkpoint_settings(args))
     with start_run(spec, results_dir=args.results_dir or DEFAULT_RESULTS_DIR, address=args.address) as run:
         print(f"training {algorithm.name} on {env}; {_describe_stop(stop)}", flush=True)
         print(f"run directory: {run.directory}", flush=True)
         return _train_until_stopped(run)
 
 
+def resume_conflicts(args: argparse.Namespace, spec: RunSpec, params: Path) -> list[str]:
+    """What in the flags contradicts the run being resumed (``spec``, read from ``params``), one message each.
+
+    ``--algo`` and ``--env`` may be given when they name the run's own (in any case), and
+    ``--seed`` when it is the run's seed; flags that would change its config are refused.
+    """
+    refused = [flag for flag, value in (("--config", args.config), ("--set", args.set),
+                                        ("--results-dir", args.results_dir)) if value not in (None, [])]
+    conflicts = []
+    if refused:
+        conflicts.append(f"{', '.join(refused)} cannot be used with --resume: a resumed run keeps the settings in "
+                         f"{params} (stop flags, --num-workers, the checkpoint flags and --address may change)")
+    for key, value in (("algo", args.algo), ("env", args.env)):
+        if value and value.lower() != getattr(spec, key).lower():
+            conflicts.append(f"--{key} {value} differs from the run's {key} {getattr(spec, key)} (in {params})")
+    seed = spec.config.get("seed")
+    if args.seed is not None and args.seed != seed:
+        unseeded = "it is unseeded; " if seed is None else ""
+        conflicts.append(f"--seed {args.seed} differs from the run's seed {seed} ({unseeded}in {params})")
+    return conflicts
+
+
 def _resume(args: argparse.Namespace) -> int:
     run_dir = Path(args.resume)
     spec = read_run_spec(run_dir)
-    fixed = [flag for flag, value in (("--config", args.config), ("--set", args.set), ("--seed", args.seed),
-                                      ("--results-dir", args.results_dir)) if value not in (None, [])]
-    fixed += [f"--{key} {value}" for key, value in (("algo", args.algo), ("env", args.env))
-              if value and value.lower() != getattr(spec, key).lower()]
-    if fixed:
-        raise CLIError(
-            f"{', '.join(fixed)} cannot be used with --resume: a resumed run keeps the settings in "
-            f"{run_dir / PARAMS_FILE} (stop flags, --num-workers, --checkpoint-freq and --address may change)"
-        )
-    point = find_resume_point(run_dir, stop=stop_from_flags(args), checkpoint_freq=args.checkpoint_freq)
+    conflicts = resume_conflicts(args, spec, run_dir / PARAMS_FILE)
+    if conflicts:
+        raise CLIError("; ".join(conflicts))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RunWarning)  # the skipped checkpoints are printed below, in full
+        point = find_resume_point(run_dir, stop=stop_from_flags(args), **checkpoint_settings(args))
+    for skipped in point.skipped:
+        print(f"flowrl: warning: skipped checkpoint {skipped.path}: {skipped.problem}", file=sys.stderr, flush=True)
     if point.stop_reason:
         print(f"nothing to do: {run_dir} already meets {point.stop_reason}; give a larger stop flag to train further")
         return EXIT_OK
@@ -274,14 +329,30 @@ def _print_each_result(run: Run) -> Callable[[Mapping[str, Any]], None]:
     return print_result
 
 
+def _signal_label(signum: signal.Signals) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else signum.name
+
+
 def _train_until_stopped(run: Run) -> int:
     """Train ``run``, printing each iteration and then the summary; returns the exit status."""
-    summary = run.train(on_result=_print_each_result(run))
+    try:
+        summary = run.train(on_result=_print_each_result(run))
+    except Exception as error:  # noqa: BLE001 - every error that ends training is reported the same way
+        _report_failure(run, error)
+        return EXIT_FAILURE
+    return _report_summary(summary)
+
+
+def _report_summary(summary: RunSummary) -> int:
+    """Print how training ended; returns the exit status."""
+    interrupted_by = summary.interrupted_by or signal.SIGINT
     if summary.save_interrupted:
         print(f"interrupted again while saving; the last complete checkpoint is {summary.checkpoint or 'none'}",
               file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
-    print("interrupted (Ctrl-C)" if summary.interrupted else f"stopped: {summary.stop_reason}")
+        if summary.checkpoint:
+            print(f"resume with: flowrl train --resume {summary.directory}", file=sys.stderr, flush=True)
+        return exit_status_for(interrupted_by)
+    print(f"interrupted ({_signal_label(interrupted_by)})" if summary.interrupted else f"stopped: {summary.stop_reason}")
     if summary.best_reward is not None:
         print(f"best episode_reward_mean: {summary.best_reward:.2f} (iteration {summary.best_iteration})")
     print(f"checkpoint: {summary.checkpoint or 'none (no iteration finished)'}")
@@ -289,8 +360,30 @@ def _train_until_stopped(run: Run) -> int:
     if summary.interrupted:
         if summary.checkpoint:
             print(f"resume with: flowrl train --resume {summary.directory}", flush=True)
-        return EXIT_INTERRUPTED
+        return exit_status_for(interrupted_by)
     return EXIT_OK
+
+
+def _report_failure(run: Run, error: Exception) -> None:
+    """Print the error that ended training, the checkpoint saved for it (or why none was) and how to resume."""
+    cause = getattr(error, "cause", None)
+    if isinstance(error, FlowRLError) or isinstance(cause, FlowRLError):
+        _report(error, sys.stderr)
+    else:  # not an error flowrl raises on purpose: the traceback is what a bug report needs
+        traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+        print(f"flowrl: error: {type(error).__name__}: {error}", file=sys.stderr)
+    failure = run.failure
+    checkpoint = failure.checkpoint if failure is not None else run.checkpoint
+    if failure is not None and failure.saved:
+        print(f"saved a checkpoint of iteration {run.trainer.iteration} after the error: {checkpoint}", file=sys.stderr)
+    elif failure is not None and failure.not_saved_because:
+        print(f"no checkpoint written after the error: {failure.not_saved_because}", file=sys.stderr)
+        print(f"the last complete checkpoint is {checkpoint or 'none'}", file=sys.stderr)
+    else:
+        print(f"the last complete checkpoint is {checkpoint or 'none (no iteration finished)'}", file=sys.stderr)
+    if checkpoint is not None:
+        print(f"resume with: flowrl train --resume {run.directory}", file=sys.stderr)
+    sys.stderr.flush()
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -398,6 +491,13 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _seconds(text: str) -> float:
+    value = _finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0 seconds (0: off)")
+    return value
+
+
 _ADDRESS_HELP = "Ray cluster to join (default: $RAY_ADDRESS, else start an embedded local Ray)"
 
 
@@ -428,9 +528,19 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--stop-iters", type=_int_at_least(1), metavar="I", help="stop when training_iteration >= I")
     train.add_argument("--results-dir", metavar="DIR", help=f"where run directories go (default ./{DEFAULT_RESULTS_DIR})")
     train.add_argument("--checkpoint-freq", type=_int_at_least(0), metavar="N",
-                       help="checkpoint every N iterations (default 0: only at the end and on Ctrl-C)")
+                       help="also checkpoint every N iterations (default 0: off)")
+    train.add_argument("--checkpoint-interval-s", type=_seconds, metavar="S",
+                       help=f"checkpoint when S seconds have passed since the last one "
+                            f"(default {DEFAULT_CHECKPOINT_INTERVAL_S:g}; 0: off); "
+                            f"a run also checkpoints at the end, on an error and on Ctrl-C, SIGTERM or SIGHUP")
+    train.add_argument("--keep-checkpoints", type=_int_at_least(1), metavar="K",
+                       help=f"keep the newest K checkpoints, deleting older ones (default {DEFAULT_KEEP_CHECKPOINTS})")
+    train.add_argument("--keep-best", metavar="METRIC",
+                       help="also keep a copy of the checkpoint with the highest METRIC (a result key, e.g. "
+                            "episode_reward_mean) in checkpoints/best")
     train.add_argument("--resume", metavar="RUN_DIR",
-                       help="continue the run in RUN_DIR from its latest checkpoint (stop flags given here replace its own)")
+                       help="continue the run in RUN_DIR from its latest usable checkpoint (stop and checkpoint flags "
+                            "given here replace its own; --algo, --env and --seed may repeat its own)")
     train.set_defaults(func=_train)
 
     lister = sub.add_parser("list", help="list the algorithms (or one algorithm's config keys)")
@@ -465,6 +575,24 @@ def _report(error: BaseException, stream: TextIO) -> None:
     print(f"flowrl: error: {error}", file=stream, flush=True)
 
 
+@contextlib.contextmanager
+def _run_warnings_as_messages() -> Iterator[None]:
+    """Print :class:`~flowrl.run.RunWarning` as ``flowrl: warning: ...`` lines; other warnings as Python does."""
+    show = warnings.showwarning
+
+    def show_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, RunWarning):
+            print(f"flowrl: warning: {message}", file=sys.stderr, flush=True)
+        else:
+            show(message, category, *args, **kwargs)
+
+    warnings.showwarning = show_warning
+    try:
+        yield
+    finally:
+        warnings.showwarning = show
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flowrl`` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -473,14 +601,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"flowrl: error: --{name.replace('_', '-')}={getattr(args, name)} must be >= 1", file=sys.stderr)
             return EXIT_USAGE
     try:
-        return args.func(args)
+        with _run_warnings_as_messages():
+            return args.func(args)
     except FlowRLError as e:
         _report(e, sys.stderr)
         # Bad input is a usage error; anything else (a worker failing mid-run) is a failure.
         return EXIT_USAGE if isinstance(e, USAGE_ERRORS) else EXIT_FAILURE
-    except KeyboardInterrupt:
-        print("flowrl: interrupted", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:
+        received = e.signal if isinstance(e, SignalInterrupt) else signal.SIGINT
+        print(f"flowrl: interrupted ({_signal_label(received)})", file=sys.stderr, flush=True)
+        return exit_status_for(received)
 
 
 if __name__ == "__main__":

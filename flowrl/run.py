@@ -3,9 +3,10 @@
 One run directory per run::
 
     <results_dir>/<algo>_<env>_<YYYYmmdd-HHMMSS>/
-        params.json        algo, env, the full validated config, stop criteria, checkpoint frequency
+        params.json        algo, env, the full validated config, stop criteria, checkpoint cadence
         progress.jsonl     one result dict per training iteration (JSON; NaN written as null)
-        checkpoints/checkpoint_<iteration>/
+        checkpoints/checkpoint_<iteration>/    the newest ``keep_checkpoints`` of them
+        checkpoints/best/                      with ``keep_best``: a copy of the best one so far
 
 Start one, train it, and read its summary::
 
@@ -16,43 +17,126 @@ Start one, train it, and read its summary::
         summary = run.train(on_result=lambda result: print(result["episode_reward_mean"]))
     print(summary.stop_reason, summary.best_reward, summary.checkpoint)
 
-Resume one from its latest checkpoint (its algorithm, env and config are kept; the stop
-criteria, checkpoint frequency, number of workers and Ray address may change)::
+Runs are not lost. :meth:`Run.train` checkpoints every ``checkpoint_freq`` iterations and every
+``checkpoint_interval_s`` seconds (10 minutes by default), keeps the newest ``keep_checkpoints``
+of them (and, with ``keep_best``, a copy of the best), and saves at the end. Ctrl-C, SIGTERM and
+SIGHUP end training with a checkpoint and a summary naming the signal (:attr:`RunSummary.interrupted_by`);
+an error ends it with an emergency checkpoint when the Trainer's state is intact, described in
+:attr:`Run.failure`, and then propagates.
+
+Resume one from its latest usable checkpoint (its algorithm, env and config are kept; the stop
+criteria, checkpoint cadence, number of workers and Ray address may change)::
 
     point = find_resume_point(run_dir, stop={"training_iteration": 20})
     if point.stop_reason is None:  # else the run already meets its stop criteria
         with resume_run(point) as run:
             run.train()
 
+A checkpoint that fails its checks (incomplete, or a checksum that does not match) is skipped
+with a :class:`RunWarning`, and the one before it is used (:attr:`ResumePoint.skipped`).
+
 The ``flowrl train`` command is a shell over this module; it only parses flags and prints.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
 import math
 import os
 import re
+import signal
+import threading
 import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from flowrl.checkpoint import METADATA_FILE, latest_checkpoint
+from flowrl.checkpoint import (
+    METADATA_FILE,
+    copy_checkpoint,
+    list_checkpoints,
+    prune_checkpoints,
+    read_metadata,
+    verify_checkpoint,
+)
 from flowrl.errors import CheckpointError, ConfigError, RunError
 
 if TYPE_CHECKING:  # the Trainer imports torch: load it only when a run starts
+    from typing_extensions import Self
+
     from flowrl.trainer import Trainer
 
 DEFAULT_RESULTS_DIR = "flowrl_results"
 PARAMS_FILE = "params.json"
 PROGRESS_FILE = "progress.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
+BEST_CHECKPOINT = "best"  # checkpoints/best: the copy keep_best keeps
+DEFAULT_CHECKPOINT_INTERVAL_S = 600.0
+DEFAULT_KEEP_CHECKPOINTS = 5
 
 # The result keys a stop criterion may name: a run stops once result[key] >= the criterion's value.
 STOP_KEYS = ("episode_reward_mean", "timesteps_total", "training_iteration")
+
+# The signals Run.train turns into a checkpoint and a summary, as Python already does with SIGINT (Ctrl-C).
+HANDLED_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
+class RunWarning(UserWarning):
+    """Something about a run a user should know, that does not stop it (a skipped checkpoint, a metric never seen)."""
+
+
+class SignalInterrupt(KeyboardInterrupt):
+    """Raised in the main thread by the handlers :meth:`Run.train` installs for :data:`HANDLED_SIGNALS`.
+
+    A ``KeyboardInterrupt``, so that everything treats SIGTERM and SIGHUP as it treats Ctrl-C
+    (``except Exception`` lets it through); ``signal`` is the signal received.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signal = signal.Signals(signum)
+        super().__init__(f"received {self.signal.name}")
+
+
+def _signal_of(interrupt: KeyboardInterrupt) -> signal.Signals:
+    return interrupt.signal if isinstance(interrupt, SignalInterrupt) else signal.SIGINT
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise SignalInterrupt(signum)
+
+
+@contextlib.contextmanager
+def interrupting_signals() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGHUP raise :class:`SignalInterrupt` in the main thread.
+
+    The previous handlers come back when the block ends. Nothing changes outside the main
+    thread (Python runs signal handlers only there), nor for a signal that is ignored
+    (``nohup`` ignores SIGHUP so that a command outlives its terminal: so does the run).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[signal.Signals, Any] = {}
+    try:
+        for signum in HANDLED_SIGNALS:
+            handler = signal.getsignal(signum)
+            if handler is signal.SIG_IGN:
+                continue
+            # None: a handler set outside Python, which cannot be put back; the default action is the closest.
+            previous[signum] = signal.SIG_DFL if handler is None else handler
+            signal.signal(signum, _raise_interrupt)
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 # --- stop criteria ----------------------------------------------------------------------------------
@@ -84,6 +168,13 @@ def stop_reason(stop: Mapping[str, float], result: Mapping[str, Any]) -> str | N
     return None
 
 
+def _finite(value: Any) -> float | None:
+    """``value`` as a float if it is a finite number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
 # --- what a run is ----------------------------------------------------------------------------------
 
 
@@ -93,8 +184,13 @@ class RunSpec:
 
     ``config`` holds the algorithm's config keys (keys left out keep their defaults; a
     started run's spec holds every key). ``stop`` maps keys of :data:`STOP_KEYS` to the
-    value that ends training; with none, training runs until Ctrl-C. ``checkpoint_freq``
-    saves a checkpoint every that many iterations (0: only at the end and on Ctrl-C).
+    value that ends training; with none, training runs until Ctrl-C (or SIGTERM, SIGHUP).
+
+    Checkpoints: one every ``checkpoint_freq`` iterations (0: off) and one whenever
+    ``checkpoint_interval_s`` seconds have passed since the last (0: off), and one at the end.
+    Only the newest ``keep_checkpoints`` (>= 1) stay, besides the one a resumed run started
+    from. ``keep_best`` names a result key (e.g. ``episode_reward_mean``): each checkpoint
+    whose iteration has the highest finite value of it so far is copied to ``checkpoints/best``.
     """
 
     algo: str
@@ -102,19 +198,41 @@ class RunSpec:
     config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     stop: Mapping[str, float] = dataclasses.field(default_factory=dict)
     checkpoint_freq: int = 0
+    checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S
+    keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS
+    keep_best: str | None = None
 
     def __post_init__(self) -> None:
+        problems = []
         freq = self.checkpoint_freq
         if isinstance(freq, bool) or not isinstance(freq, int) or freq < 0:
-            raise ConfigError(f"checkpoint_freq={freq!r} must be an integer >= 0 (0: checkpoint only at the end)")
+            problems.append(f"checkpoint_freq={freq!r} must be an integer >= 0 (0: no checkpoints by iteration count)")
+        interval = self.checkpoint_interval_s
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 <= interval < math.inf:
+            problems.append(f"checkpoint_interval_s={interval!r} must be a finite number of seconds >= 0 "
+                            "(0: no checkpoints by time)")
+        keep = self.keep_checkpoints
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            problems.append(f"keep_checkpoints={keep!r} must be an integer >= 1 (how many of the newest checkpoints stay)")
+        best = self.keep_best
+        if best is not None and (not isinstance(best, str) or not best.strip()):
+            problems.append(f"keep_best={best!r} must be the name of a result key, e.g. 'episode_reward_mean', or None")
+        if problems:
+            raise ConfigError(problems)
         # Copies, so that a caller changing its dicts later does not change a started run's spec.
         object.__setattr__(self, "config", dict(self.config))
         object.__setattr__(self, "stop", parse_stop(self.stop, "stop"))
+        object.__setattr__(self, "checkpoint_interval_s", float(interval))
 
     def to_params(self) -> dict[str, Any]:
         """The ``params.json`` contents."""
         return {"algo": self.algo, "env": self.env, "config": dict(self.config), "stop": dict(self.stop),
-                "checkpoint_freq": self.checkpoint_freq}
+                "checkpoint_freq": self.checkpoint_freq, "checkpoint_interval_s": self.checkpoint_interval_s,
+                "keep_checkpoints": self.keep_checkpoints, "keep_best": self.keep_best}
+
+
+# RunSpec's checkpoint settings: params.json files older than some of them lack them (their defaults apply).
+_CHECKPOINT_SETTINGS = ("checkpoint_freq", "checkpoint_interval_s", "keep_checkpoints", "keep_best")
 
 
 def read_run_spec(run_dir: str | os.PathLike[str]) -> RunSpec:
@@ -132,7 +250,11 @@ def read_run_spec(run_dir: str | os.PathLike[str]) -> RunSpec:
     if not isinstance(params, dict) or not all(isinstance(params.get(k), t) for k, t in (("algo", str), ("env", str), ("config", dict))):
         raise RunError(f"run directory {str(run_dir)!r}: {PARAMS_FILE} lacks algo, env or config; it was not written by flowrl train")
     stop = parse_stop(params.get("stop") or {}, f"{path}")
-    return RunSpec(params["algo"], params["env"], params["config"], stop, int(params.get("checkpoint_freq") or 0))
+    settings = {key: params[key] for key in _CHECKPOINT_SETTINGS if params.get(key) is not None}
+    try:
+        return RunSpec(params["algo"], params["env"], params["config"], stop, **settings)
+    except ConfigError as e:
+        raise RunError(f"{path}: {'; '.join(e.problems)}") from None
 
 
 @dataclass(frozen=True)
@@ -140,10 +262,13 @@ class RunSummary:
     """How :meth:`Run.train` ended.
 
     ``stop_reason`` is the stop criterion met (``"timesteps_total 192 >= 150"``), or None
-    when Ctrl-C ended training. ``best_reward`` / ``best_iteration`` are the highest finite
+    when a signal ended training: ``interrupted_by`` says which (``signal.SIGINT`` for Ctrl-C,
+    ``SIGTERM``, ``SIGHUP``). ``best_reward`` / ``best_iteration`` are the highest finite
     ``episode_reward_mean`` of the whole run (earlier sessions of a resumed run included) and
     its iteration. ``checkpoint`` is the last complete checkpoint (None if no iteration
-    finished); ``save_interrupted`` says a second Ctrl-C cut the final checkpoint short.
+    finished); ``save_interrupted`` says a second signal cut the final checkpoint short
+    (``interrupted_by`` is then the first signal, or the one that cut it short when a stop
+    criterion had ended training).
     """
 
     directory: Path
@@ -152,11 +277,29 @@ class RunSummary:
     best_iteration: int | None
     checkpoint: Path | None
     save_interrupted: bool = False
+    interrupted_by: signal.Signals | None = None
 
     @property
     def interrupted(self) -> bool:
-        """Whether Ctrl-C, not a stop criterion, ended training."""
+        """Whether a signal (Ctrl-C, SIGTERM, SIGHUP), not a stop criterion, ended training."""
         return self.stop_reason is None
+
+
+@dataclass(frozen=True)
+class RunFailure:
+    """What :meth:`Run.train` saved when an error ended training (it is :attr:`Run.failure`, then the error propagates).
+
+    ``error`` is the exception. ``checkpoint`` is the run's last complete checkpoint after it
+    (None if there is none): the one just written when ``saved``, else an earlier one.
+    ``not_saved_because`` says why no checkpoint was written for the error (the Trainer's
+    state is not intact, the save itself failed or was interrupted), or is None when one was,
+    or when the last finished iteration was already saved (or none finished).
+    """
+
+    error: BaseException
+    checkpoint: Path | None
+    saved: bool
+    not_saved_because: str | None = None
 
 
 # --- files of a run directory -----------------------------------------------------------------------
@@ -229,14 +372,27 @@ def _checkpoint_progress(checkpoint: Path) -> tuple[int, int]:
         raise CheckpointError(f"checkpoint {str(checkpoint)!r}: unreadable {METADATA_FILE} ({type(e).__name__}: {e})") from None
 
 
+def _kept_best_value(checkpoints: Path, metric: str | None) -> float | None:
+    """The ``metric`` value recorded in ``checkpoints/best`` (None: no usable best checkpoint for that metric)."""
+    best = checkpoints / BEST_CHECKPOINT
+    if metric is None or not best.is_dir():
+        return None
+    try:
+        verify_checkpoint(best)  # a damaged best copy is replaced by the next save, whatever its value
+        recorded = read_metadata(best).get("keep_best")
+    except (CheckpointError, OSError):
+        return None
+    if not isinstance(recorded, Mapping) or recorded.get("metric") != metric:
+        return None  # kept by another metric: the first save under this one replaces it
+    return _finite(recorded.get("value"))
+
+
 def _better(best: tuple[float, int] | None, result: Mapping[str, Any]) -> tuple[float, int] | None:
     """``best`` or ``result``'s ``(episode_reward_mean, training_iteration)``, whichever reward is higher."""
-    reward = result.get("episode_reward_mean")
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+    reward = _finite(result.get("episode_reward_mean"))
+    if reward is None or (best is not None and reward <= best[0]):
         return best
-    if best is not None and reward <= best[0]:
-        return best
-    return float(reward), int(result.get("training_iteration") or 0)
+    return reward, int(result.get("training_iteration") or 0)
 
 
 # --- a run in progress ------------------------------------------------------------------------------
@@ -246,15 +402,17 @@ class Run:
     """A run directory and the Trainer writing it; made by :func:`start_run` or :func:`resume_run`.
 
     ``directory`` is the run directory, ``spec`` what ``params.json`` holds, ``trainer``
-    the :class:`~flowrl.trainer.Trainer`, and ``checkpoint`` the latest complete checkpoint
-    (None until one is saved). :meth:`close` (or leaving a ``with`` block) stops the Trainer.
+    the :class:`~flowrl.trainer.Trainer`, ``checkpoint`` the latest complete checkpoint
+    (None until one is saved), ``resumed_from`` the checkpoint a resumed run started from
+    (never deleted by rotation), and ``failure`` what was saved when an error ended
+    :meth:`train` (None otherwise). :meth:`close` (or leaving a ``with`` block) stops the Trainer.
     """
 
     def __init__(
         self,
         directory: Path,
         spec: RunSpec,
-        trainer: "Trainer",
+        trainer: Trainer,
         *,
         checkpoint: Path | None = None,
         previous_results: Sequence[Mapping[str, Any]] = (),
@@ -263,11 +421,18 @@ class Run:
         self.spec = spec
         self.trainer = trainer
         self.checkpoint = checkpoint
+        self.resumed_from = checkpoint
+        self.failure: RunFailure | None = None
         # A resumed run starts from its checkpoint: there is nothing new to save until it trains.
         self._saved_iteration = trainer.iteration if checkpoint is not None else None
         self._best: tuple[float, int] | None = None
         for result in previous_results:
             self._best = _better(self._best, result)
+        self._kept_best = _kept_best_value(directory / CHECKPOINTS_DIR, spec.keep_best)
+        self._last_result: Mapping[str, Any] | None = None
+        self._last_save_time = time.monotonic()
+        self._metric_seen = False
+        self._warned_metric = False
 
     @property
     def timesteps_total(self) -> int:
@@ -277,48 +442,141 @@ class Run:
         return int(self.trainer.plan.metrics.counters[STEPS_SAMPLED_COUNTER])
 
     def train(self, on_result: Callable[[dict[str, Any]], None] | None = None) -> RunSummary:
-        """Train until a stop criterion is met (at least one iteration) or Ctrl-C; return how it ended.
+        """Train until a stop criterion is met (at least one iteration) or a signal; return how it ended.
 
-        Each result is appended to ``progress.jsonl`` and then given to ``on_result``. A
-        checkpoint is saved every ``spec.checkpoint_freq`` iterations, and at the end (also
-        on Ctrl-C, which this method catches) unless the last iteration is already saved.
-        An error raised by the Trainer propagates, without a final checkpoint.
+        Each result is appended to ``progress.jsonl`` and then given to ``on_result``.
+        Checkpoints follow ``spec`` (see :class:`RunSpec`); each successful save is followed
+        by the rotation to ``spec.keep_checkpoints`` and the ``keep_best`` copy, while a
+        save that raises deletes nothing. At the end the last iteration is saved, unless it
+        already is.
+
+        Ctrl-C, SIGTERM and SIGHUP (handled while this method runs, when it runs in the
+        main thread) end training with that final checkpoint; a second signal while it is
+        written abandons it, and the previous checkpoint stays the latest. Any error
+        (a :class:`~flowrl.errors.FlowRLError` such as a worker failure, or another
+        exception) first writes an emergency checkpoint of the last finished iteration if
+        the Trainer's state is intact (:meth:`~flowrl.trainer.Trainer.state_problem`), sets
+        :attr:`failure`, then propagates.
         """
-        checkpoints = self.directory / CHECKPOINTS_DIR
-        freq = self.spec.checkpoint_freq
+        with interrupting_signals():
+            return self._train(on_result)
+
+    def _train(self, on_result: Callable[[dict[str, Any]], None] | None) -> RunSummary:
+        self.failure = None
+        self._last_save_time = time.monotonic()
         reason: str | None = None
+        interrupted_by: signal.Signals | None = None
+        saving = False
         try:
             with open(self.directory / PROGRESS_FILE, "a", encoding="utf-8") as progress:
                 while reason is None:
                     result = self.trainer.train()
                     progress.write(json.dumps(json_safe(result), allow_nan=False) + "\n")
                     progress.flush()
+                    self._last_result = result
+                    self._metric_seen = self._metric_seen or self.spec.keep_best in result
                     if on_result is not None:
                         on_result(result)
                     self._best = _better(self._best, result)
-                    if freq and self.trainer.iteration % freq == 0:
-                        self._save(checkpoints)
+                    if self._save_due():
+                        saving = True
+                        self._save()
+                        saving = False
                     reason = stop_reason(self.spec.stop, result)
-        except KeyboardInterrupt:
-            reason = None
+        except KeyboardInterrupt as interrupt:
+            interrupted_by = _signal_of(interrupt)
+        except Exception as error:
+            if saving:
+                self.failure = RunFailure(error, self.checkpoint, saved=False,
+                                          not_saved_because=f"saving the checkpoint failed ({type(error).__name__})")
+            else:
+                self.failure = self._save_after_error(error)
+            raise
         save_interrupted = False
-        if self.trainer.iteration != self._saved_iteration and self.trainer.iteration > 0:
+        if self._unsaved():
             try:
-                self._save(checkpoints)
-            except KeyboardInterrupt:
+                self._save()
+            except KeyboardInterrupt as interrupt:
                 save_interrupted = True
+                interrupted_by = interrupted_by or _signal_of(interrupt)
+            except Exception as error:
+                self.failure = RunFailure(error, self.checkpoint, saved=False,
+                                          not_saved_because=f"saving the checkpoint failed ({type(error).__name__})")
+                raise
         best_reward, best_iteration = self._best if self._best is not None else (None, None)
-        return RunSummary(self.directory, reason, best_reward, best_iteration, self.checkpoint, save_interrupted)
+        return RunSummary(self.directory, reason, best_reward, best_iteration, self.checkpoint, save_interrupted,
+                          interrupted_by)
 
-    def _save(self, checkpoints: Path) -> None:
-        self.checkpoint = Path(self.trainer.save(checkpoints))
+    def _unsaved(self) -> bool:
+        """Whether a finished iteration is not in a checkpoint yet."""
+        return self.trainer.iteration > 0 and self.trainer.iteration != self._saved_iteration
+
+    def _save_due(self) -> bool:
+        freq, interval = self.spec.checkpoint_freq, self.spec.checkpoint_interval_s
+        if freq and self.trainer.iteration % freq == 0:
+            return True
+        return interval > 0 and time.monotonic() - self._last_save_time >= interval
+
+    def _save_after_error(self, error: BaseException) -> RunFailure:
+        """Write the emergency checkpoint for ``error`` if there is something worth saving."""
+        if not self._unsaved():
+            return RunFailure(error, self.checkpoint, saved=False)
+        try:
+            problem = self.trainer.state_problem()
+        except Exception as e:  # noqa: BLE001 - a trainer too broken to inspect is not worth saving
+            problem = f"its state cannot be inspected ({type(e).__name__}: {e})"
+        if problem is not None:
+            return RunFailure(error, self.checkpoint, saved=False,
+                              not_saved_because=f"the trainer's state is not intact: {problem}")
+        try:
+            self._save()
+        except KeyboardInterrupt as interrupt:
+            because = f"{_signal_of(interrupt).name} interrupted the save"
+            return RunFailure(error, self.checkpoint, saved=False, not_saved_because=because)
+        except Exception as e:  # noqa: BLE001 - the training error is the one to raise
+            because = f"saving it failed ({type(e).__name__}: {e})"
+            return RunFailure(error, self.checkpoint, saved=False, not_saved_because=because)
+        return RunFailure(error, self.checkpoint, saved=True)
+
+    def _save(self) -> None:
+        """Save the last finished iteration, then keep the best copy and rotate (only once the save succeeded)."""
+        checkpoints = self.directory / CHECKPOINTS_DIR
+        metric = self.spec.keep_best
+        value = None
+        if metric is not None:
+            self._warn_if_metric_unseen(metric)
+            if self._last_result is not None and self._last_result.get("training_iteration") == self.trainer.iteration:
+                value = _finite(self._last_result.get(metric))
+        best = value is not None and (self._kept_best is None or value > self._kept_best)
+        metadata = {"keep_best": {"metric": metric, "value": value}} if best else None
+        path = Path(self.trainer.save(checkpoints, metadata=metadata))
+        self.checkpoint = path
         self._saved_iteration = self.trainer.iteration
+        self._last_save_time = time.monotonic()
+        if best:
+            copy_checkpoint(path, checkpoints / BEST_CHECKPOINT)
+            self._kept_best = value
+        protect = [self.resumed_from] if self.resumed_from is not None else []
+        prune_checkpoints(checkpoints, self.spec.keep_checkpoints, protect=protect)
+
+    def _warn_if_metric_unseen(self, metric: str) -> None:
+        if self._metric_seen or self._warned_metric or self._last_result is None:
+            return
+        self._warned_metric = True
+        close = difflib.get_close_matches(metric, [str(key) for key in self._last_result], n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        warnings.warn(
+            f"keep_best={metric!r} is not a key of any result so far (up to iteration {self.trainer.iteration}); "
+            f"no checkpoint is kept as best until it appears{hint}",
+            RunWarning,
+            stacklevel=2,
+        )
 
     def close(self) -> None:
         """Stop the Trainer: its actors, and Ray if the Trainer started it."""
         self.trainer.stop()
 
-    def __enter__(self) -> "Run":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -351,16 +609,24 @@ def start_run(
     return Run(directory, spec, trainer)
 
 
+class SkippedCheckpoint(NamedTuple):
+    """A checkpoint :func:`find_resume_point` passed over, and what is wrong with it."""
+
+    path: Path
+    problem: str
+
+
 @dataclass(frozen=True)
 class ResumePoint:
     """Where a run directory resumes, found without starting Ray (see :func:`find_resume_point`).
 
-    ``spec`` is the run's spec with the new stop criteria and checkpoint frequency;
-    ``checkpoint`` its latest complete checkpoint, at ``iteration`` and ``timesteps_total``;
-    ``results`` the results in ``progress.jsonl`` up to that iteration. ``drops_results``
-    says ``progress.jsonl`` holds more (results after the checkpoint, or a line cut short),
-    which :func:`resume_run` drops. ``stop_reason`` is the criterion the run already meets
-    at the checkpoint, or None if there is training to do.
+    ``spec`` is the run's spec with the new stop criteria and checkpoint settings;
+    ``checkpoint`` its newest usable checkpoint, at ``iteration`` and ``timesteps_total``;
+    ``skipped`` the newer ones that failed their checks. ``results`` are the results in
+    ``progress.jsonl`` up to that iteration. ``drops_results`` says ``progress.jsonl`` holds
+    more (results after the checkpoint, or a line cut short), which :func:`resume_run` drops.
+    ``stop_reason`` is the criterion the run already meets at the checkpoint, or None if
+    there is training to do.
     """
 
     directory: Path
@@ -371,35 +637,60 @@ class ResumePoint:
     results: list[dict[str, Any]]
     drops_results: bool
     stop_reason: str | None
+    skipped: tuple[SkippedCheckpoint, ...] = ()
 
 
 def find_resume_point(
-    run_dir: str | os.PathLike[str], *, stop: Mapping[str, float] | None = None, checkpoint_freq: int | None = None
+    run_dir: str | os.PathLike[str],
+    *,
+    stop: Mapping[str, float] | None = None,
+    checkpoint_freq: int | None = None,
+    checkpoint_interval_s: float | None = None,
+    keep_checkpoints: int | None = None,
+    keep_best: str | None = None,
 ) -> ResumePoint:
-    """Read a run directory and find where it resumes: its latest checkpoint and the results up to it.
+    """Read a run directory and find where it resumes: its newest usable checkpoint and the results up to it.
 
     ``stop`` criteria replace the run's own key by key (the others are kept) and count the
-    whole run; ``checkpoint_freq`` replaces the run's own. Raises :class:`RunError` if
-    ``run_dir`` is not a run directory and :class:`CheckpointError` if it has no usable checkpoint.
+    whole run; each checkpoint setting given (not None) replaces the run's own. Checkpoints
+    are checked newest first (:func:`~flowrl.checkpoint.verify_checkpoint`: complete, checksums
+    match); one that fails is skipped with a :class:`RunWarning` and recorded in
+    :attr:`ResumePoint.skipped`. Raises :class:`RunError` if ``run_dir`` is not a run directory
+    and :class:`CheckpointError` if none of its checkpoints is usable.
     """
     directory = Path(run_dir)
     spec = read_run_spec(directory)
-    checkpoint = latest_checkpoint(directory / CHECKPOINTS_DIR)
-    if checkpoint is None:
-        raise CheckpointError(f"run directory {str(directory)!r}: no checkpoint under {str(directory / CHECKPOINTS_DIR)!r} to resume from")
-    iteration, timesteps = _checkpoint_progress(checkpoint)
     spec = dataclasses.replace(
         spec,
         stop={**spec.stop, **(stop or {})},
         checkpoint_freq=spec.checkpoint_freq if checkpoint_freq is None else checkpoint_freq,
+        checkpoint_interval_s=spec.checkpoint_interval_s if checkpoint_interval_s is None else checkpoint_interval_s,
+        keep_checkpoints=spec.keep_checkpoints if keep_checkpoints is None else keep_checkpoints,
+        keep_best=spec.keep_best if keep_best is None else keep_best,
     )
+    candidates = list_checkpoints(directory / CHECKPOINTS_DIR)
+    if not candidates:
+        raise CheckpointError(f"run directory {str(directory)!r}: no checkpoint under {str(directory / CHECKPOINTS_DIR)!r} to resume from")
+    skipped: list[SkippedCheckpoint] = []
+    for checkpoint in reversed(candidates):
+        try:
+            verify_checkpoint(checkpoint)
+            iteration, timesteps = _checkpoint_progress(checkpoint)
+        except CheckpointError as e:
+            skipped.append(SkippedCheckpoint(checkpoint, str(e)))
+            warnings.warn(f"skipping checkpoint {str(checkpoint)!r}: {e}", RunWarning, stacklevel=2)
+            continue
+        break
+    else:
+        tried = "\n".join(f"  - {s.path.name}: {s.problem}" for s in skipped)
+        raise CheckpointError(f"run directory {str(directory)!r}: none of its {len(skipped)} checkpoints is usable:\n{tried}")
     results, intact = _read_progress(directory / PROGRESS_FILE)
     kept = [r for r in results if int(r.get("training_iteration") or 0) <= iteration]
     # The checkpoint's own counts win: progress.jsonl may lack the line of the checkpoint's iteration.
     at_checkpoint = {**(kept[-1] if kept else {}), "training_iteration": iteration, "timesteps_total": timesteps}
     drops_results = len(kept) != len(results) or not intact
     return ResumePoint(directory, spec, checkpoint, iteration, timesteps, kept, drops_results,
-                       stop_reason(spec.stop, at_checkpoint))
+                       stop_reason(spec.stop, at_checkpoint), tuple(skipped))
 
 
 def resume_run(point: ResumePoint, *, num_workers: int | None = None, address: str | None = None) -> Run:
@@ -407,8 +698,8 @@ def resume_run(point: ResumePoint, *, num_workers: int | None = None, address: s
 
     Results after the checkpoint are dropped from ``progress.jsonl`` (they are lost work;
     dropping them keeps iteration numbers unique), and ``params.json`` is rewritten with the
-    new stop criteria, checkpoint frequency and ``num_workers``. The algorithm, env and the
-    rest of the config are the run's own.
+    new stop criteria, checkpoint settings and ``num_workers``. The algorithm, env and the
+    rest of the config are the run's own. The checkpoint resumed from is never rotated away.
     """
     from flowrl.trainer import Trainer
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,8 @@ import numpy as np
 import pytest
 
 from flowrl import cli
+from flowrl.envs import register_env
+from flowrl.envs.testing import FaultInjectEnv
 from flowrl.experiment import load_experiment_file
 from flowrl.run import json_safe
 from flowrl.trainer import Trainer
@@ -103,10 +107,62 @@ def test_resume_drops_results_after_the_checkpoint(tmp_path: Path, capsys: pytes
     with open(run / "progress.jsonl", "a") as f:
         f.write('{"training_iteration": 3, "timest')  # and mid-line
     assert cli.main(["train", "--resume", str(run), "--stop-iters", "3", "--seed", "0"]) == 2
-    assert "--seed cannot be used with --resume" in capsys.readouterr().err
+    assert f"--seed 0 differs from the run's seed None (it is unseeded; in {run / 'params.json'})" in capsys.readouterr().err
     assert cli.main(["train", "--resume", str(run), "--stop-iters", "3"]) == 0
     assert [r["training_iteration"] for r in progress(run)] == [1, 2, 3]
     assert "dropped the results after iteration 1" in capsys.readouterr().out
+
+
+def test_resume_accepts_the_runs_own_algo_env_and_seed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_session: None
+) -> None:
+    assert train(tmp_path, "--stop-iters", "1", "--seed", "3") == 0
+    run = run_dir(tmp_path)
+    params = run / "params.json"
+    err = error_of(capsys, ["train", "--resume", str(run), "--algo", "ppo", "--env", "Pendulum-v1", "--seed", "4"])
+    assert f"--algo ppo differs from the run's algo pg (in {params})" in err
+    assert f"--env Pendulum-v1 differs from the run's env CartPole-v1 (in {params})" in err
+    assert f"--seed 4 differs from the run's seed 3 (in {params})" in err
+    # What users type: the command that started the run, with --resume added.
+    assert cli.main(["train", "--resume", str(run), "--algo", "PG", "--env", "cartpole-v1", "--seed", "3",
+                     "--stop-iters", "2", "--keep-checkpoints", "1", "--checkpoint-interval-s", "0"]) == 0
+    assert [r["training_iteration"] for r in progress(run)] == [1, 2]
+    # The checkpoint resumed from is kept although only the newest one is.
+    assert checkpoints(run) == ["checkpoint_000001", "checkpoint_000002"]
+    spec = json.loads(params.read_text())
+    assert (spec["keep_checkpoints"], spec["checkpoint_interval_s"], spec["config"]["seed"]) == (1, 0.0, 3)
+
+
+def test_resume_falls_back_from_a_corrupt_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_session: None
+) -> None:
+    assert train(tmp_path, "--stop-iters", "2", "--checkpoint-freq", "1") == 0
+    run = run_dir(tmp_path)
+    state = run / "checkpoints" / "checkpoint_000002" / "state.pkl"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", str(run), "--stop-iters", "3"]) == 0
+    captured = capsys.readouterr()
+    assert f"flowrl: warning: skipped checkpoint {state.parent}: " in captured.err
+    assert f"from {run / 'checkpoints' / 'checkpoint_000001'} (iteration 1)" in captured.out
+    assert [r["training_iteration"] for r in progress(run)] == [1, 2, 3]
+
+
+def test_checkpoint_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_session: None) -> None:
+    assert train(tmp_path, "--stop-iters", "4", "--checkpoint-interval-s", "0.000001", "--keep-checkpoints", "2",
+                 "--keep-best", "timesteps_total") == 0
+    run = run_dir(tmp_path)
+    assert checkpoints(run) == ["best", "checkpoint_000003", "checkpoint_000004"]
+    assert json.loads((run / "checkpoints" / "best" / "metadata.json").read_text())["iteration"] == 4
+    params = json.loads((run / "params.json").read_text())
+    assert (params["checkpoint_interval_s"], params["keep_checkpoints"], params["keep_best"]) == (1e-6, 2, "timesteps_total")
+    defaults = cli.build_parser().parse_args(["train", "--algo", "pg", "--env", "CartPole-v1"])
+    assert cli.checkpoint_settings(defaults) == {}  # RunSpec's defaults apply: 600 s, keep 5
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--algo", "pg", "--env", "CartPole-v1", "--keep-checkpoints", "0"])
+    assert "--keep-checkpoints: 0 must be >= 1" in capsys.readouterr().err
 
 
 def test_ctrl_c_saves_a_checkpoint_and_exits_130(
@@ -130,6 +186,91 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(
     assert "interrupted" in captured.out and str(run / "checkpoints" / "checkpoint_000001") in captured.out
     assert f"flowrl train --resume {run}" in captured.out
     assert "Traceback" not in captured.err
+
+
+def test_an_env_error_leaves_an_emergency_checkpoint_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_session: None
+) -> None:
+    register_env("FaultyCartPole", FaultInjectEnv)
+    # The driver samples (num_workers 0); 64 steps an iteration: step 150 is in iteration 3.
+    faults = {"env": "CartPole-v1", "faults": [{"kind": "raise", "worker_indices": [0], "at_step": 150}]}
+    argv = ["train", "--algo", "pg", "--env", "FaultyCartPole", "--results-dir", str(tmp_path), *TINY,
+            "--set", f"env_config={json.dumps(faults)}", "--stop-iters", "5"]
+    assert cli.main(argv) == 1
+    run = run_dir(tmp_path)
+    assert checkpoints(run) == ["checkpoint_000002"] and len(progress(run)) == 2
+    err = capsys.readouterr().err
+    assert "flowrl: error: InjectedFault: injected fault 'raise#0'" in err
+    assert f"saved a checkpoint of iteration 2 after the error: {run / 'checkpoints' / 'checkpoint_000002'}" in err
+    assert f"resume with: flowrl train --resume {run}" in err
+
+
+def test_an_error_with_a_broken_state_says_why_no_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, ray_session: None
+) -> None:
+    from flowrl.errors import NonFiniteUpdateError
+
+    real_train = Trainer.train
+
+    def train_then_fail(self: Trainer) -> dict[str, Any]:
+        if self.iteration == 1:
+            raise NonFiniteUpdateError("5 updates in a row had a non-finite loss")
+        return real_train(self)
+
+    monkeypatch.setattr(Trainer, "train", train_then_fail)
+    monkeypatch.setattr(Trainer, "state_problem", lambda self: "policy 'default_policy' has non-finite weights in 'w'")
+    assert train(tmp_path, "--stop-iters", "5") == 1
+    err = capsys.readouterr().err
+    assert "flowrl: error: 5 updates in a row had a non-finite loss" in err and "Traceback" not in err
+    assert "no checkpoint written after the error: the trainer's state is not intact: policy 'default_policy'" in err
+    assert "the last complete checkpoint is none" in err and "resume with" not in err
+    assert checkpoints(run_dir(tmp_path)) == []
+
+
+def send_at_call(n: int, signum: int, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make the ``n``-th call of ``Trainer.train`` send ``signum`` to this process (the handler interrupts it);
+    returns the list that gets an item per call."""
+    real_train = Trainer.train
+    calls: list[int] = []
+
+    def train_then_signal(self: Trainer) -> dict[str, Any]:
+        calls.append(1)
+        if len(calls) == n:
+            os.kill(os.getpid(), signum)
+        return real_train(self)
+
+    monkeypatch.setattr(Trainer, "train", train_then_signal)
+    return calls
+
+
+def test_sighup_saves_a_checkpoint_and_exits_129(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, ray_session: None
+) -> None:
+    send_at_call(3, signal.SIGHUP, monkeypatch)
+    assert train(tmp_path, "--stop-iters", "5") == 129
+    run = run_dir(tmp_path)
+    assert checkpoints(run) == ["checkpoint_000002"]
+    out = capsys.readouterr().out
+    assert "interrupted (SIGHUP)" in out and f"flowrl train --resume {run}" in out
+
+
+def test_a_second_signal_while_saving_exits_with_the_first_ones_status(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, ray_session: None
+) -> None:
+    calls = send_at_call(4, signal.SIGTERM, monkeypatch)  # iteration 3 is not saved yet
+    real_save = Trainer.save
+
+    def save_interrupted(self: Trainer, checkpoint_dir: Any, metadata: Any = None) -> str:
+        if len(calls) == 4:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the SIGTERM checkpoint is written
+        return real_save(self, checkpoint_dir, metadata)
+
+    monkeypatch.setattr(Trainer, "save", save_interrupted)
+    assert train(tmp_path, "--stop-iters", "5", "--checkpoint-freq", "2") == 143
+    run = run_dir(tmp_path)
+    assert checkpoints(run) == ["checkpoint_000002"]
+    err = capsys.readouterr().err
+    assert f"interrupted again while saving; the last complete checkpoint is {run / 'checkpoints' / 'checkpoint_000002'}" in err
 
 
 # --- errors a user can cause -------------------------------------------------------------------------

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import signal
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from flowrl.errors import CheckpointError, ConfigError, RunError
+from flowrl.errors import CheckpointError, ConfigError, RunError, WorkerFailureError
 from flowrl.run import (
+    Run,
     RunSpec,
+    RunWarning,
     find_resume_point,
     parse_stop,
     read_run_spec,
@@ -52,12 +58,36 @@ def test_stop_criteria_are_checked() -> None:
         RunSpec("pg", "CartPole-v1", checkpoint_freq=-1)
 
 
+def test_checkpoint_settings_are_checked_all_at_once() -> None:
+    with pytest.raises(ConfigError) as error:
+        RunSpec("pg", "CartPole-v1", checkpoint_interval_s=-1, keep_checkpoints=0, keep_best="")
+    assert [p.split(" must")[0] for p in error.value.problems] == [
+        "checkpoint_interval_s=-1", "keep_checkpoints=0", "keep_best=''"]
+    with pytest.raises(ConfigError, match="checkpoint_interval_s=inf must be a finite number of seconds >= 0"):
+        RunSpec("pg", "CartPole-v1", checkpoint_interval_s=math.inf)
+    assert RunSpec("pg", "CartPole-v1", checkpoint_interval_s=0, keep_best="score").checkpoint_interval_s == 0.0
+
+
+def test_params_json_records_the_checkpoint_settings_and_older_files_get_the_defaults(tmp_path: Path) -> None:
+    spec = RunSpec("pg", "CartPole-v1", checkpoint_freq=2, checkpoint_interval_s=30, keep_checkpoints=2, keep_best="score")
+    (tmp_path / "params.json").write_text(json.dumps(spec.to_params()))
+    assert read_run_spec(tmp_path) == spec
+    # A params.json written before these settings existed: the defaults apply.
+    (tmp_path / "params.json").write_text(json.dumps({"algo": "pg", "env": "CartPole-v1", "config": {}, "checkpoint_freq": 3}))
+    old = read_run_spec(tmp_path)
+    assert (old.checkpoint_freq, old.checkpoint_interval_s, old.keep_checkpoints, old.keep_best) == (3, 600.0, 5, None)
+    (tmp_path / "params.json").write_text(json.dumps({"algo": "pg", "env": "CartPole-v1", "config": {}, "keep_checkpoints": 0}))
+    with pytest.raises(RunError, match="params.json: keep_checkpoints=0 must be an integer >= 1"):
+        read_run_spec(tmp_path)
+
+
 def test_a_spec_is_not_changed_by_its_callers_dicts() -> None:
     config, stop = {"lr": 0.1}, {"training_iteration": 2}
     spec = RunSpec("pg", "CartPole-v1", config, stop)
     config["lr"], stop["training_iteration"] = 0.2, 5
     assert spec.to_params() == {"algo": "pg", "env": "CartPole-v1", "config": {"lr": 0.1},
-                                "stop": {"training_iteration": 2}, "checkpoint_freq": 0}
+                                "stop": {"training_iteration": 2}, "checkpoint_freq": 0,
+                                "checkpoint_interval_s": 600.0, "keep_checkpoints": 5, "keep_best": None}
 
 
 # --- a new run -----------------------------------------------------------------------------------------
@@ -108,6 +138,169 @@ def test_ctrl_c_ends_training_with_a_checkpoint(tmp_path: Path, ray_session: Non
     assert len(progress(run.directory)) == 2
 
 
+def replace_train(run: Run, fn: Callable[[Callable[[], dict[str, Any]], int], dict[str, Any]]) -> None:
+    """Make ``run.trainer.train`` call ``fn(real_train, call_number)`` (call numbers start at 1)."""
+    real_train = run.trainer.train
+    calls = [0]
+
+    def train() -> dict[str, Any]:
+        calls[0] += 1
+        return fn(real_train, calls[0])
+
+    run.trainer.train = train  # type: ignore[method-assign]
+
+
+def with_scores(scores: list[float]) -> Callable[[Callable[[], dict[str, Any]], int], dict[str, Any]]:
+    """A ``replace_train`` function adding ``score`` = the next of ``scores`` to each result."""
+    def train(real_train: Callable[[], dict[str, Any]], call: int) -> dict[str, Any]:
+        return {**real_train(), "score": scores[call - 1]}
+
+    return train
+
+
+def test_rotation_keeps_the_newest_checkpoints_and_a_failed_save_deletes_nothing(tmp_path: Path, ray_session: None) -> None:
+    spec = RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 10}, checkpoint_freq=1, keep_checkpoints=3)
+    with start_run(spec, results_dir=tmp_path) as run:
+        real_save = run.trainer.save
+        saves: list[int] = []
+
+        def save(checkpoint_dir: Any, metadata: Any = None) -> str:
+            saves.append(run.trainer.iteration)
+            if len(saves) == 6:
+                raise OSError(28, "No space left on device")
+            return real_save(checkpoint_dir, metadata)
+
+        run.trainer.save = save  # type: ignore[method-assign]
+        with pytest.raises(OSError, match="No space left"):
+            run.train()
+    assert saves == [1, 2, 3, 4, 5, 6]  # the failed save is not tried again as an emergency save
+    assert checkpoints(run.directory) == ["checkpoint_000003", "checkpoint_000004", "checkpoint_000005"]
+    assert run.failure is not None and not run.failure.saved and isinstance(run.failure.error, OSError)
+    assert run.failure.checkpoint == run.checkpoint == run.directory / "checkpoints" / "checkpoint_000005"
+    assert "saving the checkpoint failed (OSError)" == run.failure.not_saved_because
+
+
+def test_checkpoints_every_interval(tmp_path: Path, ray_session: None) -> None:
+    # Any iteration takes longer than a microsecond: a checkpoint after each; the default 600 s gives
+    # only the final one (test_a_run_writes_params_progress_and_the_final_checkpoint).
+    spec = RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 3}, checkpoint_interval_s=1e-6)
+    with start_run(spec, results_dir=tmp_path) as run:
+        run.train()
+    assert checkpoints(run.directory) == ["checkpoint_000001", "checkpoint_000002", "checkpoint_000003"]
+
+
+def test_keep_best_copies_the_best_checkpoint_and_a_resumed_run_knows_its_value(tmp_path: Path, ray_session: None) -> None:
+    spec = RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 5}, checkpoint_freq=1, keep_checkpoints=2,
+                   keep_best="score")
+    with start_run(spec, results_dir=tmp_path) as run:
+        replace_train(run, with_scores([1.0, 5.0, math.nan, 7.0, 2.0]))
+        run.train()
+    run_dir = run.directory
+    best = run_dir / "checkpoints" / "best"
+    assert checkpoints(run_dir) == ["best", "checkpoint_000004", "checkpoint_000005"]
+    metadata = json.loads((best / "metadata.json").read_text())
+    assert metadata["iteration"] == 4 and metadata["keep_best"] == {"metric": "score", "value": 7.0}
+
+    # Resumed from iteration 5, the best so far is still 7.0: 6.0 does not replace it, 8.0 does; the
+    # checkpoint resumed from stays although it is not among the newest 2.
+    point = find_resume_point(run_dir, stop={"training_iteration": 8})
+    with resume_run(point) as resumed:
+        replace_train(resumed, with_scores([6.0, 8.0, -1.0]))
+        resumed.train()
+    assert checkpoints(run_dir) == ["best", "checkpoint_000005", "checkpoint_000007", "checkpoint_000008"]
+    metadata = json.loads((best / "metadata.json").read_text())
+    assert metadata["iteration"] == 7 and metadata["keep_best"] == {"metric": "score", "value": 8.0}
+
+
+def test_keep_best_warns_once_about_a_metric_no_result_has(tmp_path: Path, ray_session: None) -> None:
+    spec = RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 3}, checkpoint_freq=1, keep_best="episode_reward_maen")
+    with start_run(spec, results_dir=tmp_path) as run, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run.train()
+    messages = [str(w.message) for w in caught if issubclass(w.category, RunWarning)]
+    assert len(messages) == 1
+    assert "keep_best='episode_reward_maen' is not a key of any result so far (up to iteration 1)" in messages[0]
+    assert "did you mean 'episode_reward_mean'?" in messages[0]
+    assert checkpoints(run.directory) == ["checkpoint_000001", "checkpoint_000002", "checkpoint_000003"]  # no best
+
+
+def fail_at_call(n: int) -> Callable[[Callable[[], dict[str, Any]], int], dict[str, Any]]:
+    def train(real_train: Callable[[], dict[str, Any]], call: int) -> dict[str, Any]:
+        if call == n:
+            raise WorkerFailureError("rollout worker 1 failed 3 times: out of restarts", worker_indices=[1])
+        return real_train()
+
+    return train
+
+
+def test_an_error_leaves_an_emergency_checkpoint(tmp_path: Path, ray_session: None) -> None:
+    with start_run(RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 5}), results_dir=tmp_path) as run:
+        replace_train(run, fail_at_call(3))
+        with pytest.raises(WorkerFailureError, match="out of restarts"):
+            run.train()
+    expected = run.directory / "checkpoints" / "checkpoint_000002"
+    assert checkpoints(run.directory) == ["checkpoint_000002"] and run.checkpoint == expected
+    assert run.failure is not None and run.failure.saved and run.failure.checkpoint == expected
+    assert isinstance(run.failure.error, WorkerFailureError) and run.failure.not_saved_because is None
+    assert json.loads((expected / "metadata.json").read_text())["iteration"] == 2
+    assert find_resume_point(run.directory).iteration == 2
+
+
+def test_no_emergency_checkpoint_of_a_broken_state_nor_of_one_already_saved(tmp_path: Path, ray_session: None) -> None:
+    spec = RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 5}, checkpoint_freq=2)
+    with start_run(spec, results_dir=tmp_path) as run:
+        replace_train(run, fail_at_call(4))
+        run.trainer.state_problem = lambda: "policy 'default_policy' has non-finite weights in 'w'"  # type: ignore[method-assign]
+        with pytest.raises(WorkerFailureError):
+            run.train()
+    assert checkpoints(run.directory) == ["checkpoint_000002"]
+    assert run.failure is not None and not run.failure.saved
+    assert run.failure.not_saved_because == "the trainer's state is not intact: policy 'default_policy' has non-finite weights in 'w'"
+    assert run.failure.checkpoint == run.directory / "checkpoints" / "checkpoint_000002"
+
+    with start_run(spec, results_dir=tmp_path) as run:
+        replace_train(run, fail_at_call(3))  # iteration 2 is saved already
+        with pytest.raises(WorkerFailureError):
+            run.train()
+    assert checkpoints(run.directory) == ["checkpoint_000002"]
+    assert run.failure is not None and not run.failure.saved and run.failure.not_saved_because is None
+
+
+def test_sighup_ends_training_with_a_checkpoint(tmp_path: Path, ray_session: None) -> None:
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
+
+    def hang_up(result: dict[str, Any]) -> None:
+        if result["training_iteration"] == 2:
+            os.kill(os.getpid(), signal.SIGHUP)
+
+    with start_run(RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 5}), results_dir=tmp_path) as run:
+        summary = run.train(on_result=hang_up)
+    assert summary.interrupted and summary.interrupted_by == signal.SIGHUP and not summary.save_interrupted
+    assert summary.checkpoint == run.directory / "checkpoints" / "checkpoint_000002"
+    assert {signum: signal.getsignal(signum) for signum in handlers} == handlers  # put back
+
+
+def test_a_second_signal_abandons_the_final_checkpoint(tmp_path: Path, ray_session: None) -> None:
+    spec = RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 5}, checkpoint_freq=2)
+    with start_run(spec, results_dir=tmp_path) as run:
+        real_save = run.trainer.save
+
+        def save(checkpoint_dir: Any, metadata: Any = None) -> str:
+            if run.trainer.iteration == 3:
+                os.kill(os.getpid(), signal.SIGHUP)  # while the SIGTERM checkpoint is written
+            return real_save(checkpoint_dir, metadata)
+
+        def terminate(result: dict[str, Any]) -> None:
+            if result["training_iteration"] == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        run.trainer.save = save  # type: ignore[method-assign]
+        summary = run.train(on_result=terminate)
+    assert summary.save_interrupted and summary.interrupted_by == signal.SIGTERM
+    assert summary.checkpoint == run.directory / "checkpoints" / "checkpoint_000002"
+    assert sorted(p.name for p in (run.directory / "checkpoints").iterdir()) == ["checkpoint_000002"]  # nothing half-written
+
+
 def test_a_rejected_config_leaves_no_run_directory(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="'lrr'; did you mean 'lr'"):
         start_run(RunSpec("pg", "CartPole-v1", {"lrr": 0.1}), results_dir=tmp_path)
@@ -154,6 +347,30 @@ def test_resume_knows_when_there_is_nothing_to_do(tmp_path: Path, ray_session: N
     point = find_resume_point(run.directory, stop={"timesteps_total": 1000}, checkpoint_freq=5)
     assert point.spec.stop == {"training_iteration": 1, "timesteps_total": 1000} and point.spec.checkpoint_freq == 5
     assert point.stop_reason == "training_iteration 1 >= 1"
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_resume_skips_a_corrupt_checkpoint(tmp_path: Path, ray_session: None) -> None:
+    spec = RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 3}, checkpoint_freq=1)
+    with start_run(spec, results_dir=tmp_path) as run:
+        run.train()
+    cps = run.directory / "checkpoints"
+    flip_a_byte(cps / "checkpoint_000003" / "state.pkl")
+    with pytest.warns(RunWarning, match="skipping checkpoint .*checkpoint_000003"):
+        point = find_resume_point(run.directory, stop={"training_iteration": 4})
+    assert point.checkpoint == cps / "checkpoint_000002" and point.iteration == 2 and point.drops_results
+    assert [s.path for s in point.skipped] == [cps / "checkpoint_000003"]
+
+    flip_a_byte(cps / "checkpoint_000002" / "state.pkl")
+    flip_a_byte(cps / "checkpoint_000001" / "state.pkl")
+    with pytest.warns(RunWarning), pytest.raises(CheckpointError, match="none of its 3 checkpoints is usable") as error:
+        find_resume_point(run.directory)
+    assert all(f"checkpoint_00000{n}" in str(error.value) for n in (1, 2, 3))
 
 
 def test_resume_needs_a_run_directory_with_a_checkpoint(tmp_path: Path) -> None:
