@@ -203,23 +203,35 @@ def write_checkpoint(
         METADATA_FILE: json.dumps({**metadata, "format": FORMAT}, indent=2, default=str).encode(),
         **{name: bytes(data) for name, data in extra.items()},
     }
+    with _staging(path) as (tmp, entries):
+        for name, data in contents.items():
+            _write_file(tmp / name, data)
+            entries[name] = _entry(data)
+    return path
+
+
+@contextlib.contextmanager
+def _staging(path: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """A hidden temporary directory for checkpoint ``path``, and the dict of its files' marker entries.
+
+    The caller writes the files and records each one's entry; when the block ends, the marker
+    is written last, the directory synced and swapped into place. If the block raises, the
+    temporary directory is removed and ``path`` is left as it was.
+    """
     _make_parent(path)
     with _locked(path.parent):
         _clean(path.parent)
         tmp = _hidden(path, "tmp")
         os.mkdir(tmp)
+        entries: dict[str, Any] = {}
         try:
-            entries = {}
-            for name, data in contents.items():
-                _write_file(tmp / name, data)
-                entries[name] = _entry(data)
+            yield tmp, entries
             _write_file(tmp / COMPLETE_FILE, _marker(entries))
             _fsync_dir(tmp)
             _swap_in(tmp, path)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    return path
 
 
 def _link_or_copy(source: Path, dest: Path) -> None:
@@ -250,31 +262,19 @@ def copy_checkpoint(source: str | Path, dest: str | Path) -> Path:
     names = sorted(entries) if entries is not None else sorted(
         p.name for p in source.iterdir() if p.is_file() and p.name != COMPLETE_FILE
     )
-    _make_parent(dest)
-    with _locked(dest.parent):
-        _clean(dest.parent)
-        tmp = _hidden(dest, "tmp")
-        os.mkdir(tmp)
-        try:
-            copied: dict[str, Any] = {}
-            for name in names:
-                _link_or_copy(source / name, tmp / name)
-                size = (tmp / name).stat().st_size
-                if entries is not None:
-                    if size != entries[name]["size"]:
-                        raise CheckpointError(
-                            f"cannot copy checkpoint {str(source)!r}: {name} changed while it was copied "
-                            f"({size} bytes, {COMPLETE_FILE} lists {entries[name]['size']})"
-                        )
-                    copied[name] = entries[name]
-                else:  # a checkpoint older than the marker: sum what was copied
-                    copied[name] = {"size": size, "sha256": _sha256(tmp / name)}
-            _write_file(tmp / COMPLETE_FILE, _marker(copied))
-            _fsync_dir(tmp)
-            _swap_in(tmp, dest)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+    with _staging(dest) as (tmp, copied):
+        for name in names:
+            _link_or_copy(source / name, tmp / name)
+            size = (tmp / name).stat().st_size
+            if entries is not None:
+                if size != entries[name]["size"]:
+                    raise CheckpointError(
+                        f"cannot copy checkpoint {str(source)!r}: {name} changed while it was copied "
+                        f"({size} bytes, {COMPLETE_FILE} lists {entries[name]['size']})"
+                    )
+                copied[name] = entries[name]
+            else:  # a checkpoint older than the marker: sum what was copied
+                copied[name] = {"size": size, "sha256": _sha256(tmp / name)}
     return dest
 
 
