@@ -539,6 +539,12 @@ class TrainerConfig:
         min=0,
         min_exclusive=True,
     )
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = cfg_field(
+        "PACK",
+        "How the remote workers' resources, reserved together as one Ray placement group, are laid out on "
+        "the cluster's nodes: PACK (as few nodes as possible), SPREAD (as many as possible), STRICT_PACK "
+        "(one node), STRICT_SPREAD (a node each).",
+    )
     num_gpus_per_worker: float = cfg_field(0.0, "GPUs Ray reserves for each remote rollout worker.", min=0)
     custom_resources_per_worker: dict[str, float] = cfg_field(
         {}, "Custom Ray resources (name -> amount) reserved for each remote rollout worker."

@@ -153,6 +153,8 @@ class Trainer:
             plan=self.plan.stats(),
         )
         result.setdefault("info", {}).update(self.resources.stats())  # may replace a dead replay shard: first
+        if self.workers.remote_workers():
+            result["info"]["placement"] = self.workers.placement()
         result.update(self.resources.fault_counters())
         if self.restore_report is not None:
             result["restore"] = self.restore_report

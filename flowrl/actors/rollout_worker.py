@@ -7,6 +7,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, TypeVar, cast
 
 import gymnasium as gym
 import numpy as np
+import ray
 import torch
 
 from flowrl.actors.multi_agent_sampler import MultiAgentSampler
@@ -288,6 +289,10 @@ class RolloutWorker(ParallelIteratorWorker):
     def apply(self, fn: Callable[..., R], *args: Any) -> R:
         """Call ``fn(self, *args)`` here (inside the actor for a remote worker)."""
         return fn(self, *args)
+
+    def node_id(self) -> str:
+        """The Ray node this worker runs on (through :func:`control_call`, like :meth:`ping`)."""
+        return ray.get_runtime_context().get_node_id()
 
     def ping(self) -> str:
         """Answer a health check (through :func:`control_call`: it shows the process is alive, even mid-sample)."""

@@ -9,6 +9,8 @@ from typing import Any, Callable, Mapping, TypeVar, cast
 
 import gymnasium as gym
 import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from flowrl.actors.rollout_worker import CONTROL_GROUP, RolloutWorker, WorkerMetrics, as_config, control_call
 from flowrl.config import TrainerConfig
@@ -64,13 +66,70 @@ def check_cluster_resources(config: TrainerConfig, num_workers: int, num_cpus_pe
         raise ConfigError(problems)
 
 
+def check_placement(config: TrainerConfig, num_workers: int, num_cpus_per_worker: float) -> None:
+    """Raise :class:`~flowrl.errors.ConfigError` if ``placement_strategy`` cannot lay the workers out on
+    the cluster's nodes as they are now (more STRICT_SPREAD workers than nodes, or a STRICT_PACK
+    reservation larger than the largest node)."""
+    bundle = worker_bundle(config, num_cpus_per_worker)
+    if not num_workers or not bundle:
+        return
+    nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    strategy = config.placement_strategy
+    if strategy == "STRICT_SPREAD" and num_workers > len(nodes):
+        raise ConfigError([f"placement_strategy='STRICT_SPREAD' puts each of the num_workers={num_workers} workers "
+                           f"on its own node, but the Ray cluster has {len(nodes)} nodes; use SPREAD or add nodes"])
+    if strategy == "STRICT_PACK":
+        short = [f"{num_workers * amount:g} {name}" for name, amount in bundle.items()
+                 if not any(num_workers * amount <= node.get(name, 0.0) + 1e-9 for node in nodes)]
+        if short:
+            raise ConfigError([f"placement_strategy='STRICT_PACK' puts every worker on one node, but no node has "
+                               f"{' and '.join(short)}; use PACK or lower num_workers"])
+
+
+def worker_bundle(config: TrainerConfig, num_cpus_per_worker: float) -> dict[str, float]:
+    """What Ray reserves for one remote rollout worker (the resources it asks for that are not zero)."""
+    asked = {"CPU": num_cpus_per_worker, "GPU": config.num_gpus_per_worker, **config.custom_resources_per_worker}
+    return {name: float(amount) for name, amount in asked.items() if amount > 0}
+
+
+def reserve_workers(config: TrainerConfig, num_workers: int, num_cpus_per_worker: float) -> PlacementGroup | None:
+    """One Ray placement group with a bundle per remote worker, laid out by ``placement_strategy``, once ready.
+
+    None when there is nothing to reserve (no remote workers, or workers that ask for no
+    resources). Raises :class:`~flowrl.errors.ResourceUnavailableError` naming the bundles and
+    what the cluster has if Ray cannot reserve them all within ``worker_startup_timeout_s``:
+    a run gets every worker it asked for or none.
+    """
+    bundle = worker_bundle(config, num_cpus_per_worker)
+    if not num_workers or not bundle:
+        return None
+    group = placement_group([dict(bundle) for _ in range(num_workers)], strategy=config.placement_strategy)
+    timeout = config.worker_startup_timeout_s
+    try:
+        ray.get(group.ready(), timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+        wanted = ", ".join(f"{amount:g} {name}" for name, amount in bundle.items())
+        raise ResourceUnavailableError(
+            f"Ray could not reserve the rollout workers' resources within worker_startup_timeout_s={timeout:g}: "
+            f"num_workers={num_workers} bundles of {wanted} with placement_strategy={config.placement_strategy!r}; "
+            f"the cluster's {len(nodes)} nodes have {ray.available_resources()} available now "
+            "(other runs or actors may hold the rest)"
+        ) from None
+    return group
+
+
 class WorkerSet:
     """The local worker (in this process) and ``num_workers`` remote rollout actors.
 
     Unless ``check_env=False``, one env is made and checked with
     :func:`flowrl.envs.check_env` first, and the workers' resources are checked against
-    the cluster's (an impossible request is a :class:`~flowrl.errors.ConfigError`); the
-    remote workers must then start within ``config.worker_startup_timeout_s``.
+    the cluster's (an impossible request is a :class:`~flowrl.errors.ConfigError`). The
+    remote workers' resources are reserved together, as one Ray placement group with a bundle
+    per worker laid out by ``config.placement_strategy``; the reservation and the workers must
+    be ready within ``config.worker_startup_timeout_s``. A replacement takes its predecessor's
+    bundle, which Ray moves to another node when the one holding it is lost.
 
     A remote worker that dies, raises or hangs (reported by :meth:`foreach_worker` and by
     gathers built with :meth:`on_shard_failure` as their hook) is killed and, with
@@ -105,6 +164,7 @@ class WorkerSet:
             finally:
                 close_env(env)
         check_cluster_resources(config, num_workers, num_cpus_per_worker)
+        check_placement(config, num_workers, num_cpus_per_worker)
         self._env_creator = env_creator
         self._policy_specs = dict(policy_specs)
         self._config = config
@@ -125,23 +185,35 @@ class WorkerSet:
         self.num_worker_restarts = 0
         self.num_workers_dropped = 0
         self._init_failures: dict[int, int] = collections.defaultdict(int)  # in a row, per worker index
-        self._local = RolloutWorker(
-            env_creator=env_creator, policy_specs=policy_specs, config=config, worker_index=0, num_workers=num_workers
-        )
-        self._remote = [self._make_remote(i + 1) for i in range(num_workers)]
-        self._indices = list(range(1, num_workers + 1))
+        self._node_ids: dict[int, str] = {}
+        self._remote: list[Any] = []
+        self._indices: list[int] = []
         self._replacements: dict[Any, Any] = {}
         self._global_vars: Mapping[str, Any] | None = None
-        if self._remote:
-            self._wait_started(num_cpus_per_worker)
-            self.sync_weights()
+        self._placement = reserve_workers(config, num_workers, num_cpus_per_worker)
+        try:
+            self._local = RolloutWorker(
+                env_creator=env_creator, policy_specs=policy_specs, config=config, worker_index=0, num_workers=num_workers
+            )
+            self._remote = [self._make_remote(i + 1) for i in range(num_workers)]
+            self._indices = list(range(1, num_workers + 1))
+            if self._remote:
+                self._wait_started(num_cpus_per_worker)
+                self.sync_weights()
+        except BaseException:
+            self._kill_remote()
+            raise
 
     def _make_remote(self, worker_index: int, incarnation: int = 0) -> Any:
         config = self._config
         if incarnation and config.seed is not None:
             # A replacement must not replay its predecessor's env seeds and exploration draws.
             config = config.replace(seed=config.seed + 7919 * incarnation)
-        return self._remote_cls.remote(
+        cls = self._remote_cls
+        if self._placement is not None:  # into its own bundle, wherever Ray placed (or re-placed) it
+            strategy = PlacementGroupSchedulingStrategy(self._placement, placement_group_bundle_index=worker_index - 1)
+            cls = cls.options(scheduling_strategy=strategy)
+        return cls.remote(
             env_creator=self._env_creator,
             policy_specs=self._policy_specs,
             config=config,
@@ -152,12 +224,12 @@ class WorkerSet:
 
     def _wait_started(self, num_cpus_per_worker: float) -> None:
         """Wait for every remote worker to answer a probe; fail clearly (killing them all) if one cannot."""
-        probes = {control_call(worker, "ping"): index for worker, index in zip(self._remote, self._indices)}
+        probes = {control_call(worker, "node_id"): index for worker, index in zip(self._remote, self._indices)}
         timeout = self._config.worker_startup_timeout_s
         ready, pending = ray.wait(list(probes), num_returns=len(probes), timeout=timeout)
         try:
             for ref in ready:
-                ray.get(ref)
+                self._node_ids[probes[ref]] = ray.get(ref)
         except ray.exceptions.RayActorError as e:
             self._kill_remote()
             raise WorkerFailureError(
@@ -342,7 +414,7 @@ class WorkerSet:
         from timing out a worker that is still starting.
         """
         try:
-            ray.get(control_call(replacement, "ping"), timeout=self._config.worker_startup_timeout_s)
+            self._node_ids[worker_index] = ray.get(control_call(replacement, "node_id"), timeout=self._config.worker_startup_timeout_s)
         except ray.exceptions.RayActorError as e:
             return self.handle_failure(replacement, e)
         except ray.exceptions.GetTimeoutError:
@@ -400,6 +472,14 @@ class WorkerSet:
         for worker in self._remote:
             ray.kill(worker, no_restart=True)
         self._remote, self._indices = [], []
+        if self._placement is not None:
+            remove_placement_group(self._placement)
+            self._placement = None
+
+    def placement(self) -> dict[str, Any]:
+        """Where the remote workers run: the placement strategy and each worker's Ray node id (by worker index)."""
+        return {"strategy": self._config.placement_strategy,
+                "worker_nodes": {index: self._node_ids.get(index) for index in self._indices}}
 
 
 def _how_it_failed(error: BaseException) -> str:

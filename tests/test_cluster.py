@@ -1,0 +1,131 @@
+"""flowrl on a real multi-node Ray cluster: three raylets on this machine (``ray.cluster_utils.Cluster``),
+one CPU each, shared by the tests of this module and driven by ``flowrl train --address`` in
+subprocesses (a driver joins one Ray cluster; this process keeps the test session's own).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from ray.cluster_utils import Cluster
+
+from fakes import progress
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """A head and two worker nodes, one CPU each."""
+    started = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1})
+    try:
+        for _ in range(2):
+            started.add_node(num_cpus=1)
+        started.wait_for_nodes()
+        yield started
+    finally:
+        started.shutdown()
+
+
+def flowrl(*args: str) -> list[str]:
+    return [sys.executable, "-m", "flowrl.cli", *args]
+
+
+def environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+
+
+def all_alive(cluster: Cluster) -> bool:
+    return all(not node.dead_processes() for node in cluster.list_all_nodes())
+
+
+def run_directory(results: Path) -> Path:
+    [directory] = list(results.iterdir())
+    return directory
+
+
+def test_a_resource_the_cluster_lacks_fails_before_training(cluster: Cluster, tmp_path: Path) -> None:
+    start = time.monotonic()
+    proc = subprocess.run(
+        flowrl("train", "--algo", "ppo", "--env", "CartPole-v1", "--num-workers", "2", "--address", cluster.address,
+               "--set", 'custom_resources_per_worker={"TPU": 1}', "--results-dir", str(tmp_path)),
+        capture_output=True, text=True, timeout=120, cwd=REPO, env=environment(), check=False,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "TPU" in proc.stderr and "custom_resources_per_worker" in proc.stderr
+    assert time.monotonic() - start < 30
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())  # no run directory: nothing trained
+    assert all_alive(cluster)
+
+
+@pytest.mark.parametrize("example", ["cartpole-ppo.yaml", "cartpole-apex.yaml"])
+def test_a_run_spreads_its_workers_over_nodes_learns_and_leaves_the_cluster_running(
+    cluster: Cluster, example: str, tmp_path: Path
+) -> None:
+    proc = subprocess.run(
+        flowrl("train", "--config", f"tuned_examples/{example}", "--address", cluster.address, "--seed", "0",
+               "--set", "num_cpus_per_worker=1", "--stop-reward", "150", "--results-dir", str(tmp_path)),
+        capture_output=True, text=True, timeout=280, cwd=REPO, env=environment(), check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = progress(run_directory(tmp_path))
+    assert results[-1]["episode_reward_mean"] >= 150
+    nodes = set(results[-1]["info"]["placement"]["worker_nodes"].values())
+    assert len(nodes) == 2  # one CPU per node: two one-CPU workers cannot share one
+    assert all_alive(cluster) and len(cluster.list_all_nodes()) == 3
+
+
+def test_losing_a_worker_node_restarts_its_worker_elsewhere_and_training_goes_on(cluster: Cluster, tmp_path: Path) -> None:
+    batch, fragment = 400, 100
+    proc = subprocess.Popen(
+        flowrl("train", "--algo", "ppo", "--env", "CartPole-v1", "--num-workers", "2", "--address", cluster.address,
+               "--seed", "0", "--set", "num_cpus_per_worker=1", "--set", f"rollout_fragment_length={fragment}",
+               "--set", f"train_batch_size={batch}", "--set", "sgd_minibatch_size=100", "--set", "num_sgd_iter=1",
+               "--results-dir", str(tmp_path)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=environment(),
+    )
+    try:
+        results = wait_for_iterations(proc, tmp_path, 2)
+        placement = results[-1]["info"]["placement"]["worker_nodes"]
+        head = cluster.head_node.node_id
+        victim_id = next(node for node in placement.values() if node != head)
+        [victim] = [node for node in cluster.worker_nodes if node.node_id == victim_id]
+        cluster.remove_node(victim)
+        lost_at = len(results)
+        cluster.add_node(num_cpus=1)
+        results = wait_for_iterations(proc, tmp_path, lost_at + 5)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr[-3000:]
+    assert results[-1]["num_worker_restarts"] == 1
+    assert results[-1]["num_healthy_workers"] == 2
+    assert victim_id not in results[-1]["info"]["placement"]["worker_nodes"].values()
+    totals = [0] + [r["timesteps_total"] for r in results]
+    assert all(batch <= after - before <= batch + fragment for before, after in zip(totals, totals[1:])), totals
+    assert all_alive(cluster)
+
+
+def wait_for_iterations(proc: subprocess.Popen[str], results_dir: Path, iterations: int) -> list[dict[str, Any]]:
+    """The run's results once ``progress.jsonl`` holds ``iterations`` of them (the process must keep running)."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()[-3000:] if proc.stderr else "the run ended"
+        if results_dir.exists() and any(results_dir.iterdir()):
+            path = run_directory(results_dir) / "progress.jsonl"
+            if path.exists():
+                lines = [line for line in path.read_text().splitlines() if line.strip()]
+                if len(lines) >= iterations:
+                    return [json.loads(line) for line in lines]
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {iterations} iterations within 180 s")
