@@ -11,8 +11,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from ray.cluster_utils import Cluster
@@ -112,7 +114,7 @@ def test_losing_a_worker_node_restarts_its_worker_elsewhere_and_training_goes_on
     assert results[-1]["num_healthy_workers"] == 2
     assert victim_id not in results[-1]["info"]["placement"]["worker_nodes"].values()
     totals = [0] + [r["timesteps_total"] for r in results]
-    assert all(batch <= after - before <= batch + fragment for before, after in zip(totals, totals[1:])), totals
+    assert all(batch <= after - before <= batch + fragment for before, after in pairwise(totals)), totals
     assert all_alive(cluster)
 
 

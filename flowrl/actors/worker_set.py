@@ -76,14 +76,14 @@ def check_placement(config: TrainerConfig, num_workers: int, num_cpus_per_worker
     nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
     strategy = config.placement_strategy
     if strategy == "STRICT_SPREAD" and num_workers > len(nodes):
-        raise ConfigError([f"placement_strategy='STRICT_SPREAD' puts each of the num_workers={num_workers} workers "
-                           f"on its own node, but the Ray cluster has {len(nodes)} nodes; use SPREAD or add nodes"])
+        raise ConfigError([(f"placement_strategy='STRICT_SPREAD' puts each of the num_workers={num_workers} workers "
+                            f"on its own node, but the Ray cluster has {len(nodes)} nodes; use SPREAD or add nodes")])
     if strategy == "STRICT_PACK":
         short = [f"{num_workers * amount:g} {name}" for name, amount in bundle.items()
                  if not any(num_workers * amount <= node.get(name, 0.0) + 1e-9 for node in nodes)]
         if short:
-            raise ConfigError([f"placement_strategy='STRICT_PACK' puts every worker on one node, but no node has "
-                               f"{' and '.join(short)}; use PACK or lower num_workers"])
+            raise ConfigError([(f"placement_strategy='STRICT_PACK' puts every worker on one node, but no node has "
+                                f"{' and '.join(short)}; use PACK or lower num_workers")])
 
 
 def worker_bundle(config: TrainerConfig, num_cpus_per_worker: float) -> dict[str, float]:
