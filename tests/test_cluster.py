@@ -70,13 +70,17 @@ def test_a_resource_the_cluster_lacks_fails_before_training(cluster: Cluster, tm
     assert all_alive(cluster)
 
 
-@pytest.mark.parametrize("example", ["cartpole-ppo.yaml", "cartpole-apex.yaml"])
+@pytest.mark.parametrize(
+    ("example", "extra"),
+    [("cartpole-ppo.yaml", []), ("cartpole-apex.yaml", ["--set", "num_replay_shards=2", "--set", "replay_shard_placement=spread"])],
+    ids=["ppo", "apex-spread-shards"],
+)
 def test_a_run_spreads_its_workers_over_nodes_learns_and_leaves_the_cluster_running(
-    cluster: Cluster, example: str, tmp_path: Path
+    cluster: Cluster, example: str, extra: list[str], tmp_path: Path
 ) -> None:
     proc = subprocess.run(
         flowrl("train", "--config", f"tuned_examples/{example}", "--address", cluster.address, "--seed", "0",
-               "--set", "num_cpus_per_worker=1", "--stop-reward", "150", "--results-dir", str(tmp_path)),
+               "--set", "num_cpus_per_worker=1", *extra, "--stop-reward", "150", "--results-dir", str(tmp_path)),
         capture_output=True, text=True, timeout=280, cwd=REPO, env=environment(), check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -84,7 +88,22 @@ def test_a_run_spreads_its_workers_over_nodes_learns_and_leaves_the_cluster_runn
     assert results[-1]["episode_reward_mean"] >= 150
     nodes = set(results[-1]["info"]["placement"]["worker_nodes"].values())
     assert len(nodes) == 2  # one CPU per node: two one-CPU workers cannot share one
+    shards = results[-1]["info"].get("replay_shards", [])
+    assert len({shard["node_id"] for shard in shards}) == len(shards)  # spread: Ape-X's two shards on two nodes
     assert all_alive(cluster) and len(cluster.list_all_nodes()) == 3
+
+
+def test_replay_shards_run_next_to_the_learner_by_default(cluster: Cluster, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        flowrl("train", "--algo", "apex", "--env", "CartPole-v1", "--address", cluster.address, "--set",
+               "num_cpus_per_worker=1", "--set", "num_replay_shards=2", "--set", "learning_starts=100",
+               "--set", "timesteps_per_iteration=200", "--stop-iters", "1", "--results-dir", str(tmp_path)),
+        capture_output=True, text=True, timeout=120, cwd=REPO, env=environment(), check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [result] = progress(run_directory(tmp_path))
+    driver = result["info"]["placement"]["driver_node"]
+    assert [shard["node_id"] for shard in result["info"]["replay_shards"]] == [driver, driver]
 
 
 def test_losing_a_worker_node_restarts_its_worker_elsewhere_and_training_goes_on(cluster: Cluster, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any, Iterator, Mapping, overload
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from flowrl.data import LocalReplayBuffer, MultiAgentBatch, SampleBatch
 from flowrl.errors import FlowRLError, ReplayShardError
@@ -58,8 +59,8 @@ class ReplayActor(ParallelIteratorWorker):
         self.buffer.update_priorities(prio_dict)
 
     def stats(self) -> dict[str, Any]:
-        """The buffer's statistics."""
-        return self.buffer.stats()
+        """The buffer's statistics, and the Ray node this shard runs on (``node_id``)."""
+        return {**self.buffer.stats(), "node_id": ray.get_runtime_context().get_node_id()}
 
     def get_state(self, include_contents: bool = False) -> dict[str, Any]:
         """The buffer's state (optionally with its contents)."""
@@ -82,6 +83,10 @@ def _first_line(error: BaseException | None) -> str:
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
+#: Where replay shards may be placed on a cluster (see :class:`ReplayShards`).
+REPLAY_PLACEMENTS = ("driver_node", "spread")
+
+
 class ReplayShards(Sequence[Any]):
     """The replay tier: :class:`ReplayActor` handles that a dead shard's replacement takes the place of.
 
@@ -93,13 +98,20 @@ class ReplayShards(Sequence[Any]):
     replacements' ``learning_starts`` (steps sampling must add before they replay), and
     ``num_lost_calls`` counts the writes and priority updates the replay operators lost to a
     shard that died. Build one with :func:`create_replay_actors`.
+
+    ``placement`` says where on a cluster the shards (and their replacements) run:
+    ``"driver_node"`` on the node of this driver, next to the learner that stores to and
+    replays from them (soft: elsewhere if that node is full); ``"spread"`` over the nodes.
     """
 
-    def __init__(self, shard_args: Sequence[Mapping[str, Any]], *, num_cpus: float = 0.0) -> None:
+    def __init__(self, shard_args: Sequence[Mapping[str, Any]], *, num_cpus: float = 0.0, placement: str = "driver_node") -> None:
         if not shard_args:
             raise FlowRLError("ReplayShards needs the buffer arguments of at least one shard")
+        if placement not in REPLAY_PLACEMENTS:
+            raise FlowRLError(f"ReplayShards(placement={placement!r}): must be one of {REPLAY_PLACEMENTS}")
         self._shard_args = [dict(args) for args in shard_args]
         self._num_cpus = num_cpus
+        self._placement = placement
         self._actors = [self._start(args) for args in self._shard_args]
         # Failed handles -> their position, so that every later report of one gets its replacement.
         self._replaced: dict[Any, int] = {}
@@ -111,8 +123,12 @@ class ReplayShards(Sequence[Any]):
         self.num_lost_calls = 0
 
     def _start(self, args: Mapping[str, Any]) -> Any:
+        strategy: Any = "SPREAD"
+        if self._placement == "driver_node":
+            # Soft: a shard replaced while the driver's node is full still starts, elsewhere.
+            strategy = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         # ray.remote's stubs keep the class type, which has no .options.
-        return ReplayActor.options(num_cpus=self._num_cpus).remote(**args)  # type: ignore[attr-defined]
+        return ReplayActor.options(num_cpus=self._num_cpus, scheduling_strategy=strategy).remote(**args)  # type: ignore[attr-defined]
 
     @overload
     def __getitem__(self, index: int) -> Any: ...
@@ -176,13 +192,20 @@ class ReplayShards(Sequence[Any]):
 
 
 def create_replay_actors(
-    num_shards: int, *, capacity: int, learning_starts: int, num_cpus: float = 0.0, seed: int | None = None, **buffer_args: Any
+    num_shards: int,
+    *,
+    capacity: int,
+    learning_starts: int,
+    num_cpus: float = 0.0,
+    seed: int | None = None,
+    placement: str = "driver_node",
+    **buffer_args: Any,
 ) -> ReplayShards:
     """``num_shards`` :class:`ReplayActor` shards splitting ``capacity`` and ``learning_starts`` between them.
 
     ``buffer_args``: the other arguments of :class:`~flowrl.data.LocalReplayBuffer`; shard
-    ``i`` samples with ``seed + i``. The shards come as :class:`ReplayShards`, which
-    recreates a failed one.
+    ``i`` samples with ``seed + i``. The shards come as :class:`ReplayShards` (placed by
+    ``placement``), which recreates a failed one.
     """
     if num_shards < 1:
         raise FlowRLError(f"create_replay_actors(num_shards={num_shards}): needs at least one shard")
@@ -195,4 +218,4 @@ def create_replay_actors(
         }
         for shard in range(num_shards)
     ]
-    return ReplayShards(shard_args, num_cpus=num_cpus)
+    return ReplayShards(shard_args, num_cpus=num_cpus, placement=placement)

@@ -216,7 +216,7 @@ def local_replay_buffer(config: ReplayConfig) -> LocalReplayBuffer:
     return LocalReplayBuffer(**replay_buffer_args(config))
 
 
-def replay_shards(config: ReplayConfig, num_shards: int) -> ReplayShards:
+def replay_shards(config: ReplayConfig, num_shards: int, placement: str = "driver_node") -> ReplayShards:
     """``num_shards`` replay shard actors splitting ``config``'s replay capacity and ``learning_starts``
-    (a dead one is recreated empty)."""
-    return create_replay_actors(num_shards, **replay_buffer_args(config))
+    (a dead one is recreated empty), placed as :class:`~flowrl.actors.ReplayShards` says."""
+    return create_replay_actors(num_shards, placement=placement, **replay_buffer_args(config))

@@ -477,8 +477,10 @@ class WorkerSet:
             self._placement = None
 
     def placement(self) -> dict[str, Any]:
-        """Where the remote workers run: the placement strategy and each worker's Ray node id (by worker index)."""
+        """Where the workers run: the placement strategy, the Ray node of the driver (the local worker and
+        the learner) and each remote worker's (by worker index)."""
         return {"strategy": self._config.placement_strategy,
+                "driver_node": ray.get_runtime_context().get_node_id(),
                 "worker_nodes": {index: self._node_ids.get(index) for index in self._indices}}
 
 

@@ -13,7 +13,7 @@ The replay shards and the learner thread are plan resources (created and owned b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from flowrl.actors import LearnerThread, PlanResources, WorkerSet
 from flowrl.actors.resources import replay_shards
@@ -59,6 +59,11 @@ class ApexConfig(DQNConfig):
 
     num_workers: int = cfg_field(2, "Remote rollout workers, each with its own fixed epsilon.", min=1)
     num_replay_shards: int = cfg_field(1, "Replay buffer shard actors.", min=1)
+    replay_shard_placement: Literal["driver_node", "spread"] = cfg_field(
+        "driver_node",
+        "Where the replay shards run on a cluster: 'driver_node' next to the learner, which stores to and "
+        "replays from them all the time; 'spread' over the nodes, to hold a buffer larger than one machine's memory.",
+    )
     max_weight_sync_delay: int = cfg_field(200, "Steps a worker samples between weight refreshes.", min=1)
     learner_queue_size: int = cfg_field(16, "Replayed batches the learner thread may have waiting.", min=1)
     training_intensity: float | None = cfg_field(
@@ -73,7 +78,7 @@ class ApexConfig(DQNConfig):
 def make_resources(workers: WorkerSet, config: ApexConfig) -> PlanResources:
     """The replay shards and a learner thread (one gradient step per replayed batch)."""
     return PlanResources(
-        replay_actors=replay_shards(config, config.num_replay_shards),
+        replay_actors=replay_shards(config, config.num_replay_shards, placement=config.replay_shard_placement),
         learner=LearnerThread(
             workers.local_worker(), inqueue_size=config.learner_queue_size, timeout_s=config.learner_timeout_s
         ),
