@@ -12,8 +12,8 @@ Exit statuses:
   Trainer's state was intact; else why none was), and the ``flowrl train --resume RUN_DIR``
   command.
 - 2: an error a user can cause (an unknown algorithm or env, an invalid config, a bad ``--set``
-  or flag, an unreadable config file, run directory or checkpoint): ``flowrl: error: ...`` on
-  stderr, without a traceback.
+  or flag, an unreadable config file, run directory or checkpoint, a Ray cluster that cannot be
+  joined): ``flowrl: error: ...`` on stderr, without a traceback.
 - 128 + the signal's number when a signal ended training: 130 for SIGINT (Ctrl-C), 143 for
   SIGTERM, 129 for SIGHUP. ``train`` first saves a checkpoint and prints the resume command;
   a second signal while it saves abandons that checkpoint (the previous one stays the
@@ -40,6 +40,7 @@ from flowrl.checkpoint import METADATA_FILE, latest_checkpoint
 from flowrl.errors import (
     CheckpointError,
     CLIError,
+    ClusterConnectionError,
     ConfigError,
     EnvError,
     FlowRLError,
@@ -73,7 +74,7 @@ if TYPE_CHECKING:  # the Trainer imports torch: load it only when a command need
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
-USAGE_ERRORS = (CLIError, ConfigError, EnvError, UnknownAlgorithmError, CheckpointError, RunError)
+USAGE_ERRORS = (CLIError, ConfigError, EnvError, UnknownAlgorithmError, CheckpointError, RunError, ClusterConnectionError)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C
 
 

@@ -142,3 +142,7 @@ class ReplayShardError(FlowRLError):
 
 class ResourceUnavailableError(FlowRLError):
     """Ray could not start a run's actors within ``worker_startup_timeout_s``; the message names what they need."""
+
+
+class ClusterConnectionError(FlowRLError):
+    """The Ray cluster at the given address cannot be joined (unreachable, or its token authentication refused this driver)."""

@@ -9,21 +9,33 @@ from typing import Iterator
 
 import ray
 
+from flowrl.errors import ClusterConnectionError
+
 
 def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     """Make sure Ray is running in this process; return True if this call started it.
 
     With no ``address`` (and no ``RAY_ADDRESS`` in the environment) an embedded local
-    instance is started (dashboard off, only errors logged). With an address, the existing
-    cluster is joined. If Ray is already initialised it is used as is (returns False).
+    instance is started (dashboard off, only errors logged, Ray's token authentication on).
+    With an address, the existing cluster is joined; one that cannot be reached, or whose
+    token authentication refuses this driver, raises :class:`~flowrl.errors.ClusterConnectionError`.
+    If Ray is already initialised it is used as is (returns False).
     """
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, logging_level=logging.ERROR)
-    else:
+    if not address:
+        # Ray turns its token authentication on for a local instance unless RAY_AUTH_MODE says otherwise.
         ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.ERROR)
+        return True
+    try:
+        ray.init(address=address, logging_level=logging.ERROR)
+    except (ConnectionError, ray.exceptions.AuthenticationError) as e:
+        raise ClusterConnectionError(
+            f"cannot join the Ray cluster at {address!r}: {str(e).strip().splitlines()[0]}. Check the address "
+            "(ray status on the head node prints it); a cluster with token authentication (RAY_AUTH_MODE=token) "
+            "needs its token here too, in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token"
+        ) from e
     return True
 
 

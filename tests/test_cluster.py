@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from ray.cluster_utils import Cluster
@@ -27,16 +28,27 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    """A head and two worker nodes, one CPU each."""
-    started = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1})
+def cluster(ray_session: None) -> Iterator[Cluster]:
+    """A head and two worker nodes, one CPU each, with token authentication, beside (not replacing)
+    the test session's own Ray.
+
+    ``Cluster`` records its address as the machine's current Ray cluster and, on shutdown,
+    erases that record and this process's internal KV client: both belong to the test
+    session's Ray, so the fixture keeps them as they were.
+    """
+    # The session's local Ray turned token authentication on in this process (Ray >= 2.59): the
+    # cluster requires the machine's token (~/.ray/auth_token), which the flowrl drivers below find.
+    assert os.environ.get("RAY_AUTH_MODE") == "token"
+    with mock.patch("ray._private.utils.write_ray_address"):
+        started = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1})
     try:
         for _ in range(2):
             started.add_node(num_cpus=1)
         started.wait_for_nodes()
         yield started
     finally:
-        started.shutdown()
+        with mock.patch("ray._common.utils.reset_ray_address"), mock.patch("ray.experimental.internal_kv._internal_kv_reset"):
+            started.shutdown()
 
 
 def flowrl(*args: str) -> list[str]:
@@ -68,6 +80,20 @@ def test_a_resource_the_cluster_lacks_fails_before_training(cluster: Cluster, tm
     assert time.monotonic() - start < 30
     assert not tmp_path.exists() or not any(tmp_path.iterdir())  # no run directory: nothing trained
     assert all_alive(cluster)
+
+
+def test_a_driver_without_the_clusters_token_is_refused(cluster: Cluster, tmp_path: Path) -> None:
+    home = tmp_path / "home"  # no ~/.ray/auth_token there
+    home.mkdir()
+    env = {k: v for k, v in environment().items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
+    proc = subprocess.run(
+        flowrl("train", "--algo", "pg", "--env", "CartPole-v1", "--address", cluster.address, "--results-dir", str(tmp_path / "runs")),
+        capture_output=True, text=True, timeout=120, cwd=REPO, env={**env, "HOME": str(home), "RAY_AUTH_MODE": "token"}, check=False,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"flowrl: error: cannot join the Ray cluster at '{cluster.address}'" in proc.stderr
+    assert "RAY_AUTH_TOKEN" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize(
