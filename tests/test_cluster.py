@@ -18,7 +18,10 @@ from typing import Any
 from unittest import mock
 
 import pytest
+import yaml
 from ray.cluster_utils import Cluster
+
+from flowrl.algorithms import get_algorithm
 
 from fakes import progress
 
@@ -176,3 +179,10 @@ def wait_for_iterations(proc: subprocess.Popen[str], results_dir: Path, iteratio
                     return [json.loads(line) for line in lines]
         time.sleep(0.2)
     raise AssertionError(f"fewer than {iterations} iterations within 180 s")
+
+
+def test_the_cluster_tuned_example_is_a_valid_config() -> None:
+    spec = yaml.safe_load((REPO / "tuned_examples" / "apex-cluster.yaml").read_text())
+    config = get_algorithm(spec["algo"]).config_class.from_dict(spec["config"])
+    assert (config.placement_strategy, config.replay_shard_placement) == ("PACK", "driver_node")
+    assert config.num_workers * config.num_cpus_per_worker == 32
