@@ -105,11 +105,20 @@ class SignalInterrupt(KeyboardInterrupt):
         super().__init__(f"received {self.signal.name}")
 
 
+# The signals the handlers of interrupting_signals() received in the current block. A signal that
+# lands in a blocking Ray call (ray.get, ray.wait) may surface as a plain KeyboardInterrupt rather
+# than the handler's SignalInterrupt, so the exception alone cannot always say which signal it was.
+_received: list[signal.Signals] = []
+
+
 def _signal_of(interrupt: KeyboardInterrupt) -> signal.Signals:
-    return interrupt.signal if isinstance(interrupt, SignalInterrupt) else signal.SIGINT
+    if isinstance(interrupt, SignalInterrupt):
+        return interrupt.signal
+    return _received[-1] if _received else signal.SIGINT
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    _received.append(signal.Signals(signum))
     raise SignalInterrupt(signum)
 
 
@@ -124,6 +133,7 @@ def interrupting_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    _received.clear()
     previous: dict[signal.Signals, Any] = {}
     try:
         for signum in HANDLED_SIGNALS:

@@ -166,6 +166,37 @@ def test_losing_a_worker_node_restarts_its_worker_elsewhere_and_training_goes_on
     assert all_alive(cluster)
 
 
+def test_losing_a_node_recreates_its_replay_shard_and_worker_and_apex_goes_on(cluster: Cluster, tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        flowrl("train", "--algo", "apex", "--env", "CartPole-v1", "--address", cluster.address, "--seed", "0",
+               "--set", "num_cpus_per_worker=1", "--set", "num_replay_shards=2", "--set", "replay_shard_placement=spread",
+               "--set", "learning_starts=100", "--set", "timesteps_per_iteration=200", "--results-dir", str(tmp_path)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=environment(),
+    )
+    try:
+        results = wait_for_iterations(proc, tmp_path, 2)
+        info, head = results[-1]["info"], cluster.head_node.node_id
+        shard_nodes = [shard["node_id"] for shard in info["replay_shards"]]
+        worker_nodes = list(info["placement"]["worker_nodes"].values())
+        victim_id = next(node for node in shard_nodes if node != head)  # spread: a shard is off the head node
+        [victim] = [node for node in cluster.worker_nodes if node.node_id == victim_id]
+        cluster.remove_node(victim)
+        lost_at = len(results)
+        cluster.add_node(num_cpus=1)
+        results = wait_for_iterations(proc, tmp_path, lost_at + 5)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr[-3000:]
+    last = results[-1]
+    assert last["num_replay_shard_restarts"] == shard_nodes.count(victim_id)
+    assert last["num_worker_restarts"] == worker_nodes.count(victim_id)
+    assert victim_id not in [shard["node_id"] for shard in last["info"]["replay_shards"]]
+    assert all(shard["num_steps_added"] > 0 for shard in last["info"]["replay_shards"])  # both shards fill again
+    assert last["timesteps_total"] > results[lost_at - 1]["timesteps_total"]
+    assert all_alive(cluster)
+
+
 def wait_for_iterations(proc: subprocess.Popen[str], results_dir: Path, iterations: int) -> list[dict[str, Any]]:
     """The run's results once ``progress.jsonl`` holds ``iterations`` of them (the process must keep running)."""
     deadline = time.monotonic() + 180

@@ -280,6 +280,26 @@ def test_sighup_ends_training_with_a_checkpoint(tmp_path: Path, ray_session: Non
     assert {signum: signal.getsignal(signum) for signum in handlers} == handlers  # put back
 
 
+def test_a_sigterm_that_surfaces_as_a_plain_keyboard_interrupt_is_still_named(tmp_path: Path, ray_session: None) -> None:
+    """A signal landing in a blocking Ray call can reach the run as a plain KeyboardInterrupt."""
+    with start_run(RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 5}), results_dir=tmp_path) as run:
+        real_train = run.trainer.train
+
+        def train() -> dict[str, Any]:
+            result = real_train()
+            if result["training_iteration"] == 2:
+                try:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                except KeyboardInterrupt:  # what ray.get turns the handler's exception into
+                    raise KeyboardInterrupt from None
+            return result
+
+        run.trainer.train = train  # type: ignore[method-assign]
+        summary = run.train()
+    assert summary.interrupted_by == signal.SIGTERM
+    assert summary.checkpoint == run.directory / "checkpoints" / "checkpoint_000002"
+
+
 def test_a_second_signal_abandons_the_final_checkpoint(tmp_path: Path, ray_session: None) -> None:
     spec = RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 5}, checkpoint_freq=2)
     with start_run(spec, results_dir=tmp_path) as run:
