@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -137,64 +137,66 @@ def test_replay_shards_run_next_to_the_learner_by_default(cluster: Cluster, tmp_
 
 def test_losing_a_worker_node_restarts_its_worker_elsewhere_and_training_goes_on(cluster: Cluster, tmp_path: Path) -> None:
     batch, fragment = 400, 100
-    proc = subprocess.Popen(
-        flowrl("train", "--algo", "ppo", "--env", "CartPole-v1", "--num-workers", "2", "--address", cluster.address,
-               "--seed", "0", "--set", "num_cpus_per_worker=1", "--set", f"rollout_fragment_length={fragment}",
-               "--set", f"train_batch_size={batch}", "--set", "sgd_minibatch_size=100", "--set", "num_sgd_iter=1",
-               "--results-dir", str(tmp_path)),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=environment(),
+
+    def a_worker_node(result: dict[str, Any], head: str) -> str:
+        return next(node for node in result["info"]["placement"]["worker_nodes"].values() if node != head)
+
+    _, results, victim_id = lose_a_node_mid_run(
+        cluster, tmp_path, a_worker_node, "--algo", "ppo", "--env", "CartPole-v1", "--num-workers", "2", "--seed", "0",
+        "--set", "num_cpus_per_worker=1", "--set", f"rollout_fragment_length={fragment}", "--set", f"train_batch_size={batch}",
+        "--set", "sgd_minibatch_size=100", "--set", "num_sgd_iter=1",
     )
-    try:
-        results = wait_for_iterations(proc, tmp_path, 2)
-        placement = results[-1]["info"]["placement"]["worker_nodes"]
-        head = cluster.head_node.node_id
-        victim_id = next(node for node in placement.values() if node != head)
-        [victim] = [node for node in cluster.worker_nodes if node.node_id == victim_id]
-        cluster.remove_node(victim)
-        lost_at = len(results)
-        cluster.add_node(num_cpus=1)
-        results = wait_for_iterations(proc, tmp_path, lost_at + 5)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 143, stderr[-3000:]
     assert results[-1]["num_worker_restarts"] == 1
     assert results[-1]["num_healthy_workers"] == 2
     assert victim_id not in results[-1]["info"]["placement"]["worker_nodes"].values()
     totals = [0] + [r["timesteps_total"] for r in results]
     assert all(batch <= after - before <= batch + fragment for before, after in pairwise(totals)), totals
-    assert all_alive(cluster)
 
 
 def test_losing_a_node_recreates_its_replay_shard_and_worker_and_apex_goes_on(cluster: Cluster, tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        flowrl("train", "--algo", "apex", "--env", "CartPole-v1", "--address", cluster.address, "--seed", "0",
-               "--set", "num_cpus_per_worker=1", "--set", "num_replay_shards=2", "--set", "replay_shard_placement=spread",
-               "--set", "learning_starts=100", "--set", "timesteps_per_iteration=200", "--results-dir", str(tmp_path)),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=environment(),
+    def a_shard_node(result: dict[str, Any], head: str) -> str:
+        return next(shard["node_id"] for shard in result["info"]["replay_shards"] if shard["node_id"] != head)  # spread
+
+    before, results, victim_id = lose_a_node_mid_run(
+        cluster, tmp_path, a_shard_node, "--algo", "apex", "--env", "CartPole-v1", "--seed", "0",
+        "--set", "num_cpus_per_worker=1", "--set", "num_replay_shards=2", "--set", "replay_shard_placement=spread",
+        "--set", "learning_starts=100", "--set", "timesteps_per_iteration=200",
     )
-    try:
-        results = wait_for_iterations(proc, tmp_path, 2)
-        info, head = results[-1]["info"], cluster.head_node.node_id
-        shard_nodes = [shard["node_id"] for shard in info["replay_shards"]]
-        worker_nodes = list(info["placement"]["worker_nodes"].values())
-        victim_id = next(node for node in shard_nodes if node != head)  # spread: a shard is off the head node
-        [victim] = [node for node in cluster.worker_nodes if node.node_id == victim_id]
-        cluster.remove_node(victim)
-        lost_at = len(results)
-        cluster.add_node(num_cpus=1)
-        results = wait_for_iterations(proc, tmp_path, lost_at + 5)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 143, stderr[-3000:]
+    shard_nodes = [shard["node_id"] for shard in before[-1]["info"]["replay_shards"]]
+    worker_nodes = list(before[-1]["info"]["placement"]["worker_nodes"].values())
     last = results[-1]
     assert last["num_replay_shard_restarts"] == shard_nodes.count(victim_id)
     assert last["num_worker_restarts"] == worker_nodes.count(victim_id)
     assert victim_id not in [shard["node_id"] for shard in last["info"]["replay_shards"]]
     assert all(shard["num_steps_added"] > 0 for shard in last["info"]["replay_shards"])  # both shards fill again
-    assert last["timesteps_total"] > results[lost_at - 1]["timesteps_total"]
+    assert last["timesteps_total"] > before[-1]["timesteps_total"]
+
+
+def lose_a_node_mid_run(
+    cluster: Cluster, tmp_path: Path, victim_of: Callable[[dict[str, Any], str], str], *args: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
+    """Run ``flowrl train *args`` on the cluster; after 2 iterations remove the node ``victim_of(last result,
+    head node id)`` names and add a fresh one; after 5 more, SIGTERM the run (which must exit 143).
+
+    Returns the results before the loss, all the results, and the lost node's id.
+    """
+    proc = subprocess.Popen(
+        flowrl("train", *args, "--address", cluster.address, "--results-dir", str(tmp_path)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=environment(),
+    )
+    try:
+        before = wait_for_iterations(proc, tmp_path, 2)
+        victim_id = victim_of(before[-1], cluster.head_node.node_id)
+        [victim] = [node for node in cluster.worker_nodes if node.node_id == victim_id]
+        cluster.remove_node(victim)
+        cluster.add_node(num_cpus=1)
+        results = wait_for_iterations(proc, tmp_path, len(before) + 5)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr[-3000:]
     assert all_alive(cluster)
+    return before, results, victim_id
 
 
 def wait_for_iterations(proc: subprocess.Popen[str], results_dir: Path, iterations: int) -> list[dict[str, Any]]:

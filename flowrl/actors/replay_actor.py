@@ -101,7 +101,8 @@ class ReplayShards(Sequence[Any]):
 
     ``placement`` says where on a cluster the shards (and their replacements) run:
     ``"driver_node"`` on the node of this driver, next to the learner that stores to and
-    replays from them (soft: elsewhere if that node is full); ``"spread"`` over the nodes.
+    replays from them (shards that ask for CPUs go elsewhere if that node has none free);
+    ``"spread"`` over the nodes.
     """
 
     def __init__(self, shard_args: Sequence[Mapping[str, Any]], *, num_cpus: float = 0.0, placement: str = "driver_node") -> None:
@@ -112,7 +113,7 @@ class ReplayShards(Sequence[Any]):
         self._shard_args = [dict(args) for args in shard_args]
         self._num_cpus = num_cpus
         self._placement = placement
-        self._actors = [self._start(args) for args in self._shard_args]
+        self._actors = [self._start(args, i) for i, args in enumerate(self._shard_args)]
         # Failed handles -> their position, so that every later report of one gets its replacement.
         self._replaced: dict[Any, int] = {}
         # Gathers, operators and PlanResources.stats may report the same failure from different threads.
@@ -122,11 +123,18 @@ class ReplayShards(Sequence[Any]):
         self.refill_steps = 0
         self.num_lost_calls = 0
 
-    def _start(self, args: Mapping[str, Any]) -> Any:
-        strategy: Any = "SPREAD"
-        if self._placement == "driver_node":
-            # Soft: a shard replaced while the driver's node is full still starts, elsewhere.
-            strategy = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    def _start(self, args: Mapping[str, Any], position: int) -> Any:
+        if self._placement == "spread":
+            # Ray's own SPREAD is best effort (two shards were seen on one node): shard i goes to the
+            # i-th live node, round robin, elsewhere only if that node cannot take it.
+            nodes = sorted(node["NodeID"] for node in ray.nodes() if node.get("Alive"))
+            strategy = NodeAffinitySchedulingStrategy(nodes[position % len(nodes)], soft=True)
+        else:
+            # A shard that asks for no CPUs always fits on the driver's node, which lives as long as
+            # the run (Ray's soft affinity was seen to place such shards elsewhere); one that asks
+            # for CPUs may start elsewhere rather than wait for that node to have them.
+            node = ray.get_runtime_context().get_node_id()
+            strategy = NodeAffinitySchedulingStrategy(node, soft=self._num_cpus > 0)
         # ray.remote's stubs keep the class type, which has no .options.
         return ReplayActor.options(num_cpus=self._num_cpus, scheduling_strategy=strategy).remote(**args)  # type: ignore[attr-defined]
 
@@ -171,7 +179,7 @@ class ReplayShards(Sequence[Any]):
             except ValueError:
                 raise ReplayShardError(f"{failed_actor} failed but is not one of the replay shards {self._actors}") from error
             ray.kill(failed_actor)
-            self._actors[index] = self._start(self._shard_args[index])
+            self._actors[index] = self._start(self._shard_args[index], index)
             self._replaced[failed_actor] = index
             self.num_restarts += 1
             self.refill_steps += int(self._shard_args[index].get("learning_starts", 0))
