@@ -105,8 +105,9 @@ def test_an_env_raising_in_step_restarts_its_worker_and_training_goes_on(algo: s
     try:
         result = train_until(trainer, lambda r: r["num_worker_restarts"] == 1)
         steps = result["timesteps_total"]
-        result = trainer.train()  # and the next iteration runs on the replacement
-        assert result["timesteps_total"] > steps
+        # Training goes on with the replacement (an asynchronous plan's iteration may end, on a
+        # loaded machine, before new fragments arrive: a few iterations are allowed).
+        result = train_until(trainer, lambda r: r["timesteps_total"] > steps, max_iterations=5)
         assert result["num_worker_restarts"] == 1 and result["num_healthy_workers"] == 2
         assert faults_fired(counter) == {"raise#0": 1}
     finally:

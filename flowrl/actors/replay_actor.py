@@ -123,18 +123,17 @@ class ReplayShards(Sequence[Any]):
         self.refill_steps = 0
         self.num_lost_calls = 0
 
-    def _start(self, args: Mapping[str, Any], position: int) -> Any:
-        if self._placement == "spread":
-            # Ray's own SPREAD is best effort (two shards were seen on one node): shard i goes to the
-            # i-th live node, round robin, elsewhere only if that node cannot take it.
+    def _start(self, args: Mapping[str, Any], position: int, replacement: bool = False) -> Any:
+        # Ray's SPREAD and soft node affinity are best effort: they put shards on the nodes with free
+        # CPUs, e.g. two on one node, or one off the driver's node. A shard that asks for no CPUs fits on
+        # any node, so it gets a hard affinity; one that asks for CPUs may go elsewhere rather than wait.
+        if self._placement == "spread":  # shard i on the i-th live node
             nodes = sorted(node["NodeID"] for node in ray.nodes() if node.get("Alive"))
-            strategy = NodeAffinitySchedulingStrategy(nodes[position % len(nodes)], soft=True)
-        else:
-            # A shard that asks for no CPUs always fits on the driver's node, which lives as long as
-            # the run (Ray's soft affinity was seen to place such shards elsewhere); one that asks
-            # for CPUs may start elsewhere rather than wait for that node to have them.
+            node = nodes[position % len(nodes)]
+        else:  # the driver's node, which lives as long as the run
             node = ray.get_runtime_context().get_node_id()
-            strategy = NodeAffinitySchedulingStrategy(node, soft=self._num_cpus > 0)
+        # A replacement's target may be the node just lost (still listed as alive): it may go elsewhere.
+        strategy = NodeAffinitySchedulingStrategy(node, soft=self._num_cpus > 0 or replacement)
         # ray.remote's stubs keep the class type, which has no .options.
         return ReplayActor.options(num_cpus=self._num_cpus, scheduling_strategy=strategy).remote(**args)  # type: ignore[attr-defined]
 
@@ -179,7 +178,7 @@ class ReplayShards(Sequence[Any]):
             except ValueError:
                 raise ReplayShardError(f"{failed_actor} failed but is not one of the replay shards {self._actors}") from error
             ray.kill(failed_actor)
-            self._actors[index] = self._start(self._shard_args[index], index)
+            self._actors[index] = self._start(self._shard_args[index], index, replacement=True)
             self._replaced[failed_actor] = index
             self.num_restarts += 1
             self.refill_steps += int(self._shard_args[index].get("learning_starts", 0))
