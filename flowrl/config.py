@@ -708,6 +708,11 @@ class TrainerConfig:
         """Whether assignments to the keys raise."""
         return bool(self.__dict__.get("_frozen"))
 
+    def for_policy(self: C, policy_id: str) -> C:
+        """The config policy ``policy_id`` is built with: this one with its ``policies[policy_id]["config"]`` overrides."""
+        overrides = (self.policies.get(policy_id) or {}).get("config", {})
+        return self.replace(**overrides) if overrides else self
+
     @classmethod
     def per_policy_keys(cls) -> frozenset[str]:
         """Keys a policy reads, which a multi-agent config may override per policy (``policies[pid]["config"]``)."""

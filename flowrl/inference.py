@@ -105,10 +105,7 @@ def _policy_config(shared_builder: bool, config: TrainerConfig, pid: str) -> Tra
     """The config a policy's builder gets: the whole config for an algorithm that builds all
     its policies together (``make_policies``), else the config with the policy's overrides
     (as :func:`flowrl.trainer.policy_specs` applies them)."""
-    if shared_builder:
-        return config
-    overrides = (config.policies.get(pid) or {}).get("config", {})
-    return config.replace(**overrides) if overrides else config
+    return config if shared_builder else config.for_policy(pid)
 
 
 def _config_to_json(config: TrainerConfig) -> dict[str, Any]:

@@ -459,8 +459,7 @@ def policy_specs(algorithm: Algorithm, config: TrainerConfig, env_creator: Calla
         raise ConfigError(problems)
     specs = {}
     for pid, (observation_space, action_space) in spaces.items():
-        overrides = (config.policies.get(pid) or {}).get("config", {})
-        specs[pid] = algorithm.make_policy(observation_space, action_space, config.replace(**overrides) if overrides else config)
+        specs[pid] = algorithm.make_policy(observation_space, action_space, config.for_policy(pid))
     return specs
 
 
