@@ -155,7 +155,6 @@ class RolloutWorker(ParallelIteratorWorker):
             )
         self._reported = WorkerMetrics([])
         self._rng_streams: dict[str, np.random.Generator] = {}
-        self._saved_rng_streams: dict[str, Any] = {}  # restored before their stream was asked for
         super().__init__(self._sample_forever)
         global _global_worker
         _global_worker = self
@@ -240,8 +239,6 @@ class RolloutWorker(ParallelIteratorWorker):
         if stream is None:
             seed = self.config.seed
             stream = np.random.default_rng(None if seed is None else [int(seed), self.worker_index, *name.encode()])
-            if name in self._saved_rng_streams:
-                stream.bit_generator.state = self._saved_rng_streams.pop(name)
             self._rng_streams[name] = stream
         return stream
 
@@ -257,7 +254,7 @@ class RolloutWorker(ParallelIteratorWorker):
         state = {
             "policies" if weights else "policy_sampling": policies,
             "sampler": self.sampler.get_state(),
-            "rng_streams": {**self._saved_rng_streams, **{k: g.bit_generator.state for k, g in self._rng_streams.items()}},
+            "rng_streams": {name: stream.bit_generator.state for name, stream in self._rng_streams.items()},
         }
         if self.worker_index > 0:
             state["rng"] = process_rng_state()
@@ -278,10 +275,7 @@ class RolloutWorker(ParallelIteratorWorker):
             fresh = self.sampler.set_state(state["sampler"])
             self._reported = WorkerMetrics([], self.sampler.num_faulty_episodes, self.sampler.num_bad_observations)
         for name, stream_state in state.get("rng_streams", {}).items():
-            if name in self._rng_streams:
-                self._rng_streams[name].bit_generator.state = stream_state
-            else:
-                self._saved_rng_streams[name] = stream_state
+            self.rng_stream(name).bit_generator.state = stream_state
         if "rng" in state and self.worker_index > 0:
             set_process_rng_state(state["rng"])
         return fresh

@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
-import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -42,9 +41,6 @@ MAX_DROPPED_IN_A_ROW = 100
 
 EnvMaker = Callable[[int], Any]
 """Builds a new env for a vector index (the slot of the env it replaces)."""
-
-logger = logging.getLogger(__name__)
-
 
 def env_snapshot(env: Any) -> bytes | None:
     """``env`` pickled with its state (mid-episode), or None where that cannot be done faithfully.

@@ -268,11 +268,10 @@ class TorchPolicy(Policy[ConfigT]):
     def get_state(self) -> dict[str, Any]:
         return {
             **super().get_state(),
+            **self.get_sampling_state(),
             # A snapshot: the optimizer updates its state tensors in place.
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-            "exploration": self.exploration.get_state(),
             "coeffs": dict(self.coeffs),
-            "np_rng": copy.deepcopy(self._np_rng.bit_generator.state),
             "target": None if self.target_model is None else copy.deepcopy(self.target_model.state_dict()),
         }
 
@@ -284,10 +283,9 @@ class TorchPolicy(Policy[ConfigT]):
         self.optimizer.load_state_dict(state["optimizer"])
         for group, own in zip(self.optimizer.param_groups, settings):
             group.update(own)
-        self.exploration.set_state(state["exploration"])
         self.coeffs = dict(state["coeffs"])
-        if "np_rng" in state:
-            self._np_rng.bit_generator.state = state["np_rng"]
+        # Checkpoints older than the policy's own RNG in its state keep the current one.
+        self.set_sampling_state({"np_rng": self._np_rng.bit_generator.state, **state})
         if self.target_model is not None and state.get("target") is not None:
             self.target_model.load_state_dict(state["target"])
 
@@ -295,14 +293,12 @@ class TorchPolicy(Policy[ConfigT]):
         return {
             **super().get_sampling_state(),
             "exploration": self.exploration.get_state(),
-            "coeffs": dict(self.coeffs),
             "np_rng": copy.deepcopy(self._np_rng.bit_generator.state),
         }
 
     def set_sampling_state(self, state: Mapping[str, Any]) -> None:
         super().set_sampling_state(state)
         self.exploration.set_state(state["exploration"])
-        self.coeffs = dict(state["coeffs"])
         self._np_rng.bit_generator.state = state["np_rng"]
 
 
