@@ -51,9 +51,8 @@ def check_cluster_resources(config: TrainerConfig, num_workers: int, num_cpus_pe
     if num_workers == 0:
         return
     total = ray.cluster_resources()
-    asked = {"CPU": num_cpus_per_worker, "GPU": config.num_gpus_per_worker, **config.custom_resources_per_worker}
     problems = []
-    for name, per_worker in asked.items():
+    for name, per_worker in worker_bundle(config, num_cpus_per_worker).items():
         need = num_workers * per_worker
         have = total.get(name, 0.0)
         if need > have + 1e-9:
@@ -237,8 +236,7 @@ class WorkerSet:
             ) from e
         if pending:
             self._kill_remote()
-            asked = {"CPU": num_cpus_per_worker, "GPU": self._config.num_gpus_per_worker, **self._config.custom_resources_per_worker}
-            wanted = ", ".join(f"{amount:g} {name}" for name, amount in asked.items() if amount)
+            wanted = ", ".join(f"{amount:g} {name}" for name, amount in worker_bundle(self._config, num_cpus_per_worker).items())
             raise ResourceUnavailableError(
                 f"rollout workers {sorted(probes[r] for r in pending)} did not start within "
                 f"worker_startup_timeout_s={timeout:g}: each needs {wanted or 'no resources'}, and Ray has "
@@ -307,16 +305,17 @@ class WorkerSet:
         """Each remote worker's state (:meth:`RolloutWorker.get_state` without weights) keyed by worker index.
 
         Asked in the workers' sampling thread, so each answers between two samples (an
-        asynchronous plan's requests in flight are served first). A worker that fails or
-        does not answer within ``sample_timeout_s`` is handled as failed and left out: its
-        replacement starts afresh on restore.
+        asynchronous plan's requests in flight are served first). A worker that fails, or
+        has not answered once ``sample_timeout_s`` has passed since all were asked, is handled
+        as failed (counted in ``num_worker_restarts``) and left out: its replacement starts
+        afresh on restore.
         """
-        timeout = self._config.sample_timeout_s or CALL_TIMEOUT_S
+        deadline = time.monotonic() + (self._config.sample_timeout_s or CALL_TIMEOUT_S)
         asked = [(index, worker, worker.get_state.remote(weights=False)) for index, worker in zip(self._indices, self._remote)]
         states = {}
         for index, worker, ref in asked:
             try:
-                states[index] = ray.get(ref, timeout=timeout)
+                states[index] = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
             except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError) as e:
                 logger.warning("rollout worker %d gave no state for the checkpoint (%s); it will start afresh", index, _how_it_failed(e))
                 self.handle_failure(worker, e)
@@ -329,12 +328,12 @@ class WorkerSet:
         their own; saved states of workers this set lacks are not used. Returns, per worker
         index, the envs that started a new episode because their state could not be restored.
         """
-        timeout = self._config.sample_timeout_s or CALL_TIMEOUT_S
+        deadline = time.monotonic() + (self._config.sample_timeout_s or CALL_TIMEOUT_S)
         asked = [(index, worker.set_state.remote(states[index])) for index, worker in zip(self._indices, self._remote) if index in states]
         fresh = {}
         for index, ref in asked:
             try:
-                fresh[index] = ray.get(ref, timeout=timeout)
+                fresh[index] = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
             except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError) as e:
                 raise FlowRLError(f"rollout worker {index} could not restore its checkpointed state: {_how_it_failed(e)}") from e
         return fresh
