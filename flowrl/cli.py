@@ -60,8 +60,8 @@ from flowrl.run import (
     RunSpec,
     RunSummary,
     RunWarning,
-    SignalInterrupt,
     find_resume_point,
+    interrupt_signal,
     read_run_spec,
     resume_run,
     start_run,
@@ -609,7 +609,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Bad input is a usage error; anything else (a worker failing mid-run) is a failure.
         return EXIT_USAGE if isinstance(e, USAGE_ERRORS) else EXIT_FAILURE
     except KeyboardInterrupt as e:
-        received = e.signal if isinstance(e, SignalInterrupt) else signal.SIGINT
+        received = interrupt_signal(e)
         print(f"flowrl: interrupted ({_signal_label(received)})", file=sys.stderr, flush=True)
         return exit_status_for(received)
 

@@ -111,7 +111,8 @@ class SignalInterrupt(KeyboardInterrupt):
 _received: list[signal.Signals] = []
 
 
-def _signal_of(interrupt: KeyboardInterrupt) -> signal.Signals:
+def interrupt_signal(interrupt: KeyboardInterrupt) -> signal.Signals:
+    """The signal behind ``interrupt``: SIGTERM or SIGHUP received by :func:`interrupting_signals`' handlers, else SIGINT."""
     if isinstance(interrupt, SignalInterrupt):
         return interrupt.signal
     return _received[-1] if _received else signal.SIGINT
@@ -494,13 +495,9 @@ class Run:
                         saving = False
                     reason = stop_reason(self.spec.stop, result)
         except KeyboardInterrupt as interrupt:
-            interrupted_by = _signal_of(interrupt)
+            interrupted_by = interrupt_signal(interrupt)
         except Exception as error:
-            if saving:
-                self.failure = RunFailure(error, self.checkpoint, saved=False,
-                                          not_saved_because=f"saving the checkpoint failed ({type(error).__name__})")
-            else:
-                self.failure = self._save_after_error(error)
+            self.failure = self._save_failed(error) if saving else self._save_after_error(error)
             raise
         save_interrupted = False
         if self._unsaved():
@@ -508,10 +505,9 @@ class Run:
                 self._save()
             except KeyboardInterrupt as interrupt:
                 save_interrupted = True
-                interrupted_by = interrupted_by or _signal_of(interrupt)
+                interrupted_by = interrupted_by or interrupt_signal(interrupt)
             except Exception as error:
-                self.failure = RunFailure(error, self.checkpoint, saved=False,
-                                          not_saved_because=f"saving the checkpoint failed ({type(error).__name__})")
+                self.failure = self._save_failed(error)
                 raise
         best_reward, best_iteration = self._best if self._best is not None else (None, None)
         return RunSummary(self.directory, reason, best_reward, best_iteration, self.checkpoint, save_interrupted,
@@ -527,6 +523,11 @@ class Run:
             return True
         return interval > 0 and time.monotonic() - self._last_save_time >= interval
 
+    def _save_failed(self, error: BaseException) -> RunFailure:
+        """The failure of a checkpoint write itself: nothing new was saved."""
+        return RunFailure(error, self.checkpoint, saved=False,
+                          not_saved_because=f"saving the checkpoint failed ({type(error).__name__})")
+
     def _save_after_error(self, error: BaseException) -> RunFailure:
         """Write the emergency checkpoint for ``error`` if there is something worth saving."""
         if not self._unsaved():
@@ -541,7 +542,7 @@ class Run:
         try:
             self._save()
         except KeyboardInterrupt as interrupt:
-            because = f"{_signal_of(interrupt).name} interrupted the save"
+            because = f"{interrupt_signal(interrupt).name} interrupted the save"
             return RunFailure(error, self.checkpoint, saved=False, not_saved_because=because)
         except Exception as e:  # noqa: BLE001 - the training error is the one to raise
             because = f"saving it failed ({type(e).__name__}: {e})"
