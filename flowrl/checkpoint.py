@@ -42,6 +42,7 @@ import os
 import re
 import shutil
 import sys
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -68,6 +69,8 @@ _CHECKPOINT_NAME = re.compile(r"checkpoint_([0-9]+)")
 _HIDDEN_NAME = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old|deleting)-[0-9a-f]+")
 _RESERVED = (STATE_FILE, METADATA_FILE, COMPLETE_FILE)
 _CHUNK = 1 << 20
+#: Longest wait for another process's change to a checkpoints directory (a write takes moments).
+LOCK_TIMEOUT_S = 60.0
 
 
 # --- writing ---------------------------------------------------------------------------------------
@@ -105,6 +108,7 @@ def _locked(directory: Path, *, wait: bool = True) -> Iterator[bool]:
 
     Yields True when held (or when the platform or filesystem has no locks: then go on
     unlocked, as before locks existed); False only if ``wait`` is False and someone else holds it.
+    With ``wait``, a lock held elsewhere for over :data:`LOCK_TIMEOUT_S` raises :class:`CheckpointError`.
     """
     if sys.platform == "win32":
         yield True
@@ -115,13 +119,24 @@ def _locked(directory: Path, *, wait: bool = True) -> Iterator[bool]:
         yield True
         return
     held = True
+    deadline = time.monotonic() + (LOCK_TIMEOUT_S if wait else 0.0)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        held = False
-    except OSError:
-        pass  # no locks on this filesystem
-    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    held = False
+                    break
+                time.sleep(0.05)  # another process writes here: its writes take moments
+            except OSError:
+                break  # no locks on this filesystem
+        if wait and not held:
+            raise CheckpointError(
+                f"checkpoint directory {str(directory)!r}: another process has been changing it for over "
+                f"{LOCK_TIMEOUT_S:g} s (a writer stuck on a slow or hung filesystem?)"
+            )
         yield held
     finally:
         os.close(fd)  # releases the lock
