@@ -494,6 +494,13 @@ class TrainerConfig:
         0.0, "GPUs for the learner policy in the driver (fractions share one); without CUDA it runs on CPU.", min=0, per_policy=True
     )
     num_cpus_per_worker: float = cfg_field(1.0, "CPUs Ray reserves for each remote rollout worker (fractions allowed).", min=0)
+    num_cpus_for_driver: float = cfg_field(
+        0.0,
+        "CPUs Ray reserves on the driver's node for the driver (local worker and learner), in the run's placement "
+        "group, so that no other actor takes them. 0: none reserved (an embedded Ray counts this machine's CPUs); "
+        "set it when runs share a cluster.",
+        min=0,
+    )
     learner_threads: int = cfg_field(
         1,
         "PyTorch threads for learning in the driver (process-wide). 1 suits small models and machines shared "
@@ -534,16 +541,16 @@ class TrainerConfig:
     )
     worker_startup_timeout_s: float = cfg_field(
         120.0,
-        "Seconds the remote workers may take to start (Ray must find their CPUs, GPUs and custom resources); "
-        "past it a FlowRLError names what is missing.",
+        "Seconds the run's placement group may take to be reserved, and its remote workers to start (Ray must find "
+        "their CPUs, GPUs and custom resources); past it a FlowRLError names what is missing.",
         min=0,
         min_exclusive=True,
     )
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = cfg_field(
         "PACK",
-        "How the remote workers' resources, reserved together as one Ray placement group, are laid out on "
-        "the cluster's nodes: PACK (as few nodes as possible), SPREAD (as many as possible), STRICT_PACK "
-        "(one node), STRICT_SPREAD (a node each).",
+        "How the run's bundles (one per remote worker, replay shard or aggregator that asks for resources, and "
+        "the driver's), reserved together as one Ray placement group, are laid out on the cluster's nodes: PACK "
+        "(as few nodes as possible), SPREAD (as many as possible), STRICT_PACK (one node), STRICT_SPREAD (a node each).",
     )
     num_gpus_per_worker: float = cfg_field(0.0, "GPUs Ray reserves for each remote rollout worker.", min=0)
     custom_resources_per_worker: dict[str, float] = cfg_field(

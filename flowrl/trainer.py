@@ -77,6 +77,7 @@ class Trainer:
                 num_cpus_per_worker=self.config.num_cpus_per_worker,
                 recreate_failed_workers=self.config.recreate_failed_workers,
                 check_env=self.config.check_env,
+                bundles=self.algorithm.bundles(self.config),
             )
             self.resources = PlanResources()
             try:

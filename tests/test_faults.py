@@ -279,7 +279,7 @@ def test_resources_that_exist_but_are_taken_fail_after_worker_startup_timeout_s(
     blocker = HoldsEveryCPU.remote()
     try:
         ray.get(blocker.ping.remote(), timeout=60)
-        with pytest.raises(ResourceUnavailableError, match=r"within worker_startup_timeout_s=2: num_workers=1 bundles of 1 CPU"):
+        with pytest.raises(ResourceUnavailableError, match=r"within worker_startup_timeout_s=2: 1 x worker \(1 CPU\)"):
             Trainer(algo="ppo", env="CartPole-v1", config={"num_workers": 1, "num_cpus_per_worker": 1, "worker_startup_timeout_s": 2})
     finally:
         ray.kill(blocker)

@@ -11,6 +11,7 @@ from typing import Any, Iterator, Mapping, overload
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from flowrl.actors.placement import REPLAY_SHARD, Reservation
 from flowrl.data import LocalReplayBuffer, MultiAgentBatch, SampleBatch
 from flowrl.errors import FlowRLError, ReplayShardError
 from flowrl.iterators import ParallelIteratorWorker
@@ -101,11 +102,20 @@ class ReplayShards(Sequence[Any]):
 
     ``placement`` says where on a cluster the shards (and their replacements) run:
     ``"driver_node"`` on the node of this driver, next to the learner that stores to and
-    replays from them (shards that ask for CPUs go elsewhere if that node has none free);
-    ``"spread"`` over the nodes.
+    replays from them; ``"spread"`` over the nodes. Shards that ask for CPUs run in the
+    bundles ``reservation`` holds for them (the run's placement group, whose
+    ``replay_shard`` bundles are pinned to the driver's node for ``"driver_node"`` and laid
+    out by its strategy for ``"spread"``).
     """
 
-    def __init__(self, shard_args: Sequence[Mapping[str, Any]], *, num_cpus: float = 0.0, placement: str = "driver_node") -> None:
+    def __init__(
+        self,
+        shard_args: Sequence[Mapping[str, Any]],
+        *,
+        num_cpus: float = 0.0,
+        placement: str = "driver_node",
+        reservation: Reservation | None = None,
+    ) -> None:
         if not shard_args:
             raise FlowRLError("ReplayShards needs the buffer arguments of at least one shard")
         if placement not in REPLAY_PLACEMENTS:
@@ -113,6 +123,7 @@ class ReplayShards(Sequence[Any]):
         self._shard_args = [dict(args) for args in shard_args]
         self._num_cpus = num_cpus
         self._placement = placement
+        self._reservation = reservation
         self._actors = [self._start(args, i) for i, args in enumerate(self._shard_args)]
         # Failed handles -> their position, so that every later report of one gets its replacement.
         self._replaced: dict[Any, int] = {}
@@ -124,6 +135,10 @@ class ReplayShards(Sequence[Any]):
         self.num_lost_calls = 0
 
     def _start(self, args: Mapping[str, Any], position: int, replacement: bool = False) -> Any:
+        # ray.remote's stubs keep the class type, which has no .options.
+        actor_class: Any = ReplayActor
+        if self._reservation is not None and self._reservation.reserved(REPLAY_SHARD):  # in its bundle, wherever that is
+            return actor_class.options(num_cpus=self._num_cpus, **self._reservation.options(REPLAY_SHARD, position)).remote(**args)
         # Ray's SPREAD and soft node affinity are best effort: they put shards on the nodes with free
         # CPUs, e.g. two on one node, or one off the driver's node. A shard that asks for no CPUs fits on
         # any node, so it gets a hard affinity; one that asks for CPUs may go elsewhere rather than wait.
@@ -134,8 +149,7 @@ class ReplayShards(Sequence[Any]):
             node = ray.get_runtime_context().get_node_id()
         # A replacement's target may be the node just lost (still listed as alive): it may go elsewhere.
         strategy = NodeAffinitySchedulingStrategy(node, soft=self._num_cpus > 0 or replacement)
-        # ray.remote's stubs keep the class type, which has no .options.
-        return ReplayActor.options(num_cpus=self._num_cpus, scheduling_strategy=strategy).remote(**args)  # type: ignore[attr-defined]
+        return actor_class.options(num_cpus=self._num_cpus, scheduling_strategy=strategy).remote(**args)
 
     @overload
     def __getitem__(self, index: int) -> Any: ...
@@ -206,13 +220,14 @@ def create_replay_actors(
     num_cpus: float = 0.0,
     seed: int | None = None,
     placement: str = "driver_node",
+    reservation: Reservation | None = None,
     **buffer_args: Any,
 ) -> ReplayShards:
     """``num_shards`` :class:`ReplayActor` shards splitting ``capacity`` and ``learning_starts`` between them.
 
     ``buffer_args``: the other arguments of :class:`~flowrl.data.LocalReplayBuffer`; shard
     ``i`` samples with ``seed + i``. The shards come as :class:`ReplayShards` (placed by
-    ``placement``), which recreates a failed one.
+    ``placement``, in ``reservation``'s bundles if it holds some), which recreates a failed one.
     """
     if num_shards < 1:
         raise FlowRLError(f"create_replay_actors(num_shards={num_shards}): needs at least one shard")
@@ -225,4 +240,4 @@ def create_replay_actors(
         }
         for shard in range(num_shards)
     ]
-    return ReplayShards(shard_args, num_cpus=num_cpus, placement=placement)
+    return ReplayShards(shard_args, num_cpus=num_cpus, placement=placement, reservation=reservation)

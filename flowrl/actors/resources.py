@@ -20,6 +20,7 @@ import ray
 
 from flowrl.actors.aggregator import AggregatorSet
 from flowrl.actors.learner_thread import LearnerThread
+from flowrl.actors.placement import Reservation
 from flowrl.actors.replay_actor import ReplayShards, create_replay_actors
 from flowrl.data import LocalReplayBuffer
 from flowrl.errors import CheckpointError, FlowRLError, ReplayShardError
@@ -216,7 +217,9 @@ def local_replay_buffer(config: ReplayConfig) -> LocalReplayBuffer:
     return LocalReplayBuffer(**replay_buffer_args(config))
 
 
-def replay_shards(config: ReplayConfig, num_shards: int, placement: str = "driver_node") -> ReplayShards:
-    """``num_shards`` replay shard actors splitting ``config``'s replay capacity and ``learning_starts``
-    (a dead one is recreated empty), placed as :class:`~flowrl.actors.ReplayShards` says."""
-    return create_replay_actors(num_shards, placement=placement, **replay_buffer_args(config))
+def replay_shards(
+    config: ReplayConfig, num_shards: int, *, num_cpus: float = 0.0, placement: str = "driver_node", reservation: Reservation | None = None
+) -> ReplayShards:
+    """``num_shards`` replay shard actors of ``num_cpus`` CPUs each, splitting ``config``'s replay capacity
+    and ``learning_starts`` (a dead one is recreated empty), placed as :class:`~flowrl.actors.ReplayShards` says."""
+    return create_replay_actors(num_shards, num_cpus=num_cpus, placement=placement, reservation=reservation, **replay_buffer_args(config))

@@ -5,20 +5,19 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from typing import Any, Callable, Mapping, TypeVar, cast
+from typing import Any, Callable, Mapping, Sequence, TypeVar, cast
 
 import gymnasium as gym
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from flowrl.actors.placement import WORKER, BundleRequest, Reservation, check_resources, driver_request, worker_request
 from flowrl.actors.rollout_worker import CONTROL_GROUP, RolloutWorker, WorkerMetrics, as_config, control_call
 from flowrl.config import TrainerConfig
 from flowrl.envs import check_env as check_env_api
 from flowrl.envs import check_multi_agent_env, is_multi_agent_env
 from flowrl.envs.context import EnvContext
 from flowrl.envs.registry import EnvCreator, close_env
-from flowrl.errors import BadObservationError, ConfigError, FlowRLError, ResourceUnavailableError, ShardFailedError, WorkerFailureError
+from flowrl.errors import BadObservationError, FlowRLError, ResourceUnavailableError, ShardFailedError, WorkerFailureError
 
 R = TypeVar("R")
 
@@ -42,93 +41,18 @@ def restart_delay_s(failed_starts: int) -> float:
     return 0.0 if failed_starts == 0 else min(2.0 ** (failed_starts - 1), MAX_RESTART_DELAY_S)
 
 
-def check_cluster_resources(config: TrainerConfig, num_workers: int, num_cpus_per_worker: float) -> None:
-    """Raise :class:`~flowrl.errors.ConfigError` if the workers ask for more than the whole cluster has.
-
-    Compares ``num_workers`` times each worker's CPUs, GPUs and custom resources with
-    ``ray.cluster_resources()``, before any actor starts.
-    """
-    if num_workers == 0:
-        return
-    total = ray.cluster_resources()
-    problems = []
-    for name, per_worker in worker_bundle(config, num_cpus_per_worker).items():
-        need = num_workers * per_worker
-        have = total.get(name, 0.0)
-        if need > have + 1e-9:
-            key = {"CPU": "num_cpus_per_worker", "GPU": "num_gpus_per_worker"}.get(name, f"custom_resources_per_worker[{name!r}]")
-            problems.append(
-                f"num_workers={num_workers} x {key}={per_worker:g} needs {need:g} {name}, but the Ray cluster has "
-                f"{have:g} in all; lower them or add nodes"
-            )
-    if problems:
-        raise ConfigError(problems)
-
-
-def check_placement(config: TrainerConfig, num_workers: int, num_cpus_per_worker: float) -> None:
-    """Raise :class:`~flowrl.errors.ConfigError` if ``placement_strategy`` cannot lay the workers out on
-    the cluster's nodes as they are now (more STRICT_SPREAD workers than nodes, or a STRICT_PACK
-    reservation larger than the largest node)."""
-    bundle = worker_bundle(config, num_cpus_per_worker)
-    if not num_workers or not bundle:
-        return
-    nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
-    strategy = config.placement_strategy
-    if strategy == "STRICT_SPREAD" and num_workers > len(nodes):
-        raise ConfigError([(f"placement_strategy='STRICT_SPREAD' puts each of the num_workers={num_workers} workers "
-                            f"on its own node, but the Ray cluster has {len(nodes)} nodes; use SPREAD or add nodes")])
-    if strategy == "STRICT_PACK":
-        short = [f"{num_workers * amount:g} {name}" for name, amount in bundle.items()
-                 if not any(num_workers * amount <= node.get(name, 0.0) + 1e-9 for node in nodes)]
-        if short:
-            raise ConfigError([(f"placement_strategy='STRICT_PACK' puts every worker on one node, but no node has "
-                                f"{' and '.join(short)}; use PACK or lower num_workers")])
-
-
-def worker_bundle(config: TrainerConfig, num_cpus_per_worker: float) -> dict[str, float]:
-    """What Ray reserves for one remote rollout worker (the resources it asks for that are not zero)."""
-    asked = {"CPU": num_cpus_per_worker, "GPU": config.num_gpus_per_worker, **config.custom_resources_per_worker}
-    return {name: float(amount) for name, amount in asked.items() if amount > 0}
-
-
-def reserve_workers(config: TrainerConfig, num_workers: int, num_cpus_per_worker: float) -> PlacementGroup | None:
-    """One Ray placement group with a bundle per remote worker, laid out by ``placement_strategy``, once ready.
-
-    None when there is nothing to reserve (no remote workers, or workers that ask for no
-    resources). Raises :class:`~flowrl.errors.ResourceUnavailableError` naming the bundles and
-    what the cluster has if Ray cannot reserve them all within ``worker_startup_timeout_s``:
-    a run gets every worker it asked for or none.
-    """
-    bundle = worker_bundle(config, num_cpus_per_worker)
-    if not num_workers or not bundle:
-        return None
-    group = placement_group([dict(bundle) for _ in range(num_workers)], strategy=config.placement_strategy)
-    timeout = config.worker_startup_timeout_s
-    try:
-        ray.get(group.ready(), timeout=timeout)
-    except ray.exceptions.GetTimeoutError:
-        remove_placement_group(group)
-        nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
-        wanted = ", ".join(f"{amount:g} {name}" for name, amount in bundle.items())
-        raise ResourceUnavailableError(
-            f"Ray could not reserve the rollout workers' resources within worker_startup_timeout_s={timeout:g}: "
-            f"num_workers={num_workers} bundles of {wanted} with placement_strategy={config.placement_strategy!r}; "
-            f"the cluster's {len(nodes)} nodes have {ray.available_resources()} available now "
-            "(other runs or actors may hold the rest)"
-        ) from None
-    return group
-
-
 class WorkerSet:
     """The local worker (in this process) and ``num_workers`` remote rollout actors.
 
     Unless ``check_env=False``, one env is made and checked with
     :func:`flowrl.envs.check_env` first, and the workers' resources are checked against
     the cluster's (an impossible request is a :class:`~flowrl.errors.ConfigError`). The
-    remote workers' resources are reserved together, as one Ray placement group with a bundle
-    per worker laid out by ``config.placement_strategy``; the reservation and the workers must
-    be ready within ``config.worker_startup_timeout_s``. A replacement takes its predecessor's
-    bundle, which Ray moves to another node when the one holding it is lost.
+    driver's, the remote workers' and the plan's other actors' resources (``bundles``: the
+    replay shards and aggregators its algorithm declares) are reserved together as one
+    :class:`~flowrl.actors.placement.Reservation` (``reservation``), laid out by
+    ``config.placement_strategy``; the reservation and the workers must be ready within
+    ``config.worker_startup_timeout_s``. A replacement takes its predecessor's bundle, which
+    Ray moves to another node when the one holding it is lost.
 
     A remote worker that dies, raises or hangs (reported by :meth:`foreach_worker` and by
     gathers built with :meth:`on_shard_failure` as their hook) is killed and, with
@@ -150,6 +74,7 @@ class WorkerSet:
         num_cpus_per_worker: float = 1.0,
         recreate_failed_workers: bool = True,
         check_env: bool = True,
+        bundles: Sequence[BundleRequest] = (),
     ) -> None:
         config = as_config(config)
         if check_env:
@@ -162,8 +87,8 @@ class WorkerSet:
                     check_env_api(cast(gym.Env, env))
             finally:
                 close_env(env)
-        check_cluster_resources(config, num_workers, num_cpus_per_worker)
-        check_placement(config, num_workers, num_cpus_per_worker)
+        requests = [driver_request(config), worker_request(config, num_workers, num_cpus_per_worker), *bundles]
+        check_resources(requests, config.placement_strategy)
         self._env_creator = env_creator
         self._policy_specs = dict(policy_specs)
         self._config = config
@@ -189,7 +114,7 @@ class WorkerSet:
         self._indices: list[int] = []
         self._replacements: dict[Any, Any] = {}
         self._global_vars: Mapping[str, Any] | None = None
-        self._placement = reserve_workers(config, num_workers, num_cpus_per_worker)
+        self.reservation = Reservation(requests, config.placement_strategy, config.worker_startup_timeout_s)
         try:
             self._local = RolloutWorker(
                 env_creator=env_creator, policy_specs=policy_specs, config=config, worker_index=0, num_workers=num_workers
@@ -208,11 +133,8 @@ class WorkerSet:
         if incarnation and config.seed is not None:
             # A replacement must not replay its predecessor's env seeds and exploration draws.
             config = config.replace(seed=config.seed + 7919 * incarnation)
-        cls = self._remote_cls
-        if self._placement is not None:  # into its own bundle, wherever Ray placed (or re-placed) it
-            strategy = PlacementGroupSchedulingStrategy(self._placement, placement_group_bundle_index=worker_index - 1)
-            cls = cls.options(scheduling_strategy=strategy)
-        return cls.remote(
+        # Into its own bundle, wherever Ray placed (or re-placed) it.
+        return self._remote_cls.options(**self.reservation.options(WORKER, worker_index - 1)).remote(
             env_creator=self._env_creator,
             policy_specs=self._policy_specs,
             config=config,
@@ -236,7 +158,8 @@ class WorkerSet:
             ) from e
         if pending:
             self._kill_remote()
-            wanted = ", ".join(f"{amount:g} {name}" for name, amount in worker_bundle(self._config, num_cpus_per_worker).items())
+            wanted = ", ".join(f"{amount:g} {name}" for name, amount in
+                               worker_request(self._config, 1, num_cpus_per_worker).bundle().items())
             raise ResourceUnavailableError(
                 f"rollout workers {sorted(probes[r] for r in pending)} did not start within "
                 f"worker_startup_timeout_s={timeout:g}: each needs {wanted or 'no resources'}, and Ray has "
@@ -471,16 +394,15 @@ class WorkerSet:
         for worker in self._remote:
             ray.kill(worker, no_restart=True)
         self._remote, self._indices = [], []
-        if self._placement is not None:
-            remove_placement_group(self._placement)
-            self._placement = None
+        self.reservation.release()
 
     def placement(self) -> dict[str, Any]:
-        """Where the workers run: the placement strategy, the Ray node of the driver (the local worker and
-        the learner) and each remote worker's (by worker index)."""
+        """Where the plan runs: the placement strategy, the Ray node of the driver (the local worker and
+        the learner), each remote worker's (by worker index) and each reserved bundle's."""
         return {"strategy": self._config.placement_strategy,
                 "driver_node": ray.get_runtime_context().get_node_id(),
-                "worker_nodes": {index: self._node_ids.get(index) for index in self._indices}}
+                "worker_nodes": {index: self._node_ids.get(index) for index in self._indices},
+                "bundles": self.reservation.layout()}
 
 
 def _how_it_failed(error: BaseException) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from flowrl.actors import LearnerThread, PlanResources, WorkerSet
+from flowrl.actors.placement import REPLAY_SHARD, BundleRequest
 from flowrl.actors.resources import replay_shards
 from flowrl.algorithms.ddpg import DDPGConfig, make_ddpg_policy
 from flowrl.algorithms.dqn import DQNConfig, make_dqn_policy
@@ -64,6 +65,13 @@ class ApexConfig(DQNConfig):
         "Where the replay shards run on a cluster: 'driver_node' next to the learner, which stores to and "
         "replays from them all the time; 'spread' over the nodes, to hold a buffer larger than one machine's memory.",
     )
+    num_cpus_per_replay_shard: float = cfg_field(
+        0.0,
+        "CPUs Ray reserves for each replay shard, in the run's placement group ('driver_node' shards on the driver's "
+        "node; 'spread' ones laid out by placement_strategy). 0: none reserved, and the shards run where "
+        "replay_shard_placement says regardless of free CPUs.",
+        min=0,
+    )
     max_weight_sync_delay: int = cfg_field(200, "Steps a worker samples between weight refreshes.", min=1)
     learner_queue_size: int = cfg_field(16, "Replayed batches the learner thread may have waiting.", min=1)
     training_intensity: float | None = cfg_field(
@@ -75,10 +83,18 @@ class ApexConfig(DQNConfig):
     )
 
 
+def bundles(config: ApexConfig) -> list[BundleRequest]:
+    """A bundle per replay shard when they ask for CPUs (on the driver's node unless spread)."""
+    return [BundleRequest(REPLAY_SHARD, config.num_replay_shards, {"CPU": config.num_cpus_per_replay_shard},
+                          {"CPU": "num_cpus_per_replay_shard"}, "num_replay_shards", on_driver_node=config.replay_shard_placement == "driver_node")]
+
+
 def make_resources(workers: WorkerSet, config: ApexConfig) -> PlanResources:
     """The replay shards and a learner thread (one gradient step per replayed batch)."""
+    shards = replay_shards(config, config.num_replay_shards, num_cpus=config.num_cpus_per_replay_shard,
+                           placement=config.replay_shard_placement, reservation=workers.reservation)
     return PlanResources(
-        replay_actors=replay_shards(config, config.num_replay_shards, placement=config.replay_shard_placement),
+        replay_actors=shards,
         learner=LearnerThread(
             workers.local_worker(), inqueue_size=config.learner_queue_size, timeout_s=config.learner_timeout_s
         ),
@@ -108,7 +124,13 @@ def execution_plan(workers: WorkerSet, config: ApexConfig, resources: PlanResour
 
 
 ALGORITHM = Algorithm(
-    "apex", "Ape-X DQN: distributed prioritized replay", ApexConfig, make_dqn_policy, execution_plan, make_resources=make_resources
+    "apex",
+    "Ape-X DQN: distributed prioritized replay",
+    ApexConfig,
+    make_dqn_policy,
+    execution_plan,
+    make_resources=make_resources,
+    bundles=bundles,
 )
 
 
@@ -131,4 +153,5 @@ APEX_DDPG = Algorithm(
     make_ddpg_policy,
     execution_plan,
     make_resources=make_resources,
+    bundles=bundles,
 )

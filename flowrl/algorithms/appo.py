@@ -107,4 +107,5 @@ ALGORITHM = Algorithm(
     make_appo_policy,
     execution_plan,
     make_resources=impala.make_resources,
+    bundles=impala.bundles,
 )

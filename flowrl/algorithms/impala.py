@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from flowrl.actors import AggregatorSet, LearnerThread, PlanResources, WorkerSet
+from flowrl.actors.placement import AGGREGATOR, BundleRequest
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import TrainerConfig, cfg_field
 from flowrl.data import MultiAgentBatch, SampleBatch
@@ -134,6 +135,12 @@ class TrainBatching:
         return fragments.combine(ConcatBatches(config.train_batch_size))
 
 
+def bundles(config: ImpalaConfig) -> list[BundleRequest]:
+    """A bundle per aggregator actor (none without tree aggregation)."""
+    return [BundleRequest(AGGREGATOR, config.num_aggregation_workers, {"CPU": config.num_cpus_per_aggregator},
+                          {"CPU": "num_cpus_per_aggregator"}, "num_aggregation_workers")]
+
+
 def make_resources(workers: WorkerSet, config: ImpalaConfig) -> PlanResources:
     """A learner thread (minibatch epochs that keep fragments whole) and, with
     ``num_aggregation_workers``, the aggregator actors over the rollout workers."""
@@ -179,4 +186,5 @@ ALGORITHM = Algorithm(
     make_impala_policy,
     execution_plan,
     make_resources=make_resources,
+    bundles=bundles,
 )

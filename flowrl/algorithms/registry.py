@@ -10,6 +10,7 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from flowrl.actors import PlanResources, WorkerSet, no_resources
+from flowrl.actors.placement import BundleRequest
 from flowrl.config import TrainerConfig
 from flowrl.errors import FlowRLError, UnknownAlgorithmError
 from flowrl.iterators import LocalIterator
@@ -17,8 +18,14 @@ from flowrl.policy import PolicySpec
 
 ExecutionPlan = Callable[[WorkerSet, Any, PlanResources], LocalIterator[dict[str, Any]]]
 ResourceFactory = Callable[[WorkerSet, Any], PlanResources]
+BundleFactory = Callable[[Any], list[BundleRequest]]
 PolicyFactory = Callable[[gym.Space, gym.Space, Any], PolicySpec]
 MultiPolicyFactory = Callable[[dict[str, tuple[gym.Space, gym.Space]], Any], dict[str, PolicySpec]]
+
+
+def no_bundles(config: Any) -> list[BundleRequest]:
+    """The bundles of algorithms whose resources start no actor that asks for resources."""
+    return []
 
 
 @dataclass(frozen=True)
@@ -26,8 +33,10 @@ class Algorithm:
     """An algorithm: its config class, how to build its policy, its execution plan, and the
     stateful resources its plan wires (replay, a learner thread, aggregators).
 
-    The Trainer builds the rollout workers, then ``make_resources(workers, config)``, then
-    ``execution_plan(workers, config, resources)``, which only wires iterators over them.
+    The Trainer reserves ``bundles(config)`` with the driver's and the rollout workers'
+    resources (one placement group) and builds the workers, then ``make_resources(workers,
+    config)``, which starts the resources' actors in their bundles (``workers.reservation``),
+    then ``execution_plan(workers, config, resources)``, which only wires iterators over them.
     """
 
     name: str
@@ -42,6 +51,8 @@ class Algorithm:
     make_policies: MultiPolicyFactory | None = None
     #: The long-lived resources the plan wires besides the workers, created (and released) by the Trainer.
     make_resources: ResourceFactory = no_resources
+    #: What ``make_resources``'s actors ask Ray for (replay shards, aggregators), reserved with the workers'.
+    bundles: BundleFactory = no_bundles
 
 
 # name -> (module, attribute holding its Algorithm); imported lazily so `flowrl list` stays fast.
