@@ -83,7 +83,7 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     """Flush ``directory``'s entries (the renames and new files in it) to disk."""
     if sys.platform == "win32":
         return  # Windows cannot open a directory to sync it
@@ -145,7 +145,7 @@ def _locked(directory: Path, *, wait: bool = True) -> Iterator[bool]:
 def _make_parent(path: Path) -> None:
     if not path.parent.is_dir():
         path.parent.mkdir(parents=True, exist_ok=True)
-        _fsync_dir(path.parent.parent)
+        fsync_dir(path.parent.parent)
 
 
 def _entry(data: bytes) -> dict[str, Any]:
@@ -160,7 +160,7 @@ def _swap_in(tmp: Path, path: Path) -> None:
     """Rename the finished directory ``tmp`` to ``path``, replacing what is there (see the module docstring)."""
     if not os.path.lexists(path):
         os.rename(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         return
     old = _hidden(path, "old")
     os.rename(path, old)  # rename cannot replace a non-empty directory: move the old one aside first
@@ -170,7 +170,7 @@ def _swap_in(tmp: Path, path: Path) -> None:
         if not os.path.lexists(path):
             os.rename(old, path)  # put the previous checkpoint back where it was
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     _remove(old)
 
 
@@ -242,7 +242,7 @@ def _staging(path: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
         try:
             yield tmp, entries
             _write_file(tmp / COMPLETE_FILE, _marker(entries))
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             _swap_in(tmp, path)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -436,7 +436,7 @@ def _restore_displaced(directory: Path) -> None:
             continue
         try:
             os.rename(entry, live)
-            _fsync_dir(directory)
+            fsync_dir(directory)
         except OSError as e:
             logger.warning("could not restore checkpoint %s from %s: %s", live, entry.name, e)
             continue
@@ -531,5 +531,5 @@ def prune_checkpoints(directory: str | Path, keep: int, protect: Iterable[str | 
             deleted.append(path)
             _remove(doomed)
         if deleted:
-            _fsync_dir(directory)
+            fsync_dir(directory)
     return deleted

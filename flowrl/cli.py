@@ -12,8 +12,9 @@ Exit statuses:
   Trainer's state was intact; else why none was), and the ``flowrl train --resume RUN_DIR``
   command.
 - 2: an error a user can cause (an unknown algorithm or env, an invalid config, a bad ``--set``
-  or flag, an unreadable config file, run directory or checkpoint, a Ray cluster that cannot be
-  joined): ``flowrl: error: ...`` on stderr, without a traceback.
+  or flag, an unreadable config file, run directory or checkpoint, a ``--storage-path`` that
+  cannot hold checkpoints, a Ray cluster that cannot be joined): ``flowrl: error: ...`` on
+  stderr, without a traceback.
 - 128 + the signal's number when a signal ended training: 130 for SIGINT (Ctrl-C), 143 for
   SIGTERM, 129 for SIGHUP. ``train`` first saves a checkpoint and prints the resume command;
   a second signal while it saves abandons that checkpoint (the previous one stays the
@@ -61,6 +62,7 @@ from flowrl.run import (
     RunSummary,
     RunWarning,
     find_resume_point,
+    find_run_dir,
     interrupt_signal,
     read_run_spec,
     resume_run,
@@ -261,11 +263,14 @@ def checkpoint_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _train(args: argparse.Namespace) -> int:
+    if args.storage_path is not None and args.results_dir is not None:
+        raise CLIError("--storage-path and --results-dir both say where run directories go: give one "
+                       "(--storage-path for a filesystem every node of the cluster mounts)")
     if args.resume:
         return _resume(args)
     algorithm, env, config, stop = train_settings(args)
     spec = RunSpec(algorithm.name, env, config, stop, **checkpoint_settings(args))
-    with start_run(spec, results_dir=args.results_dir or DEFAULT_RESULTS_DIR, address=args.address) as run:
+    with start_run(spec, results_dir=args.results_dir, storage_path=args.storage_path, address=args.address) as run:
         print(f"training {algorithm.name} on {env}; {_describe_stop(stop)}", flush=True)
         print(f"run directory: {run.directory}", flush=True)
         return _train_until_stopped(run)
@@ -294,14 +299,16 @@ def resume_conflicts(args: argparse.Namespace, spec: RunSpec, params: Path) -> l
 
 
 def _resume(args: argparse.Namespace) -> int:
-    run_dir = Path(args.resume)
+    run_dir = find_run_dir(args.resume, args.storage_path)
     spec = read_run_spec(run_dir)
     conflicts = resume_conflicts(args, spec, run_dir / PARAMS_FILE)
     if conflicts:
         raise CLIError("; ".join(conflicts))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RunWarning)  # the skipped checkpoints are printed below, in full
-        point = find_resume_point(run_dir, stop=stop_from_flags(args), **checkpoint_settings(args))
+        point = find_resume_point(run_dir, storage_path=args.storage_path, stop=stop_from_flags(args),
+                                  **checkpoint_settings(args))
+    run_dir = point.directory  # absolute for a run on a storage path
     for skipped in point.skipped:
         print(f"flowrl: warning: skipped checkpoint {skipped.path}: {skipped.problem}", file=sys.stderr, flush=True)
     if point.stop_reason:
@@ -528,6 +535,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--stop-timesteps", type=_int_at_least(1), metavar="T", help="stop when timesteps_total >= T")
     train.add_argument("--stop-iters", type=_int_at_least(1), metavar="I", help="stop when training_iteration >= I")
     train.add_argument("--results-dir", metavar="DIR", help=f"where run directories go (default ./{DEFAULT_RESULTS_DIR})")
+    train.add_argument("--storage-path", metavar="DIR",
+                       help="put the run directory under DIR instead: an absolute path that every node of the Ray "
+                            "cluster mounts (NFS, a bucket mount), so that any node can resume the run; checked "
+                            "before training starts (writable; fsync and rename work there). "
+                            "With --resume, RUN may be a run directory's name under DIR")
     train.add_argument("--checkpoint-freq", type=_int_at_least(0), metavar="N",
                        help="also checkpoint every N iterations (default 0: off)")
     train.add_argument("--checkpoint-interval-s", type=_seconds, metavar="S",
@@ -539,9 +551,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--keep-best", metavar="METRIC",
                        help="also keep a copy of the checkpoint with the highest METRIC (a result key, e.g. "
                             "episode_reward_mean) in checkpoints/best")
-    train.add_argument("--resume", metavar="RUN_DIR",
-                       help="continue the run in RUN_DIR from its latest usable checkpoint (stop and checkpoint flags "
-                            "given here replace its own; --algo, --env and --seed may repeat its own)")
+    train.add_argument("--resume", metavar="RUN",
+                       help="continue the run in run directory RUN (with --storage-path DIR: RUN's name under DIR) "
+                            "from its latest usable checkpoint (stop and checkpoint flags given here replace its own; "
+                            "--algo, --env and --seed may repeat its own)")
     train.set_defaults(func=_train)
 
     lister = sub.add_parser("list", help="list the algorithms (or one algorithm's config keys)")

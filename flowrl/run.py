@@ -8,6 +8,11 @@ One run directory per run::
         checkpoints/checkpoint_<iteration>/    the newest ``keep_checkpoints`` of them
         checkpoints/best/                      with ``keep_best``: a copy of the best one so far
 
+On a Ray cluster, start it under a ``storage_path`` instead of ``results_dir``: an absolute path
+every node mounts (NFS, a bucket mount), checked before training starts (:func:`check_storage_path`)
+and recorded in ``params.json``, so that any node can resume the run, by its path or by its name
+under the storage path (:func:`find_run_dir`).
+
 Start one, train it, and read its summary::
 
     from flowrl.run import RunSpec, start_run
@@ -66,6 +71,7 @@ from flowrl.checkpoint import (
     verify_checkpoint,
 )
 from flowrl.errors import CheckpointError, ConfigError, RunError
+from flowrl.storage import check_storage_path, probe_storage, storage_root
 
 if TYPE_CHECKING:  # the Trainer imports torch: load it only when a run starts
     from typing_extensions import Self
@@ -79,6 +85,7 @@ CHECKPOINTS_DIR = "checkpoints"
 BEST_CHECKPOINT = "best"  # checkpoints/best: the copy keep_best keeps
 DEFAULT_CHECKPOINT_INTERVAL_S = 600.0
 DEFAULT_KEEP_CHECKPOINTS = 5
+STORAGE_PATH_KEY = "storage_path"  # in params.json: the shared directory a run was started under
 
 # The result keys a stop criterion may name: a run stops once result[key] >= the criterion's value.
 STOP_KEYS = ("episode_reward_mean", "timesteps_total", "training_iteration")
@@ -248,7 +255,11 @@ _CHECKPOINT_SETTINGS = ("checkpoint_freq", "checkpoint_interval_s", "keep_checkp
 
 def read_run_spec(run_dir: str | os.PathLike[str]) -> RunSpec:
     """The :class:`RunSpec` in a run directory's ``params.json``; :class:`RunError` if it is not a run directory."""
-    run_dir = Path(run_dir)
+    return _read_params(Path(run_dir))[0]
+
+
+def _read_params(run_dir: Path) -> tuple[RunSpec, Path | None]:
+    """A run directory's :class:`RunSpec` and the storage path it was started under (None: none), from ``params.json``."""
     path = run_dir / PARAMS_FILE
     if not run_dir.is_dir():
         raise RunError(f"run directory {str(run_dir)!r}: no such directory")
@@ -263,9 +274,13 @@ def read_run_spec(run_dir: str | os.PathLike[str]) -> RunSpec:
     stop = parse_stop(params.get("stop") or {}, f"{path}")
     settings = {key: params[key] for key in _CHECKPOINT_SETTINGS if params.get(key) is not None}
     try:
-        return RunSpec(params["algo"], params["env"], params["config"], stop, **settings)
+        spec = RunSpec(params["algo"], params["env"], params["config"], stop, **settings)
     except ConfigError as e:
         raise RunError(f"{path}: {'; '.join(e.problems)}") from None
+    storage = params.get(STORAGE_PATH_KEY)
+    if storage is not None and not (isinstance(storage, str) and Path(storage).is_absolute()):
+        raise RunError(f"{path}: {STORAGE_PATH_KEY}={storage!r} must be an absolute path (or absent)")
+    return spec, None if storage is None else Path(storage)
 
 
 @dataclass(frozen=True)
@@ -356,6 +371,53 @@ def _replace_file(path: Path, text: str) -> None:
 
 def _write_json(path: Path, data: Any) -> None:
     _replace_file(path, json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n")
+
+
+def _write_params(run_dir: Path, spec: RunSpec, storage_path: Path | None) -> None:
+    """Write ``params.json``: the spec, and the storage path of a run started under one."""
+    params = spec.to_params()
+    if storage_path is not None:
+        params[STORAGE_PATH_KEY] = str(storage_path)
+    _write_json(run_dir / PARAMS_FILE, params)
+
+
+_RUNS_SHOWN = 5  # run directories an unknown name's error lists
+
+
+def find_run_dir(run: str | os.PathLike[str], storage_path: str | os.PathLike[str] | None = None) -> Path:
+    """The run directory ``run`` names: ``run`` itself, or with ``storage_path``, ``run`` under it.
+
+    With a storage path, ``run`` is usually a run directory's name there
+    (``ppo_CartPole-v1_20261124-010203``); an absolute ``run`` is taken as it is. Raises
+    :class:`~flowrl.errors.RunError` if the storage path is relative or missing, or holds no
+    such directory (the error lists the newest run directories it does hold).
+    """
+    if storage_path is None:
+        return Path(run)
+    root = storage_root(storage_path)
+    directory = root / run
+    if directory.is_dir():
+        return directory
+    if not root.is_dir():
+        raise RunError(f"storage path {str(root)!r} does not exist on this node (is the shared filesystem mounted here?)")
+    runs = _runs_under(root)
+    shown = ", ".join(path.name for path in runs[:_RUNS_SHOWN])
+    if len(runs) > _RUNS_SHOWN:
+        shown += f" ({len(runs)} in all)"
+    held = f"the newest there: {shown}" if runs else "it holds no run directories"
+    raise RunError(f"no run directory {str(run)!r} under storage path {str(root)!r}; {held}")
+
+
+def _runs_under(root: Path) -> list[Path]:
+    """The run directories (those with a ``params.json``) directly under ``root``, newest first.
+
+    Newest by ``params.json``'s time: written when a run starts, rewritten when it resumes.
+    """
+    runs: list[tuple[float, Path]] = []
+    for path in root.iterdir():
+        with contextlib.suppress(OSError):  # no params.json (not a run), or gone meanwhile
+            runs.append(((path / PARAMS_FILE).stat().st_mtime, path))
+    return [path for _, path in sorted(runs, key=lambda pair: pair[0], reverse=True)]
 
 
 def _read_progress(path: Path) -> tuple[list[dict[str, Any]], bool]:
@@ -599,21 +661,33 @@ class Run:
 
 
 def start_run(
-    spec: RunSpec, *, results_dir: str | os.PathLike[str] = DEFAULT_RESULTS_DIR, address: str | None = None
+    spec: RunSpec,
+    *,
+    results_dir: str | os.PathLike[str] | None = None,
+    storage_path: str | os.PathLike[str] | None = None,
+    address: str | None = None,
 ) -> Run:
-    """Build the Trainer for ``spec``, then create its run directory under ``results_dir`` with ``params.json``.
+    """Build the Trainer for ``spec``, then create its run directory with ``params.json``.
 
-    The Trainer comes first, so that a config or env it rejects leaves no run directory
-    behind; ``params.json`` records the full validated config. ``address`` is the Ray
-    cluster to join (None: ``$RAY_ADDRESS``, else an embedded local Ray).
+    The run directory goes under ``results_dir`` (None: ``./flowrl_results``), or under
+    ``storage_path``, an absolute path every node of the cluster mounts: it is checked first
+    (:func:`check_storage_path`, before Ray starts) and recorded in ``params.json``. Giving
+    both raises :class:`RunError`. The Trainer comes before the run directory, so that a
+    config or env it rejects leaves none behind; ``params.json`` records the full validated
+    config. ``address`` is the Ray cluster to join (None: ``$RAY_ADDRESS``, else an embedded local Ray).
     """
     from flowrl.trainer import Trainer
 
+    if results_dir is not None and storage_path is not None:
+        raise RunError(f"results_dir={str(results_dir)!r} and storage_path={str(storage_path)!r} both say where "
+                       f"the run directory goes: give one (storage_path for a filesystem every node mounts)")
+    storage = None if storage_path is None else check_storage_path(storage_path)
+    parent = storage if storage is not None else Path(DEFAULT_RESULTS_DIR if results_dir is None else results_dir)
     trainer = Trainer(spec.algo, spec.env, dict(spec.config), address=address)
     try:
-        directory = _make_run_dir(Path(results_dir), trainer.algorithm.name, spec.env)
+        directory = _make_run_dir(parent, trainer.algorithm.name, spec.env)
         spec = dataclasses.replace(spec, algo=trainer.algorithm.name, config=trainer.config.to_dict())
-        _write_json(directory / PARAMS_FILE, spec.to_params())
+        _write_params(directory, spec, storage)
     except BaseException:
         trainer.stop()
         raise
@@ -637,7 +711,8 @@ class ResumePoint:
     ``progress.jsonl`` up to that iteration. ``drops_results`` says ``progress.jsonl`` holds
     more (results after the checkpoint, or a line cut short), which :func:`resume_run` drops.
     ``stop_reason`` is the criterion the run already meets at the checkpoint, or None if
-    there is training to do.
+    there is training to do. ``storage_path`` is the shared directory the run lives under (None
+    for a run under a local results directory); ``directory`` is then absolute.
     """
 
     directory: Path
@@ -649,11 +724,13 @@ class ResumePoint:
     drops_results: bool
     stop_reason: str | None
     skipped: tuple[SkippedCheckpoint, ...] = ()
+    storage_path: Path | None = None
 
 
 def find_resume_point(
     run_dir: str | os.PathLike[str],
     *,
+    storage_path: str | os.PathLike[str] | None = None,
     stop: Mapping[str, float] | None = None,
     checkpoint_freq: int | None = None,
     checkpoint_interval_s: float | None = None,
@@ -662,15 +739,22 @@ def find_resume_point(
 ) -> ResumePoint:
     """Read a run directory and find where it resumes: its newest usable checkpoint and the results up to it.
 
-    ``stop`` criteria replace the run's own key by key (the others are kept) and count the
-    whole run; each checkpoint setting given (not None) replaces the run's own. Checkpoints
-    are checked newest first (:func:`~flowrl.checkpoint.verify_checkpoint`: complete, checksums
-    match); one that fails is skipped with a :class:`RunWarning` and recorded in
-    :attr:`ResumePoint.skipped`. Raises :class:`RunError` if ``run_dir`` is not a run directory
-    and :class:`CheckpointError` if none of its checkpoints is usable.
+    With ``storage_path``, ``run_dir`` may be a run directory's name under it (see
+    :func:`find_run_dir`), and the run is taken to live there; without, a run started under a
+    storage path keeps the one its ``params.json`` records. ``stop`` criteria replace the
+    run's own key by key (the others are kept) and count the whole run; each checkpoint
+    setting given (not None) replaces the run's own. Checkpoints are checked newest first
+    (:func:`~flowrl.checkpoint.verify_checkpoint`: complete, checksums match); one that fails
+    is skipped with a :class:`RunWarning` and recorded in :attr:`ResumePoint.skipped`. Raises
+    :class:`RunError` if ``run_dir`` is not a run directory and :class:`CheckpointError` if
+    none of its checkpoints is usable.
     """
-    directory = Path(run_dir)
-    spec = read_run_spec(directory)
+    directory = find_run_dir(run_dir, storage_path)
+    spec, recorded_storage = _read_params(directory)
+    storage = recorded_storage if storage_path is None else storage_root(storage_path)
+    if storage is not None:
+        # The resume command printed for the run must work from any working directory (and node).
+        directory = Path(os.path.abspath(directory))
     spec = dataclasses.replace(
         spec,
         stop={**spec.stop, **(stop or {})},
@@ -701,7 +785,7 @@ def find_resume_point(
     at_checkpoint = {**(kept[-1] if kept else {}), "training_iteration": iteration, "timesteps_total": timesteps}
     drops_results = len(kept) != len(results) or not intact
     return ResumePoint(directory, spec, checkpoint, iteration, timesteps, kept, drops_results,
-                       stop_reason(spec.stop, at_checkpoint), tuple(skipped))
+                       stop_reason(spec.stop, at_checkpoint), tuple(skipped), storage)
 
 
 def resume_run(point: ResumePoint, *, num_workers: int | None = None, address: str | None = None) -> Run:
@@ -711,9 +795,13 @@ def resume_run(point: ResumePoint, *, num_workers: int | None = None, address: s
     dropping them keeps iteration numbers unique), and ``params.json`` is rewritten with the
     new stop criteria, checkpoint settings and ``num_workers``. The algorithm, env and the
     rest of the config are the run's own. The checkpoint resumed from is never rotated away.
+    A run on a storage path is first checked to be writable from this node, as
+    :func:`check_storage_path` checks a new one, and keeps its storage path in ``params.json``.
     """
     from flowrl.trainer import Trainer
 
+    if point.storage_path is not None:
+        probe_storage(point.directory, "run directory")
     config = dict(point.spec.config)
     if num_workers is not None:
         config["num_workers"] = num_workers
@@ -723,7 +811,7 @@ def resume_run(point: ResumePoint, *, num_workers: int | None = None, address: s
         if point.drops_results:
             _replace_file(point.directory / PROGRESS_FILE, "".join(json.dumps(r) + "\n" for r in point.results))
         spec = dataclasses.replace(point.spec, config=trainer.config.to_dict())
-        _write_json(point.directory / PARAMS_FILE, spec.to_params())
+        _write_params(point.directory, spec, point.storage_path)
     except BaseException:
         trainer.stop()
         raise

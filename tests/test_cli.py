@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -273,6 +276,50 @@ def test_a_second_signal_while_saving_exits_with_the_first_ones_status(
     assert f"interrupted again while saving; the last complete checkpoint is {run / 'checkpoints' / 'checkpoint_000002'}" in err
 
 
+def test_a_run_on_a_storage_path_resumes_from_another_directory_and_home(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, ray_session: None
+) -> None:
+    storage = tmp_path / "shared"
+    real_train = Trainer.train
+
+    def interrupt_second_iteration(self: Trainer) -> dict[str, Any]:
+        if self.iteration == 1:
+            raise KeyboardInterrupt
+        return real_train(self)
+
+    monkeypatch.setattr(Trainer, "train", interrupt_second_iteration)
+    argv = ["train", "--algo", "pg", "--env", "CartPole-v1", *TINY, "--storage-path", str(storage), "--stop-iters", "3"]
+    assert cli.main(argv) == 130
+    monkeypatch.setattr(Trainer, "train", real_train)
+    run = run_dir(storage)
+    assert json.loads((run / "params.json").read_text())["storage_path"] == str(storage)
+    out = capsys.readouterr().out
+    assert f"run directory: {run}\n" in out
+    (resume_line,) = [line for line in out.splitlines() if line.startswith("resume with: ")]
+    assert resume_line == f"resume with: flowrl train --resume {run}"
+
+    # Another node: another working directory and home, and Ray of its own; the run found by its name.
+    elsewhere, home = tmp_path / "elsewhere", tmp_path / "home"
+    elsewhere.mkdir()
+    home.mkdir()
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "HOME": str(home)}
+    resume = [sys.executable, "-m", "flowrl.cli", "train", "--storage-path", str(storage), "--resume", run.name,
+              "--stop-iters", "2"]
+    done = subprocess.run(resume, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "(iteration 1)" in done.stdout and "iter    2" in done.stdout and f"run directory: {run}\n" in done.stdout
+    assert [r["training_iteration"] for r in progress(run)] == [1, 2]
+    assert not any(elsewhere.iterdir())
+
+    # The printed resume command works from elsewhere too, with no --storage-path: params.json has it.
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("HOME", str(home))
+    assert cli.main([*shlex.split(resume_line.removeprefix("resume with: flowrl ")), "--stop-iters", "3"]) == 0
+    assert [r["training_iteration"] for r in progress(run)] == [1, 2, 3]
+    assert json.loads((run / "params.json").read_text())["storage_path"] == str(storage)
+    assert not any(elsewhere.iterdir())
+
+
 # --- errors a user can cause -------------------------------------------------------------------------
 
 
@@ -337,6 +384,19 @@ def test_missing_algo_and_unusable_resume(tmp_path: Path, capsys: pytest.Capture
     assert "no checkpoint under" in error_of(capsys, ["train", "--resume", str(tmp_path)])
     assert "cannot be used with --resume" in error_of(capsys, ["train", "--resume", str(tmp_path), "--set", "lr=1"])
     assert "does not exist" in error_of(capsys, ["evaluate", str(tmp_path / "nowhere")])
+
+
+def test_storage_path_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    new_run = ["train", "--algo", "pg", "--env", "CartPole-v1"]
+    assert "storage path 'runs' is relative; it must be absolute" in error_of(capsys, [*new_run, "--storage-path", "runs"])
+    both = error_of(capsys, [*new_run, "--storage-path", str(tmp_path / "shared"), "--results-dir", str(tmp_path / "local")])
+    assert "--storage-path and --results-dir both say where run directories go: give one" in both
+    assert not any(tmp_path.iterdir())
+    (tmp_path / "pg_CartPole-v1_20261124-010203").mkdir()
+    (tmp_path / "pg_CartPole-v1_20261124-010203" / "params.json").write_text("{}")
+    err = error_of(capsys, ["train", "--storage-path", str(tmp_path), "--resume", "pg_CartPole-v1_20261124"])
+    assert (f"no run directory 'pg_CartPole-v1_20261124' under storage path '{tmp_path}'; "
+            f"the newest there: pg_CartPole-v1_20261124-010203") in err
 
 
 def test_bad_flag_values_are_argparse_errors(capsys: pytest.CaptureFixture[str]) -> None:

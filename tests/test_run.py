@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import math
 import os
+import re
 import shutil
 import signal
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -20,12 +24,14 @@ from flowrl.run import (
     RunSpec,
     RunWarning,
     find_resume_point,
+    find_run_dir,
     parse_stop,
     read_run_spec,
     resume_run,
     start_run,
     stop_reason,
 )
+from flowrl.storage import StorageWarning, check_storage_path
 
 from fakes import checkpoints, progress
 
@@ -402,3 +408,125 @@ def test_resume_needs_a_run_directory_with_a_checkpoint(tmp_path: Path) -> None:
     assert read_run_spec(tmp_path) == RunSpec("pg", "CartPole-v1")
     with pytest.raises(CheckpointError, match="no checkpoint under"):
         find_resume_point(tmp_path)
+
+
+# --- a storage path shared by the nodes of a cluster ------------------------------------------------------
+
+
+@pytest.fixture
+def no_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if a Trainer is built: the storage path is checked before Ray or a Trainer starts."""
+    import flowrl.trainer
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a Trainer was built before the storage path was refused")
+
+    monkeypatch.setattr(flowrl.trainer, "Trainer", refuse)
+
+
+def test_a_storage_path_must_be_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_trainer: None) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RunError, match=r"storage path 'shared/runs' is relative; it must be absolute, naming the same "
+                                       r"directory on every node"):
+        start_run(RunSpec("pg", "CartPole-v1", TINY), storage_path="shared/runs")
+    with pytest.raises(RunError, match="storage path 'shared/runs' is relative"):
+        find_resume_point("pg_CartPole-v1_20261124-010203", storage_path="shared/runs")
+    assert not any(tmp_path.iterdir())
+
+
+def test_results_dir_and_storage_path_are_not_given_together(tmp_path: Path, no_trainer: None) -> None:
+    with pytest.raises(RunError, match="both say where the run directory goes: give one"):
+        start_run(RunSpec("pg", "CartPole-v1", TINY), results_dir=tmp_path / "local", storage_path=tmp_path / "shared")
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_storage_path_that_cannot_be_created_is_refused(tmp_path: Path, no_trainer: None) -> None:
+    (tmp_path / "file").write_text("")
+    storage = tmp_path / "file" / "runs"
+    with pytest.raises(RunError, match=re.escape(f"storage path '{storage}': cannot create it (NotADirectoryError")):
+        start_run(RunSpec("pg", "CartPole-v1", TINY), storage_path=storage)
+
+
+def test_an_unwritable_storage_path_is_refused_before_any_run_directory(tmp_path: Path, no_trainer: None) -> None:
+    storage = tmp_path / "read-only"
+    storage.mkdir(mode=0o500)
+    try:
+        if os.access(storage, os.W_OK):
+            pytest.skip("this user writes to read-only directories (root): permissions cannot refuse it")
+        with pytest.raises(RunError, match=re.escape(f"storage path '{storage}' cannot hold checkpoints: creating a "
+                                                     f"directory (is it writable?) failed there (PermissionError")):
+            start_run(RunSpec("pg", "CartPole-v1", TINY), storage_path=storage)
+        assert not any(storage.iterdir())
+    finally:
+        storage.chmod(0o700)
+
+
+def refuse_with(code: int) -> Callable[..., None]:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise OSError(code, os.strerror(code))
+
+    return refuse
+
+
+def test_a_filesystem_operation_checkpoints_need_is_probed_and_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_trainer: None
+) -> None:
+    storage = tmp_path / "mount"
+    monkeypatch.setattr(os, "fsync", refuse_with(errno.ENOTSUP))
+    with pytest.raises(RunError, match=re.escape(f"storage path '{storage}' cannot hold checkpoints: writing and fsyncing "
+                                                 f"a file failed there (OSError: [Errno {errno.ENOTSUP}]")):
+        start_run(RunSpec("pg", "CartPole-v1", TINY), storage_path=str(storage))
+    assert not any(storage.iterdir())  # the probe is removed, and no run directory was made
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "operation"),
+    [(os, "link", "hard-linking a file (os.link)"), (fcntl, "flock", "locking a directory (fcntl.flock)")],
+)
+def test_what_checkpoints_can_do_without_is_a_warning(
+    module: Any, name: str, operation: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(module, name, refuse_with(errno.ENOTSUP))
+    with pytest.warns(StorageWarning, match=re.escape(f"storage path '{tmp_path}': {operation} failed there")):
+        assert check_storage_path(str(tmp_path)) == tmp_path
+    assert not any(tmp_path.iterdir())  # the probe is removed
+
+
+def test_an_unknown_run_name_lists_the_runs_under_the_storage_path(tmp_path: Path) -> None:
+    now = time.time()
+    for age in range(7):
+        params = tmp_path / f"pg_CartPole-v1_2026112{age}-000000" / "params.json"
+        params.parent.mkdir()
+        params.write_text("{}")
+        os.utime(params, (now - 60 * age, now - 60 * age))
+    (tmp_path / "notes").mkdir()  # not a run directory: no params.json
+    assert find_run_dir("pg_CartPole-v1_20261123-000000", tmp_path) == tmp_path / "pg_CartPole-v1_20261123-000000"
+    with pytest.raises(RunError) as error:
+        find_run_dir("pg_CartPole-v1_20261130-000000", str(tmp_path))
+    newest = ", ".join(f"pg_CartPole-v1_2026112{age}-000000" for age in range(5))
+    assert str(error.value) == (f"no run directory 'pg_CartPole-v1_20261130-000000' under storage path '{tmp_path}'; "
+                                f"the newest there: {newest} (7 in all)")
+    with pytest.raises(RunError, match="under storage path .*notes'; it holds no run directories"):
+        find_run_dir("pg_CartPole-v1_20261130-000000", tmp_path / "notes")
+    with pytest.raises(RunError, match="does not exist on this node \\(is the shared filesystem mounted here\\?\\)"):
+        find_run_dir("pg_CartPole-v1_20261130-000000", tmp_path / "unmounted")
+
+
+def test_a_run_on_a_storage_path_records_it_and_resumes_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ray_session: None
+) -> None:
+    storage = tmp_path / "shared" / "runs"  # created by the run
+    with start_run(RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 1}), storage_path=storage) as run:
+        run.train()
+    assert run.directory.parent == storage and [p.name for p in storage.iterdir()] == [run.directory.name]
+    assert json.loads((run.directory / "params.json").read_text())["storage_path"] == str(storage)
+    by_name = find_resume_point(run.directory.name, storage_path=storage, stop={"training_iteration": 2})
+    # No storage_path given: params.json says the run lives on one, so its directory is made absolute.
+    monkeypatch.chdir(storage.parent)
+    by_path = find_resume_point(Path("runs") / run.directory.name, stop={"training_iteration": 2})
+    assert by_name.directory == by_path.directory == run.directory
+    assert by_name.storage_path == by_path.storage_path == storage
+    with resume_run(by_path) as resumed:
+        resumed.train()
+    assert [r["training_iteration"] for r in progress(run.directory)] == [1, 2]
+    assert json.loads((run.directory / "params.json").read_text())["storage_path"] == str(storage)
