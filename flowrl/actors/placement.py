@@ -9,6 +9,10 @@ naming what it wanted. The driver's bundle is pinned to the driver's own node (R
 schedule the driver; the bundle keeps other actors off the CPUs and GPUs its learner uses).
 An actor and each of its replacements run in the same bundle, which Ray moves to another
 node when the one holding it is lost.
+
+Under Ray Tune the trial's placement group is the reservation: Tune reserves
+:func:`trial_bundles` (the trainable, i.e. the driver, in the first bundle) before the trial
+starts, and a :class:`Reservation` made inside the trial adopts it instead of asking again.
 """
 
 from __future__ import annotations
@@ -18,7 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
+from ray.util.placement_group import (
+    PlacementGroup,
+    get_current_placement_group,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from flowrl.config import TrainerConfig
@@ -125,30 +135,43 @@ def check_resources(requests: Sequence[BundleRequest], strategy: str) -> None:
         raise ConfigError(problems)
 
 
+def trial_bundles(requests: Sequence[BundleRequest], driver: Mapping[str, float]) -> list[dict[str, float]]:
+    """The bundles of a Tune trial running these requests: ``driver`` (the trainable's, which
+    Tune wants first and not empty) and then, in order, those of every other role."""
+    return [dict(driver)] + [r.bundle() for r in requests if r.role != DRIVER for _ in range(r.count) if r.bundle()]
+
+
 class Reservation:
     """A plan's resources, reserved together as one Ray placement group (see the module docs).
 
     ``requests`` say what each role needs; :meth:`scheduling` gives the strategy that puts
     actor ``index`` of a role in its own bundle (None for a role that reserved nothing).
     Raises :class:`~flowrl.errors.ResourceUnavailableError` if Ray cannot reserve every
-    bundle within ``timeout_s`` (the partial reservation is released).
+    bundle within ``timeout_s`` (the partial reservation is released). Made inside a
+    placement group laid out as :func:`trial_bundles` (a Tune trial's), it uses that group,
+    whose owner releases it.
     """
 
     def __init__(self, requests: Sequence[BundleRequest], strategy: str, timeout_s: float) -> None:
         self.strategy = strategy
         self.requests = [r for r in requests if r.count and r.bundle()]
+        if len({r.role for r in self.requests}) != len(self.requests):
+            raise FlowRLError(f"Reservation: two requests for one role in {[r.role for r in self.requests]}")
+        self._counts = {r.role: r.count for r in self.requests}
+        self._group: PlacementGroup | None = None
+        self._owned = False
+        current = get_current_placement_group()
+        if current is not None and _same_bundles(current.bundle_specs[1:], trial_bundles(self.requests, {})[1:]):
+            self._adopt(current)
+            return
         self._first: dict[str, int] = {}
         bundles: list[dict[str, float]] = []
         selectors: list[dict[str, str]] = []
         driver_node = ray.get_runtime_context().get_node_id()
         for r in self.requests:
-            if r.role in self._first:
-                raise FlowRLError(f"Reservation: two requests for role {r.role!r}")
             self._first[r.role] = len(bundles)
             bundles += [r.bundle() for _ in range(r.count)]
             selectors += [{NODE_ID_LABEL: driver_node} if r.on_driver_node else {} for _ in range(r.count)]
-        self._counts = {r.role: r.count for r in self.requests}
-        self._group: PlacementGroup | None = None
         if not bundles:
             return
         group = placement_group(bundles, strategy=strategy, bundle_label_selector=selectors)
@@ -162,7 +185,19 @@ class Reservation:
                 f"{'; '.join(map(_describe, self.requests))} with placement_strategy={strategy!r}; the cluster's "
                 f"{len(nodes)} nodes have {ray.available_resources()} available now (other runs or actors may hold the rest)"
             ) from None
+        self._group, self._owned = group, True
+
+    def _adopt(self, group: PlacementGroup) -> None:
+        """Use ``group``, laid out by :func:`trial_bundles`: the driver in bundle 0, then the other roles."""
         self._group = group
+        self._first = {DRIVER: 0}
+        first = 1
+        for r in self.requests:
+            if r.role != DRIVER:
+                self._first[r.role] = first
+                first += r.count
+        self._counts.setdefault(DRIVER, 1)
+        self.requests = [BundleRequest(DRIVER, 1, group.bundle_specs[0], {}), *(r for r in self.requests if r.role != DRIVER)]
 
     @property
     def placement_group(self) -> PlacementGroup | None:
@@ -195,7 +230,13 @@ class Reservation:
                 for r in self.requests for i in range(r.count)]
 
     def release(self) -> None:
-        """Give the reservation back to Ray (actors still in it are killed by Ray)."""
-        if self._group is not None:
+        """Give the reservation back to Ray (actors still in it are killed by Ray); an adopted one stays its owner's."""
+        if self._group is not None and self._owned:
             remove_placement_group(self._group)
-            self._group = None
+        self._group = None
+
+
+def _same_bundles(have: Sequence[Mapping[str, float]], want: Sequence[Mapping[str, float]]) -> bool:
+    return len(have) == len(want) and all(
+        set(a) == set(b) and all(abs(float(a[k]) - float(b[k])) < 1e-9 for k in a) for a, b in zip(have, want)
+    )

@@ -8,9 +8,19 @@ from typing import Any
 import pytest
 import ray
 from ray.util.placement_group import placement_group_table
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from flowrl import Trainer
-from flowrl.actors.placement import AGGREGATOR, DRIVER, REPLAY_SHARD, WORKER, BundleRequest, Reservation, check_resources
+from flowrl.actors.placement import (
+    AGGREGATOR,
+    DRIVER,
+    REPLAY_SHARD,
+    WORKER,
+    BundleRequest,
+    Reservation,
+    check_resources,
+    trial_bundles,
+)
 from flowrl.errors import ConfigError
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(180)]
@@ -43,7 +53,8 @@ def test_replay_shards_that_ask_for_cpus_run_in_their_bundles() -> None:
     try:
         result = trainer.train()
         assert [(role, index) for role, index, _ in roles(result)] == [(WORKER, 0), (WORKER, 1), (REPLAY_SHARD, 0), (REPLAY_SHARD, 1)]
-        assert all(shard["num_steps_added"] > 0 for shard in result["info"]["replay_shards"])
+        shards = result["info"]["replay_shards"]  # both started (they answer) and were stored to
+        assert len(shards) == 2 and sum(shard["num_steps_added"] for shard in shards) > 0
     finally:
         trainer.stop()
 
@@ -82,3 +93,31 @@ def test_a_reservation_of_nothing_schedules_actors_as_they_ask() -> None:
     empty = Reservation([BundleRequest(WORKER, 2, {"CPU": 0}, {"CPU": "num_cpus_per_worker"})], "PACK", 5)
     assert not empty.reserved(WORKER) and empty.options(WORKER, 0) == {} and empty.layout() == []
     empty.release()
+
+
+@ray.remote(num_cpus=0)
+class InATrial:
+    """Stands for a Tune trainable: runs in bundle 0 of its trial's placement group."""
+
+    def reserve(self) -> tuple[bool, int | None, list[str]]:
+        workers = BundleRequest(WORKER, 2, {"CPU": 0.25}, {"CPU": "num_cpus_per_worker"}, "num_workers")
+        reservation = Reservation([BundleRequest(DRIVER, 1, {"CPU": 0}, {}), workers], "PACK", 5)
+        group = reservation.placement_group
+        adopted = group is not None and group.id == ray.util.get_current_placement_group().id
+        strategy = reservation.scheduling(WORKER, 1)
+        reservation.release()
+        return adopted, strategy.placement_group_bundle_index if strategy else None, [b["role"] for b in reservation.layout()]
+
+
+def test_inside_a_trials_placement_group_a_reservation_adopts_it() -> None:
+    group = ray.util.placement_group(trial_bundles([BundleRequest(WORKER, 2, {"CPU": 0.25}, {})], {"CPU": 0.25}))
+    try:
+        ray.get(group.ready(), timeout=30)
+        strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True)
+        trial = InATrial.options(scheduling_strategy=strategy).remote()
+        adopted, index, layout = ray.get(trial.reserve.remote(), timeout=30)
+        assert (adopted, index) == (True, 2)  # worker 1 in bundle 2: bundle 0 is the trainable's
+        assert layout == []  # released: no longer the reservation's
+        assert placement_group_table(group)["state"] == "CREATED"  # but the trial still holds it
+    finally:
+        ray.util.remove_placement_group(group)
