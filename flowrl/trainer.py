@@ -165,6 +165,25 @@ class Trainer:
             self._learner_steps_taken = learner.num_steps_trained - learner.steps_not_delivered()
         return result
 
+    def update_config(self, changes: Mapping[str, Any]) -> None:
+        """Change hyperparameters of the running trainer, e.g. ``{"lr": 1e-4}`` (what PBT does).
+
+        Only the algorithm's ``live_keys`` can change (read by the learner's loss and optimizer at
+        each update); any other key, or an invalid value, raises :class:`~flowrl.errors.ConfigError`
+        and changes nothing. The new values go into :attr:`config` (and so into checkpoints).
+        """
+        not_live = sorted(set(changes) - self.algorithm.live_keys)
+        if not_live:
+            live = ", ".join(sorted(self.algorithm.live_keys)) or "none"
+            raise ConfigError([f"{key} cannot change on a running {self.algorithm.name} trainer (keys that can: {live}); "
+                               "build a new trainer and restore a checkpoint into it" for key in not_live])
+        config = self.config.replace(**changes)  # validates them all before anything changes
+        local = self.workers.local_worker()
+        with local.lock:  # a learner thread takes it for each update
+            for pid in self.workers.trainable_policies():
+                local.policy_map[pid].update_config(changes)
+            self.config = config
+
     def evaluate(self, num_episodes: int = 10, seed: int | None = None) -> dict[str, Any]:
         """Run ``num_episodes`` episodes with deterministic actions in this process; return their statistics."""
         return evaluate_policies(self.workers.local_worker().policy_map, self.env, self.config, num_episodes, seed)

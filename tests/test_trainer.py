@@ -544,3 +544,25 @@ def test_a_version_1_checkpoint_restores_its_replay_buffer_and_operator_state(tm
             k: v for k, v in state["plan"]["operators"].items() if k != unsaved}
     with pytest.raises(CheckpointError, match="layout is version 7; this flowrl reads versions 1 to 3"):
         flowrl.trainer.upgraded_state({**state, "version": 7})
+
+
+def test_update_config_changes_live_keys_of_a_running_trainer_and_nothing_else() -> None:
+    trainer = Trainer("ppo", "CartPole-v1", {"num_workers": 0, "train_batch_size": 64, "sgd_minibatch_size": 32, "seed": 0})
+    try:
+        trainer.train()
+        policy = trainer.workers.local_worker().policy_map[DEFAULT_POLICY_ID]
+        moments = policy.optimizer.state_dict()["state"]
+        trainer.update_config({"lr": 1e-4, "entropy_coeff": 0.02})
+        assert (trainer.config.lr, trainer.config.entropy_coeff) == (1e-4, 0.02)
+        assert (policy.config.lr, policy.config.entropy_coeff) == (1e-4, 0.02)
+        assert [group["lr"] for group in policy.optimizer.param_groups] == [1e-4]
+        assert policy.optimizer.state_dict()["state"].keys() == moments.keys()  # Adam's moments kept
+        with pytest.raises(ConfigError, match=r"gamma cannot change on a running ppo trainer \(keys that can: clip_param, entropy_coeff, lr, vf_loss_coeff\)"):
+            trainer.update_config({"gamma": 0.9, "lr": 1e-3})
+        with pytest.raises(ConfigError, match="lr=-1.0 must be > 0"):
+            trainer.update_config({"lr": -1.0, "entropy_coeff": 0.5})
+        assert (trainer.config.lr, policy.config.entropy_coeff, trainer.config.gamma) == (1e-4, 0.02, 0.99)  # unchanged
+        trainer.train()
+        assert trainer.get_state()["config"]["lr"] == 1e-4  # checkpoints record the new values
+    finally:
+        trainer.stop()

@@ -105,4 +105,12 @@ def execution_plan(workers: WorkerSet, config: A2CConfig, resources: PlanResourc
     return StandardMetricsReporting(train_op, workers, config)
 
 
-ALGORITHM = Algorithm("a2c", "synchronous advantage actor-critic", A2CConfig, make_actor_critic_policy, execution_plan, multi_agent=True)
+ALGORITHM = Algorithm(
+    "a2c",
+    "synchronous advantage actor-critic",
+    A2CConfig,
+    make_actor_critic_policy,
+    execution_plan,
+    multi_agent=True,
+    live_keys=frozenset({"lr", "entropy_coeff", "vf_loss_coeff"}),
+)

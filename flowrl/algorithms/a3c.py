@@ -32,4 +32,7 @@ def execution_plan(workers: WorkerSet, config: A3CConfig, resources: PlanResourc
     return StandardMetricsReporting(train_op, workers, config)
 
 
-ALGORITHM = Algorithm("a3c", "asynchronous advantage actor-critic", A3CConfig, make_actor_critic_policy, execution_plan)
+# Workers compute A3C's gradients with their own copy of the loss coefficients: only lr (the driver's optimizer) is live.
+ALGORITHM = Algorithm(
+    "a3c", "asynchronous advantage actor-critic", A3CConfig, make_actor_critic_policy, execution_plan, live_keys=frozenset({"lr"})
+)

@@ -131,6 +131,7 @@ ALGORITHM = Algorithm(
     execution_plan,
     make_resources=make_resources,
     bundles=bundles,
+    live_keys=frozenset({"lr"}),
 )
 
 

@@ -108,4 +108,5 @@ ALGORITHM = Algorithm(
     execution_plan,
     make_resources=impala.make_resources,
     bundles=impala.bundles,
+    live_keys=frozenset({"lr", "entropy_coeff", "clip_param", "vf_loss_coeff"}),
 )

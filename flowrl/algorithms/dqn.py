@@ -193,4 +193,5 @@ ALGORITHM = Algorithm(
     execution_plan,
     multi_agent=True,
     make_resources=make_resources,
+    live_keys=frozenset({"lr"}),
 )

@@ -187,4 +187,5 @@ ALGORITHM = Algorithm(
     execution_plan,
     make_resources=make_resources,
     bundles=bundles,
+    live_keys=frozenset({"lr", "entropy_coeff", "vf_loss_coeff"}),
 )

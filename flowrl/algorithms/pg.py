@@ -65,4 +65,6 @@ def execution_plan(workers: WorkerSet, config: PGConfig, resources: PlanResource
     return StandardMetricsReporting(train_op, workers, config)
 
 
-ALGORITHM = Algorithm("pg", "vanilla policy gradient (REINFORCE)", PGConfig, make_pg_policy, execution_plan, multi_agent=True)
+ALGORITHM = Algorithm(
+    "pg", "vanilla policy gradient (REINFORCE)", PGConfig, make_pg_policy, execution_plan, multi_agent=True, live_keys=frozenset({"lr"})
+)

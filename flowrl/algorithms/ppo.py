@@ -118,4 +118,12 @@ def execution_plan(workers: WorkerSet, config: PPOConfig, resources: PlanResourc
     return StandardMetricsReporting(training_flow(rollouts, workers, config), workers, config)
 
 
-ALGORITHM = Algorithm("ppo", "proximal policy optimisation", PPOConfig, make_ppo_policy, execution_plan, multi_agent=True)
+ALGORITHM = Algorithm(
+    "ppo",
+    "proximal policy optimisation",
+    PPOConfig,
+    make_ppo_policy,
+    execution_plan,
+    multi_agent=True,
+    live_keys=frozenset({"lr", "entropy_coeff", "clip_param", "vf_loss_coeff"}),
+)

@@ -53,6 +53,9 @@ class Algorithm:
     make_resources: ResourceFactory = no_resources
     #: What ``make_resources``'s actors ask Ray for (replay shards, aggregators), reserved with the workers'.
     bundles: BundleFactory = no_bundles
+    #: Config keys a running trainer can change (:meth:`~flowrl.Trainer.update_config`, PBT): read by
+    #: the learner's loss or optimizer at each update, never by rollout workers or plan operators.
+    live_keys: frozenset[str] = frozenset()
 
 
 # name -> (module, attribute holding its Algorithm); imported lazily so `flowrl list` stays fast.

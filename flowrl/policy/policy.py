@@ -187,6 +187,10 @@ class Policy(abc.ABC, Generic[ConfigT]):
                 f"had {nonfinite}. Look for NaN/inf in the batch (rewards, observations) or lower the learning rate."
             )
 
+    def update_config(self, changes: Mapping[str, Any]) -> None:
+        """Change config keys of a live policy (validated); losses read them at their next call."""
+        self.config = self.config.replace(**changes)
+
     def get_state(self) -> dict[str, Any]:
         """Everything needed to resume: weights and counters (subclasses add optimizer state)."""
         return {

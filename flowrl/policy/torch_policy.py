@@ -265,6 +265,13 @@ class TorchPolicy(Policy[ConfigT]):
         # torch.tensor copies: arrays from Ray's object store are read-only.
         self.model.load_state_dict({k: torch.tensor(v) for k, v in weights.items()})
 
+    def update_config(self, changes: Mapping[str, Any]) -> None:
+        """Change config keys of a live policy; a new ``lr`` also goes to the optimizer (keeping its moments)."""
+        super().update_config(changes)
+        if "lr" in changes:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.config.lr
+
     def get_state(self) -> dict[str, Any]:
         return {
             **super().get_state(),
