@@ -26,7 +26,8 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     address = address or os.environ.get("RAY_ADDRESS")
     if not address:
         # Ray turns its token authentication on for a local instance unless RAY_AUTH_MODE says otherwise.
-        ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.ERROR)
+        # "local": a new instance, even where `ray start` left a cluster that ray.init() would join by default.
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level=logging.ERROR)
         return True
     try:
         ray.init(address=address, logging_level=logging.ERROR)

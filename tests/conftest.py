@@ -12,6 +12,6 @@ import ray
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
     """Start one local Ray instance (2 CPUs, no dashboard) for the whole test session."""
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.ERROR)
     yield
     ray.shutdown()

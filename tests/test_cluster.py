@@ -1,6 +1,7 @@
-"""flowrl on a real multi-node Ray cluster: three raylets on this machine (``ray.cluster_utils.Cluster``),
-one CPU each, shared by the tests of this module and driven by ``flowrl train --address`` in
-subprocesses (a driver joins one Ray cluster; this process keeps the test session's own).
+"""flowrl on a real multi-node Ray cluster: three raylets on this machine (``ray.cluster_utils.Cluster``
+in a harness process, see ``cluster_harness.py``), one CPU each, shared by the tests of this module
+and driven by ``flowrl train --address`` in subprocesses (a driver joins one Ray cluster; this
+process keeps the test session's own).
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ from collections.abc import Callable, Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import pytest
 import yaml
-from ray.cluster_utils import Cluster
 
 from flowrl.algorithms import get_algorithm
 
+from cluster_harness import ClusterHandle
 from fakes import progress
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -31,27 +31,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def cluster(ray_session: None) -> Iterator[Cluster]:
-    """A head and two worker nodes, one CPU each, with token authentication, beside (not replacing)
-    the test session's own Ray.
-
-    ``Cluster`` records its address as the machine's current Ray cluster and, on shutdown,
-    erases that record and this process's internal KV client: both belong to the test
-    session's Ray, so the fixture keeps them as they were.
-    """
+def cluster(ray_session: None) -> Iterator[ClusterHandle]:
+    """A head and two worker nodes, one CPU each, with token authentication, held by a harness
+    process beside (never inside) this test session's own Ray."""
     # The session's local Ray turned token authentication on in this process (Ray >= 2.59): the
     # cluster requires the machine's token (~/.ray/auth_token), which the flowrl drivers below find.
     assert os.environ.get("RAY_AUTH_MODE") == "token"
-    with mock.patch("ray._private.utils.write_ray_address"):
-        started = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1})
+    handle = ClusterHandle(workers=2, num_cpus=1, env=environment())
     try:
-        for _ in range(2):
-            started.add_node(num_cpus=1)
-        started.wait_for_nodes()
-        yield started
+        yield handle
     finally:
-        with mock.patch("ray._common.utils.reset_ray_address"), mock.patch("ray.experimental.internal_kv._internal_kv_reset"):
-            started.shutdown()
+        handle.close()
 
 
 def flowrl(*args: str) -> list[str]:
@@ -62,16 +52,12 @@ def environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
 
 
-def all_alive(cluster: Cluster) -> bool:
-    return all(not node.dead_processes() for node in cluster.list_all_nodes())
-
-
 def run_directory(results: Path) -> Path:
     [directory] = list(results.iterdir())
     return directory
 
 
-def test_a_resource_the_cluster_lacks_fails_before_training(cluster: Cluster, tmp_path: Path) -> None:
+def test_a_resource_the_cluster_lacks_fails_before_training(cluster: ClusterHandle, tmp_path: Path) -> None:
     start = time.monotonic()
     proc = subprocess.run(
         flowrl("train", "--algo", "ppo", "--env", "CartPole-v1", "--num-workers", "2", "--address", cluster.address,
@@ -82,10 +68,10 @@ def test_a_resource_the_cluster_lacks_fails_before_training(cluster: Cluster, tm
     assert "TPU" in proc.stderr and "custom_resources_per_worker" in proc.stderr
     assert time.monotonic() - start < 30
     assert not tmp_path.exists() or not any(tmp_path.iterdir())  # no run directory: nothing trained
-    assert all_alive(cluster)
+    assert cluster.all_alive()
 
 
-def test_a_driver_without_the_clusters_token_is_refused(cluster: Cluster, tmp_path: Path) -> None:
+def test_a_driver_without_the_clusters_token_is_refused(cluster: ClusterHandle, tmp_path: Path) -> None:
     home = tmp_path / "home"  # no ~/.ray/auth_token there
     home.mkdir()
     env = {k: v for k, v in environment().items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
@@ -105,24 +91,29 @@ def test_a_driver_without_the_clusters_token_is_refused(cluster: Cluster, tmp_pa
     ids=["ppo", "apex-spread-shards"],
 )
 def test_a_run_spreads_its_workers_over_nodes_learns_and_leaves_the_cluster_running(
-    cluster: Cluster, example: str, extra: list[str], tmp_path: Path
+    cluster: ClusterHandle, example: str, extra: list[str], tmp_path: Path
 ) -> None:
     proc = subprocess.run(
         flowrl("train", "--config", f"tuned_examples/{example}", "--address", cluster.address, "--seed", "0",
-               "--set", "num_cpus_per_worker=1", *extra, "--stop-reward", "150", "--results-dir", str(tmp_path)),
+               "--set", "num_cpus_per_worker=1", "--set", "num_cpus_for_driver=1", *extra, "--stop-reward", "150",
+               "--results-dir", str(tmp_path)),
         capture_output=True, text=True, timeout=280, cwd=REPO, env=environment(), check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = progress(run_directory(tmp_path))
     assert results[-1]["episode_reward_mean"] >= 150
-    nodes = set(results[-1]["info"]["placement"]["worker_nodes"].values())
+    placement = results[-1]["info"]["placement"]
+    nodes = set(placement["worker_nodes"].values())
     assert len(nodes) == 2  # one CPU per node: two one-CPU workers cannot share one
+    # The driver's CPU is reserved on its own node, so the workers went to the other two.
+    [driver] = [bundle for bundle in placement["bundles"] if bundle["role"] == "driver"]
+    assert driver["node_id"] == placement["driver_node"] not in nodes
     shards = results[-1]["info"].get("replay_shards", [])
     assert len({shard["node_id"] for shard in shards}) == len(shards)  # spread: Ape-X's two shards on two nodes
-    assert all_alive(cluster) and len(cluster.list_all_nodes()) == 3
+    assert cluster.all_alive() and cluster.num_nodes() == 3
 
 
-def test_replay_shards_run_next_to_the_learner_by_default(cluster: Cluster, tmp_path: Path) -> None:
+def test_replay_shards_run_next_to_the_learner_by_default(cluster: ClusterHandle, tmp_path: Path) -> None:
     proc = subprocess.run(
         flowrl("train", "--algo", "apex", "--env", "CartPole-v1", "--address", cluster.address, "--set",
                "num_cpus_per_worker=1", "--set", "num_replay_shards=2", "--set", "learning_starts=100",
@@ -135,7 +126,7 @@ def test_replay_shards_run_next_to_the_learner_by_default(cluster: Cluster, tmp_
     assert [shard["node_id"] for shard in result["info"]["replay_shards"]] == [driver, driver]
 
 
-def test_losing_a_worker_node_restarts_its_worker_elsewhere_and_training_goes_on(cluster: Cluster, tmp_path: Path) -> None:
+def test_losing_a_worker_node_restarts_its_worker_elsewhere_and_training_goes_on(cluster: ClusterHandle, tmp_path: Path) -> None:
     batch, fragment = 400, 100
 
     def a_worker_node(result: dict[str, Any], head: str) -> str:
@@ -153,7 +144,7 @@ def test_losing_a_worker_node_restarts_its_worker_elsewhere_and_training_goes_on
     assert all(batch <= after - before <= batch + fragment for before, after in pairwise(totals)), totals
 
 
-def test_losing_a_node_recreates_its_replay_shard_and_worker_and_apex_goes_on(cluster: Cluster, tmp_path: Path) -> None:
+def test_losing_a_node_recreates_its_replay_shard_and_worker_and_apex_goes_on(cluster: ClusterHandle, tmp_path: Path) -> None:
     def a_shard_node(result: dict[str, Any], head: str) -> str:
         return next(shard["node_id"] for shard in result["info"]["replay_shards"] if shard["node_id"] != head)  # spread
 
@@ -172,8 +163,25 @@ def test_losing_a_node_recreates_its_replay_shard_and_worker_and_apex_goes_on(cl
     assert last["timesteps_total"] > before[-1]["timesteps_total"]
 
 
+def test_losing_a_node_recreates_its_aggregator_and_impala_goes_on(cluster: ClusterHandle, tmp_path: Path) -> None:
+    def an_aggregator_node(result: dict[str, Any], head: str) -> str:
+        # One-CPU aggregators on one-CPU nodes: the two are on two nodes, so at least one is off the head.
+        bundles = result["info"]["placement"]["bundles"]
+        return next(b["node_id"] for b in bundles if b["role"] == "aggregator" and b["node_id"] != head)
+
+    before, results, victim_id = lose_a_node_mid_run(
+        cluster, tmp_path, an_aggregator_node, "--algo", "impala", "--env", "CartPole-v1", "--seed", "0",
+        "--set", "num_cpus_per_worker=0.5", "--set", "num_aggregation_workers=2", "--set", "num_cpus_per_aggregator=1",
+    )
+    last = results[-1]
+    assert last["num_aggregator_restarts"] >= 1
+    bundles = last["info"]["placement"]["bundles"]
+    assert victim_id not in [b["node_id"] for b in bundles]  # every bundle was re-reserved on a live node
+    assert last["timesteps_total"] > before[-1]["timesteps_total"] and last["num_healthy_workers"] == 2
+
+
 def lose_a_node_mid_run(
-    cluster: Cluster, tmp_path: Path, victim_of: Callable[[dict[str, Any], str], str], *args: str
+    cluster: ClusterHandle, tmp_path: Path, victim_of: Callable[[dict[str, Any], str], str], *args: str
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
     """Run ``flowrl train *args`` on the cluster; after 2 iterations remove the node ``victim_of(last result,
     head node id)`` names and add a fresh one; after 5 more, SIGTERM the run (which must exit 143).
@@ -186,16 +194,15 @@ def lose_a_node_mid_run(
     )
     try:
         before = wait_for_iterations(proc, tmp_path, 2)
-        victim_id = victim_of(before[-1], cluster.head_node.node_id)
-        [victim] = [node for node in cluster.worker_nodes if node.node_id == victim_id]
-        cluster.remove_node(victim)
-        cluster.add_node(num_cpus=1)
+        victim_id = victim_of(before[-1], cluster.head)
+        cluster.remove_node(victim_id)
+        cluster.add_node()
         results = wait_for_iterations(proc, tmp_path, len(before) + 5)
     finally:
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 143, stderr[-3000:]
-    assert all_alive(cluster)
+    assert cluster.all_alive()
     return before, results, victim_id
 
 
