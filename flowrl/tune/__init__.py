@@ -1,0 +1,1 @@
+"""flowrl on Ray Tune: hyperparameter search and population-based training."""
