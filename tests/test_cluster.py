@@ -141,7 +141,8 @@ def test_losing_a_worker_node_restarts_its_worker_elsewhere_and_training_goes_on
     assert results[-1]["num_healthy_workers"] == 2
     assert victim_id not in results[-1]["info"]["placement"]["worker_nodes"].values()
     totals = [0] + [r["timesteps_total"] for r in results]
-    assert all(batch <= after - before < batch + fragment for before, after in pairwise(totals)), totals
+    # A round that lost its dead worker's fragment can make the concatenation end one fragment over B.
+    assert all(batch <= after - before <= batch + fragment for before, after in pairwise(totals)), totals
 
 
 def test_losing_a_node_recreates_its_replay_shard_and_worker_and_apex_goes_on(cluster: ClusterHandle, tmp_path: Path) -> None:
