@@ -1,8 +1,8 @@
-"""The ``flowrl`` command: train, resume and evaluate runs, list algorithms, print execution plans.
+"""The ``flowrl`` command: train, resume, tune and evaluate runs, list algorithms, print execution plans.
 
 This module parses flags, calls the library and prints. ``flowrl train`` is a shell over
 :mod:`flowrl.run` (the run directory, stop criteria, checkpoints, resuming), and ``--config``
-files are read by :mod:`flowrl.experiment`.
+files are read by :mod:`flowrl.experiment`; ``flowrl tune`` is a shell over :func:`flowrl.tune.run`.
 
 Exit statuses:
 
@@ -15,6 +15,9 @@ Exit statuses:
   or flag, an unreadable config file, run directory or checkpoint, a ``--storage-path`` that
   cannot hold checkpoints, a Ray cluster that cannot be joined): ``flowrl: error: ...`` on
   stderr, without a traceback.
+- ``tune``: 0 when every trial ended, 1 when a trial failed, 128 + the signal's number when a
+  signal interrupted the experiment (Tune saves its state first; ``flowrl tune --resume EXP_DIR``
+  continues it).
 - 128 + the signal's number when a signal ended training: 130 for SIGINT (Ctrl-C), 143 for
   SIGTERM, 129 for SIGHUP. ``train`` first saves a checkpoint and prints the resume command;
   a second signal while it saves abandons that checkpoint (the previous one stays the
@@ -394,6 +397,38 @@ def _report_failure(run: Run, error: Exception) -> None:
     sys.stderr.flush()
 
 
+def _tune(args: argparse.Namespace) -> int:
+    if args.resume and (args.config or args.results_dir):
+        raise CLIError("--config and --results-dir cannot be used with --resume: a resumed experiment keeps its "
+                       "settings and its directory")
+    if not args.resume and not args.config:
+        raise CLIError("tune needs --config FILE (an experiment file, e.g. tuned_examples/tune-cartpole-ppo-grid.yaml) "
+                       "or --resume EXP_DIR")
+    from flowrl.tune import run as run_experiment  # Ray Tune is imported only for this command
+
+    summary = run_experiment(args.config, results_dir=args.results_dir, address=args.address, resume=args.resume)
+    counts: dict[str, int] = {}
+    for trial in summary.trials:
+        counts[trial.status.lower()] = counts.get(trial.status.lower(), 0) + 1
+    print(f"trials: {len(summary.trials)} ({', '.join(f'{n} {status}' for status, n in sorted(counts.items()))})")
+    best = summary.best
+    if best is not None:
+        config = ", ".join(f"{key}={json.dumps(value)}" for key, value in best.config.items()) or "no searched keys"
+        print(f"best trial: {best.trial_id} ({config}): {summary.metric} {_fmt(best.last, '.4g')} at iteration "
+              f"{best.iterations} (its best: {_fmt(best.best, '.4g')})")
+        print(f"best trial directory: {best.directory}")
+    print(f"all trials: {summary.trials_csv}")
+    print(f"experiment: {summary.directory}", flush=True)
+    for trial in summary.errored:
+        print(f"flowrl: error: trial {trial.trial_id} failed: {trial.error} (traceback: {trial.error_file})",
+              file=sys.stderr, flush=True)
+    if summary.interrupted_by is not None:
+        print(f"interrupted ({_signal_label(summary.interrupted_by)}); "
+              f"resume with: flowrl tune --resume {summary.directory}", file=sys.stderr, flush=True)
+        return exit_status_for(summary.interrupted_by)
+    return EXIT_FAILURE if summary.errored else EXIT_OK
+
+
 def _list(args: argparse.Namespace) -> int:
     from flowrl.algorithms import get_algorithm, list_algorithms
 
@@ -556,6 +591,20 @@ def build_parser() -> argparse.ArgumentParser:
                             "from its latest usable checkpoint (stop and checkpoint flags given here replace its own; "
                             "--algo, --env and --seed may repeat its own)")
     train.set_defaults(func=_train)
+
+    tuner = sub.add_parser("tune", help="search hyperparameters or train a population (PBT) on Ray Tune",
+                           description="Run the trials of an experiment file on Ray Tune, side by side, and write "
+                                       "an experiment directory with one run directory per trial and trials.csv.")
+    tuner.add_argument("--config", metavar="FILE",
+                       help="YAML or JSON experiment file: a tuned example with search spaces in its config, and "
+                            "num_samples, metric, mode, scheduler, search_alg (see docs/tune.md)")
+    tuner.add_argument("--results-dir", metavar="DIR",
+                       help=f"where the experiment directory goes (default ./{DEFAULT_RESULTS_DIR})")
+    tuner.add_argument("--resume", metavar="EXP_DIR",
+                       help="continue the interrupted experiment in EXP_DIR: its unfinished and failed trials go on "
+                            "from their latest checkpoints, with the experiment's own settings")
+    tuner.add_argument("--address", default=None, help=_ADDRESS_HELP)
+    tuner.set_defaults(func=_tune)
 
     lister = sub.add_parser("list", help="list the algorithms (or one algorithm's config keys)")
     lister.add_argument("algo", nargs="?", help="show this algorithm's config keys, defaults and docs")

@@ -66,10 +66,11 @@ def _yaml_problem(error: Exception) -> str:
     return " ".join(str(error).split())
 
 
-def load_experiment_file(path: str | os.PathLike[str]) -> Experiment:
-    """Read a YAML (``.yaml``, ``.yml``) or JSON (``.json``) experiment file (see :func:`parse_experiment`).
+def read_experiment_data(path: str | os.PathLike[str]) -> Any:
+    """The parsed contents of a YAML (``.yaml``, ``.yml``) or JSON (``.json``) experiment file.
 
-    Raises :class:`RunError` naming the file and what is wrong with it.
+    YAML floats such as ``5e-5`` are floats, as in YAML 1.2. Raises :class:`RunError` naming
+    the file and what is wrong with it.
     """
     file = Path(path)
     suffix = file.suffix.lower()
@@ -83,21 +84,27 @@ def load_experiment_file(path: str | os.PathLike[str]) -> Experiment:
         raise RunError(f"experiment file {str(file)!r}: cannot read it ({e})") from None
     if suffix == ".json":
         try:
-            data = json.loads(text)
+            return json.loads(text)
         except json.JSONDecodeError as e:
             raise RunError(f"experiment file {str(file)!r} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
-    else:
-        try:
-            import yaml
-        except ImportError:
-            raise RunError(
-                f"experiment file {str(file)!r}: reading YAML needs PyYAML (pip install pyyaml); or write the config as .json"
-            ) from None
-        try:
-            data = _load_yaml(text)
-        except yaml.YAMLError as e:
-            raise RunError(f"experiment file {str(file)!r} is not valid YAML: {_yaml_problem(e)}") from None
-    return parse_experiment(data, source=f"experiment file {str(file)!r}")
+    try:
+        import yaml
+    except ImportError:
+        raise RunError(
+            f"experiment file {str(file)!r}: reading YAML needs PyYAML (pip install pyyaml); or write the config as .json"
+        ) from None
+    try:
+        return _load_yaml(text)
+    except yaml.YAMLError as e:
+        raise RunError(f"experiment file {str(file)!r} is not valid YAML: {_yaml_problem(e)}") from None
+
+
+def load_experiment_file(path: str | os.PathLike[str]) -> Experiment:
+    """Read a YAML or JSON experiment file (:func:`read_experiment_data`, then :func:`parse_experiment`).
+
+    Raises :class:`RunError` naming the file and what is wrong with it.
+    """
+    return parse_experiment(read_experiment_data(path), source=f"experiment file {str(Path(path))!r}")
 
 
 def parse_experiment(data: Any, source: str = "the config file") -> Experiment:

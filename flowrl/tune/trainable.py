@@ -142,6 +142,13 @@ class RunDirectoryLogger(JsonLoggerCallback):
         spec = RunSpec(getattr(trainable, "algo", trial.trainable_name), getattr(trainable, "env", ""), config)
         (_trial_dir(trial) / PARAMS_FILE).write_text(json.dumps(json_safe(spec.to_params()), indent=2) + "\n")
 
+    def log_trial_start(self, trial: Trial) -> None:
+        super().log_trial_start(trial)
+        # A resumed experiment stages its trial directories afresh: take the results written
+        # before the interruption from the experiment directory, as Tune does for result.json.
+        if not (_trial_dir(trial) / PROGRESS_FILE).exists():
+            self._restore_from_remote(PROGRESS_FILE, trial)
+
     def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
         super().log_trial_result(iteration, trial, result)
         with open(_trial_dir(trial) / PROGRESS_FILE, "a") as f:
