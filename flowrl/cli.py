@@ -2,7 +2,8 @@
 
 This module parses flags, calls the library and prints. ``flowrl train`` is a shell over
 :mod:`flowrl.run` (the run directory, stop criteria, checkpoints, resuming), and ``--config``
-files are read by :mod:`flowrl.experiment`; ``flowrl tune`` is a shell over :func:`flowrl.tune.run`.
+files are read by :mod:`flowrl.experiment`; ``flowrl tune`` is a shell over :func:`flowrl.tune.run`,
+``flowrl export`` over :func:`flowrl.export.export_policy` and ``flowrl plot`` over :func:`flowrl.plot.plot_runs`.
 
 Exit statuses:
 
@@ -36,7 +37,7 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -52,7 +53,9 @@ from flowrl.errors import (
     UnknownAlgorithmError,
 )
 from flowrl.experiment import load_experiment_file, parse_experiment
+from flowrl.progress import ProgressDisplay, Verbosity
 from flowrl.ray_runtime import ray_session
+from flowrl.rllib_compat import RLLIB_MARKER, RLlibConfigNote
 from flowrl.run import (
     CHECKPOINTS_DIR,
     DEFAULT_CHECKPOINT_INTERVAL_S,
@@ -161,6 +164,8 @@ def build_config(algorithm: Algorithm, file_config: Mapping[str, Any], args: arg
     validated (``ConfigError`` listing every problem) before it is returned.
     """
     defaults = algorithm.config_class.from_dict({}).to_dict()
+    if RLLIB_MARKER in file_config:
+        defaults["model"] = {}  # an RLlib config's model keys left out take RLlib's model defaults, not flowrl's
     config = apply_set(dict(file_config), parse_set(args.set or []), defaults)
     if getattr(args, "num_workers", None) is not None:
         config["num_workers"] = args.num_workers
@@ -212,7 +217,8 @@ def _fmt(value: Any, spec: str = ".1f") -> str:
 
 def format_iteration(result: Mapping[str, Any], steps_this_iter: int) -> str:
     """One line per iteration: iteration, timesteps, reward mean (min/max), steps/s, total time,
-    each policy's mean return per agent in multi-agent runs, and the faults absorbed so far (if any)."""
+    each policy's mean return per agent in multi-agent runs, the evaluation's mean reward on
+    iterations that evaluate, and the faults absorbed so far (if any)."""
     elapsed = result.get("time_this_iter_s") or 0.0
     rate = steps_this_iter / elapsed if elapsed > 0 else float("nan")
     line = (
@@ -226,6 +232,9 @@ def format_iteration(result: Mapping[str, Any], steps_this_iter: int) -> str:
     per_policy = result.get("policy_reward_mean") or {}
     if per_policy:
         line += "  " + " ".join(f"{pid} {_fmt(value)}" for pid, value in sorted(per_policy.items()))
+    evaluation = result.get("evaluation")
+    if isinstance(evaluation, Mapping):
+        line += f"  evaluation {_fmt(evaluation.get('episode_reward_mean'))}"
     faults = [f"{label} {result[key]}" for key, label in _FAULTS_SHOWN if result.get(key)]
     if faults:
         line += "  " + ", ".join(faults)
@@ -238,6 +247,7 @@ _FAULTS_SHOWN = (
     ("num_replay_shard_restarts", "replay shard restarts"),
     ("num_lost_replay_calls", "lost replay calls"),
     ("num_aggregator_restarts", "aggregator restarts"),
+    ("num_evaluation_worker_restarts", "evaluation worker restarts"),
     ("num_faulty_episodes", "faulty episodes"),
     ("num_bad_observations", "bad observations"),
     ("num_nonfinite_updates", "non-finite updates"),
@@ -265,6 +275,22 @@ def checkpoint_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {key: value for key, value in given.items() if value is not None}
 
 
+def tracker_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The trackers given as flags (``--wandb``, ``--mlflow``), as :class:`~flowrl.run.RunSpec` keywords."""
+    given = {"wandb_project": getattr(args, "wandb", None), "mlflow_tracking_uri": getattr(args, "mlflow", None)}
+    return {key: value for key, value in given.items() if value is not None}
+
+
+def _verbosity(args: argparse.Namespace) -> Verbosity:
+    return "quiet" if args.quiet else "verbose" if args.verbose else "normal"
+
+
+def _announce(args: argparse.Namespace, message: str) -> None:
+    """Print a line about the run starting; --quiet prints only the summary and errors."""
+    if not args.quiet:
+        print(message, flush=True)
+
+
 def _train(args: argparse.Namespace) -> int:
     if args.storage_path is not None and args.results_dir is not None:
         raise CLIError("--storage-path and --results-dir both say where run directories go: give one "
@@ -272,11 +298,11 @@ def _train(args: argparse.Namespace) -> int:
     if args.resume:
         return _resume(args)
     algorithm, env, config, stop = train_settings(args)
-    spec = RunSpec(algorithm.name, env, config, stop, **checkpoint_settings(args))
+    spec = RunSpec(algorithm.name, env, config, stop, **checkpoint_settings(args), **tracker_settings(args))
     with start_run(spec, results_dir=args.results_dir, storage_path=args.storage_path, address=args.address) as run:
-        print(f"training {algorithm.name} on {env}; {_describe_stop(stop)}", flush=True)
-        print(f"run directory: {run.directory}", flush=True)
-        return _train_until_stopped(run)
+        _announce(args, f"training {algorithm.name} on {env}; {_describe_stop(stop)}")
+        _announce(args, f"run directory: {run.directory}")
+        return _train_until_stopped(run, _verbosity(args))
 
 
 def resume_conflicts(args: argparse.Namespace, spec: RunSpec, params: Path) -> list[str]:
@@ -290,7 +316,8 @@ def resume_conflicts(args: argparse.Namespace, spec: RunSpec, params: Path) -> l
     conflicts = []
     if refused:
         conflicts.append(f"{', '.join(refused)} cannot be used with --resume: a resumed run keeps the settings in "
-                         f"{params} (stop flags, --num-workers, the checkpoint flags and --address may change)")
+                         f"{params} (stop flags, --num-workers, the checkpoint flags, --wandb, --mlflow and --address "
+                         f"may change)")
     for key, value in (("algo", args.algo), ("env", args.env)):
         if value and value.lower() != getattr(spec, key).lower():
             conflicts.append(f"--{key} {value} differs from the run's {key} {getattr(spec, key)} (in {params})")
@@ -310,7 +337,7 @@ def _resume(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RunWarning)  # the skipped checkpoints are printed below, in full
         point = find_resume_point(run_dir, storage_path=args.storage_path, stop=stop_from_flags(args),
-                                  **checkpoint_settings(args))
+                                  **checkpoint_settings(args), **tracker_settings(args))
     run_dir = point.directory  # absolute for a run on a storage path
     for skipped in point.skipped:
         print(f"flowrl: warning: skipped checkpoint {skipped.path}: {skipped.problem}", file=sys.stderr, flush=True)
@@ -319,35 +346,24 @@ def _resume(args: argparse.Namespace) -> int:
         return EXIT_OK
     with resume_run(point, num_workers=args.num_workers, address=args.address) as run:
         if point.drops_results:
-            print(f"{run_dir / PROGRESS_FILE}: dropped the results after iteration {point.iteration}, the checkpoint's",
-                  flush=True)
-        print(f"resuming {spec.algo} on {spec.env} from {point.checkpoint} (iteration {run.trainer.iteration}); "
-              f"{_describe_stop(run.spec.stop)}", flush=True)
-        print(f"run directory: {run_dir}", flush=True)
-        return _train_until_stopped(run)
-
-
-def _print_each_result(run: Run) -> Callable[[Mapping[str, Any]], None]:
-    """An ``on_result`` callback printing :func:`format_iteration`'s line for each result."""
-    timesteps = run.timesteps_total
-
-    def print_result(result: Mapping[str, Any]) -> None:
-        nonlocal timesteps
-        steps = int(result.get("timesteps_total", timesteps))
-        print(format_iteration(result, steps - timesteps), flush=True)
-        timesteps = steps
-
-    return print_result
+            _announce(args, f"{run_dir / PROGRESS_FILE}: dropped the results after iteration {point.iteration}, "
+                            f"the checkpoint's")
+        _announce(args, f"resuming {spec.algo} on {spec.env} from {point.checkpoint} "
+                        f"(iteration {run.trainer.iteration}); {_describe_stop(run.spec.stop)}")
+        _announce(args, f"run directory: {run_dir}")
+        return _train_until_stopped(run, _verbosity(args))
 
 
 def _signal_label(signum: signal.Signals) -> str:
     return "Ctrl-C" if signum == signal.SIGINT else signum.name
 
 
-def _train_until_stopped(run: Run) -> int:
-    """Train ``run``, printing each iteration and then the summary; returns the exit status."""
+def _train_until_stopped(run: Run, verbosity: Verbosity) -> int:
+    """Train ``run``, showing each iteration (live on a terminal, else :func:`format_iteration`'s line),
+    then print the summary; returns the exit status."""
     try:
-        summary = run.train(on_result=_print_each_result(run))
+        with ProgressDisplay.for_run(run, format_line=format_iteration, verbosity=verbosity) as display:
+            summary = run.train(on_result=display.update)
     except Exception as error:  # noqa: BLE001 - every error that ends training is reported the same way
         _report_failure(run, error)
         return EXIT_FAILURE
@@ -470,12 +486,41 @@ def _evaluate(args: argparse.Namespace) -> int:
     from flowrl.trainer import evaluate_checkpoint
 
     checkpoint = _resolve_checkpoint(Path(args.checkpoint))
-    stats = evaluate_checkpoint(checkpoint, num_episodes=args.episodes, seed=args.seed)
+    stats = evaluate_checkpoint(checkpoint, num_episodes=args.episodes, seed=args.seed, video_dir=args.video)
     print(f"checkpoint: {checkpoint} ({stats['algo']} on {stats['env']}, iteration {stats['iteration']})")
     print(f"{args.episodes} episode{'s' if args.episodes != 1 else ''}, deterministic actions:")
     print(f"episode_reward_mean {_fmt(stats.get('episode_reward_mean'), '.2f')}  "
           f"min {_fmt(stats.get('episode_reward_min'), '.2f')}  max {_fmt(stats.get('episode_reward_max'), '.2f')}  "
           f"episode_len_mean {_fmt(stats.get('episode_len_mean'), '.1f')}")
+    if args.video is not None:
+        print(f"videos: {args.video}")
+    return EXIT_OK
+
+
+def _export(args: argparse.Namespace) -> int:
+    from flowrl.export import export_policy  # loads PyTorch: only for this command
+
+    model = export_policy(args.run_dir, format=args.format, out=args.out, policy_id=args.policy, checkpoint=args.checkpoint)
+    description = json.loads(model.with_name(model.name + ".json").read_text(encoding="utf-8"))
+
+    def shown(tensor: Mapping[str, Any]) -> str:
+        return f"{tensor['name']} {tensor['dtype']}[{', '.join(map(str, tensor['shape']))}]"
+
+    print(f"exported policy {description['policy_id']} ({description['algo']}) of {description['checkpoint']}")
+    print(f"model: {model}")
+    print(f"description: {model.with_name(model.name + '.json')}")
+    print(f"input: {shown(description['input'])}; outputs: {', '.join(shown(o) for o in description['outputs'])}")
+    return EXIT_OK
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from flowrl.plot import plot_runs
+
+    given = {"x": args.x, "y": args.y, "out": args.output}
+    drawn = plot_runs(args.run_dirs, **{key: value for key, value in given.items() if value is not None})
+    print(f"{drawn.path}: {drawn.y_key} against {drawn.x_key}, {drawn.curves} curve{'s' if drawn.curves != 1 else ''}")
+    for group in drawn.groups:
+        print(f"  {group.label}")
     return EXIT_OK
 
 
@@ -585,7 +630,21 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"keep the newest K checkpoints, deleting older ones (default {DEFAULT_KEEP_CHECKPOINTS})")
     train.add_argument("--keep-best", metavar="METRIC",
                        help="also keep a copy of the checkpoint with the highest METRIC (a result key, e.g. "
-                            "episode_reward_mean) in checkpoints/best")
+                            "episode_reward_mean; a/b for a nested key) in checkpoints/best (default with "
+                            "evaluation_interval set: evaluation/episode_reward_mean)")
+    train.add_argument("--wandb", metavar="PROJECT",
+                       help="also log the run to this Weights & Biases project (needs pip install 'flowrl-ray[tracking]'; "
+                            "WANDB_MODE=offline logs without an account)")
+    train.add_argument("--mlflow", metavar="TRACKING_URI",
+                       help="also log the run to this MLflow tracking server or store, e.g. http://localhost:5000 "
+                            "(needs pip install 'flowrl-ray[tracking]'); the experiment is $MLFLOW_EXPERIMENT_NAME, "
+                            "default flowrl")
+    shown = train.add_mutually_exclusive_group()
+    shown.add_argument("-q", "--quiet", action="store_true",
+                       help="print no line per iteration: only the summary at the end, and errors")
+    shown.add_argument("-v", "--verbose", action="store_true",
+                       help="print each iteration's line (also on a terminal, above the live display) followed by "
+                            "its learner statistics, health counters and evaluation and custom metrics")
     train.add_argument("--resume", metavar="RUN",
                        help="continue the run in run directory RUN (with --storage-path DIR: RUN's name under DIR) "
                             "from its latest usable checkpoint (stop and checkpoint flags given here replace its own; "
@@ -619,7 +678,35 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its latest checkpoint)")
     evaluate.add_argument("--episodes", type=_int_at_least(1), default=10, metavar="N", help="episodes to run (default 10)")
     evaluate.add_argument("--seed", type=int, default=None, help="reset episode i with seed + i (default: unseeded)")
+    evaluate.add_argument("--video", metavar="DIR",
+                          help="record every episode as an MP4 file in DIR (needs pip install 'flowrl-ray[video]')")
     evaluate.set_defaults(func=_evaluate)
+
+    exporter = sub.add_parser("export", help="export a checkpoint's policy as a TorchScript or ONNX model for serving",
+                              description="Write a model mapping a batch of observations to greedy actions (and what "
+                                          "they were chosen from), loadable with torch or onnxruntime alone, and a "
+                                          "JSON file beside it describing its input and outputs.")
+    exporter.add_argument("run_dir", metavar="RUN_DIR", help="a run directory or a checkpoint directory")
+    exporter.add_argument("--checkpoint", type=_int_at_least(0), metavar="N",
+                          help="export the run's checkpoint_N (default: its latest checkpoint)")
+    exporter.add_argument("--format", choices=("torchscript", "onnx"), required=True,
+                          help="torchscript (.pt, needs torch) or onnx (.onnx, needs onnxruntime; pip install 'flowrl-ray[export]')")
+    exporter.add_argument("--out", metavar="DIR", help="directory to write into (default: exports/<checkpoint> in the run directory)")
+    exporter.add_argument("--policy", metavar="ID", help="the policy to export, for checkpoints holding several (multi-agent)")
+    exporter.set_defaults(func=_export)
+
+    plotter = sub.add_parser("plot", help="draw learning curves of runs (seeds of one setting as mean ± std)",
+                             description="Draw learning curves from runs' progress.jsonl: runs of one algorithm, env "
+                                         "and config that differ only in their seed as their mean ± std, each trial "
+                                         "of a flowrl tune experiment as its own curve. Needs pip install 'flowrl-ray[plot]'.")
+    plotter.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories or flowrl tune experiment directories")
+    plotter.add_argument("--x", metavar="KEY", help="result key on the x axis (default timesteps_total)")
+    plotter.add_argument("--y", metavar="KEY",
+                         help="result key on the y axis; nested keys with /, e.g. evaluation/episode_reward_mean "
+                              "(default episode_reward_mean)")
+    plotter.add_argument("-o", "--output", metavar="FILE.png",
+                         help="image to write; its suffix sets the format: .png, .svg, .pdf (default curve.png)")
+    plotter.set_defaults(func=_plot)
 
     demo = sub.add_parser("demo", help="run a small dataflow over Ray shard actors")
     demo.add_argument("--items", type=int, default=100_000, help="numbers to square and sum (default 100000)")
@@ -640,12 +727,15 @@ def _report(error: BaseException, stream: TextIO) -> None:
 
 @contextlib.contextmanager
 def _run_warnings_as_messages() -> Iterator[None]:
-    """Print :class:`~flowrl.run.RunWarning` as ``flowrl: warning: ...`` lines; other warnings as Python does."""
+    """Print :class:`~flowrl.run.RunWarning` as ``flowrl: warning: ...`` lines and how RLlib keys were read
+    (:class:`~flowrl.rllib_compat.RLlibConfigNote`) as ``flowrl: note: ...``; other warnings as Python does."""
     show = warnings.showwarning
 
     def show_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
         if issubclass(category, RunWarning):
             print(f"flowrl: warning: {message}", file=sys.stderr, flush=True)
+        elif issubclass(category, RLlibConfigNote):
+            print(f"flowrl: note: {message}", file=sys.stderr, flush=True)
         else:
             show(message, category, *args, **kwargs)
 

@@ -57,16 +57,16 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence, TypeVar, Union
 
+from flowrl.callbacks import callbacks_problems
 from flowrl.errors import ConfigError, FlowRLError, FrozenConfigError
 from flowrl.importing import import_callable
+from flowrl.rllib_compat import read_rllib_keys
 
 __all__ = ["ConfigError", "FrozenConfigError", "TrainerConfig", "cfg_field"]
 
 C = TypeVar("C", bound="TrainerConfig")
 
 _META_KEY = "flowrl"
-# Keys from RLlib that flowrl dropped on purpose, with what to do instead.
-_REMOVED_KEYS = {"framework": "flowrl is PyTorch only; remove it"}
 # How many valid keys an unknown key's message lists when no valid key is close to it.
 _KEYS_SHOWN = 5
 
@@ -270,8 +270,10 @@ def _suggestion(key: str, valid: Sequence[str]) -> str:
     by_lower = {name.lower(): name for name in valid}
     close: list[str] = []
     if len(typed) >= 4:
-        # A part of a long name ('num_envs' for 'num_envs_per_worker') scores low as a whole.
-        close = sorted((name for lower, name in by_lower.items() if typed in lower), key=len)[:3]
+        # A part of a long name ('num_envs' for 'num_envs_per_worker') scores low as a whole. Names
+        # it begins ('num_workers' for 'num_worker') go before those it is inside ('evaluation_num_workers').
+        containing = [name for lower, name in by_lower.items() if typed in lower]
+        close = sorted([name for name in containing if name.lower().startswith(typed)] or containing, key=len)[:3]
     if not close:
         scored = sorted(
             ((difflib.SequenceMatcher(None, typed, lower).ratio(), name) for lower, name in by_lower.items()), reverse=True
@@ -301,6 +303,7 @@ def _model_problems(model: dict[str, Any]) -> list[str]:
     """Unknown keys (with the closest names) and bad values of a ``model`` dict."""
     if not model:
         return []
+    from flowrl.policy.custom_model import custom_model_problems
     from flowrl.policy.models import DEFAULT_MODEL_CONFIG, model_config
 
     problems = []
@@ -318,6 +321,7 @@ def _model_problems(model: dict[str, Any]) -> list[str]:
             model_config(known)
         except FlowRLError as e:  # e.g. an activation that does not exist
             problems.append(str(e))
+        problems += custom_model_problems(known)
     return problems
 
 
@@ -383,6 +387,13 @@ def policy_mapping_fn_problems(fn: Any) -> list[str]:
     return [f"policy_mapping_fn={fn!r} must be a callable agent_id -> policy id, a 'module:function' path to one, or None"]
 
 
+def _info_keys_problems(keys: list[Any]) -> list[str]:
+    """Entries of ``custom_metrics_from_info`` that are not info keys (strings)."""
+    return [
+        f"custom_metrics_from_info[{i}]={key!r} must be an info key (a str)" for i, key in enumerate(keys) if not isinstance(key, str)
+    ]
+
+
 def _redeclared(cls: type, name: str, default: Any) -> tuple[Any, Any]:
     """The annotation and field of the key ``name`` that ``cls`` inherits, with a new ``default``.
 
@@ -421,6 +432,15 @@ class TrainerConfig:
     #: Inherited keys whose default a subclass changes: ``{key: new default}``. The key keeps
     #: its type, doc and bounds from the base class; the new default is checked like any value.
     defaults: ClassVar[Mapping[str, Any]] = {}
+    #: RLlib's defaults (execution-plan era) of the keys where flowrl's default differs and the
+    #: difference changes what is learned: a config carrying RLlib's ``framework`` key takes them
+    #: for the keys it leaves out (see :mod:`flowrl.rllib_compat`). A ``model`` entry fills the
+    #: model keys left out one by one, as RLlib merged a ``model`` into its model defaults. Each
+    #: algorithm config declares its own whole mapping (they are not inherited key by key).
+    rllib_defaults: ClassVar[Mapping[str, Any]] = {}
+    #: Whether the algorithm's model applies ``observation_filter`` itself (ES and ARS keep the
+    #: statistics in the model's buffers): the rollout workers then hand it raw observations.
+    filters_observations_in_model: ClassVar[bool] = False
 
     # Workers and sampling.
     num_workers: int = cfg_field(
@@ -452,7 +472,10 @@ class TrainerConfig:
     model: dict[str, Any] = cfg_field(
         {},
         "Options overriding flowrl.policy.models.DEFAULT_MODEL_CONFIG (fcnet_hiddens, fcnet_activation, "
-        "conv_filters, conv_activation, vf_share_layers). {}: every default.",
+        "conv_filters, conv_activation, vf_share_layers). custom_model: a torch.nn.Module subclass or its "
+        "'module:Class' path, built as Class(obs_space, action_space, num_outputs, **custom_model_config), used "
+        "instead (its interface per algorithm: flowrl.policy.custom_model); custom_model_obs: 'flat' (default) or "
+        "'structured' (Dict/Tuple observations as dicts/tuples of tensors). {}: every default.",
         validator=_model_problems,
         per_policy=True,
     )
@@ -485,6 +508,13 @@ class TrainerConfig:
     clip_actions: bool = cfg_field(True, "Clip actions sent to env.step to a Box action space's bounds.")
     compress_observations: bool = cfg_field(
         False, "LZ4-compress the observation columns of sampled batches on the worker (for image observations)."
+    )
+    observation_filter: Literal["NoFilter", "MeanStdFilter"] = cfg_field(
+        "NoFilter",
+        "'MeanStdFilter': the policy sees observations normalized by the running mean and std of all observations "
+        "sampled so far (each worker's new statistics are merged in the driver once per iteration and sent back; "
+        "kept in checkpoints and applied by evaluation and load_policy). Single-agent Box observations only. "
+        "'NoFilter': raw observations.",
     )
     # Resources and faults.
     seed: int | None = cfg_field(
@@ -583,6 +613,48 @@ class TrainerConfig:
     timesteps_per_iteration: int = cfg_field(
         0, "Minimum env steps sampled per train() call; it runs plan steps until then. 0: none.", min=0
     )
+    # Callbacks and custom metrics.
+    callbacks: Any | None = cfg_field(
+        None,
+        "A subclass of flowrl.callbacks.Callbacks, or its 'package.module:ClassName' path: its episode hooks and "
+        "on_sample_end run in the rollout workers, on_train_result and on_checkpoint in the driver. Its "
+        "episode.custom_metrics are reported as custom_metrics/<name>_mean|_min|_max. None: no callbacks.",
+        validator=callbacks_problems,
+    )
+    custom_metrics_from_info: list[str] = cfg_field(
+        [],
+        "Env info keys reported as custom metrics (custom_metrics/<key>_mean|_min|_max over the same episodes as "
+        "episode_reward_mean): each episode's value is the key's value in the info of its last step (an episode "
+        "whose last info lacks the key gives none). Multi-agent envs: each agent's latest info, as '<agent>/<key>'.",
+        validator=_info_keys_problems,
+    )
+    # Evaluation.
+    evaluation_interval: int | None = cfg_field(
+        None,
+        "Evaluate every this many training iterations: iteration n's result then has result['evaluation'] "
+        "(episode_reward_mean/min/max, episode_len_mean, episodes) when n is a multiple of it. None or 0: never.",
+        min=0,
+    )
+    evaluation_num_episodes: int = cfg_field(
+        10, "Episodes per evaluation (split among the evaluation workers); they never count as training episodes.", min=1
+    )
+    evaluation_num_workers: int = cfg_field(
+        0,
+        "Evaluation actors of their own (each reserved num_cpus_per_worker CPUs in the run's placement group); "
+        "for asynchronous algorithms they evaluate while the iteration trains. 0: the driver evaluates after the iteration.",
+        min=0,
+    )
+    evaluation_config: dict[str, Any] = cfg_field(
+        {},
+        "Config keys overriding this config for evaluation (e.g. env_config, explore, seed); evaluation acts "
+        "deterministically (explore: False) unless it sets explore: True. Episode i of every evaluation resets "
+        "with seed + i (unseeded without a seed).",
+    )
+    evaluation_video: bool = cfg_field(
+        False,
+        "Record the first episode of each evaluation as MP4 (a run writes <run_dir>/videos/iteration_<n>.mp4); "
+        "needs pip install 'flowrl-ray[video]'.",
+    )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -626,7 +698,8 @@ class TrainerConfig:
         specs = {spec.name: spec for spec in _specs(cls)}
         # RLlib's key names that are Python keywords live in fields with a trailing underscore.
         values = {(f"{k}_" if isinstance(k, str) and keyword.iskeyword(k) and f"{k}_" in specs else k): v for k, v in values.items()}
-        problems: list[str] = []
+        # RLlib's other names for keys, and its keys that change nothing here, become flowrl's (each noted once).
+        values, problems = read_rllib_keys(cls, values, {name: spec.default for name, spec in specs.items()})
         for key in values:
             if key not in specs:
                 problems.append(cls._unknown_key_problem(key))
@@ -650,8 +723,6 @@ class TrainerConfig:
 
     @classmethod
     def _unknown_key_problem(cls, key: Any) -> str:
-        if key in _REMOVED_KEYS:
-            return f"unknown config key {key!r}; {_REMOVED_KEYS[key]}"
         if not isinstance(key, str):
             return f"config keys must be str, got {key!r} ({type(key).__name__})"
         names = [spec.name for spec in _specs(cls)]
@@ -673,11 +744,29 @@ class TrainerConfig:
         for pid in self.policies_to_train or []:
             if pid not in known:
                 problems.append(f"policies_to_train names {pid!r}, which is not a policy; the policies are {known}")
+        problems += self._evaluation_problems()
         if self.num_gpus > 0:
             import torch
 
             if not torch.cuda.is_available():
                 warnings.warn(f"num_gpus={self.num_gpus} but CUDA is not available; the policy will run on CPU", stacklevel=2)
+        return problems
+
+    def _evaluation_problems(self) -> list[str]:
+        """``evaluation_config`` keys that are not keys of this config or have invalid values; a video without evaluation."""
+        problems = []
+        specs = {spec.name: spec for spec in _specs(type(self))}
+        for key, value in self.evaluation_config.items():
+            name = f"{key}_" if isinstance(key, str) and keyword.iskeyword(key) and f"{key}_" in specs else key
+            if isinstance(name, str) and name.startswith("evaluation_"):
+                problems.append(f"evaluation_config sets {key!r}: evaluation keys go at the top level of the config")
+            elif name not in specs:
+                problems.append(f"evaluation_config: {self._unknown_key_problem(key)}")
+            else:
+                problems += [f"evaluation_config: {problem}" for problem in _check_value(specs[name], value)[1]]
+        if self.evaluation_video and not self.evaluation_interval:
+            problems.append(f"evaluation_video=True records evaluation episodes, but evaluation_interval="
+                            f"{self.evaluation_interval!r} turns evaluation off; set it to how often to evaluate")
         return problems
 
     def validate(self) -> None:

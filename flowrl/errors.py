@@ -146,3 +146,13 @@ class ResourceUnavailableError(FlowRLError):
 
 class ClusterConnectionError(FlowRLError):
     """The Ray cluster at the given address cannot be joined (unreachable, or its token authentication refused this driver)."""
+
+
+class CallbackError(FlowRLError):
+    """A hook of the run's ``callbacks`` raised, or stored a custom metric that is not a number.
+
+    The message names the callbacks class, the hook and where it ran (worker, env, episode);
+    the original exception is chained as ``__cause__``. It fails the iteration it happened in:
+    a rollout worker whose callback raised is not restarted, since its replacement would run
+    the same code.
+    """

@@ -14,6 +14,7 @@ Beside its pickled state a checkpoint holds two files anyone can read:
          "action_space": {"type": "Discrete", "n": 2, "start": 0, "dtype": "int64"},
          "config": {...the algorithm's config keys, as the policy's builder gets them...},
          "global_timestep": 12000,
+         "observation_filter": {"type": "MeanStdFilter", "count": 12000, "mean": [...], "std": [...]},
          "tensors": {"<parameter name>": {"key": "<policy_id>/<parameter name>",
                                           "dtype": "float32", "shape": [64, 4]}}}}}
 
@@ -21,6 +22,9 @@ Spaces are Box (bounds as one number when all equal, else nested lists; infiniti
 strings ``"inf"`` / ``"-inf"``), Discrete, MultiDiscrete, MultiBinary, and Tuple / Dict of
 these (a Dict as ``[key, space]`` pairs, in its order). :func:`policy_files` writes both files'
 contents; :func:`load_policy` rebuilds one policy from them with its algorithm's own builder.
+``observation_filter`` is there only for a run with ``observation_filter: MeanStdFilter``: the
+statistics (of flattened observations) the policy's inputs are normalized with, which
+:class:`InferencePolicy` applies too.
 """
 
 from __future__ import annotations
@@ -41,8 +45,10 @@ import flowrl
 from flowrl.checkpoint import latest_checkpoint
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
+from flowrl.envs.flatten import flatten_observation, is_structured
 from flowrl.errors import CheckpointError, FlowRLError
 from flowrl.policy import Policy
+from flowrl.policy.filters import MeanStdFilter
 
 POLICIES_JSON = "policies.json"
 POLICIES_WEIGHTS = "policies.safetensors"
@@ -58,12 +64,15 @@ _NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 # -- writing -------------------------------------------------------------------------------
 
 
-def policy_files(policy_map: Mapping[str, Policy[Any]], algo: str, config: TrainerConfig) -> dict[str, bytes]:
+def policy_files(
+    policy_map: Mapping[str, Policy[Any]], algo: str, config: TrainerConfig, observation_filter: MeanStdFilter | None = None
+) -> dict[str, bytes]:
     """The contents of ``policies.safetensors`` and ``policies.json`` for a checkpoint of ``policy_map``.
 
     ``algo`` is the algorithm's registered name and ``config`` the Trainer's config; each
     policy's entry records the config its builder got (with its ``policies[pid]["config"]``
-    overrides applied). Returns ``{file name: bytes}``. A space or config value JSON cannot
+    overrides applied), and ``observation_filter`` (the run's, if any) its statistics. Returns
+    ``{file name: bytes}``. A space or config value JSON cannot
     describe raises :class:`~flowrl.errors.CheckpointError` naming it. Call it where no other
     thread changes the weights (under the local worker's ``lock`` while a learner thread runs).
     """
@@ -86,6 +95,8 @@ def policy_files(policy_map: Mapping[str, Policy[Any]], algo: str, config: Train
             "global_timestep": int(policy.global_timestep),
             "tensors": listing,
         }
+        if observation_filter is not None:
+            entries[pid]["observation_filter"] = observation_filter.to_json()
     document = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -233,12 +244,15 @@ class InferencePolicy:
     the policy's config has ``clip_actions`` (as the samplers clip what they send to the env).
     ``explore=True`` acts as the policy did while sampling at the checkpoint's timestep
     (stochastic sampling, epsilon-greedy or action noise); the default acts greedily.
+    ``observation_filter``: the run's filter (MeanStdFilter), applied to observations before the
+    policy sees them, its statistics frozen.
     """
 
-    def __init__(self, policy: Policy[Any], policy_id: str, algo: str) -> None:
+    def __init__(self, policy: Policy[Any], policy_id: str, algo: str, observation_filter: MeanStdFilter | None = None) -> None:
         self._policy = policy
         self._policy_id = policy_id
         self._algo = algo
+        self._filter = observation_filter
         space = policy.action_space
         clip = bool(getattr(policy.config, "clip_actions", True))
         self._clip = (space.low, space.high) if clip and isinstance(space, gym.spaces.Box) else None
@@ -264,21 +278,36 @@ class InferencePolicy:
         return self._policy.observation_space
 
     @property
+    def observation_filter(self) -> MeanStdFilter | None:
+        """The filter its observations go through first (``normalization()`` of its ``stats()``), or None."""
+        return self._filter
+
+    @property
     def action_space(self) -> gym.Space[Any]:
         """The space of the actions it gives."""
         return self._policy.action_space
 
     def compute_actions(self, obs_batch: Any, explore: bool = False) -> np.ndarray:
-        """Actions for a batch of observations (first axis: the batch), one row each."""
+        """Actions for a batch of observations (first axis: the batch), one row each.
+
+        For a Dict or Tuple observation space, a sequence of observations as the env returns them.
+        """
+        space = self.observation_space
+        if is_structured(space):
+            obs_batch = [flatten_observation(space, obs) for obs in obs_batch]
+        obs = np.asarray(obs_batch)
+        if self._filter is not None:
+            obs = self._filter(obs, update=False)
         with torch.no_grad():
-            actions, _ = self._policy.compute_actions(np.asarray(obs_batch), explore=explore)
+            actions, _ = self._policy.compute_actions(obs, explore=explore)
         if self._clip is not None:
             actions = np.clip(actions, *self._clip)
         return actions
 
     def compute_action(self, obs: Any, explore: bool = False) -> Any:
         """The action for one observation (for a Discrete action space, a NumPy integer)."""
-        return self.compute_actions(np.asarray(obs)[None], explore=explore)[0]
+        batch = [obs] if is_structured(self.observation_space) else np.asarray(obs)[None]
+        return self.compute_actions(batch, explore=explore)[0]
 
     def __repr__(self) -> str:
         return (
@@ -305,11 +334,23 @@ def load_policy(checkpoint: str | os.PathLike[str], policy_id: str = DEFAULT_POL
     algo = document["algo"]
     policy = _build_policy(path, algo, policies, policy_id)
     _load_weights(path, document, policy, policy_id)
+    observation_filter = _read_filter(path, policies[policy_id])
     for module in (getattr(policy, "model", None), getattr(policy, "target_model", None)):
         if isinstance(module, torch.nn.Module):
             module.eval()  # dropout and batch norm in inference behaviour
             module.requires_grad_(False)
-    return InferencePolicy(policy, policy_id, algo)
+    return InferencePolicy(policy, policy_id, algo, observation_filter)
+
+
+def _read_filter(path: Path, entry: Mapping[str, Any]) -> MeanStdFilter | None:
+    """The observation filter a policy's entry describes (None when it has none)."""
+    description = entry.get("observation_filter")
+    if description is None:
+        return None
+    try:
+        return MeanStdFilter.from_json(description)
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{str(path / POLICIES_JSON)!r} is corrupt: its observation_filter: {type(e).__name__}: {e}") from None
 
 
 def _checkpoint_dir(path: Path) -> Path:

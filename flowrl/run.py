@@ -5,8 +5,12 @@ One run directory per run::
     <results_dir>/<algo>_<env>_<YYYYmmdd-HHMMSS>/
         params.json        algo, env, the full validated config, stop criteria, checkpoint cadence
         progress.jsonl     one result dict per training iteration (JSON; NaN written as null)
+        progress.csv       the same, one row per iteration, nested keys flattened to a/b columns
+        events.out.tfevents.*  TensorBoard scalars of every numeric result key, at step timesteps_total
+        trackers.json      with wandb_project / mlflow_tracking_uri: the W&B and MLflow run ids
         checkpoints/checkpoint_<iteration>/    the newest ``keep_checkpoints`` of them
         checkpoints/best/                      with ``keep_best``: a copy of the best one so far
+        videos/iteration_<iteration>.mp4       with evaluation_video: the first episode of each evaluation
 
 On a Ray cluster, start it under a ``storage_path`` instead of ``results_dir``: an absolute path
 every node mounts (NFS, a bucket mount), checked before training starts (:func:`check_storage_path`)
@@ -71,6 +75,8 @@ from flowrl.checkpoint import (
     verify_checkpoint,
 )
 from flowrl.errors import CheckpointError, ConfigError, RunError
+from flowrl.results import finite_number, result_value
+from flowrl.loggers import ResultLogger, check_trackers, open_loggers
 from flowrl.storage import check_storage_path, probe_storage, storage_root
 
 if TYPE_CHECKING:  # the Trainer imports torch: load it only when a run starts
@@ -87,8 +93,14 @@ DEFAULT_CHECKPOINT_INTERVAL_S = 600.0
 DEFAULT_KEEP_CHECKPOINTS = 5
 STORAGE_PATH_KEY = "storage_path"  # in params.json: the shared directory a run was started under
 
+#: The evaluation's mean reward (``result["evaluation"]["episode_reward_mean"]``): what a run that
+#: evaluates during training keeps its best checkpoint by, unless ``keep_best`` names another key.
+EVALUATION_REWARD = "evaluation/episode_reward_mean"
+EVALUATION_KEY_PREFIX = "evaluation/"
+VIDEOS_DIR = "videos"
+
 # The result keys a stop criterion may name: a run stops once result[key] >= the criterion's value.
-STOP_KEYS = ("episode_reward_mean", "timesteps_total", "training_iteration")
+STOP_KEYS = ("episode_reward_mean", "timesteps_total", "training_iteration", EVALUATION_REWARD)
 
 # The signals Run.train turns into a checkpoint and a summary, as Python already does with SIGINT (Ctrl-C).
 HANDLED_SIGNALS: tuple[signal.Signals, ...] = tuple(
@@ -179,18 +191,11 @@ def parse_stop(stop: Any, source: str) -> dict[str, float]:
 def stop_reason(stop: Mapping[str, float], result: Mapping[str, Any]) -> str | None:
     """Which stop criterion ``result`` meets, as text (``"training_iteration 3 >= 3"``), or None."""
     for key, bound in stop.items():
-        value = result.get(key)
+        value = result_value(result, key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= bound:
             # Of the non-finite bounds a file can give, only -inf is ever met; the CLI has always shown it as n/a.
             return f"{key} {value:g} >= {bound:g}" if math.isfinite(bound) else f"{key} {value:g} >= n/a"
     return None
-
-
-def _finite(value: Any) -> float | None:
-    """``value`` as a float if it is a finite number (not a bool), else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
 
 
 # --- what a run is ----------------------------------------------------------------------------------
@@ -207,8 +212,17 @@ class RunSpec:
     Checkpoints: one every ``checkpoint_freq`` iterations (0: off) and one whenever
     ``checkpoint_interval_s`` seconds have passed since the last (0: off), and one at the end.
     Only the newest ``keep_checkpoints`` (>= 1) stay, besides the one a resumed run started
-    from. ``keep_best`` names a result key (e.g. ``episode_reward_mean``): each checkpoint
-    whose iteration has the highest finite value of it so far is copied to ``checkpoints/best``.
+    from. ``keep_best`` names a result key (e.g. ``episode_reward_mean``; ``a/b`` for the nested
+    ``result["a"]["b"]``): each checkpoint whose iteration has the highest finite value of it so far
+    is copied to ``checkpoints/best``. A run whose config evaluates during training
+    (``evaluation_interval``) keeps its best by :data:`EVALUATION_REWARD` unless ``keep_best`` says
+    otherwise; with a key under ``evaluation/``, every iteration whose evaluation beats the kept best
+    is saved at once, so that ``checkpoints/best`` is the best evaluated checkpoint.
+
+    Every run writes TensorBoard event files and ``progress.csv`` (:mod:`flowrl.loggers`).
+    ``wandb_project`` also logs it to that Weights & Biases project and ``mlflow_tracking_uri``
+    to that MLflow tracking server or store (both need ``pip install 'flowrl-ray[tracking]'``); a
+    resumed run keeps logging to them, in the same tracker runs.
     """
 
     algo: str
@@ -219,6 +233,8 @@ class RunSpec:
     checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S
     keep_checkpoints: int = DEFAULT_KEEP_CHECKPOINTS
     keep_best: str | None = None
+    wandb_project: str | None = None
+    mlflow_tracking_uri: str | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -235,6 +251,10 @@ class RunSpec:
         best = self.keep_best
         if best is not None and (not isinstance(best, str) or not best.strip()):
             problems.append(f"keep_best={best!r} must be the name of a result key, e.g. 'episode_reward_mean', or None")
+        for key, example in (("wandb_project", "'cartpole'"), ("mlflow_tracking_uri", "'http://localhost:5000'")):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                problems.append(f"{key}={value!r} must be a non-empty string, e.g. {example}, or None (not logged)")
         if problems:
             raise ConfigError(problems)
         # Copies, so that a caller changing its dicts later does not change a started run's spec.
@@ -243,14 +263,17 @@ class RunSpec:
         object.__setattr__(self, "checkpoint_interval_s", float(interval))
 
     def to_params(self) -> dict[str, Any]:
-        """The ``params.json`` contents."""
-        return {"algo": self.algo, "env": self.env, "config": dict(self.config), "stop": dict(self.stop),
-                "checkpoint_freq": self.checkpoint_freq, "checkpoint_interval_s": self.checkpoint_interval_s,
-                "keep_checkpoints": self.keep_checkpoints, "keep_best": self.keep_best}
+        """The ``params.json`` contents (the tracker settings only when set)."""
+        params = {"algo": self.algo, "env": self.env, "config": dict(self.config), "stop": dict(self.stop),
+                  "checkpoint_freq": self.checkpoint_freq, "checkpoint_interval_s": self.checkpoint_interval_s,
+                  "keep_checkpoints": self.keep_checkpoints, "keep_best": self.keep_best}
+        params.update({key: getattr(self, key) for key in _TRACKER_SETTINGS if getattr(self, key) is not None})
+        return params
 
 
 # RunSpec's checkpoint settings: params.json files older than some of them lack them (their defaults apply).
 _CHECKPOINT_SETTINGS = ("checkpoint_freq", "checkpoint_interval_s", "keep_checkpoints", "keep_best")
+_TRACKER_SETTINGS = ("wandb_project", "mlflow_tracking_uri")  # absent from params.json when not set
 
 
 def read_run_spec(run_dir: str | os.PathLike[str]) -> RunSpec:
@@ -272,7 +295,7 @@ def _read_params(run_dir: Path) -> tuple[RunSpec, Path | None]:
     if not isinstance(params, dict) or not all(isinstance(params.get(k), t) for k, t in (("algo", str), ("env", str), ("config", dict))):
         raise RunError(f"run directory {str(run_dir)!r}: {PARAMS_FILE} lacks algo, env or config; it was not written by flowrl train")
     stop = parse_stop(params.get("stop") or {}, f"{path}")
-    settings = {key: params[key] for key in _CHECKPOINT_SETTINGS if params.get(key) is not None}
+    settings = {key: params[key] for key in _CHECKPOINT_SETTINGS + _TRACKER_SETTINGS if params.get(key) is not None}
     try:
         spec = RunSpec(params["algo"], params["env"], params["config"], stop, **settings)
     except ConfigError as e:
@@ -345,6 +368,11 @@ def json_safe(value: Any) -> Any:
     if callable(tolist):
         return json_safe(tolist())
     return str(value)
+
+
+def _default_keep_best(keep_best: str | None, evaluation_interval: int | None) -> str | None:
+    """``keep_best`` as given, else :data:`EVALUATION_REWARD` for a run that evaluates during training."""
+    return EVALUATION_REWARD if keep_best is None and evaluation_interval else keep_best
 
 
 def _make_run_dir(results_dir: Path, algo: str, env: str) -> Path:
@@ -457,12 +485,12 @@ def _kept_best_value(checkpoints: Path, metric: str | None) -> float | None:
         return None
     if not isinstance(recorded, Mapping) or recorded.get("metric") != metric:
         return None  # kept by another metric: the first save under this one replaces it
-    return _finite(recorded.get("value"))
+    return finite_number(recorded.get("value"))
 
 
 def _better(best: tuple[float, int] | None, result: Mapping[str, Any]) -> tuple[float, int] | None:
     """``best`` or ``result``'s ``(episode_reward_mean, training_iteration)``, whichever reward is higher."""
-    reward = _finite(result.get("episode_reward_mean"))
+    reward = finite_number(result.get("episode_reward_mean"))
     if reward is None or (best is not None and reward <= best[0]):
         return best
     return reward, int(result.get("training_iteration") or 0)
@@ -478,7 +506,10 @@ class Run:
     the :class:`~flowrl.trainer.Trainer`, ``checkpoint`` the latest complete checkpoint
     (None until one is saved), ``resumed_from`` the checkpoint a resumed run started from
     (never deleted by rotation), and ``failure`` what was saved when an error ended
-    :meth:`train` (None otherwise). :meth:`close` (or leaving a ``with`` block) stops the Trainer.
+    :meth:`train` (None otherwise). ``loggers`` get every result (TensorBoard, ``progress.csv``,
+    the trackers: see :func:`~flowrl.loggers.open_loggers`); append your own
+    :class:`~flowrl.loggers.ResultLogger` to add one. :meth:`close` (or leaving a ``with`` block)
+    closes the loggers and stops the Trainer.
     """
 
     def __init__(
@@ -489,10 +520,13 @@ class Run:
         *,
         checkpoint: Path | None = None,
         previous_results: Sequence[Mapping[str, Any]] = (),
+        loggers: Sequence[ResultLogger] = (),
     ) -> None:
         self.directory = directory
         self.spec = spec
         self.trainer = trainer
+        self.loggers = list(loggers)
+        self._failed_loggers: set[int] = set()  # id() of the loggers already warned about
         self.checkpoint = checkpoint
         self.resumed_from = checkpoint
         self.failure: RunFailure | None = None
@@ -508,6 +542,11 @@ class Run:
         self._warned_metric = False
 
     @property
+    def best(self) -> tuple[float, int] | None:
+        """``(reward, iteration)``: the highest finite ``episode_reward_mean`` of the whole run so far, or None."""
+        return self._best
+
+    @property
     def timesteps_total(self) -> int:
         """Env steps sampled so far in the whole run, resumed sessions included."""
         from flowrl.operators import STEPS_SAMPLED_COUNTER
@@ -517,7 +556,9 @@ class Run:
     def train(self, on_result: Callable[[dict[str, Any]], None] | None = None) -> RunSummary:
         """Train until a stop criterion is met (at least one iteration) or a signal; return how it ended.
 
-        Each result is appended to ``progress.jsonl`` and then given to ``on_result``.
+        Each result is appended to ``progress.jsonl``, logged by :attr:`loggers` (a logger
+        that raises is reported with a :class:`RunWarning`, once, and training goes on) and
+        then given to ``on_result``.
         Checkpoints follow ``spec`` (see :class:`RunSpec`); each successful save is followed
         by the rotation to ``spec.keep_checkpoints`` and the ``keep_best`` copy, while a
         save that raises deletes nothing. At the end the last iteration is saved, unless it
@@ -546,12 +587,15 @@ class Run:
                     result = self.trainer.train()
                     progress.write(json.dumps(json_safe(result), allow_nan=False) + "\n")
                     progress.flush()
+                    self._log_result(result)
                     self._last_result = result
-                    self._metric_seen = self._metric_seen or self.spec.keep_best in result
+                    self._metric_seen = self._metric_seen or (
+                        self.spec.keep_best is not None and result_value(result, self.spec.keep_best) is not None)
+                    self._write_video()
                     if on_result is not None:
                         on_result(result)
                     self._best = _better(self._best, result)
-                    if self._save_due():
+                    if self._save_due() or self._evaluation_improved(result):
                         saving = True
                         self._save()
                         saving = False
@@ -584,6 +628,26 @@ class Run:
         if freq and self.trainer.iteration % freq == 0:
             return True
         return interval > 0 and time.monotonic() - self._last_save_time >= interval
+
+    def _evaluation_improved(self, result: Mapping[str, Any]) -> bool:
+        """Whether ``result``'s evaluation beats the kept best checkpoint's (kept by a key under ``evaluation/``)."""
+        metric = self.spec.keep_best
+        if metric is None or not metric.startswith(EVALUATION_KEY_PREFIX):
+            return False
+        value = finite_number(result_value(result, metric))
+        return value is not None and (self._kept_best is None or value > self._kept_best)
+
+    def _write_video(self) -> None:
+        """Write the video of the iteration's evaluation, if it recorded one, to ``videos/iteration_<n>.mp4``."""
+        video = self.trainer.evaluator.take_video()
+        if video is None:
+            return
+        directory = self.directory / VIDEOS_DIR
+        directory.mkdir(exist_ok=True)
+        path = directory / f"iteration_{video.iteration:06d}.mp4"
+        tmp = path.with_name(f".{path.name}.tmp")  # a reader never sees half a file
+        tmp.write_bytes(video.mp4)
+        os.replace(tmp, path)
 
     def _save_failed(self, error: BaseException) -> RunFailure:
         """The failure of a checkpoint write itself: nothing new was saved."""
@@ -619,7 +683,7 @@ class Run:
         if metric is not None:
             self._warn_if_metric_unseen(metric)
             if self._last_result is not None and self._last_result.get("training_iteration") == self.trainer.iteration:
-                value = _finite(self._last_result.get(metric))
+                value = finite_number(result_value(self._last_result, metric))
         best = value is not None and (self._kept_best is None or value > self._kept_best)
         metadata = {"keep_best": {"metric": metric, "value": value}} if best else None
         path = Path(self.trainer.save(checkpoints, metadata=metadata))
@@ -635,6 +699,9 @@ class Run:
     def _warn_if_metric_unseen(self, metric: str) -> None:
         if self._metric_seen or self._warned_metric or self._last_result is None:
             return
+        interval = self.trainer.config.evaluation_interval
+        if metric.startswith(EVALUATION_KEY_PREFIX) and interval and self.trainer.iteration < interval:
+            return  # the first evaluation is still to come
         self._warned_metric = True
         close = difflib.get_close_matches(metric, [str(key) for key in self._last_result], n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -645,9 +712,33 @@ class Run:
             stacklevel=2,
         )
 
+    def _log_result(self, result: Mapping[str, Any]) -> None:
+        for logger in self.loggers:
+            try:
+                logger.log_result(result)
+            except Exception as e:  # noqa: BLE001 - a tracker outage or a full disk must not end the run
+                self._logger_failed(logger, "logging a result", e)
+
+    def _logger_failed(self, logger: ResultLogger, action: str, error: Exception) -> None:
+        if id(logger) not in self._failed_loggers:
+            self._failed_loggers.add(id(logger))
+            warnings.warn(f"{type(logger).__name__} failed while {action} ({type(error).__name__}: {error}); "
+                          f"progress.jsonl has every result (further failures of this logger are not reported)",
+                          RunWarning, stacklevel=3)
+
     def close(self) -> None:
-        """Stop the Trainer: its actors, and Ray if the Trainer started it."""
-        self.trainer.stop()
+        """Close the loggers (finishing the tracker runs), then stop the Trainer: its actors, and Ray if it started it.
+
+        A logger that fails to close is reported with a :class:`RunWarning`.
+        """
+        try:
+            for logger in self.loggers:
+                try:
+                    logger.close()
+                except Exception as e:  # noqa: BLE001 - the others, and the Trainer, must still close
+                    self._logger_failed(logger, "closing", e)
+        finally:
+            self.trainer.stop()
 
     def __enter__(self) -> Self:
         return self
@@ -675,9 +766,12 @@ def start_run(
     both raises :class:`RunError`. The Trainer comes before the run directory, so that a
     config or env it rejects leaves none behind; ``params.json`` records the full validated
     config. ``address`` is the Ray cluster to join (None: ``$RAY_ADDRESS``, else an embedded local Ray).
+    The run's loggers open last (:func:`~flowrl.loggers.open_loggers`); a tracker whose package
+    is missing is reported before anything starts.
     """
     from flowrl.trainer import Trainer
 
+    check_trackers(spec.wandb_project, spec.mlflow_tracking_uri)
     if results_dir is not None and storage_path is not None:
         raise RunError(f"results_dir={str(results_dir)!r} and storage_path={str(storage_path)!r} both say where "
                        f"the run directory goes: give one (storage_path for a filesystem every node mounts)")
@@ -686,12 +780,15 @@ def start_run(
     trainer = Trainer(spec.algo, spec.env, dict(spec.config), address=address)
     try:
         directory = _make_run_dir(parent, trainer.algorithm.name, spec.env)
-        spec = dataclasses.replace(spec, algo=trainer.algorithm.name, config=trainer.config.to_dict())
+        spec = dataclasses.replace(spec, algo=trainer.algorithm.name, config=trainer.config.to_dict(),
+                                   keep_best=_default_keep_best(spec.keep_best, trainer.config.evaluation_interval))
         _write_params(directory, spec, storage)
+        loggers = open_loggers(directory, json_safe(spec.to_params()), wandb_project=spec.wandb_project,
+                               mlflow_tracking_uri=spec.mlflow_tracking_uri)
     except BaseException:
         trainer.stop()
         raise
-    return Run(directory, spec, trainer)
+    return Run(directory, spec, trainer, loggers=loggers)
 
 
 class SkippedCheckpoint(NamedTuple):
@@ -736,6 +833,8 @@ def find_resume_point(
     checkpoint_interval_s: float | None = None,
     keep_checkpoints: int | None = None,
     keep_best: str | None = None,
+    wandb_project: str | None = None,
+    mlflow_tracking_uri: str | None = None,
 ) -> ResumePoint:
     """Read a run directory and find where it resumes: its newest usable checkpoint and the results up to it.
 
@@ -743,7 +842,7 @@ def find_resume_point(
     :func:`find_run_dir`), and the run is taken to live there; without, a run started under a
     storage path keeps the one its ``params.json`` records. ``stop`` criteria replace the
     run's own key by key (the others are kept) and count the whole run; each checkpoint
-    setting given (not None) replaces the run's own. Checkpoints are checked newest first
+    and tracker setting given (not None) replaces the run's own. Checkpoints are checked newest first
     (:func:`~flowrl.checkpoint.verify_checkpoint`: complete, checksums match); one that fails
     is skipped with a :class:`RunWarning` and recorded in :attr:`ResumePoint.skipped`. Raises
     :class:`RunError` if ``run_dir`` is not a run directory and :class:`CheckpointError` if
@@ -762,6 +861,8 @@ def find_resume_point(
         checkpoint_interval_s=spec.checkpoint_interval_s if checkpoint_interval_s is None else checkpoint_interval_s,
         keep_checkpoints=spec.keep_checkpoints if keep_checkpoints is None else keep_checkpoints,
         keep_best=spec.keep_best if keep_best is None else keep_best,
+        wandb_project=spec.wandb_project if wandb_project is None else wandb_project,
+        mlflow_tracking_uri=spec.mlflow_tracking_uri if mlflow_tracking_uri is None else mlflow_tracking_uri,
     )
     candidates = list_checkpoints(directory / CHECKPOINTS_DIR)
     if not candidates:
@@ -797,9 +898,12 @@ def resume_run(point: ResumePoint, *, num_workers: int | None = None, address: s
     rest of the config are the run's own. The checkpoint resumed from is never rotated away.
     A run on a storage path is first checked to be writable from this node, as
     :func:`check_storage_path` checks a new one, and keeps its storage path in ``params.json``.
+    The loggers go on in the same files and tracker runs: ``progress.csv`` is rewritten from
+    the results kept, and TensorBoard hides the points logged after the checkpoint.
     """
     from flowrl.trainer import Trainer
 
+    check_trackers(point.spec.wandb_project, point.spec.mlflow_tracking_uri)
     if point.storage_path is not None:
         probe_storage(point.directory, "run directory")
     config = dict(point.spec.config)
@@ -810,9 +914,14 @@ def resume_run(point: ResumePoint, *, num_workers: int | None = None, address: s
         trainer.restore(point.checkpoint)
         if point.drops_results:
             _replace_file(point.directory / PROGRESS_FILE, "".join(json.dumps(r) + "\n" for r in point.results))
-        spec = dataclasses.replace(point.spec, config=trainer.config.to_dict())
+        spec = dataclasses.replace(point.spec, config=trainer.config.to_dict(),
+                                   keep_best=_default_keep_best(point.spec.keep_best, trainer.config.evaluation_interval))
         _write_params(point.directory, spec, point.storage_path)
+        loggers = open_loggers(point.directory, json_safe(spec.to_params()), wandb_project=spec.wandb_project,
+                               mlflow_tracking_uri=spec.mlflow_tracking_uri, previous_results=point.results,
+                               resumed_at_step=point.timesteps_total)
     except BaseException:
         trainer.stop()
         raise
-    return Run(point.directory, spec, trainer, checkpoint=point.checkpoint, previous_results=point.results)
+    return Run(point.directory, spec, trainer, checkpoint=point.checkpoint, previous_results=point.results,
+               loggers=loggers)

@@ -6,7 +6,7 @@ import logging
 import random
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, cast
+from typing import Any, Callable, Mapping
 
 import gymnasium as gym
 import numpy as np
@@ -14,7 +14,9 @@ import torch
 
 from flowrl.algorithms import Algorithm, get_algorithm, list_algorithms
 from flowrl.actors import PlanResources, WorkerSet
+from flowrl.actors.evaluation import evaluation_request
 from flowrl.actors.rng import process_rng_state, set_process_rng_state
+from flowrl.callbacks import Callbacks, run_hook
 from flowrl.checkpoint import read_checkpoint, write_checkpoint
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
@@ -23,11 +25,11 @@ from flowrl.envs.context import EnvContext
 from flowrl.envs.registry import close_env
 from flowrl.inference import policy_files
 from flowrl.errors import CheckpointError, ConfigError, FlowRLError, PlanStoppedError
+from flowrl.evaluation import Evaluator, evaluate_policies
 from flowrl.operators import STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER
-from flowrl.operators.metric_ops import summarize_episodes
-from flowrl.envs.episodes import run_episode
 from flowrl.plan import Plan
-from flowrl.policy import Policy, PolicySpec
+from flowrl.policy import PolicySpec
+from flowrl.policy.filters import MeanStdFilter
 from flowrl.policy.mapping import policy_mapping
 from flowrl.ray_runtime import start_ray, stop_ray
 from flowrl.restore import Layout, check_restore, state_layout
@@ -69,21 +71,24 @@ class Trainer:
         self._owns_ray = start_ray(address)
         try:
             self._configure_driver()
+            specs = policy_specs(self.algorithm, self.config, env_creator)
             self.workers = WorkerSet(
                 env_creator=env_creator,
-                policy_specs=policy_specs(self.algorithm, self.config, env_creator),
+                policy_specs=specs,
                 config=self.config,
                 num_workers=self.config.num_workers,
                 num_cpus_per_worker=self.config.num_cpus_per_worker,
                 recreate_failed_workers=self.config.recreate_failed_workers,
                 check_env=self.config.check_env,
-                bundles=self.algorithm.bundles(self.config),
+                bundles=[*self.algorithm.bundles(self.config), evaluation_request(self.config)],
             )
             self.resources = PlanResources()
             try:
                 self.resources = self.algorithm.make_resources(self.workers, self.config)
                 plan = self.algorithm.execution_plan(self.workers, self.config, self.resources)
                 self.plan = Plan(plan, name=self.algorithm.name)
+                #: Evaluation during training (``evaluation_interval``); its actors live in the workers' reservation.
+                self.evaluator = Evaluator(self.config, env_creator, specs, self.workers, parallel=self.algorithm.asynchronous)
             except BaseException:
                 for release in (self.resources.stop, self.workers.stop):
                     try:
@@ -94,6 +99,8 @@ class Trainer:
         except BaseException:
             stop_ray(self._owns_ray)
             raise
+        #: The config's callbacks in this process, shared with the local worker (see :mod:`flowrl.callbacks`).
+        self.callbacks: Callbacks = self.workers.local_worker().callbacks
         self.iteration = 0
         self.time_total_s = 0.0
         self._stopped_by: str | None = None  # why the plan ended, once an error unwound it
@@ -129,6 +136,7 @@ class Trainer:
                 f"{self._stopped_by}; build a new Trainer (or restore a checkpoint into one) to go on"
             )
         start = time.perf_counter()
+        self.evaluator.before_iteration(self.iteration + 1, self.plan.metrics.counters[STEPS_SAMPLED_COUNTER])
         try:
             result = next(self.plan)
         except StopIteration:
@@ -143,6 +151,8 @@ class Trainer:
                 f"algorithm {self.algorithm.name!r}: its plan yielded a {type(result).__name__}, not a result dict; "
                 "end the plan with StandardMetricsReporting"
             )
+        self.workers.sync_filters()  # once per iteration, as RLlib did: the workers' new observation statistics
+        result.update(self.evaluator.after_iteration(self.iteration + 1, self.plan.metrics.counters[STEPS_SAMPLED_COUNTER]))
         elapsed = time.perf_counter() - start
         self.iteration += 1
         self.time_total_s += elapsed
@@ -163,6 +173,7 @@ class Trainer:
         learner = self.resources.learner
         if learner is not None:
             self._learner_steps_taken = learner.num_steps_trained - learner.steps_not_delivered()
+        run_hook(self.callbacks, "on_train_result", self, result, where=f"driver, iteration {self.iteration}")
         return result
 
     def update_config(self, changes: Mapping[str, Any]) -> None:
@@ -186,7 +197,8 @@ class Trainer:
 
     def evaluate(self, num_episodes: int = 10, seed: int | None = None) -> dict[str, Any]:
         """Run ``num_episodes`` episodes with deterministic actions in this process; return their statistics."""
-        return evaluate_policies(self.workers.local_worker().policy_map, self.env, self.config, num_episodes, seed)
+        local = self.workers.local_worker()
+        return evaluate_policies(local.policy_map, self.env, self.config, num_episodes, seed, obs_filter=local.obs_filter)
 
     # -- checkpoints -----------------------------------------------------------------
 
@@ -213,6 +225,7 @@ class Trainer:
                 "num_worker_restarts": self.workers.num_worker_restarts,
                 "plan": {**self.plan.get_state(), "metrics": self._checkpoint_metrics()},
                 "resources": self.resources.get_state(),
+                "evaluation": self.evaluator.get_state(),
                 "rng": process_rng_state(),
             }
 
@@ -268,6 +281,7 @@ class Trainer:
             self._apply_overrides(check.overrides)
         self.plan.set_state(state["plan"])
         self.resources.set_state(state["resources"], allow_partial=allow_partial)
+        self.evaluator.set_state(state.get("evaluation", {}))
         self._finished_metrics = self.plan.metrics.save()
         learner = self.resources.learner
         self._learner_steps_taken = learner.num_steps_trained - learner.steps_not_delivered() if learner is not None else 0
@@ -319,11 +333,13 @@ class Trainer:
         with local.lock:  # the portable weights are the same moment's as the state's
             state = self.get_state()
             try:
-                files = policy_files(local.policy_map, self.algorithm.name, self.config)
+                files = policy_files(local.policy_map, self.algorithm.name, self.config, local.obs_filter)
             except CheckpointError as e:  # an exotic space JSON cannot describe: the full checkpoint still counts
                 logger.warning("checkpoint %s: no portable policy files (load_policy cannot read it): %s", path, e)
                 files = {}
-        return str(write_checkpoint(path, state, metadata, files=files))
+        saved = str(write_checkpoint(path, state, metadata, files=files))
+        run_hook(self.callbacks, "on_checkpoint", self, saved, where=f"driver, iteration {self.iteration}")
+        return saved
 
     def state_problem(self) -> str | None:
         """Why this trainer's state is not worth saving (a policy weight that is not finite), or None.
@@ -382,7 +398,7 @@ class Trainer:
         :class:`~flowrl.errors.FlowRLError`.
         """
         problems = []
-        for step in (self.resources.stop, self.workers.stop):
+        for step in (self.resources.stop, self.evaluator.stop, self.workers.stop):
             try:
                 step()
             except Exception as e:  # noqa: BLE001 - release the rest first, then report
@@ -520,53 +536,13 @@ def multi_agent_policy_spaces(env: Any, config: TrainerConfig) -> dict[str, tupl
     return {pid: (found[pid][0], found[pid][1]) for pid in policy_ids}
 
 
-def evaluate_policies(
-    policy_map: Mapping[str, Policy], env: EnvSpec, config: TrainerConfig, num_episodes: int, seed: int | None = None
+def evaluate_checkpoint(
+    checkpoint_path: str | Path, num_episodes: int = 10, seed: int | None = None, *, video_dir: str | Path | None = None
 ) -> dict[str, Any]:
-    """Episode statistics of the policies acting deterministically for ``num_episodes`` episodes in this process.
-
-    A Gymnasium env acts with ``default_policy``; in a multi-agent env each agent acts with
-    the policy ``config.policy_mapping_fn`` maps it to.
-    """
-    instance = get_env_creator(env)(EnvContext(config.env_config))
-    episodes: list[dict[str, Any]] = []
-    try:
-        for i in range(num_episodes):
-            episode_seed = None if seed is None else seed + i
-            if is_multi_agent_env(instance):
-                mapping = policy_mapping(config.policy_mapping_fn, list(policy_map))
-                episodes.append(_multi_agent_episode(instance, policy_map, mapping, episode_seed))
-            else:
-                policy = policy_map[DEFAULT_POLICY_ID]
-                single = cast(gym.Env, instance)  # not multi-agent, so a Gymnasium env
-                total, length = run_episode(single, lambda obs: policy.compute_single_action(obs, explore=False), episode_seed)
-                episodes.append({"episode_reward": total, "episode_length": length})
-    finally:
-        close_env(instance)
-    return {**summarize_episodes(episodes), "episodes": num_episodes}
-
-
-def _multi_agent_episode(env: Any, policy_map: Mapping[str, Policy], mapping: Callable[[Any], str], seed: int | None) -> dict[str, Any]:
-    obs, _ = env.reset(seed=seed)
-    policy_ids = {agent: mapping(agent) for agent in env.possible_agents}
-    returns: dict[Any, float] = {}
-    length = 0
-    while env.agents:
-        actions = {agent: policy_map[policy_ids[agent]].compute_single_action(obs[agent], explore=False) for agent in env.agents}
-        obs, rewards, _, _, _ = env.step(actions)
-        for agent, reward in rewards.items():
-            returns[agent] = returns.get(agent, 0.0) + float(reward)
-        length += 1
-    policy_rewards: dict[str, list[float]] = {}
-    for agent, total in returns.items():
-        policy_rewards.setdefault(policy_ids[agent], []).append(total)
-    return {"episode_reward": sum(returns.values()), "episode_length": length, "policy_rewards": policy_rewards}
-
-
-def evaluate_checkpoint(checkpoint_path: str | Path, num_episodes: int = 10, seed: int | None = None) -> dict[str, Any]:
-    """Evaluate a Trainer checkpoint's policy without Ray or rollout workers.
+    """Evaluate a Trainer checkpoint's policy without Ray or rollout workers (deterministic actions).
 
     Returns the episode statistics plus the checkpoint's ``algo``, ``env`` and ``iteration``.
+    With ``video_dir``, each episode is recorded there as an MP4 file (``pip install 'flowrl-ray[video]'``).
     """
     state, _ = read_checkpoint(checkpoint_path)
     for key in ("algo", "env", "config", "worker"):
@@ -578,5 +554,9 @@ def evaluate_checkpoint(checkpoint_path: str | Path, num_episodes: int = 10, see
     for pid, spec in policy_specs(algorithm, config, get_env_creator(state["env"])).items():
         policy_map[pid] = spec.build()
         policy_map[pid].set_state(state["worker"]["policies"][pid])
-    stats = evaluate_policies(policy_map, state["env"], config, num_episodes, seed)
+    obs_filter = None
+    if state["worker"].get("obs_filter") is not None:  # the run filtered observations: so does its evaluation
+        obs_filter = MeanStdFilter()
+        obs_filter.set_state(state["worker"]["obs_filter"])
+    stats = evaluate_policies(policy_map, state["env"], config, num_episodes, seed, video_dir=video_dir, obs_filter=obs_filter)
     return {**stats, "algo": state["algo"], "env": state["env"], "iteration": state["iteration"]}

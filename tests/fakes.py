@@ -261,3 +261,17 @@ class CloseRaises(gym.Wrapper):
     def close(self) -> None:
         raise OSError("simulator socket already gone")
 
+
+
+def train_to_reward(trainer: Trainer, threshold: float, budget: int) -> None:
+    """Train (then stop) ``trainer`` until its mean episode reward reaches ``threshold``; fail past ``budget`` env steps."""
+    curve: list[float] = []
+    try:
+        while True:
+            result = trainer.train()
+            curve.append(round(result["episode_reward_mean"], 1))
+            if result["episode_reward_mean"] >= threshold or result["timesteps_total"] >= budget:
+                break
+    finally:
+        trainer.stop()
+    assert result["episode_reward_mean"] >= threshold, f"mean reward {curve[-1]} after {result['timesteps_total']} steps; curve {curve}"

@@ -62,7 +62,10 @@ def test_unknown_key_with_nothing_close_lists_valid_keys() -> None:
     [problem] = problems_of({"xyzzy": 1})
     assert problem.startswith("unknown config key 'xyzzy'; valid keys include 'num_workers', 'num_envs_per_worker'")
     assert f"lists all {len(dataclasses.fields(TrainerConfig))}" in problem
-    assert problems_of({"framework": "torch"}) == ["unknown config key 'framework'; flowrl is PyTorch only; remove it"]
+    # RLlib's framework key is read (every framework runs on PyTorch); a value RLlib never had is named.
+    assert problems_of({"framework": "jax"}) == [
+        "RLlib key framework='jax' must be one of 'torch', 'tf', 'tf2', 'tfe' (flowrl runs every one of them on PyTorch)"
+    ]
 
 
 def test_every_problem_is_reported_in_one_error() -> None:

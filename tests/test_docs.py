@@ -38,6 +38,7 @@ DOC_PATHS = [
     "docs/algorithms.md",
     "docs/fault-tolerance.md",
     "docs/checkpoints.md",
+    "docs/tracking-and-evaluation.md",
 ]
 
 

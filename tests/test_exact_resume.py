@@ -7,7 +7,6 @@ embedded Ray); the other synchronous algorithms are checked through the Trainer,
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

@@ -93,7 +93,7 @@ INVALID = [
         {"exploration_config": {"type": "EpsilonGreedy", "initial_epsilonn": 1.0}},
         ["'initial_epsilonn' is not an option of EpsilonGreedy; did you mean 'initial_epsilon'?"],
     ),
-    ("ppo", {"framework": "torch"}, ["unknown config key 'framework'", "PyTorch only"]),
+    ("ppo", {"framework": "jax"}, ["RLlib key framework='jax' must be one of", "on PyTorch"]),
     ("pg", {"num_sgd_iter": 3}, ["unknown config key 'num_sgd_iter'", "PGConfig.describe()"]),
     ("ppo", {"lambda": 1.5}, ["lambda_=1.5 must be <= 1"]),
     ("pg", {"env_config": 3}, ["env_config=3 must be a dict, got int"]),

@@ -21,6 +21,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from flowrl.actors.episode_hooks import EpisodeHooks
 from flowrl.actors.sampler import EnvMaker, EpisodeStats, FaultTolerantSampler, ObservationCheck, reward_problem
 from flowrl.data import MultiAgentBatch, SampleBatch, concat_samples
 from flowrl.errors import EnvError, FlowRLError
@@ -89,7 +90,12 @@ class MultiAgentSampler(FaultTolerantSampler):
     (an episode is dropped for all of its agents). Each agent's observations are checked
     against ``observation_space(agent)``; the live agents' ones as each policy's stacked
     batch, in a few vectorized passes (agents that share a policy share its space), and a
-    leaving agent's last one alone. Rewards are checked per env step.
+    leaving agent's last one alone. Rewards are checked per env step. An agent's Dict or Tuple
+    observations are flattened (see :mod:`flowrl.envs.flatten`) before they are checked and stacked.
+
+    ``hooks`` runs the callbacks' episode hooks as in
+    :class:`~flowrl.actors.sampler.FaultTolerantSampler`; an episode ends, and is published, at
+    the step its last agent is done.
     """
 
     def __init__(
@@ -105,9 +111,11 @@ class MultiAgentSampler(FaultTolerantSampler):
         env_maker: EnvMaker | None = None,
         on_bad_observation: str = "raise",
         worker_index: int = 0,
+        hooks: EpisodeHooks | None = None,
     ) -> None:
         super().__init__(
-            envs, env_maker=env_maker, on_bad_observation=on_bad_observation, worker_index=worker_index, seed=seed
+            envs, env_maker=env_maker, on_bad_observation=on_bad_observation, worker_index=worker_index, seed=seed,
+            hooks=hooks,
         )
         self.policy_map = policy_map
         self.policy_mapping_fn = policy_mapping_fn
@@ -119,6 +127,8 @@ class MultiAgentSampler(FaultTolerantSampler):
         }
         self._agent_index = {agent: i for i, agent in enumerate(envs[0].possible_agents)}
         self._obs_checks: dict[Hashable, ObservationCheck] = {}
+        # Only envs with an agent of a Dict or Tuple space pay for a look at every observation.
+        self._structured = any(self._obs_check(0, agent).flatten is not None for agent in envs[0].possible_agents)
         #: Checks on (the default); benchmarks/sampler_checks.py turns them off to measure their cost.
         self._check_data = True
         self._next_episode_id = episode_id_base
@@ -149,17 +159,29 @@ class MultiAgentSampler(FaultTolerantSampler):
     def _start_episode(self, i: int, seed: int | None = None) -> None:
         while True:
             try:
-                obs, _ = self.envs[i].reset(seed=seed)
+                obs, info = self.envs[i].reset(seed=seed)
                 break
             except Exception as error:
                 if self.env_maker is None:
                     raise
                 seed = self._recreate_env(i, "env.reset()", error)
-        self.obs[i] = dict(obs)
+        self.obs[i] = self._flattened(i, obs)
         self.ts[i] = 0
         self._next_episode_id += 1
         self.eps_ids[i] = self._next_episode_id
         self.trajectories[i] = {}
+        if self.hooks is not None:
+            self.hooks.start(i, int(self.eps_ids[i]), obs, info)
+
+    def _flattened(self, i: int, obs: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
+        """Env ``i``'s observations by agent, those of Dict or Tuple spaces flattened."""
+        if not self._structured:
+            return dict(obs)
+        flat = {}
+        for agent, agent_obs in obs.items():
+            flatten = self._obs_check(i, agent).flatten
+            flat[agent] = agent_obs if flatten is None else flatten(agent_obs)
+        return flat
 
     def _trajectory(self, i: int, agent: Hashable) -> _Trajectory:
         trajectory = self.trajectories[i].get(agent)
@@ -211,7 +233,7 @@ class MultiAgentSampler(FaultTolerantSampler):
                 rows[(i, agent)] = {SampleBatch.OBS: obs_batch[k], SampleBatch.ACTIONS: action, **{key: v[k] for key, v in extra.items()}}
         for i, env in enumerate(self.envs):
             try:
-                new_obs, rewards, terminateds, truncateds, _ = env.step(actions[i])
+                raw_obs, rewards, terminateds, truncateds, infos = env.step(actions[i])
             except Exception as error:
                 if self.env_maker is None:
                     raise
@@ -219,6 +241,7 @@ class MultiAgentSampler(FaultTolerantSampler):
                 self._drop_episode(fragment, i, int(self.ts[i]) + 1, step)
                 self._start_episode(i, seed)
                 continue
+            new_obs = self._flattened(i, raw_obs)
             live = list(env.agents)
             if self._check_data:
                 problem = self._step_problem(i, new_obs, rewards, live)
@@ -246,6 +269,8 @@ class MultiAgentSampler(FaultTolerantSampler):
                 if agent not in actions[i]:
                     self._trajectory(i, agent).reward_without_acting(float(reward))
             self.ts[i] += 1
+            if self.hooks is not None:
+                self.hooks.step(i, raw_obs, float(sum(rewards.values())), infos)
             if live:
                 missing = [agent for agent in live if agent not in new_obs]
                 if missing:
@@ -355,4 +380,8 @@ class MultiAgentSampler(FaultTolerantSampler):
         for trajectory in self.trajectories[i].values():  # one per agent of the episode: its return so far
             policy_rewards[trajectory.policy_id].append(trajectory.total_reward)
         total_reward = sum(sum(returns) for returns in policy_rewards.values())
-        self.finished.append(EpisodeStats(float(total_reward), int(self.ts[i]), dict(policy_rewards)))
+        stats = EpisodeStats(float(total_reward), int(self.ts[i]), dict(policy_rewards))
+        if self.hooks is not None:
+            self.hooks.end(i)
+            [stats.custom_metrics] = self.hooks.publish([int(self.eps_ids[i])])
+        self.finished.append(stats)

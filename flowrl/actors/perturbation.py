@@ -29,7 +29,8 @@ from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.envs.episodes import run_episode
 from flowrl.envs.multi_agent import MultiAgentEnv
 from flowrl.errors import ConfigError, FlowRLError
-from flowrl.policy.perturbable import FlatActor, PerturbableModel, RunningStats, flat_parameters
+from flowrl.policy.filters import RunningStats
+from flowrl.policy.perturbable import FlatActor, PerturbableModel, flat_parameters
 
 _WEIGHTED_SUM_CHUNK = 256
 

@@ -10,9 +10,11 @@ import numpy as np
 import ray
 import torch
 
+from flowrl.actors.episode_hooks import EpisodeHooks
 from flowrl.actors.multi_agent_sampler import MultiAgentSampler
 from flowrl.actors.rng import process_rng_state, set_process_rng_state
 from flowrl.actors.sampler import EpisodeStats, VectorSampler
+from flowrl.callbacks import EPISODE_HOOKS, make_callbacks, overrides, run_hook
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from flowrl.envs import is_multi_agent_env
@@ -21,6 +23,7 @@ from flowrl.envs.registry import EnvCreator
 from flowrl.errors import FlowRLError
 from flowrl.iterators import ParallelIteratorWorker
 from flowrl.policy import Policy, PolicySpec
+from flowrl.policy.filters import MeanStdFilter, RunningStats, make_observation_filter
 from flowrl.policy.mapping import policy_mapping
 from flowrl.policy.policy import ModelWeights
 
@@ -79,7 +82,12 @@ class RolloutWorker(ParallelIteratorWorker):
     dict of :class:`~flowrl.config.TrainerConfig` keys also works); the worker reads its
     sampling keys (``num_envs_per_worker``, ``rollout_fragment_length``, ``batch_mode``,
     ``seed``, ``env_config``, ``clip_actions``, ``compress_observations``, ``policy_mapping_fn``,
-    ``restart_failed_sub_environments``, ``on_bad_observation``).
+    ``restart_failed_sub_environments``, ``on_bad_observation``, ``callbacks``,
+    ``custom_metrics_from_info``, ``observation_filter``).
+
+    ``callbacks`` is this process's instance of the config's callbacks class (see
+    :mod:`flowrl.callbacks`): its episode hooks run in the sampler, ``on_sample_end`` after
+    each :meth:`sample`.
 
     Each env's creator gets an :class:`~flowrl.envs.context.EnvContext`: ``env_config``
     plus ``worker_index``, ``vector_index``, ``num_workers`` and ``recreated_worker``
@@ -113,6 +121,7 @@ class RolloutWorker(ParallelIteratorWorker):
         if worker_seed is not None:
             torch.manual_seed(worker_seed)
             np.random.seed(worker_seed % 2**32)
+        self.callbacks = make_callbacks(config.callbacks)
         self.envs = [self.make_env(i) for i in range(config.num_envs_per_worker)]
         self.multi_agent = is_multi_agent_env(self.envs[0])
         if not self.multi_agent and DEFAULT_POLICY_ID not in policy_specs:
@@ -120,6 +129,11 @@ class RolloutWorker(ParallelIteratorWorker):
                 f"a single-agent env acts with the policy {DEFAULT_POLICY_ID!r}, but the policies are "
                 f"{sorted(policy_specs)}; several policies need a multi-agent env"
             )
+        # What the policy acts on instead of raw observations (None: raw ones; ES and ARS filter in their model).
+        self.obs_filter: MeanStdFilter | None = None
+        if not type(config).filters_observations_in_model:
+            space = getattr(self.envs[0], "observation_space", None)
+            self.obs_filter = make_observation_filter(config.observation_filter, space, multi_agent=self.multi_agent)
         self.policy_map: dict[str, Policy[Any]] = {}
         for k, (pid, spec) in enumerate(policy_specs.items()):
             # Distinct seeds per policy: two policies of one class must not start identical.
@@ -140,7 +154,7 @@ class RolloutWorker(ParallelIteratorWorker):
                 seed=worker_seed,
                 episode_id_base=worker_index << 40,
                 clip_actions=config.clip_actions,
-                **self._fault_options(),
+                **self._sampler_options(),
             )
         else:
             self.sampler = VectorSampler(
@@ -151,7 +165,8 @@ class RolloutWorker(ParallelIteratorWorker):
                 seed=worker_seed,
                 episode_id_base=worker_index << 40,
                 clip_actions=config.clip_actions,
-                **self._fault_options(),
+                obs_filter=self.obs_filter,
+                **self._sampler_options(),
             )
         self._reported = WorkerMetrics([])
         self._rng_streams: dict[str, np.random.Generator] = {}
@@ -163,12 +178,22 @@ class RolloutWorker(ParallelIteratorWorker):
         """A new env for slot ``vector_index`` of this worker (its creator gets the :class:`EnvContext`)."""
         return self._env_creator(self.env_context.copy_with(vector_index=vector_index))
 
-    def _fault_options(self) -> dict[str, Any]:
-        """The sampler's handling of failing envs and bad observations, from the config."""
+    def _sampler_options(self) -> dict[str, Any]:
+        """The sampler's handling of failing envs and bad observations, and its episode hooks, from the config."""
+        hooks = None
+        if overrides(self.callbacks, EPISODE_HOOKS) or self.config.custom_metrics_from_info:
+            hooks = EpisodeHooks(
+                self.callbacks,
+                self.config.custom_metrics_from_info,
+                worker_index=self.worker_index,
+                num_envs=len(self.envs),
+                multi_agent=self.multi_agent,
+            )
         return {
             "env_maker": self.make_env if self.config.restart_failed_sub_environments else None,
             "on_bad_observation": self.config.on_bad_observation,
             "worker_index": self.worker_index,
+            "hooks": hooks,
         }
 
     def _sample_forever(self) -> Iterator[SampleBatch | MultiAgentBatch]:
@@ -181,6 +206,7 @@ class RolloutWorker(ParallelIteratorWorker):
         A :class:`~flowrl.data.MultiAgentBatch` (one batch per policy) for multi-agent envs.
         """
         batch = self.sampler.sample()
+        run_hook(self.callbacks, "on_sample_end", batch, self, where=f"worker {self.worker_index}")
         if self.config.compress_observations:
             batch.compress()
         return batch
@@ -221,6 +247,15 @@ class RolloutWorker(ParallelIteratorWorker):
         """Report an episode run outside the sampler (e.g. ES's evaluation episodes) with the sampled ones."""
         self.sampler.finished.append(stats)
 
+    def pop_filter_delta(self) -> RunningStats | None:
+        """The observation statistics this worker gathered since the last call (None: none, or no filter)."""
+        return None if self.obs_filter is None else self.obs_filter.pop_delta()
+
+    def sync_filter(self, merged: RunningStats | None) -> None:
+        """Filter with ``merged`` observation statistics (the driver's) plus those gathered here since the last pop."""
+        if self.obs_filter is not None:
+            self.obs_filter.sync(merged)
+
     def get_metrics(self) -> WorkerMetrics:
         """The episodes finished and the faults absorbed since the last call (each reported once).
 
@@ -247,14 +282,15 @@ class RolloutWorker(ParallelIteratorWorker):
 
         The policies' states keyed by policy id (with ``weights=False`` only what acting
         needs besides the weights, under ``"policy_sampling"``: a remote worker gets its
-        weights from the learner), the sampler's envs and episodes in progress and, in a
-        remote worker (which owns its process), the process's RNG states.
+        weights from the learner), the sampler's envs and episodes in progress, the observation
+        filter's statistics and, in a remote worker (which owns its process), the process's RNG states.
         """
         policies = {pid: p.get_state() if weights else p.get_sampling_state() for pid, p in self.policy_map.items()}
         state = {
             "policies" if weights else "policy_sampling": policies,
             "sampler": self.sampler.get_state(),
             "rng_streams": {name: stream.bit_generator.state for name, stream in self._rng_streams.items()},
+            "obs_filter": None if self.obs_filter is None else self.obs_filter.get_state(),
         }
         if self.worker_index > 0:
             state["rng"] = process_rng_state()
@@ -276,6 +312,8 @@ class RolloutWorker(ParallelIteratorWorker):
             self._reported = WorkerMetrics([], self.sampler.num_faulty_episodes, self.sampler.num_bad_observations)
         for name, stream_state in state.get("rng_streams", {}).items():
             self.rng_stream(name).bit_generator.state = stream_state
+        if self.obs_filter is not None and state.get("obs_filter") is not None:
+            self.obs_filter.set_state(state["obs_filter"])
         if "rng" in state and self.worker_index > 0:
             set_process_rng_state(state["rng"])
         return fresh

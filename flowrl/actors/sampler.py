@@ -26,10 +26,13 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.utils import EzPickle
 
+from flowrl.actors.episode_hooks import EpisodeHooks
 from flowrl.data import SampleBatch, concat_samples
 from flowrl.envs.checker import abbreviate, element_name
+from flowrl.envs.flatten import ObsFlattener, is_structured
 from flowrl.errors import BadObservationError, EnvError, FlowRLError
 from flowrl.policy import Policy
+from flowrl.policy.filters import MeanStdFilter, filter_fragment
 
 BATCH_MODES = ("truncate_episodes", "complete_episodes")
 BAD_OBSERVATION_MODES = ("raise", "drop_episode")
@@ -58,15 +61,17 @@ def env_snapshot(env: Any) -> bytes | None:
 
 @dataclass
 class EpisodeStats:
-    """Return and length (env steps) of one finished episode.
+    """Return and length (env steps) of one finished episode, and its custom metrics.
 
     In multi-agent episodes ``episode_reward`` sums every agent's rewards and
     ``policy_rewards`` lists each agent's return under the id of the policy it acted with.
+    ``custom_metrics`` holds what callbacks and ``custom_metrics_from_info`` recorded.
     """
 
     episode_reward: float
     episode_length: int
     policy_rewards: dict[str, list[float]] = field(default_factory=dict)
+    custom_metrics: dict[str, float] = field(default_factory=dict)
 
 
 def reward_problem(reward: Any, field: str = "reward") -> str | None:
@@ -83,11 +88,17 @@ class ObservationCheck:
 
     Array spaces (Box, Discrete, MultiDiscrete, MultiBinary) give a shape, a dtype the
     observation must cast to (same kind: float64 into float32 is fine, float into int is
-    not) and bounds. Floating observations must be finite. Observations of other spaces
-    (Dict, Tuple, ...) are only checked to be finite.
+    not) and bounds. Floating observations must be finite. Dict and Tuple observations are
+    checked flattened, against ``flatten_space(space)`` (samplers flatten them with
+    :attr:`flatten`); observations of other spaces (Text, Graph, ...) are only checked to be finite.
     """
 
     def __init__(self, space: gym.Space | None, space_name: str = "observation_space") -> None:
+        #: Flattens Dict and Tuple observations into rows of ``flatten_space(space)``; None for other spaces.
+        self.flatten = ObsFlattener(space) if space is not None and is_structured(space) else None
+        self._structure_name = space_name
+        if self.flatten is not None:
+            space, space_name = self.flatten.space, f"flatten_space({space_name})"
         self.space_name = space_name
         self.shape: tuple[int, ...] | None = None
         self.dtype: np.dtype | None = None
@@ -131,6 +142,8 @@ class ObservationCheck:
 
     def form_problem(self, value: Any, field: str) -> str | None:
         """What is wrong with ``value``'s shape or dtype, or None; ``field`` names it in the message."""
+        if self.flatten is not None and not isinstance(value, np.ndarray):  # it could not be flattened
+            return f"{field}={abbreviate(value)}, which does not fit {self._structure_name} {self.flatten.structure}"
         key = (value.__class__, getattr(value, "dtype", None), getattr(value, "shape", None))
         cacheable = isinstance(value, (np.ndarray, np.generic, int, float))
         if cacheable and key in self._good_forms:
@@ -222,6 +235,9 @@ class FaultTolerantSampler:
     counts it in ``num_bad_observations``. A dropped episode's rows are never returned and it
     is not a finished episode. Either counter is cumulative. An env slot whose episodes are
     dropped :data:`MAX_DROPPED_IN_A_ROW` times in a row raises.
+
+    ``hooks`` (optional) follows each env's episode for the run's callbacks and custom metrics;
+    the episodes in progress are saved with the sampler's state.
     """
 
     def __init__(
@@ -232,6 +248,7 @@ class FaultTolerantSampler:
         on_bad_observation: str,
         worker_index: int,
         seed: int | None,
+        hooks: EpisodeHooks | None = None,
     ) -> None:
         if on_bad_observation not in BAD_OBSERVATION_MODES:
             raise ValueError(f"on_bad_observation={on_bad_observation!r} is not one of {BAD_OBSERVATION_MODES}")
@@ -240,6 +257,7 @@ class FaultTolerantSampler:
         self.env_maker = env_maker
         self.on_bad_observation = on_bad_observation
         self.worker_index = worker_index
+        self.hooks = hooks
         self.num_faulty_episodes = 0
         self.num_bad_observations = 0
         # Bounded: a worker whose statistics nobody collects must not grow without limit.
@@ -258,7 +276,8 @@ class FaultTolerantSampler:
         the episodes in progress, the fault counters and the seed stream: what resuming
         sampling exactly where it was needs."""
         state = copy.deepcopy({name: getattr(self, name) for name in self.STATE_ATTRS})
-        return {**state, "envs": [env_snapshot(env) for env in self.envs]}
+        episodes = None if self.hooks is None else self.hooks.get_state()
+        return {**state, "envs": [env_snapshot(env) for env in self.envs], "episodes": episodes}
 
     def set_state(self, state: Mapping[str, Any]) -> list[int]:
         """Restore :meth:`get_state`'s output into a sampler with as many envs.
@@ -272,6 +291,8 @@ class FaultTolerantSampler:
             return list(range(len(self.envs)))
         for name in self.STATE_ATTRS:
             setattr(self, name, copy.deepcopy(state[name]))
+        if self.hooks is not None:
+            self.hooks.set_state(state.get("episodes"))
         fresh = []
         for i, snapshot in enumerate(snapshots):
             if snapshot is None:
@@ -363,6 +384,9 @@ class VectorSampler(FaultTolerantSampler):
     silently into the buffer); that the observations the policy acts on next are finite,
     once per vector step; the rest (rewards, bounds, final observations) once per
     fragment, over all of its rows at once, before it is returned.
+
+    ``obs_filter`` (optional): the policy acts on the observations it filters, and the
+    fragments hold those (the checks above read the raw ones).
     """
 
     def __init__(
@@ -378,18 +402,23 @@ class VectorSampler(FaultTolerantSampler):
         env_maker: EnvMaker | None = None,
         on_bad_observation: str = "raise",
         worker_index: int = 0,
+        hooks: EpisodeHooks | None = None,
+        obs_filter: MeanStdFilter | None = None,
     ) -> None:
         if batch_mode not in BATCH_MODES:
             raise ValueError(f"batch_mode={batch_mode!r} is not one of {BATCH_MODES}")
         super().__init__(
-            envs, env_maker=env_maker, on_bad_observation=on_bad_observation, worker_index=worker_index, seed=seed
+            envs, env_maker=env_maker, on_bad_observation=on_bad_observation, worker_index=worker_index, seed=seed,
+            hooks=hooks,
         )
         self.policy = policy
+        self.obs_filter = obs_filter
         self.fragment_length = fragment_length
         self.batch_mode = batch_mode
         space = envs[0].action_space
         self._clip = (space.low, space.high) if clip_actions and isinstance(space, gym.spaces.Box) else None
         self._obs_check = ObservationCheck(getattr(envs[0], "observation_space", None))
+        self._flatten = self._obs_check.flatten
         #: Checks on (the default); benchmarks/sampler_checks.py turns them off to measure their cost.
         self._check_data = True
         n = len(envs)
@@ -398,9 +427,13 @@ class VectorSampler(FaultTolerantSampler):
         self.ts = np.zeros(n, dtype=np.int64)
         self.episode_rewards = np.zeros(n, dtype=np.float64)
         self.steps_sampled = 0
-        observations = [self._reset(i, None if seed is None else seed + i, 0, full=True) for i in range(n)]
+        resets = [self._reset(i, None if seed is None else seed + i, 0, full=True) for i in range(n)]
+        observations = [obs for obs, _, _ in resets]
         dtype = self._obs_check.dtype
         self.obs = np.stack(observations) if dtype is None else np.stack(observations).astype(dtype)
+        if hooks is not None:
+            for i, (_, raw, info) in enumerate(resets):
+                hooks.start(i, int(self.eps_ids[i]), raw, info)
         self._carry: list[list[SampleBatch]] = [[] for _ in range(n)]
 
     STATE_ATTRS = FaultTolerantSampler.STATE_ATTRS + (
@@ -460,10 +493,16 @@ class VectorSampler(FaultTolerantSampler):
         check_finite = check and dtype.kind == "f"
         # Bound once: the checks run for every env on every step, where each lookup shows.
         ndarray, isfinite, add_all = np.ndarray, math.isfinite, np.add.reduce
+        flatten, hooks = self._flatten, self.hooks
         actions_buf: np.ndarray | None = None
         extra_bufs: dict[str, np.ndarray] = {}
+        obs_filter = self.obs_filter
+        filtered = None if obs_filter is None else np.empty((T, *self.obs.shape), dtype=np.float32)
         for step in range(T):
-            actions, extra = self.policy.compute_actions(self.obs)
+            policy_obs = self.obs if obs_filter is None else obs_filter(self.obs)
+            actions, extra = self.policy.compute_actions(policy_obs)
+            if filtered is not None:
+                filtered[step] = policy_obs
             if actions_buf is None:
                 actions_buf = np.empty((T, *actions.shape), dtype=actions.dtype)
                 extra_bufs = {k: np.empty((T, *v.shape), dtype=v.dtype) for k, v in extra.items()}
@@ -478,15 +517,20 @@ class VectorSampler(FaultTolerantSampler):
             new_obs, step_rewards = new_obs_buf[step], rewards[step]
             step_terms, step_truncs = terminateds[step], truncateds[step]
             dropped: dict[int, int | None] = {}  # env -> the seed of its reset: episodes to drop
+            stepped: dict[int, tuple[Any, Any]] = {}  # env -> (observation, info) as the env returned them
             for i, env in enumerate(self.envs):
                 try:
-                    obs, reward, step_terms[i], step_truncs[i], _ = env.step(env_actions[i])
+                    obs, reward, step_terms[i], step_truncs[i], info = env.step(env_actions[i])
                 except Exception as error:
                     if self.env_maker is None:
                         raise
                     dropped[i] = self._recreate_env(i, "env.step()", error)
                     self._placeholder(fragment, step, i)
                     continue
+                if hooks is not None:
+                    stepped[i] = (obs, info)
+                if flatten is not None:
+                    obs = flatten(obs)
                 # A wrong shape may broadcast silently into the row (a scalar fills it): check the form first.
                 if not check or (obs.__class__ is ndarray and obs.shape == shape and obs.dtype is dtype):
                     try:
@@ -500,6 +544,10 @@ class VectorSampler(FaultTolerantSampler):
             self.obs[:] = new_obs
             self.episode_rewards += step_rewards
             self.ts += 1
+            if hooks is not None:
+                for i, (obs, info) in stepped.items():
+                    if i not in dropped:
+                        hooks.step(i, obs, float(step_rewards[i]), info)
             for env_index in np.flatnonzero(terminateds[step] | truncateds[step]).tolist():
                 if env_index in dropped:
                     self._discard_episode(fragment, env_index, step)
@@ -507,6 +555,8 @@ class VectorSampler(FaultTolerantSampler):
                     continue
                 stats = EpisodeStats(float(self.episode_rewards[env_index]), int(self.ts[env_index]))
                 fragment.finished.append((int(self.eps_ids[env_index]), stats))
+                if hooks is not None:
+                    hooks.end(env_index)
                 self._episode_kept(env_index)
                 self._start_episode(env_index, None, step + 1)
             # One reduction over what the policy reads next (new and reset observations): a sum is
@@ -517,7 +567,13 @@ class VectorSampler(FaultTolerantSampler):
         fragment.columns.update({SampleBatch.ACTIONS: actions_buf, **extra_bufs})
         if self._check_data:
             self._check_fragment(fragment)
+        if obs_filter is not None and filtered is not None:
+            filter_fragment(fragment.columns, filtered, obs_filter)
         self.steps_sampled += T * n
+        if hooks is not None:  # the episodes that passed the fragment's checks count: they end now
+            published = hooks.publish([episode_id for episode_id, _ in fragment.finished])
+            for (_, stats), metrics in zip(fragment.finished, published):
+                stats.custom_metrics = metrics
         self.finished.extend(stats for _, stats in fragment.finished)
         return self._pieces(fragment)
 
@@ -575,32 +631,36 @@ class VectorSampler(FaultTolerantSampler):
         self.episode_rewards[i] = 0.0
         self.ts[i] = 0
         self.eps_ids[i] = self._new_episode_id()
-        self.obs[i] = self._reset(i, seed, row, full=full)
+        self.obs[i], raw, info = self._reset(i, seed, row, full=full)
+        if self.hooks is not None:
+            self.hooks.start(i, int(self.eps_ids[i]), raw, info)
 
-    def _reset(self, i: int, seed: int | None, row: int, *, full: bool) -> Any:
-        """Env ``i``'s first observation of a new episode (recreating the env or resetting again as needed).
+    def _reset(self, i: int, seed: int | None, row: int, *, full: bool) -> tuple[Any, Any, Any]:
+        """Env ``i``'s first observation of a new episode (recreating the env or resetting again as needed):
+        ``(observation as sampled, observation as the env returned it, info)``.
 
         Its form is checked here; its values too with ``full``, else by the caller's
         per-step finiteness check and the fragment's bounds check.
         """
         while True:
             try:
-                obs = self.envs[i].reset(seed=seed)[0]
+                raw, info = self.envs[i].reset(seed=seed)
             except Exception as error:
                 if self.env_maker is None:
                     raise
                 seed = self._recreate_env(i, "env.reset()", error)
                 continue
+            obs = raw if self._flatten is None else self._flatten(raw)
             if not self._check_data:
-                return obs
+                return obs, raw, info
             if not full:
                 rows = self.obs
                 if obs.__class__ is np.ndarray and obs.shape == rows.shape[1:] and obs.dtype is rows.dtype:
-                    return obs  # the right form; its values are checked with the step's and the fragment's
+                    return obs, raw, info  # the right form; its values are checked with the step's and the fragment's
             check = self._obs_check
             problem = check.problem(obs, "obs") if full else check.form_problem(obs, "obs")
             if problem is None:
-                return obs
+                return obs, raw, info
             self._bad_data(i, f"env.reset() (vector step {self._vector_step(row)})", problem)
             seed = None
 

@@ -17,7 +17,14 @@ from flowrl.envs import check_env as check_env_api
 from flowrl.envs import check_multi_agent_env, is_multi_agent_env
 from flowrl.envs.context import EnvContext
 from flowrl.envs.registry import EnvCreator, close_env
-from flowrl.errors import BadObservationError, FlowRLError, ResourceUnavailableError, ShardFailedError, WorkerFailureError
+from flowrl.errors import (
+    BadObservationError,
+    CallbackError,
+    FlowRLError,
+    ResourceUnavailableError,
+    ShardFailedError,
+    WorkerFailureError,
+)
 
 R = TypeVar("R")
 
@@ -204,6 +211,29 @@ class WorkerSet:
         for worker in self._remote:
             worker.set_weights.remote(weights, self._global_vars)
 
+    def sync_filters(self) -> None:
+        """Merge the observation statistics each remote worker gathered since the last sync into the local
+        worker's filter, and send the merged statistics back to every remote worker (RLlib's
+        ``FilterManager.synchronize``). Nothing to do without an observation filter.
+
+        Asked through the workers' control threads, with a timeout; a worker that cannot answer
+        is handled as failed (its statistics since the last sync are lost with it).
+        """
+        local_filter = self._local.obs_filter
+        if local_filter is None:
+            return
+        local_filter.pop_delta()  # the local worker's own observations are in its statistics already
+        asked = [(worker, control_call(worker, "pop_filter_delta")) for worker in self._remote]
+        for worker, ref in asked:
+            try:
+                local_filter.apply_delta(ray.get(ref, timeout=PROBE_TIMEOUT_S))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+                self.handle_failure(worker, e)
+        if self._remote:
+            merged = ray.put(local_filter.stats())
+            for worker in self._remote:
+                control_call(worker, "sync_filter", merged)
+
     def foreach_worker(self, fn: Callable[[RolloutWorker], R], local: bool = True) -> list[R]:
         """``fn(worker)`` on the local worker (if ``local``) and every remote one; results in order.
 
@@ -298,6 +328,8 @@ class WorkerSet:
         cause = error.__cause__ if isinstance(error, ShardFailedError) and error.__cause__ is not None else error
         if isinstance(cause, BadObservationError):
             raise cause  # on_bad_observation="raise": the user asked for the run to stop on it
+        if isinstance(cause, CallbackError):
+            raise cause  # the user's code failed: a replacement would run it again
         if not self.recreate_failed_workers:
             self._remote.pop(position)
             self._indices.pop(position)
@@ -325,6 +357,8 @@ class WorkerSet:
         with self._local.lock:  # not halfway through a learner thread's step
             weights = self._local.get_weights()
         replacement.set_weights.remote(weights, self._global_vars)
+        if self._local.obs_filter is not None:  # it filters with the run's statistics from its first sample on
+            replacement.sync_filter.remote(self._local.obs_filter.stats())
         self._remote[position] = replacement
         self._replacements[failed] = replacement
         return self._started(replacement, worker_index)

@@ -45,6 +45,15 @@ class A2CConfig(TrainerConfig):
         "lr": 0.002,
         "grad_clip": 40.0,
     }
+    # RLlib 2.2's A2C (rllib/algorithms/a2c/a2c.py over a3c/a3c.py), whose rollout_fragment_length
+    # 'auto' RLlib's A2C tuned example uses; 1.13 had rollout_fragment_length 20 and train_batch_size 200.
+    rllib_defaults = {
+        "num_envs_per_worker": 1,
+        "rollout_fragment_length": "auto",
+        "train_batch_size": 32,
+        "lr": 0.0001,
+        "model": {"fcnet_hiddens": [256, 256], "vf_share_layers": True},
+    }
 
     lambda_: float = cfg_field(
         1.0, "GAE lambda (1.0: discounted returns minus the value baseline).", min=0, max=1, per_policy=True

@@ -22,6 +22,13 @@ class A3CConfig(A2CConfig):
     """A3C settings: A2C's loss keys; each gradient comes from one worker's fragment, applied in the driver."""
 
     defaults = {"lr": 0.001}
+    # RLlib 1.13's A3C (rllib/agents/a3c/a3c.py; 2.0-2.2 the same).
+    rllib_defaults = {
+        "num_envs_per_worker": 1,
+        "rollout_fragment_length": 10,
+        "lr": 0.0001,
+        "model": {"fcnet_hiddens": [256, 256], "vf_share_layers": True},
+    }
 
     num_workers: int = cfg_field(2, "Remote rollout workers computing gradients (at least 1).", min=1)
 
@@ -34,5 +41,6 @@ def execution_plan(workers: WorkerSet, config: A3CConfig, resources: PlanResourc
 
 # Workers compute A3C's gradients with their own copy of the loss coefficients: only lr (the driver's optimizer) is live.
 ALGORITHM = Algorithm(
-    "a3c", "asynchronous advantage actor-critic", A3CConfig, make_actor_critic_policy, execution_plan, live_keys=frozenset({"lr"})
+    "a3c", "asynchronous advantage actor-critic", A3CConfig, make_actor_critic_policy, execution_plan, live_keys=frozenset({"lr"}),
+    asynchronous=True,
 )

@@ -57,6 +57,20 @@ class ApexConfig(DQNConfig):
         "model": {"fcnet_hiddens": [128, 128], "fcnet_activation": "relu"},
         "exploration_config": {"type": "PerWorkerEpsilonGreedy"},
     }
+    # RLlib 1.13's Ape-X DQN (rllib/agents/dqn/apex.py over DQN's), whose optimizer keys RLlib's Ape-X
+    # tuned example uses; its 32 workers and 4 replay shards size the run to a machine and are not taken.
+    rllib_defaults = {
+        "num_envs_per_worker": 1,
+        "rollout_fragment_length": 50,
+        "train_batch_size": 512,
+        "grad_clip": 40.0,
+        "buffer_size": 2_000_000,
+        "learning_starts": 50_000,
+        "target_network_update_freq": 500_000,
+        "training_intensity": 1.0,
+        "max_weight_sync_delay": 400,
+        "model": {"fcnet_hiddens": [256, 256], "fcnet_activation": "tanh"},
+    }
 
     num_workers: int = cfg_field(2, "Remote rollout workers, each with its own fixed epsilon.", min=1)
     num_replay_shards: int = cfg_field(1, "Replay buffer shard actors.", min=1)
@@ -132,6 +146,7 @@ ALGORITHM = Algorithm(
     make_resources=make_resources,
     bundles=bundles,
     live_keys=frozenset({"lr"}),
+    asynchronous=True,
 )
 
 
@@ -145,6 +160,23 @@ class ApexDDPGConfig(ApexConfig, DDPGConfig):
 
     # Ape-X's keys win over DDPG's in the merge; these are DDPG's again.
     defaults = {"exploration_config": {}, "target_network_update_freq": 0, "tau": 0.005, "model": {}}
+    # RLlib 1.13's Ape-X DDPG (rllib/agents/ddpg/apex.py over DDPG's). Its per-worker Ornstein-Uhlenbeck
+    # exploration flowrl does not have, and its 32 workers and 4 replay shards are not taken.
+    rllib_defaults = {
+        "num_envs_per_worker": 1,
+        "rollout_fragment_length": 50,
+        "train_batch_size": 512,
+        "grad_clip": None,
+        "buffer_size": 2_000_000,
+        "learning_starts": 50_000,
+        "target_network_update_freq": 500_000,
+        "tau": 0.002,
+        "training_intensity": None,
+        "max_weight_sync_delay": 400,
+        "actor_hiddens": [400, 300],
+        "critic_hiddens": [400, 300],
+        "l2_reg": 1e-6,
+    }
 
 
 APEX_DDPG = Algorithm(
@@ -155,4 +187,5 @@ APEX_DDPG = Algorithm(
     execution_plan,
     make_resources=make_resources,
     bundles=bundles,
+    asynchronous=True,
 )

@@ -43,6 +43,13 @@ class APPOConfig(impala.ImpalaConfig):
     """
 
     defaults = {"num_sgd_iter": 2}
+    # RLlib 1.13's APPO (rllib/agents/ppo/appo.py over IMPALA's; 2.0-2.2 the same).
+    rllib_defaults = {
+        "num_envs_per_worker": 1,
+        "train_batch_size": 500,
+        "num_sgd_iter": 1,
+        "model": {"fcnet_hiddens": [256, 256], "vf_share_layers": True},
+    }
 
     clip_param: float = cfg_field(
         0.4, "Clip the ratio to the target policy to [1 - clip_param, 1 + clip_param].", min=0, min_exclusive=True, per_policy=True
@@ -109,4 +116,5 @@ ALGORITHM = Algorithm(
     make_resources=impala.make_resources,
     bundles=impala.bundles,
     live_keys=frozenset({"lr", "entropy_coeff", "clip_param", "vf_loss_coeff"}),
+    asynchronous=True,
 )

@@ -36,6 +36,13 @@ class ARSConfig(PerturbationConfig):
     """
 
     defaults = {"noise_stdev": 0.03, "model": {"fcnet_hiddens": []}}
+    # RLlib 1.13's ARS (rllib/agents/ars/ars.py; 2.2 the same): RLlib's model defaults, not a linear policy.
+    rllib_defaults = {
+        "noise_stdev": 0.02,
+        "rollouts_used": 32,
+        "sgd_stepsize": 0.01,
+        "model": {"fcnet_hiddens": [256, 256]},
+    }
 
     num_rollouts: int = cfg_field(32, "N: antithetic directions evaluated per update (2 episodes each).", min=1)
     rollouts_used: int = cfg_field(16, "b: directions with the highest max(r+, r-) that make the step (b <= N).", min=1)

@@ -7,8 +7,9 @@ target updates (``tau``) after every training step.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 import gymnasium as gym
 import numpy as np
@@ -24,10 +25,17 @@ from flowrl.data import SampleBatch
 from flowrl.errors import ConfigError
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy, nstep_postprocess
 from flowrl.policy.distributions import ActionDistribution
+from flowrl.policy.custom_model import ModelInterface, probe_observations
 from flowrl.policy.models import flat_obs_dim, mlp
 from flowrl.policy.postprocessing import DISCOUNTS
 
 ACTOR_STEPS = "actor_steps"
+#: What a custom model of DDPG and TD3 provides (see :mod:`flowrl.policy.custom_model`).
+DETERMINISTIC_ACTOR_CRITIC = ModelInterface(
+    "deterministic actor-critic",
+    "actor: flat obs [B, obs_dim] -> [B, action_dim] (before tanh into the bounds); critics: nn.ModuleList of "
+    "[B, obs_dim + action_dim] -> [B, 1] (two for twin_q)",
+)
 
 
 @dataclass(kw_only=True)
@@ -35,9 +43,17 @@ class DDPGConfig(DQNConfig):
     """DDPG settings: DQN's replay keys plus actor/critic sizes, learning rates and noise.
 
     Soft target updates (``tau``) after every training step (``target_network_update_freq`` 0).
-    ``exploration_config`` is derived from ``exploration_noise`` and ``learning_starts``
-    (uniform random actions until then): leave it empty.
+    An empty ``exploration_config`` (the default) is derived from ``exploration_noise`` and
+    ``learning_starts`` (uniform random actions until then, then Gaussian noise); it may instead
+    name a ``GaussianNoise`` or an ``OrnsteinUhlenbeckNoise`` with its options.
     """
+
+    #: RLlib's default exploration for this algorithm, into which an RLlib ``exploration_config``
+    #: without a type is merged (see :mod:`flowrl.rllib_compat`).
+    rllib_exploration: ClassVar[Mapping[str, Any]] = {
+        "type": "OrnsteinUhlenbeckNoise", "random_timesteps": 1000, "ou_base_scale": 0.1, "ou_theta": 0.15,
+        "ou_sigma": 0.2, "initial_scale": 1.0, "final_scale": 0.02, "scale_timesteps": 10000,
+    }
 
     defaults = {
         "rollout_fragment_length": 1,
@@ -50,6 +66,20 @@ class DDPGConfig(DQNConfig):
         "target_network_update_freq": 0,
         "exploration_config": {},
         "grad_clip": None,
+    }
+    # RLlib 2.0-2.1's DDPG (rllib/algorithms/ddpg/ddpg.py), whose keys RLlib's DDPG tuned example uses;
+    # 1.13 (rllib/agents/ddpg/ddpg.py) had the same values, 2.2 made rollout_fragment_length 'auto'.
+    rllib_defaults = {
+        "train_batch_size": 256,
+        "gamma": 0.99,
+        "buffer_size": 50_000,
+        "learning_starts": 1500,
+        "prioritized_replay": True,
+        "tau": 0.002,
+        "actor_hiddens": [400, 300],
+        "critic_hiddens": [400, 300],
+        "l2_reg": 1e-6,
+        "exploration_config": dict(rllib_exploration),
     }
 
     actor_hiddens: list[int] = cfg_field([256, 256], "Hidden layer sizes of the actor (ReLU).", per_policy=True)
@@ -66,11 +96,21 @@ class DDPGConfig(DQNConfig):
     exploration_noise: float = cfg_field(
         0.1, "Std of the Gaussian noise added to actions while sampling (action units).", min=0, per_policy=True
     )
+    use_huber: bool = cfg_field(False, "Critic loss: the Huber loss of the TD error instead of its square.", per_policy=True)
+    huber_threshold: float = cfg_field(
+        1.0, "With use_huber: the TD error where the loss turns from quadratic to linear.", min=0, min_exclusive=True, per_policy=True
+    )
+    l2_reg: float = cfg_field(
+        0.0, "L2 regularization: l2_reg * sum(w^2) / 2 over the actor's weights (not biases) is added to its loss, "
+        "and over the critics' to theirs. 0: none.", min=0, per_policy=True
+    )
 
     def check(self) -> list[str]:
         problems = super().check()
-        if self.exploration_config:
-            problems.append("exploration_config is derived from exploration_noise and learning_starts; leave it empty")
+        kind = self.exploration_config.get("type")
+        if self.exploration_config and kind not in ("GaussianNoise", "OrnsteinUhlenbeckNoise"):
+            problems.append(f"exploration_config type={kind!r}: DDPG and TD3 explore with 'GaussianNoise' or "
+                            "'OrnsteinUhlenbeckNoise' (or leave it empty: Gaussian noise of exploration_noise)")
         return problems
 
 
@@ -79,22 +119,45 @@ class TD3Config(DDPGConfig):
     """TD3: DDPG with twin critics, target policy smoothing and delayed actor updates."""
 
     defaults = {"twin_q": True, "policy_delay": 2, "smooth_target_policy": True}
+    rllib_exploration: ClassVar[Mapping[str, Any]] = {
+        "type": "GaussianNoise", "random_timesteps": 10000, "stddev": 0.1, "initial_scale": 1.0, "final_scale": 1.0,
+        "scale_timesteps": 1,
+    }
+    # RLlib 2.0-2.1's TD3 (rllib/algorithms/td3/td3.py over DDPG's), whose keys RLlib's TD3 tuned example
+    # uses; 1.13 (rllib/agents/ddpg/td3.py) had the same values, 2.2 made rollout_fragment_length 'auto'.
+    rllib_defaults = {
+        "train_batch_size": 100,
+        "gamma": 0.99,
+        "buffer_size": 1_000_000,
+        "learning_starts": 10_000,
+        "actor_hiddens": [400, 300],
+        "critic_hiddens": [400, 300],
+        "exploration_config": dict(rllib_exploration),
+    }
 
 
 class ActorCritics(nn.Module):
     """A deterministic actor squashed into the action bounds, and one or two Q(s, a) critics.
 
     ``forward(obs)`` gives ``(actions, None)``, so acting goes through the usual policy path.
+    ``actor`` and ``critics`` are MLPs of the config's sizes unless given (a custom model's).
     """
 
     low: torch.Tensor  # the action bounds, registered buffers (they move with the module)
     high: torch.Tensor
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.spaces.Box, config: DDPGConfig) -> None:
+    def __init__(
+        self,
+        obs_space: gym.Space,
+        action_space: gym.spaces.Box,
+        config: DDPGConfig,
+        actor: nn.Module | None = None,
+        critics: nn.ModuleList | None = None,
+    ) -> None:
         super().__init__()
         obs_dim, act_dim = flat_obs_dim(obs_space), int(np.prod(action_space.shape))
-        self.actor = mlp(obs_dim, config.actor_hiddens, "relu", act_dim)
-        self.critics = nn.ModuleList(
+        self.actor = actor if actor is not None else mlp(obs_dim, config.actor_hiddens, "relu", act_dim)
+        self.critics = critics if critics is not None else nn.ModuleList(
             mlp(obs_dim + act_dim, config.critic_hiddens, "relu", 1) for _ in range(2 if config.twin_q else 1)
         )
         self.register_buffer("low", torch.tensor(action_space.low, dtype=torch.float32))
@@ -131,7 +194,11 @@ def ddpg_loss(
         q_target = batch[SampleBatch.REWARDS] + batch[DISCOUNTS] * not_done * next_q
     q_values = model.q(obs, batch[SampleBatch.ACTIONS].float())
     weights = batch.get(SampleBatch.WEIGHTS, torch.ones_like(q_target))
-    critic_loss = torch.stack([(weights * (q - q_target).pow(2)).mean() for q in q_values]).sum()
+    if config.use_huber:
+        errors = [nn.functional.huber_loss(q, q_target, reduction="none", delta=config.huber_threshold) for q in q_values]
+    else:
+        errors = [(q - q_target).pow(2) for q in q_values]
+    critic_loss = torch.stack([(weights * e).mean() for e in errors]).sum() + _l2(model.critics, config.l2_reg)
     loss = critic_loss
     stats = {"critic_loss": critic_loss.item(), "mean_q": q_values[0].mean().item()}
     policy.coeffs[ACTOR_STEPS] = policy.coeffs.get(ACTOR_STEPS, 0) + 1
@@ -140,10 +207,17 @@ def ddpg_loss(
         critic = model.critics[0]
         frozen = {name: p.detach() for name, p in critic.named_parameters()}
         x = torch.cat([obs.flatten(1), model.act(obs)], dim=1)
-        actor_loss = -torch.func.functional_call(critic, frozen, (x,)).mean()
+        actor_loss = -torch.func.functional_call(critic, frozen, (x,)).mean() + _l2(model.actor, config.l2_reg)
         loss = loss + actor_loss
         stats["actor_loss"] = actor_loss.item()
     return LossOutput(loss, stats, q_values[0] - q_target)
+
+
+def _l2(module: nn.Module, coeff: float) -> torch.Tensor | float:
+    """``coeff * sum(w^2) / 2`` over the weights (not the biases) of ``module`` (RLlib's DDPG l2_reg)."""
+    if not coeff:
+        return 0.0
+    return coeff * 0.5 * sum(p.pow(2).sum() for name, p in module.named_parameters() if not name.endswith("bias"))
 
 
 class _ModelFactory:
@@ -155,6 +229,40 @@ class _ModelFactory:
     def __call__(self, obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Mapping[str, Any]) -> nn.Module:
         assert isinstance(action_space, gym.spaces.Box)  # make_ddpg_policy refuses other action spaces
         return ActorCritics(obs_space, action_space, self.config)
+
+
+class _CustomActorCritics:
+    """Builds :class:`ActorCritics` around a custom model's ``actor`` and ``critics`` (the DDPG model interface),
+    checking their outputs on a probe batch."""
+
+    def __init__(self, config: DDPGConfig) -> None:
+        self.config = config
+
+    def __call__(self, custom: nn.Module, obs_space: gym.Space, action_space: gym.Space) -> nn.Module:
+        assert isinstance(action_space, gym.spaces.Box)  # make_ddpg_policy refuses other action spaces
+        shown = f"model.custom_model {type(custom).__qualname__}"
+        actor, critics = getattr(custom, "actor", None), getattr(custom, "critics", None)
+        wanted = 2 if self.config.twin_q else 1
+        if not isinstance(actor, nn.Module) or not isinstance(critics, nn.ModuleList) or len(critics) != wanted:
+            raise ConfigError(
+                [f"{shown} does not implement the {DETERMINISTIC_ACTOR_CRITIC.name} interface "
+                 f"({DETERMINISTIC_ACTOR_CRITIC.contract}): it needs an nn.Module attribute actor and an "
+                 f"nn.ModuleList critics of {wanted} (twin_q={self.config.twin_q})"]
+            )
+        model = ActorCritics(obs_space, action_space, self.config, actor=actor, critics=critics)
+        batch, act_dim = 2, int(np.prod(action_space.shape))
+        try:
+            with torch.random.fork_rng(devices=[]), torch.no_grad():
+                obs = probe_observations(obs_space, batch)
+                shapes = [tuple(model.actor(obs.flatten(1)).shape)] + [tuple(q.shape) for q in model.q(obs, model.act(obs))]
+        except Exception as e:  # noqa: BLE001 - whatever the user's modules raise is the answer
+            raise ConfigError([f"{shown}: its actor or critics raised {type(e).__name__}: {e}"]) from e
+        if shapes != [(batch, act_dim)] + [(batch,)] * wanted:
+            raise ConfigError(
+                [f"{shown}: for a batch of {batch}, its actor gives {list(shapes[0])} (wanted [{batch}, {act_dim}]) "
+                 f"and its critics {[list(s) for s in shapes[1:]]} after squeezing (wanted [{batch}, 1] each)"]
+            )
+        return model
 
 
 def _optimizer(policy: TorchPolicy[DDPGConfig]) -> torch.optim.Optimizer:
@@ -176,10 +284,11 @@ def make_ddpg_policy(obs_space: gym.Space, action_space: gym.Space, config: DDPG
         "loss_fn": ddpg_loss,
         "postprocess_fn": nstep_postprocess,
         "make_model": _ModelFactory(config),
+        "model_interface": dataclasses.replace(DETERMINISTIC_ACTOR_CRITIC, adapt=_CustomActorCritics(config)),
         "make_optimizer": _optimizer,
         "dist_kind": "deterministic",
         "target_network": True,
-        "exploration_config": {
+        "exploration_config": dict(config.exploration_config) or {
             "type": "GaussianNoise",
             "stddev": config.exploration_noise,
             "random_timesteps": config.learning_starts,

@@ -33,6 +33,7 @@ from flowrl.operators import (
 )
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy, nstep_postprocess
 from flowrl.policy.distributions import ActionDistribution
+from flowrl.policy.custom_model import Q_VALUES
 from flowrl.policy.models import make_encoder
 from flowrl.policy.postprocessing import DISCOUNTS
 
@@ -49,6 +50,15 @@ class DQNConfig(TrainerConfig):
         "grad_clip": 10.0,
         "timesteps_per_iteration": 1000,
         "exploration_config": {"type": "EpsilonGreedy", "initial_epsilon": 1.0, "final_epsilon": 0.02, "epsilon_timesteps": 10_000},
+    }
+    # RLlib 1.13's DQN (rllib/agents/dqn/dqn.py over simple_q.py; 2.0-2.1 the same, 2.2 made
+    # rollout_fragment_length 'auto'). Its Q head's hidden layer (hiddens: [256]) flowrl does not have.
+    rllib_defaults = {
+        "lr": 5e-4,
+        "train_batch_size": 32,
+        "grad_clip": 40.0,
+        "n_step": 1,
+        "model": {"fcnet_hiddens": [256, 256]},
     }
 
     buffer_size: int = cfg_field(50_000, "Replay buffer capacity in transitions.", min=1)
@@ -131,6 +141,7 @@ def make_dqn_policy(obs_space: gym.Space, action_space: gym.Space, config: DQNCo
         "loss_fn": dqn_loss,
         "postprocess_fn": nstep_postprocess,
         "make_model": _dueling_q_model if config.dueling else _q_model,
+        "model_interface": Q_VALUES,
         "target_network": True,
     }
     return PolicySpec(TorchPolicy, obs_space, action_space, config, kwargs)

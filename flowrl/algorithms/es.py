@@ -35,6 +35,9 @@ class ESConfig(PerturbationConfig):
     """
 
     defaults = {"model": {"fcnet_hiddens": [32, 32]}}
+    # RLlib 1.13's ES (rllib/agents/es/es.py; 2.2 the same). Its 10 workers and 250M-float noise table
+    # size the run to a machine, its eval_prob only what is reported: not taken.
+    rllib_defaults = {"episodes_per_batch": 1000, "train_batch_size": 10_000, "model": {"fcnet_hiddens": [256, 256]}}
 
     episodes_per_batch: int = cfg_field(
         100, "Perturbed episodes (2 per antithetic pair) per update, at least; a round asks the workers for this many.", min=2

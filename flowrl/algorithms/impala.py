@@ -55,6 +55,12 @@ class ImpalaConfig(TrainerConfig):
         "lr": 5e-4,
         "grad_clip": 40.0,
     }
+    # RLlib 1.13's IMPALA (rllib/agents/impala/impala.py; 2.0-2.2 the same).
+    rllib_defaults = {
+        "num_envs_per_worker": 1,
+        "train_batch_size": 500,
+        "model": {"fcnet_hiddens": [256, 256], "vf_share_layers": True},
+    }
 
     num_workers: int = cfg_field(2, "Remote rollout workers (at least 1).", min=1)
     vf_loss_coeff: float = cfg_field(0.5, "Weight of the value-function loss.", min=0, per_policy=True)
@@ -188,4 +194,5 @@ ALGORITHM = Algorithm(
     make_resources=make_resources,
     bundles=bundles,
     live_keys=frozenset({"lr", "entropy_coeff", "vf_loss_coeff"}),
+    asynchronous=True,
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from flowrl.config import TrainerConfig, cfg_field
 
@@ -11,6 +11,8 @@ from flowrl.config import TrainerConfig, cfg_field
 @dataclass(kw_only=True)
 class PerturbationConfig(TrainerConfig):
     """Keys shared by the perturbation searches (ES, ARS); see :class:`~flowrl.config.TrainerConfig` for the rest."""
+
+    filters_observations_in_model: ClassVar[bool] = True  # the observation statistics live in the PerturbableModel's buffers
 
     num_envs_per_worker: int = cfg_field(1, "Each worker runs one episode at a time in one env: must be 1.", min=1, max=1)
     noise_stdev: float = cfg_field(0.02, "sigma: std of the parameter perturbations theta +- sigma * eps.", min=0, min_exclusive=True)

@@ -20,6 +20,7 @@ from flowrl.data import SampleBatch
 from flowrl.iterators import LocalIterator
 from flowrl.operators import ConcatBatches, ParallelRollouts, StandardMetricsReporting, TrainOneStep
 from flowrl.policy import ActorCriticModel, LossOutput, PolicySpec, TorchPolicy, compute_advantages
+from flowrl.policy.custom_model import POLICY
 from flowrl.policy.distributions import ActionDistribution
 
 
@@ -31,6 +32,8 @@ class PGConfig(TrainerConfig):
     """
 
     defaults = {"train_batch_size": 1000, "lr": 0.004}
+    # RLlib 1.13's PG (rllib/agents/pg/pg.py with the common config; 2.0-2.2 the same).
+    rllib_defaults = {"train_batch_size": 200, "lr": 0.0004, "model": {"fcnet_hiddens": [256, 256]}}
 
 
 def pg_loss(
@@ -54,7 +57,7 @@ def _policy_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: in
 
 def make_pg_policy(obs_space: gym.Space, action_space: gym.Space, config: PGConfig) -> PolicySpec:
     """A TorchPolicy with the PG loss and return postprocessing."""
-    kwargs = {"loss_fn": pg_loss, "postprocess_fn": pg_postprocess, "make_model": _policy_model}
+    kwargs = {"loss_fn": pg_loss, "postprocess_fn": pg_postprocess, "make_model": _policy_model, "model_interface": POLICY}
     return PolicySpec(TorchPolicy, obs_space, action_space, config, kwargs)
 
 

@@ -38,6 +38,15 @@ class PPOConfig(TrainerConfig):
     """PPO settings (shared keys: see :class:`~flowrl.config.TrainerConfig`)."""
 
     defaults = {"train_batch_size": 4000, "lr": 3e-4}
+    # RLlib's PPO (rllib/agents/ppo/ppo.py in 1.13, rllib/algorithms/ppo/ppo.py in 2.0-2.2: the same values).
+    rllib_defaults = {
+        "lr": 5e-5,
+        "num_sgd_iter": 30,
+        "lambda_": 1.0,
+        "clip_param": 0.3,
+        "vf_loss_coeff": 1.0,
+        "model": {"fcnet_hiddens": [256, 256]},
+    }
 
     sgd_minibatch_size: int = cfg_field(128, "Env steps per SGD minibatch.", min=1)
     num_sgd_iter: int = cfg_field(10, "Epochs over each train batch.", min=1)

@@ -56,6 +56,9 @@ class Algorithm:
     #: Config keys a running trainer can change (:meth:`~flowrl.Trainer.update_config`, PBT): read by
     #: the learner's loss or optimizer at each update, never by rollout workers or plan operators.
     live_keys: frozenset[str] = frozenset()
+    #: Whether the plan trains while samples arrive asynchronously (A3C, IMPALA, APPO, Ape-X): evaluation
+    #: actors then play an iteration's evaluation while it trains, instead of after it.
+    asynchronous: bool = False
 
 
 # name -> (module, attribute holding its Algorithm); imported lazily so `flowrl list` stays fast.

@@ -1,6 +1,6 @@
 """Atari envs with the standard DQN-style preprocessing, built on Gymnasium's wrappers.
 
-ale-py and OpenCV are optional dependencies (``pip install 'flowrl[atari]'``); they are
+ale-py and OpenCV are optional dependencies (``pip install 'flowrl-ray[atari]'``); they are
 imported only when an Atari env is asked for, so the rest of flowrl works without them.
 """
 
@@ -15,9 +15,9 @@ from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
 
 from flowrl.errors import EnvError, UnknownEnvError
 
-MISSING_ALE_MESSAGE = "Atari envs need the optional dependency ale-py: pip install 'flowrl[atari]'"
+MISSING_ALE_MESSAGE = "Atari envs need the optional dependency ale-py: pip install 'flowrl-ray[atari]'"
 MISSING_OPENCV_MESSAGE = (
-    "Atari preprocessing needs the optional dependency opencv-python (to resize frames): pip install 'flowrl[atari]'"
+    "Atari preprocessing needs the optional dependency opencv-python (to resize frames): pip install 'flowrl-ray[atari]'"
 )
 
 

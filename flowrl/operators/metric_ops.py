@@ -98,11 +98,29 @@ def summarize_episodes(episodes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def summarize_custom_metrics(episodes: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """``<name>_mean``, ``<name>_min`` and ``<name>_max`` of each custom metric over the episodes that recorded it.
+
+    A result holds them under ``"custom_metrics"``, which flattens to ``custom_metrics/<name>_mean``.
+    """
+    values: dict[str, list[float]] = collections.defaultdict(list)
+    for episode in episodes:
+        for name, value in episode.get("custom_metrics", {}).items():
+            values[name].append(value)
+    summary = {}
+    for name, series in values.items():
+        summary[f"{name}_mean"] = float(np.mean(series))
+        summary[f"{name}_min"] = float(np.min(series))
+        summary[f"{name}_max"] = float(np.max(series))
+    return summary
+
+
 class CollectMetrics(StatefulOperator):
     """Build one result dict: episode statistics from the workers, the flow's counters and the fault counters.
 
-    Episode statistics are smoothed over the last ``min_history`` finished episodes
-    (``metrics_smoothing_episodes``). ``selected_workers`` lists the worker indices whose
+    Episode statistics, and the custom metrics of callbacks (``result["custom_metrics"]``, see
+    :func:`summarize_custom_metrics`), are smoothed over the last ``min_history`` finished
+    episodes (``metrics_smoothing_episodes``). ``selected_workers`` lists the worker indices whose
     episodes count (e.g. Ape-X's lowest-epsilon ones; looked up among the live workers each
     time, so replacements count); by default all workers, the local one included only when
     there are no remote workers. Faults absorbed by any worker are counted: the result's
@@ -155,6 +173,7 @@ class CollectMetrics(StatefulOperator):
         policies = self.workers.local_worker().policy_map.values()
         result: dict[str, Any] = {
             **summarize_episodes(list(self.history)),
+            "custom_metrics": summarize_custom_metrics(self.history),
             "episodes_this_iter": len(episodes),
             "episodes_total": self.episodes_total,
             "timesteps_total": metrics.counters[STEPS_SAMPLED_COUNTER],

@@ -136,8 +136,8 @@ class PerWorkerEpsilonGreedy(EpsilonGreedy):
 class GaussianNoise(Exploration):
     """The deterministic action plus Gaussian noise, clipped to the action bounds.
 
-    For the first ``random_timesteps`` actions are uniform in the bounds; the noise
-    scale anneals from ``initial_scale`` to ``final_scale`` over ``scale_timesteps``.
+    For the first ``random_timesteps`` actions are uniform in the bounds; then the noise
+    scale anneals from ``initial_scale`` to ``final_scale`` over ``scale_timesteps`` (RLlib's schedule).
     """
 
     def __init__(
@@ -168,10 +168,17 @@ class GaussianNoise(Exploration):
                 u = torch.rand(actions.shape, generator=self.generator)
                 actions = self.low + u * (self.high - self.low)
             else:
-                noise = torch.randn(actions.shape, generator=self.generator) * self.stddev * self.schedule.value(timestep)
-                actions = actions + noise.to(actions.device)
+                actions = actions + self.noise(actions.shape, self.scale(timestep)).to(actions.device)
         actions = torch.maximum(torch.minimum(actions, self.high.to(actions.device)), self.low.to(actions.device))
         return actions, torch.zeros(actions.shape[0])
+
+    def scale(self, timestep: int) -> float:
+        """The noise scale at ``timestep``: annealed over the ``scale_timesteps`` after the random ones."""
+        return self.schedule.value(timestep - self.random_timesteps)
+
+    def noise(self, shape: torch.Size, scale: float) -> torch.Tensor:
+        """Noise to add to actions of ``shape``."""
+        return torch.randn(shape, generator=self.generator) * self.stddev * scale
 
     def get_state(self) -> dict[str, Any]:
         return {**super().get_state(), "generator": self.generator.get_state()}
@@ -181,11 +188,52 @@ class GaussianNoise(Exploration):
         self.generator.set_state(state["generator"])
 
 
+class OrnsteinUhlenbeckNoise(GaussianNoise):
+    """:class:`GaussianNoise`'s random start and scale schedule, with temporally correlated noise (DDPG's).
+
+    One Ornstein-Uhlenbeck state per action component, shared by the batch, moves by
+    ``ou_theta * -state + ou_sigma * scale * N(0, 1)`` each step; the noise added is
+    ``scale * ou_base_scale * state * (high - low)`` (RLlib's process, with its defaults). The
+    state is checkpointed with the policy.
+    """
+
+    def __init__(
+        self,
+        action_space: gym.Space,
+        ou_theta: float = 0.15,
+        ou_sigma: float = 0.2,
+        ou_base_scale: float = 0.1,
+        initial_scale: float = 1.0,
+        final_scale: float = 0.02,
+        scale_timesteps: int = 10_000,
+        random_timesteps: int = 1000,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(action_space, 1.0, initial_scale, final_scale, scale_timesteps, random_timesteps, seed)
+        self.ou_theta, self.ou_sigma, self.ou_base_scale = ou_theta, ou_sigma, ou_base_scale
+        self.ou_state = torch.zeros(self.low.shape)
+        span = self.high - self.low
+        self.span = torch.where(torch.isinf(span), torch.ones_like(span), span)
+
+    def noise(self, shape: torch.Size, scale: float) -> torch.Tensor:
+        gaussian = scale * torch.randn(self.ou_state.shape, generator=self.generator)
+        self.ou_state = self.ou_state + self.ou_theta * -self.ou_state + self.ou_sigma * gaussian
+        return (scale * self.ou_base_scale * self.ou_state * self.span).expand(shape)
+
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "ou_state": self.ou_state.clone()}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        super().set_state(state)
+        self.ou_state = state["ou_state"].clone()
+
+
 EXPLORATIONS: dict[str, type[Exploration]] = {
     "StochasticSampling": StochasticSampling,
     "EpsilonGreedy": EpsilonGreedy,
     "PerWorkerEpsilonGreedy": PerWorkerEpsilonGreedy,
     "GaussianNoise": GaussianNoise,
+    "OrnsteinUhlenbeckNoise": OrnsteinUhlenbeckNoise,
 }
 
 

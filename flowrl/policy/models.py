@@ -2,7 +2,10 @@
 
 Model options use RLlib's key names, given as the ``model`` dict of a policy config:
 ``fcnet_hiddens``, ``fcnet_activation``, ``conv_filters``, ``conv_activation``,
-``vf_share_layers``.
+``vf_share_layers``; ``custom_model``, ``custom_model_config`` and ``custom_model_obs``
+plug in a user's ``torch.nn.Module`` instead (see :mod:`flowrl.policy.custom_model`).
+
+Observations of Dict and Tuple spaces reach the models flattened (see :mod:`flowrl.envs.flatten`).
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from typing import Any, Mapping, Sequence
 import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.spaces.utils import flatdim
 from torch import nn
 
+from flowrl.envs.flatten import is_structured
 from flowrl.errors import FlowRLError
 
 DEFAULT_MODEL_CONFIG: dict[str, Any] = {
@@ -23,7 +28,14 @@ DEFAULT_MODEL_CONFIG: dict[str, Any] = {
     "conv_filters": [(32, 8, 4), (64, 4, 2), (64, 3, 1)],
     "conv_activation": "relu",
     "vf_share_layers": False,
+    # A torch.nn.Module subclass (or its "module:Class" path) used instead of the built-in model.
+    "custom_model": None,
+    # Keyword arguments of the custom model's constructor.
+    "custom_model_config": {},
+    # "flat": Dict/Tuple observations reach the custom model flattened; "structured": as dicts/tuples of tensors.
+    "custom_model_obs": "flat",
 }
+CUSTOM_MODEL_OBS = ("flat", "structured")
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU, "linear": nn.Identity}
 
@@ -38,6 +50,9 @@ def model_config(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     for key in ("fcnet_activation", "conv_activation"):
         if config[key] not in _ACTIVATIONS:
             raise FlowRLError(f"model option {key}={config[key]!r} is not one of {sorted(_ACTIVATIONS)}")
+    if config["custom_model_obs"] not in CUSTOM_MODEL_OBS:
+        shown = config["custom_model_obs"]
+        raise FlowRLError(f"model option custom_model_obs={shown!r} is not one of {list(CUSTOM_MODEL_OBS)}")
     return config
 
 
@@ -84,14 +99,16 @@ def flat_obs_dim(space: gym.Space) -> int:
         return int(space.n)
     if isinstance(space, gym.spaces.Box):
         return int(np.prod(space.shape))
-    raise FlowRLError(f"observation space {space} is not supported; use a Box or Discrete space")
+    if is_structured(space):
+        return int(flatdim(space))
+    raise FlowRLError(f"observation space {space} is not supported; use a Box, Discrete, Dict or Tuple space")
 
 
 def obs_to_tensor(obs: np.ndarray, space: gym.Space, device: torch.device) -> torch.Tensor:
     """A batch of observations as the tensor the models expect.
 
     Discrete observations are one-hot encoded; image frames keep their dtype (the CNN
-    scales uint8); everything else becomes float32.
+    scales uint8); everything else (flattened Dict and Tuple observations too) becomes float32.
     """
     tensor = torch.as_tensor(obs, device=device)
     if isinstance(space, gym.spaces.Discrete):

@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 from torch import nn
 
+from flowrl.envs.flatten import is_structured
 from flowrl.policy.distributions import ActionDistribution, Categorical, DiagGaussian
 from flowrl.policy.models import ActorCriticModel, MLPEncoder
 
@@ -77,7 +78,7 @@ class NumpyActorCritic:
             return None
         if any(p.device.type != "cpu" for p in model.parameters()):
             return None
-        if not isinstance(obs_space, (gym.spaces.Box, gym.spaces.Discrete)):
+        if not isinstance(obs_space, (gym.spaces.Box, gym.spaces.Discrete)) and not is_structured(obs_space):
             return None
         encoder = _layers(list(model.encoder.net))
         policy_head = _layers([model.policy_head])

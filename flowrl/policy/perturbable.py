@@ -1,10 +1,9 @@
 """Policies for the perturbation searches (ES, ARS): a network whose parameters are one flat vector.
 
-- :class:`RunningStats`: mergeable observation statistics (the observation filter).
 - :class:`PerturbableModel`: an MLP over observations normalized with statistics held in its
   buffers (so the filter travels with the weights and the checkpoints), and
   :class:`FlatActor`, its NumPy forward pass from a flat parameter vector, fast enough to act
-  at an env's pace.
+  at an env's pace. The statistics are :class:`~flowrl.policy.filters.RunningStats`.
 - :func:`perturbation_policy_spec`: a TorchPolicy over that model with deterministic actions;
   :func:`flat_parameters`, :func:`unflatten` and :func:`ascend` (an update through the
   policy's optimizer, so its state is checkpointed with the policy).
@@ -22,63 +21,10 @@ import torch
 from torch import nn
 
 from flowrl.errors import FlowRLError
+from flowrl.policy.filters import RunningStats
 from flowrl.policy.models import mlp
 from flowrl.policy.policy import PolicyConfig, PolicySpec
 from flowrl.policy.torch_policy import TorchPolicy
-
-# --- observation statistics ------------------------------------------------------------------------
-
-
-class RunningStats:
-    """Count, mean and sum of squared deviations of vectors, mergeable across workers (Chan et al.)."""
-
-    def __init__(self, dim: int) -> None:
-        self.count = 0.0
-        self.mean = np.zeros(dim, dtype=np.float64)
-        self.m2 = np.zeros(dim, dtype=np.float64)
-
-    @classmethod
-    def of(cls, values: np.ndarray) -> RunningStats:
-        """The statistics of the rows of ``values`` (``[n, dim]``)."""
-        values = np.asarray(values, dtype=np.float64).reshape(len(values), -1)
-        stats = cls(values.shape[1])
-        if len(values):
-            stats.count = float(len(values))
-            stats.mean = values.mean(axis=0)
-            stats.m2 = ((values - stats.mean) ** 2).sum(axis=0)
-        return stats
-
-    def push(self, values: np.ndarray) -> None:
-        """Add the rows of ``values``."""
-        self.merge(RunningStats.of(values))
-
-    def merge(self, other: RunningStats) -> None:
-        """Add the vectors ``other`` summarizes."""
-        if other.count == 0:
-            return
-        total = self.count + other.count
-        delta = other.mean - self.mean
-        self.mean = self.mean + delta * (other.count / total)
-        self.m2 = self.m2 + other.m2 + delta**2 * (self.count * other.count / total)
-        self.count = total
-
-    @property
-    def var(self) -> np.ndarray:
-        """Population variance per component (0 before any vector)."""
-        return self.m2 / self.count if self.count > 0 else np.zeros_like(self.m2)
-
-    @property
-    def std(self) -> np.ndarray:
-        """Population standard deviation per component."""
-        return np.sqrt(self.var)
-
-    def normalization(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(shift, scale)`` normalizing observations: the mean and std, with 1 where the std is ~0."""
-        if self.count == 0:
-            return np.zeros_like(self.mean), np.ones_like(self.mean)
-        std = self.std
-        return self.mean.copy(), np.where(std > 1e-6, std, 1.0)
-
 
 # --- the policy network and its NumPy forward pass -------------------------------------------------
 
@@ -179,6 +125,7 @@ def perturbation_policy_spec(
     kwargs = {
         "loss_fn": no_loss,
         "make_model": functools.partial(build_perturbable_model, zero_init=zero_init),
+        "model_interface": None,  # perturbations need the PerturbableModel's layout
         "make_optimizer": make_optimizer,
         "dist_kind": "deterministic" if isinstance(action_space, gym.spaces.Box) else "auto",
     }

@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 
 from flowrl.data import SampleBatch
+from flowrl.envs.flatten import flatten_observation
 from flowrl.errors import ConfigError, NonFiniteUpdateError
 
 ModelWeights = dict[str, np.ndarray]
@@ -133,10 +134,15 @@ class Policy(abc.ABC, Generic[ConfigT]):
     def compute_actions(
         self, obs_batch: np.ndarray, *, explore: bool | None = None, timestep: int | None = None
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Actions for a batch of observations, and extra per-row outputs (e.g. ``action_logp``)."""
+        """Actions for a batch of observations, and extra per-row outputs (e.g. ``action_logp``).
+
+        Observations of a Dict or Tuple space come flattened, as the samplers store them
+        (:func:`flowrl.envs.flatten.flatten_observation`).
+        """
 
     def compute_single_action(self, obs: Any, *, explore: bool | None = None) -> Any:
-        """The action for one observation."""
+        """The action for one observation (a Dict or Tuple one as the env returns it: it is flattened here)."""
+        obs = flatten_observation(self.observation_space, obs)
         actions, _ = self.compute_actions(np.asarray(obs)[None], explore=explore)
         return actions[0]
 

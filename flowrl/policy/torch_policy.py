@@ -13,6 +13,7 @@ from torch import nn
 
 from flowrl.data import SampleBatch
 from flowrl.errors import ConfigError
+from flowrl.policy.custom_model import ACTOR_CRITIC, ModelInterface, build_custom_model
 from flowrl.policy.distributions import ActionDistribution, dist_class_for
 from flowrl.policy.exploration import StochasticSampling, make_exploration
 from flowrl.policy.models import ActorCriticModel, model_config, obs_to_tensor
@@ -52,6 +53,9 @@ class TorchPolicy(Policy[ConfigT]):
     column names to tensors on the policy's device. ``postprocess_fn(policy, trajectory)``
     adds derived columns. ``make_model(obs_space, action_space, num_outputs, model_config)``
     must return a module whose ``forward(obs)`` gives ``(dist_inputs, values)`` (values may be ``None``).
+    A config ``model.custom_model`` replaces ``make_model``'s module with the user's, which must
+    implement ``model_interface`` (see :mod:`flowrl.policy.custom_model`; None: the algorithm
+    takes no custom model).
 
     Config keys read (see :class:`~flowrl.policy.policy.PolicyConfig`): ``lr``, ``model``
     (see :mod:`flowrl.policy.models`), ``grad_clip``, ``explore``, ``exploration_config``
@@ -71,6 +75,7 @@ class TorchPolicy(Policy[ConfigT]):
         loss_fn: LossFn,
         postprocess_fn: PostprocessFn | None = None,
         make_model: ModelFn = default_model,
+        model_interface: ModelInterface | None = ACTOR_CRITIC,
         make_optimizer: OptimizerFn | None = None,
         dist_kind: str = "auto",
         coeffs: Mapping[str, float] | None = None,
@@ -81,7 +86,12 @@ class TorchPolicy(Policy[ConfigT]):
         use_gpu = config.num_gpus > 0 and torch.cuda.is_available()
         self.device = torch.device("cuda" if use_gpu else "cpu")
         self.dist_class, num_outputs = dist_class_for(action_space, dist_kind)
-        self.model = make_model(observation_space, action_space, num_outputs, model_config(config.model)).to(self.device)
+        options = model_config(config.model)
+        if options["custom_model"] is not None:
+            model = build_custom_model(model_interface, observation_space, action_space, num_outputs, options)
+        else:
+            model = make_model(observation_space, action_space, num_outputs, options)
+        self.model = model.to(self.device)
         self.target_model: nn.Module | None = None
         if target_network:
             self.target_model = copy.deepcopy(self.model)

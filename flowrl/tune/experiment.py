@@ -15,7 +15,6 @@ import contextlib
 import csv
 import dataclasses
 import json
-import math
 import os
 import re
 import signal
@@ -36,6 +35,7 @@ from ray.tune.search.sample import Categorical, Domain, Float, Integer
 
 from flowrl.errors import ResourceUnavailableError, RunError
 from flowrl.ray_runtime import start_ray, stop_ray
+from flowrl.results import finite_number, result_value
 from flowrl.run import DEFAULT_RESULTS_DIR, HANDLED_SIGNALS, RunWarning, SignalInterrupt, json_safe
 from flowrl.tune.spec import TuneSpec, load_spec, parse_spec
 from flowrl.tune.trainable import RunDirectoryLogger, trainable_for, trial_resources
@@ -272,13 +272,13 @@ class TrialLines(Callback):
     def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         verb = "continued" if trial.trial_id in self.started else "started"
         self.started.add(trial.trial_id)
-        config = ", ".join(f"{key}={_lookup(trial.config, key)!r}" for key in self.searched) or "no searched keys"
+        config = ", ".join(f"{key}={result_value(trial.config, key)!r}" for key in self.searched) or "no searched keys"
         print(f"trial {trial.trial_id} {verb}: {config}", flush=True)
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         result = trial.last_result
         print(f"trial {trial.trial_id} ended after {result.get('training_iteration', 0)} iterations: "
-              f"{self.metric} {_number_text(_finite(result.get(self.metric)))}", flush=True)
+              f"{self.metric} {_number_text(finite_number(result.get(self.metric)))}", flush=True)
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         error = _last_line(Path(trial.error_file)) if trial.error_file else None
@@ -381,20 +381,6 @@ def _check_trial_fits(spec: TuneSpec, can_grow: bool) -> None:
 # --- results --------------------------------------------------------------------------------------
 
 
-def _finite(value: Any) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
-
-
-def _lookup(config: Mapping[str, Any], path: str) -> Any:
-    """``config``'s value at ``path`` ("model/fcnet_hiddens": a key inside a dict value); None if absent."""
-    value: Any = config
-    for part in path.split("/"):
-        value = value.get(part) if isinstance(value, Mapping) else None
-    return value
-
-
 def _trial_summaries(directory: Path, metric: str, mode: str, searched: list[str]) -> list[TrialSummary]:
     """Every trial of the experiment in ``directory``, as Tune's saved state has it."""
     trials = tune.ExperimentAnalysis(str(directory), default_metric=metric, default_mode=mode).trials
@@ -409,11 +395,11 @@ def _trial_summaries(directory: Path, metric: str, mode: str, searched: list[str
         summaries.append(TrialSummary(
             trial_id=trial.trial_id,
             status=trial.status,
-            config={key: _lookup(trial.config, key) for key in searched},
+            config={key: result_value(trial.config, key) for key in searched},
             iterations=int(result.get("training_iteration", 0)),
             timesteps_total=result.get("timesteps_total"),
-            last=_finite(analysis.get("last")),
-            best=_finite(analysis.get(mode)),
+            last=finite_number(analysis.get("last")),
+            best=finite_number(analysis.get(mode)),
             directory=Path(trial.path) if trial.path else None,
             error=_last_line(error_file),
             error_file=error_file,

@@ -549,7 +549,7 @@ def _search_alg_args(value: Any, spaces: Spaces, problems: list[str]) -> tuple[s
     try:
         importlib.import_module("optuna")  # whether it imports: Ray's OptunaSearch needs it whole
     except ImportError as e:
-        problems.append(f"search_alg type optuna needs the optuna package ({e}): pip install 'flowrl[{OPTUNA_EXTRA}]'")
+        problems.append(f"search_alg type optuna needs the optuna package ({e}): pip install 'flowrl-ray[{OPTUNA_EXTRA}]'")
     return None if grids else found
 
 

@@ -24,6 +24,7 @@ from ray.tune import PlacementGroupFactory
 from ray.tune.experiment import Trial
 from ray.tune.logger import JsonLoggerCallback
 
+from flowrl.actors.evaluation import evaluation_request
 from flowrl.actors.placement import trial_bundles, worker_request
 from flowrl.algorithms import get_algorithm
 from flowrl.checkpoint import list_checkpoints
@@ -45,8 +46,8 @@ def trial_resources(algo: str, config: Mapping[str, Any]) -> PlacementGroupFacto
     """What a trial of ``algo`` with ``config`` asks Tune for: its plan's placement group.
 
     The first bundle is the trainable's (``num_cpus_for_driver``, else :data:`TRIAL_DRIVER_CPUS`;
-    ``num_gpus`` when the cluster has GPUs), then one per rollout worker and per actor the
-    algorithm declares, laid out by ``placement_strategy``. Invalid keys raise
+    ``num_gpus`` when the cluster has GPUs), then one per rollout worker, per actor the
+    algorithm declares and per evaluation worker, laid out by ``placement_strategy``. Invalid keys raise
     :class:`~flowrl.errors.ConfigError`.
     """
     algorithm = get_algorithm(algo)
@@ -54,7 +55,7 @@ def trial_resources(algo: str, config: Mapping[str, Any]) -> PlacementGroupFacto
     driver = {"CPU": cfg.num_cpus_for_driver or TRIAL_DRIVER_CPUS}
     if cfg.num_gpus > 0 and ray.is_initialized() and ray.cluster_resources().get("GPU", 0.0) > 0:
         driver["GPU"] = cfg.num_gpus
-    requests = [worker_request(cfg, cfg.num_workers, cfg.num_cpus_per_worker), *algorithm.bundles(cfg)]
+    requests = [worker_request(cfg, cfg.num_workers, cfg.num_cpus_per_worker), *algorithm.bundles(cfg), evaluation_request(cfg)]
     return PlacementGroupFactory(trial_bundles(requests, driver), strategy=cfg.placement_strategy)
 
 

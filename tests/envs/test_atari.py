@@ -37,7 +37,7 @@ def no_ale_py(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_missing_ale_py_is_reported_with_the_extra_to_install(no_ale_py: None) -> None:
-    assert MISSING_ALE_MESSAGE == "Atari envs need the optional dependency ale-py: pip install 'flowrl[atari]'"
+    assert MISSING_ALE_MESSAGE == "Atari envs need the optional dependency ale-py: pip install 'flowrl-ray[atari]'"
     with pytest.raises(EnvError) as info:
         make_atari_env("ALE/Pong-v5")
     assert str(info.value) == MISSING_ALE_MESSAGE
@@ -61,7 +61,7 @@ def test_missing_opencv_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.raises(EnvError) as info:
             make("ALE/Pong-v5")
         assert str(info.value) == MISSING_OPENCV_MESSAGE
-        assert "opencv-python" in str(info.value) and "pip install 'flowrl[atari]'" in str(info.value)
+        assert "opencv-python" in str(info.value) and "pip install 'flowrl-ray[atari]'" in str(info.value)
 
 
 # ---- the real thing, only where ale-py and OpenCV are installed

@@ -193,7 +193,7 @@ def test_optuna_searches_no_grid_and_is_an_optional_dependency() -> None:
     assert any("search_alg type optuna cannot search a grid_search (config key lr); use choice" in p
                for p in found), found
     if importlib.util.find_spec("optuna") is None:
-        assert any("pip install 'flowrl[tune-optuna]'" in p for p in problems(ppo(search_alg="optuna"))), found
+        assert any("pip install 'flowrl-ray[tune-optuna]'" in p for p in problems(ppo(search_alg="optuna"))), found
     else:
         from ray.tune.search.optuna import OptunaSearch
 
@@ -232,7 +232,7 @@ def test_the_pages_experiments_parse_and_its_live_keys_match_the_algorithms() ->
             assert len(problems(data)) == 3
         elif "search_alg" in data and importlib.util.find_spec("optuna") is None:
             assert problems(data) == ["search_alg type optuna needs the optuna package (No module named 'optuna'): "
-                                      "pip install 'flowrl[tune-optuna]'"]
+                                      "pip install 'flowrl-ray[tune-optuna]'"]
         else:
             parse_spec(data)
     table = page.split("| algorithm | keys it changes live |")[1]
