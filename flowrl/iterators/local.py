@@ -35,6 +35,17 @@ Transform = Callable[[Iterator[Any]], Iterator[Any]]
 BaseIterator = Callable[[float | None], Iterable[Any]]
 
 
+class SiblingProgress:
+    """How many items a ``duplicate``'s children have taken or fetched so far: sibling iterators
+    can make progress that no union sees (an item a filter drops, a batch still being
+    concatenated), and a count that moved between two idle passes tells a wait from a deadlock."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
 class NextValueNotReady:
     """Marker yielded (never raised) by a non-blocking source that has no item yet.
 
@@ -42,20 +53,23 @@ class NextValueNotReady:
     make progress; ``events`` are :class:`threading.Event` objects set when it may have
     an item. A marker with neither ("bare") names nothing to wait on; with
     ``waits_on_siblings`` it says the source waits for other iterators of the same
-    dataflow to consume (a ``duplicate`` child that is ahead of the others).
+    dataflow to consume (a ``duplicate`` child that is ahead of the others), whose
+    ``progress`` counters show whether those siblings moved.
     """
 
-    __slots__ = ("object_refs", "events", "waits_on_siblings")
+    __slots__ = ("object_refs", "events", "waits_on_siblings", "progress")
 
     def __init__(
         self,
         object_refs: Sequence[ray.ObjectRef[Any]] = (),
         events: Sequence[threading.Event] = (),
         waits_on_siblings: bool = False,
+        progress: Sequence[SiblingProgress] = (),
     ) -> None:
         self.object_refs = tuple(object_refs)
         self.events = tuple(events)
         self.waits_on_siblings = waits_on_siblings
+        self.progress = tuple(progress)
 
     @property
     def is_bare(self) -> bool:
@@ -68,11 +82,13 @@ class NextValueNotReady:
         markers = list(markers)
         refs: dict[ray.ObjectRef[Any], None] = {}
         events: dict[threading.Event, None] = {}
+        progress: dict[SiblingProgress, None] = {}
         for marker in markers:
             refs.update(dict.fromkeys(marker.object_refs))
             events.update(dict.fromkeys(marker.events))
+            progress.update(dict.fromkeys(marker.progress))
         on_siblings = bool(markers) and all(m.waits_on_siblings for m in markers)
-        return NextValueNotReady(list(refs), list(events), on_siblings)
+        return NextValueNotReady(list(refs), list(events), on_siblings, list(progress))
 
     def __repr__(self) -> str:
         return f"NextValueNotReady(refs={len(self.object_refs)}, events={len(self.events)})"
@@ -94,15 +110,23 @@ class _Waiter:
 
     def __init__(self) -> None:
         self._delay = self._MIN_DELAY_S
+        self._sibling_counts: list[int] | None = None
 
     def reset(self) -> None:
         """Forget the backoff after a source made progress."""
         self._delay = self._MIN_DELAY_S
+        self._sibling_counts = None
 
     def wait(self, markers: Sequence[NextValueNotReady]) -> None:
         """Return once progress may be possible for one of ``markers``."""
         merged = NextValueNotReady.merge(markers)
         if merged.waits_on_siblings:
+            # Siblings that moved since the last idle pass (or a first idle pass) may have
+            # made an item ready out of the caller's sight: pass again before calling it a deadlock.
+            counts = [p.count for p in merged.progress]
+            if counts != self._sibling_counts:
+                self._sibling_counts = counts
+                return
             raise IteratorUsageError(
                 "deadlock: every source of this iterator waits for a sibling duplicate() iterator "
                 "to consume, and none of those siblings is pulled here; put all children of a "
@@ -436,6 +460,7 @@ class LocalIterator(Generic[T]):
         self._check_not_started(f".duplicate({n})")
         source = self._copy(timeout=0)
         queues: list[collections.deque[Any]] = [collections.deque() for _ in range(n)]
+        progress = SiblingProgress()
 
         def make_base(index: int) -> BaseIterator:
             def base(timeout: float | None) -> Iterator[Any]:
@@ -443,11 +468,12 @@ class LocalIterator(Generic[T]):
                 waiter = _Waiter()
                 while True:
                     if own:
+                        progress.count += 1
                         yield own.popleft()
                         continue
                     lead = max((len(q) for j, q in enumerate(queues) if j != index), default=0)
                     if lead > 0 and timeout is not None:
-                        yield NextValueNotReady(waits_on_siblings=True)
+                        yield NextValueNotReady(waits_on_siblings=True, progress=[progress])
                         continue
                     try:
                         item = next(source)
@@ -466,6 +492,7 @@ class LocalIterator(Generic[T]):
                             "e.g. through union() or Concurrently."
                         )
                     waiter.reset()
+                    progress.count += 1
                     for j, q in enumerate(queues):
                         if j != index:
                             q.append(item)

@@ -95,8 +95,11 @@ def test_policies_on_a_single_agent_env_are_rejected() -> None:
         Trainer("ppo_dqn", "CartPole-v1", SMALL)
 
 
-def test_ppo_dqn_plan_composes_the_two_sub_flows() -> None:
-    trainer = Trainer("ppo_dqn", "MultiAgentCartPole", {**SMALL, "ppo": {"train_batch_size": 160, "sgd_minibatch_size": 40, "num_sgd_iter": 2}, "dqn": {"learning_starts": 100}})
+@pytest.mark.parametrize("num_workers", [2, 0])  # 0: both sub-flows pull the driver's rollouts, never waiting on an actor
+def test_ppo_dqn_plan_composes_the_two_sub_flows(num_workers: int) -> None:
+    config = {**SMALL, "num_workers": num_workers, "ppo": {"train_batch_size": 160, "sgd_minibatch_size": 40, "num_sgd_iter": 2},
+              "dqn": {"learning_starts": 100}}
+    trainer = Trainer("ppo_dqn", "MultiAgentCartPole", config)
     try:
         labels = [stage.label for stage in trainer.plan.graph.operators.values()]
         for expected in ("duplicate[0]", "duplicate[1]", "for_each(SelectExperiences)", "for_each(StoreToReplayBuffer)", "replay",

@@ -170,6 +170,16 @@ def test_union_missing_a_duplicate_sibling_raises_instead_of_hanging() -> None:
         first.union(local(["a", "b"])).take(20)
 
 
+def test_duplicate_children_whose_progress_no_union_sees_are_no_deadlock() -> None:
+    # Each branch takes items without yielding (a batch filling up, items a filter drops), as
+    # ppo_dqn's PPO and replay branches do: the union sees only sibling waits, yet both move.
+    batched, filtered = local(list(range(40))).duplicate(2)
+    merged = batched.batch(4).union(filtered.filter(lambda x: x % 10 == 9))
+    out = merged.take(100)
+    assert sorted(item for item in out if isinstance(item, int)) == [9, 19, 29, 39]
+    assert [item for item in out if isinstance(item, list)] == [list(range(i, i + 4)) for i in range(0, 40, 4)]
+
+
 def test_duplicate_back_pressure_inside_a_union() -> None:
     pulled: list[int] = []
     consumed = {"a": 0, "b": 0}
