@@ -71,7 +71,7 @@ from flowrl import Trainer
 from flowrl.envs.testing import FaultInjectEnv, release_fault_counters
 from flowrl.operators import StoreToReplayBuffer
 from flowrl.operators.replay_ops import UpdatePriorities
-from learning import json_safe  # benchmarks/ is on the path when a script in it runs
+from time_to_solve import json_safe  # benchmarks/ is on the path when a script in it runs
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "chaos.json"
