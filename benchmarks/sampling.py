@@ -28,9 +28,18 @@
    one thread: ratio and MB (10**6 bytes) of raw data per CPU second of the thread
    (goal: ratio >= 10 at >= 500 MB/s compress).
 
+With ``--envpool``, only this instead (the envpool extra; ``--out`` defaults to
+``benchmarks/results/sampling_envpool.json``): one rollout worker in this process with a
+remote worker's settings (one PyTorch thread, ``worker_index=1``), its envs stepped by
+``env_backend: gymnasium`` against ``envpool`` with 1 and 2 C++ threads (``num_cpus_per_worker``
+1 and 2), at 8, 16, 32 and 64 envs per worker, for CartPole-v1 (the default MLP, fragments of
+100) and PongNoFrameskip-v4 (the Nature CNN, fragments of 20): env steps per wall second and
+per CPU second of the whole process (EnvPool's threads included), backends alternating.
+
 Run from the repository root::
 
     python benchmarks/sampling.py                  # full run, about two minutes
+    python benchmarks/sampling.py --envpool        # EnvPool against Gymnasium envs, about four minutes
     python benchmarks/sampling.py --quick          # smaller sizes, a smoke test (~40 s)
     python benchmarks/sampling.py --reps 7 --out /tmp/sampling.json
 
@@ -450,6 +459,66 @@ def run_lz4(num_frames: int, reps: int) -> dict[str, Any]:
     }
 
 
+# -- 4. (--envpool) EnvPool against Gymnasium envs --------------------------------------------------
+
+ENVPOOL_ENVS = {"CartPole-v1": 100, "PongNoFrameskip-v4": 20}  # env -> rollout_fragment_length
+ENVPOOL_COUNTS = (8, 16, 32, 64)
+ENVPOOL_BACKENDS = {"gymnasium": ("gymnasium", 1.0), "envpool 1 thread": ("envpool", 1.0), "envpool 2 threads": ("envpool", 2.0)}
+DEFAULT_ENVPOOL_OUT = DEFAULT_OUT.with_name("sampling_envpool.json")
+
+
+def backend_worker(env_id: str, num_envs: int, backend: str, cpus: float) -> RolloutWorker:
+    """A worker with a remote worker's settings (worker_index 1) and the default model, stepping ``backend``'s envs."""
+    env = get_env_creator(env_id)({})
+    spec = PolicySpec(
+        TorchPolicy, env.observation_space, env.action_space, TrainerConfig(), {"loss_fn": bc_loss, "postprocess_fn": gae}
+    )
+    env.close()
+    config = {"seed": 0, "num_envs_per_worker": num_envs, "rollout_fragment_length": ENVPOOL_ENVS[env_id],
+              "env_backend": backend, "num_cpus_per_worker": cpus}
+    return RolloutWorker(env_creator=get_env_creator(env_id), policy_specs={DEFAULT_POLICY_ID: spec}, config=config,
+                         worker_index=1, num_workers=1)
+
+
+def run_envpool(seconds: float, reps: int) -> dict[str, Any]:
+    """Env steps per wall and per process CPU second of each backend, alternating, for each env and env count."""
+    figures: dict[str, Any] = {}
+    for env_id in ENVPOOL_ENVS:
+        figures[env_id] = {}
+        for n in ENVPOOL_COUNTS:
+            workers = {name: backend_worker(env_id, n, *args) for name, args in ENVPOOL_BACKENDS.items()}
+            wall: dict[str, list[float]] = {name: [] for name in workers}
+            cpu: dict[str, list[float]] = {name: [] for name in workers}
+            for worker in workers.values():
+                worker_samples(worker, 1)
+            for _ in range(reps):
+                for name, worker in workers.items():
+                    steps, start, cpu0 = 0, time.perf_counter(), time.process_time()
+                    while time.perf_counter() - start < seconds:
+                        steps += worker.sample().count
+                    wall[name].append(steps / (time.perf_counter() - start))
+                    cpu[name].append(steps / (time.process_time() - cpu0))
+            for worker in workers.values():
+                worker.stop()
+            row = {name: {"steps_per_s": med(wall[name]), "steps_per_cpu_s": med(cpu[name])} for name in workers}
+            figures[env_id][str(n)] = row
+            print(f"  {env_id} x {n}: " + ", ".join(f"{k} {v['steps_per_s']:.0f}/s" for k, v in row.items()), flush=True)
+    return figures
+
+
+def print_envpool(report: dict[str, Any]) -> None:
+    """Print the ``--envpool`` figures as a table."""
+    names = list(ENVPOOL_BACKENDS)
+    print(f"\nOne worker's env steps per wall s (per process CPU s), by env_backend; 1-min load average before:"
+          f" {report['machine']['loadavg']:.2f}")
+    print(f"{'env':<20}{'envs':>5}" + "".join(f"{name:>24}" for name in names) + f"{'envpool 1 / gym':>17}")
+    for env_id, rows in report["envpool"].items():
+        for n, row in rows.items():
+            cells = "".join(f"{row[k]['steps_per_s']:>12.0f} ({row[k]['steps_per_cpu_s']:>8.0f})" for k in names)
+            ratio = row["envpool 1 thread"]["steps_per_s"] / row["gymnasium"]["steps_per_s"]
+            print(f"{env_id:<20}{n:>5}{cells}{ratio:>17.2f}")
+
+
 # -- report ----------------------------------------------------------------------------------------
 
 
@@ -533,8 +602,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON figures")
     parser.add_argument("--reps", type=int, help="repetitions per figure (default 5, quick 2; WorkerSets: half)")
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    parser.add_argument("--envpool", action="store_true", help="only compare env_backend gymnasium and envpool")
     args = parser.parse_args()
     quick = args.quick
+    if args.envpool:
+        torch.set_num_threads(1)
+        report_envpool: dict[str, Any] = {"machine": {**machine_info(), "loadavg": os.getloadavg()[0]}}
+        report_envpool["envpool"] = run_envpool(0.5 if quick else 2.0, args.reps or (1 if quick else 3))
+        print_envpool(report_envpool)
+        out = DEFAULT_ENVPOOL_OUT if args.out == DEFAULT_OUT else args.out
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report_envpool, indent=2) + "\n")
+        print(f"\nfigures written to {out}")
+        return
     reps = args.reps or (2 if quick else 5)
     settings: dict[str, Any] = {
         "quick": quick,

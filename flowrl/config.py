@@ -506,6 +506,12 @@ class TrainerConfig:
     env_config: dict[str, Any] = cfg_field({}, "Passed to the env creator (each env gets its own copy).")
     check_env: bool = cfg_field(True, "Check one env against the Gymnasium API before any worker actor starts.")
     clip_actions: bool = cfg_field(True, "Clip actions sent to env.step to a Box action space's bounds.")
+    env_backend: Literal["gymnasium", "envpool"] = cfg_field(
+        "gymnasium",
+        "How a worker steps its num_envs_per_worker envs: 'gymnasium', one env object after another; 'envpool', "
+        "all in one call in EnvPool's C++ threads (one per CPU of the worker), for the Gymnasium and Atari ids "
+        "EnvPool has (pip install 'flowrl-ray[envpool]'; faults fail the whole worker).",
+    )
     compress_observations: bool = cfg_field(
         False, "LZ4-compress the observation columns of sampled batches on the worker (for image observations)."
     )
@@ -745,6 +751,12 @@ class TrainerConfig:
             if pid not in known:
                 problems.append(f"policies_to_train names {pid!r}, which is not a policy; the policies are {known}")
         problems += self._evaluation_problems()
+        if self.env_backend == "envpool" and self.restart_failed_sub_environments:
+            problems.append(
+                "restart_failed_sub_environments=True recreates one failing env, but env_backend='envpool' runs a "
+                "worker's envs in one pool that fails as a whole; a failing pool fails its worker, which "
+                "recreate_failed_workers replaces: set restart_failed_sub_environments=False"
+            )
         if self.num_gpus > 0:
             import torch
 

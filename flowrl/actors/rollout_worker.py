@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 import threading
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, TypeVar, cast
 
@@ -19,6 +21,7 @@ from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from flowrl.envs import is_multi_agent_env
 from flowrl.envs.context import EnvContext
+from flowrl.envs.envpool_backend import make_pool_envs, pool_env_id
 from flowrl.envs.registry import EnvCreator
 from flowrl.errors import FlowRLError
 from flowrl.iterators import ParallelIteratorWorker
@@ -83,7 +86,7 @@ class RolloutWorker(ParallelIteratorWorker):
     sampling keys (``num_envs_per_worker``, ``rollout_fragment_length``, ``batch_mode``,
     ``seed``, ``env_config``, ``clip_actions``, ``compress_observations``, ``policy_mapping_fn``,
     ``restart_failed_sub_environments``, ``on_bad_observation``, ``callbacks``,
-    ``custom_metrics_from_info``, ``observation_filter``).
+    ``custom_metrics_from_info``, ``observation_filter``, ``env_backend``).
 
     ``callbacks`` is this process's instance of the config's callbacks class (see
     :mod:`flowrl.callbacks`): its episode hooks run in the sampler, ``on_sample_end`` after
@@ -122,7 +125,7 @@ class RolloutWorker(ParallelIteratorWorker):
             torch.manual_seed(worker_seed)
             np.random.seed(worker_seed % 2**32)
         self.callbacks = make_callbacks(config.callbacks)
-        self.envs = [self.make_env(i) for i in range(config.num_envs_per_worker)]
+        self.envs = self._make_envs(worker_seed)
         self.multi_agent = is_multi_agent_env(self.envs[0])
         if not self.multi_agent and DEFAULT_POLICY_ID not in policy_specs:
             raise FlowRLError(
@@ -173,6 +176,18 @@ class RolloutWorker(ParallelIteratorWorker):
         super().__init__(self._sample_forever)
         global _global_worker
         _global_worker = self
+
+    def _make_envs(self, seed: int | None) -> list[Any]:
+        """The worker's ``num_envs_per_worker`` envs: one from the creator per slot, or (config
+        ``env_backend: envpool``) all in one EnvPool, env ``i`` seeded ``seed + i``, stepped by as
+        many C++ threads as the worker has CPUs."""
+        config = self.config
+        if config.env_backend == "envpool":
+            cpus = config.num_cpus_per_worker if self.worker_index > 0 else os.cpu_count() or 1
+            threads = min(config.num_envs_per_worker, max(1, math.ceil(cpus)))
+            env_id = pool_env_id(self._env_creator)
+            return make_pool_envs(env_id, config.num_envs_per_worker, config.env_config, seed=seed, num_threads=threads)
+        return [self.make_env(i) for i in range(config.num_envs_per_worker)]
 
     def make_env(self, vector_index: int) -> Any:
         """A new env for slot ``vector_index`` of this worker (its creator gets the :class:`EnvContext`)."""

@@ -29,6 +29,8 @@ from gymnasium.utils import EzPickle
 from flowrl.actors.episode_hooks import EpisodeHooks
 from flowrl.data import SampleBatch, concat_samples
 from flowrl.envs.checker import abbreviate, element_name
+from flowrl.envs.envpool_backend import shared_vector
+from flowrl.envs.episodes import recorded_episode, records_episodes
 from flowrl.envs.flatten import ObsFlattener, is_structured
 from flowrl.errors import BadObservationError, EnvError, FlowRLError
 from flowrl.policy import Policy
@@ -498,6 +500,8 @@ class VectorSampler(FaultTolerantSampler):
         extra_bufs: dict[str, np.ndarray] = {}
         obs_filter = self.obs_filter
         filtered = None if obs_filter is None else np.empty((T, *self.obs.shape), dtype=np.float32)
+        pool = shared_vector(self.envs)  # a worker's EnvPool, stepped in one call, or None
+        recording = [records_episodes(env) for env in self.envs]  # read per fragment: a recreated env may differ
         for step in range(T):
             policy_obs = self.obs if obs_filter is None else obs_filter(self.obs)
             actions, extra = self.policy.compute_actions(policy_obs)
@@ -518,29 +522,39 @@ class VectorSampler(FaultTolerantSampler):
             step_terms, step_truncs = terminateds[step], truncateds[step]
             dropped: dict[int, int | None] = {}  # env -> the seed of its reset: episodes to drop
             stepped: dict[int, tuple[Any, Any]] = {}  # env -> (observation, info) as the env returned them
-            for i, env in enumerate(self.envs):
-                try:
-                    obs, reward, step_terms[i], step_truncs[i], info = env.step(env_actions[i])
-                except Exception as error:
-                    if self.env_maker is None:
-                        raise
-                    dropped[i] = self._recreate_env(i, "env.step()", error)
-                    self._placeholder(fragment, step, i)
-                    continue
+            # Env -> (return, length) of the episode it recorded ending; None: a training episode ended
+            # inside the recorded one (a lost life), which goes on. Envs that record nothing are not here.
+            recorded: dict[int, tuple[float, int] | None] = {}
+            if pool is not None:  # every env in one call; EnvPool's arrays have the space's shape and dtype
+                recorded = pool.step(env_actions, new_obs, step_rewards, step_terms, step_truncs)
                 if hooks is not None:
-                    stepped[i] = (obs, info)
-                if flatten is not None:
-                    obs = flatten(obs)
-                # A wrong shape may broadcast silently into the row (a scalar fills it): check the form first.
-                if not check or (obs.__class__ is ndarray and obs.shape == shape and obs.dtype is dtype):
+                    stepped = {i: (new_obs[i], pool.info(i)) for i in range(n)}
+            else:
+                for i, env in enumerate(self.envs):
                     try:
-                        new_obs[i], step_rewards[i] = obs, reward
-                        continue
-                    except (TypeError, ValueError):
-                        if not check:
+                        obs, reward, step_terms[i], step_truncs[i], info = env.step(env_actions[i])
+                    except Exception as error:
+                        if self.env_maker is None:
                             raise
-                if not self._write_checked(fragment, step, i, obs, reward):
-                    dropped[i] = None
+                        dropped[i] = self._recreate_env(i, "env.step()", error)
+                        self._placeholder(fragment, step, i)
+                        continue
+                    if recording[i] and (step_terms[i] or step_truncs[i]):
+                        recorded[i] = recorded_episode(info)
+                    if hooks is not None:
+                        stepped[i] = (obs, info)
+                    if flatten is not None:
+                        obs = flatten(obs)
+                    # A wrong shape may broadcast silently into the row (a scalar fills it): check the form first.
+                    if not check or (obs.__class__ is ndarray and obs.shape == shape and obs.dtype is dtype):
+                        try:
+                            new_obs[i], step_rewards[i] = obs, reward
+                            continue
+                        except (TypeError, ValueError):
+                            if not check:
+                                raise
+                    if not self._write_checked(fragment, step, i, obs, reward):
+                        dropped[i] = None
             self.obs[:] = new_obs
             self.episode_rewards += step_rewards
             self.ts += 1
@@ -553,7 +567,14 @@ class VectorSampler(FaultTolerantSampler):
                     self._discard_episode(fragment, env_index, step)
                     self._start_episode(env_index, dropped[env_index], step + 1)
                     continue
-                stats = EpisodeStats(float(self.episode_rewards[env_index]), int(self.ts[env_index]))
+                if env_index in recorded:
+                    episode = recorded[env_index]
+                    if episode is None:  # a lost life: a new training episode in the same recorded one
+                        self._next_life(env_index, step + 1, pool is not None)
+                        continue
+                    stats = EpisodeStats(*episode)
+                else:
+                    stats = EpisodeStats(float(self.episode_rewards[env_index]), int(self.ts[env_index]))
                 fragment.finished.append((int(self.eps_ids[env_index]), stats))
                 if hooks is not None:
                     hooks.end(env_index)
@@ -625,6 +646,16 @@ class VectorSampler(FaultTolerantSampler):
     def _vector_step(self, row: int) -> int:
         """The sampler's count of vector steps at ``row`` of the fragment in progress."""
         return self.steps_sampled // len(self.envs) + row
+
+    def _next_life(self, i: int, row: int, pooled: bool) -> None:
+        """Env ``i`` ended a training episode inside the episode it records (a lost life), from ``row`` on
+        the next: the recorded episode goes on, with its id, step count and callbacks' episode.
+
+        A Gymnasium env is reset to play on (:class:`~flowrl.envs.atari.EpisodicLife` starts the
+        next life); EnvPool plays on by itself, from the observation it returned.
+        """
+        if not pooled:
+            self.obs[i], _, _ = self._reset(i, None, row, full=False)
 
     def _start_episode(self, i: int, seed: int | None, row: int, *, full: bool = False) -> None:
         """Reset env ``i`` for a new episode starting at ``row`` of the fragment (``fragment_length``: the next one)."""

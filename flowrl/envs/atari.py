@@ -1,4 +1,19 @@
-"""Atari envs with the standard DQN-style preprocessing, built on Gymnasium's wrappers.
+"""Atari envs with the DQN-style preprocessing, built on ale-py's envs and Gymnasium's wrappers.
+
+:func:`make_atari_env` stacks, from the emulator up:
+
+1. ale-py's env for the id, with ``frameskip=1`` (frames are skipped by the next step);
+2. Gymnasium's ``AtariPreprocessing``: up to ``noop_max`` random no-ops after each game reset,
+   ``frame_skip`` emulator frames per step (max-pooled over the last two), ``screen_size`` x
+   ``screen_size`` grayscale frames;
+3. Gymnasium's ``RecordEpisodeStatistics``: the game's score and length, recorded here, below
+   the wrappers that change rewards and episode ends, so that results report game scores
+   (see :func:`flowrl.envs.episodes.records_episodes`);
+4. :class:`EpisodicLife` (``episodic_life``): a lost life ends the training episode, the game goes on;
+5. :class:`FireReset` (``fire_reset``): FIRE after each reset in games that have it (Breakout
+   waits for it to launch the ball);
+6. Gymnasium's ``ClipReward`` (``clip_rewards``): training rewards clipped to [-1, 1];
+7. Gymnasium's ``FrameStackObservation``: the last ``frame_stack`` frames.
 
 ale-py and OpenCV are optional dependencies (``pip install 'flowrl-ray[atari]'``); they are
 imported only when an Atari env is asked for, so the rest of flowrl works without them.
@@ -8,10 +23,10 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import Any
+from typing import Any, SupportsFloat
 
 import gymnasium
-from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+from gymnasium.wrappers import AtariPreprocessing, ClipReward, FrameStackObservation, RecordEpisodeStatistics
 
 from flowrl.errors import EnvError, UnknownEnvError
 
@@ -19,6 +34,8 @@ MISSING_ALE_MESSAGE = "Atari envs need the optional dependency ale-py: pip insta
 MISSING_OPENCV_MESSAGE = (
     "Atari preprocessing needs the optional dependency opencv-python (to resize frames): pip install 'flowrl-ray[atari]'"
 )
+#: ALE's action 0 in every game's minimal action set.
+NOOP = 0
 
 
 def is_atari_id(env_id: object) -> bool:
@@ -46,6 +63,66 @@ def require_atari_dependencies() -> None:
         raise EnvError(MISSING_OPENCV_MESSAGE) from exc
 
 
+class EpisodicLife(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """Ends the episode when a life is lost, but not the game: the ``reset`` that follows plays on.
+
+    Learning then treats a lost life as the end of a return, as the DQN, Ape-X and IMPALA
+    papers trained; the game itself resets once it is over. Any other reset (mid-episode,
+    or with a ``seed``) starts a new game. Reads the ``lives`` ale-py puts in every ``info``.
+    """
+
+    def __init__(self, env: gymnasium.Env[Any, Any]) -> None:
+        super().__init__(env)
+        self._lives = 0
+        self._life_lost = False
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        lives = int(info["lives"])
+        # The last life's loss ends the game itself (terminated); a truncated game is over too.
+        self._life_lost = 0 < lives < self._lives and not (terminated or truncated)
+        self._lives = lives
+        return obs, reward, terminated or self._life_lost, truncated, info
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        if self._life_lost and seed is None and options is None:
+            # A no-op step moves on to the next life of the same game.
+            obs, _, terminated, truncated, info = self.env.step(NOOP)
+            if terminated or truncated:
+                obs, info = self.env.reset()
+        else:
+            obs, info = self.env.reset(seed=seed, options=options)
+        self._life_lost = False
+        self._lives = int(info["lives"])
+        return obs, info
+
+
+class FireReset(gymnasium.Wrapper[Any, Any, Any, Any]):
+    """Presses FIRE after every reset (a new game, or a new life under :class:`EpisodicLife`).
+
+    Games such as Breakout wait for FIRE before play starts; an agent that has not learnt to
+    press it would otherwise sit idle for the whole game. ``fire_action`` is FIRE's index in
+    the game's action set.
+    """
+
+    def __init__(self, env: gymnasium.Env[Any, Any], fire_action: int) -> None:
+        super().__init__(env)
+        self.fire_action = fire_action
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        self.env.reset(seed=seed, options=options)
+        obs, _, terminated, truncated, info = self.env.step(self.fire_action)
+        if terminated or truncated:
+            obs, info = self.env.reset(seed=seed, options=options)
+        return obs, info
+
+
+def fire_action(env: gymnasium.Env[Any, Any]) -> int | None:
+    """FIRE's index in ``env``'s action set, or None for a game without it."""
+    meanings = list(env.unwrapped.get_action_meanings())  # type: ignore[attr-defined]
+    return meanings.index("FIRE") if "FIRE" in meanings else None
+
+
 def make_atari_env(
     env_id: str,
     *,
@@ -53,16 +130,26 @@ def make_atari_env(
     frame_skip: int = 4,
     screen_size: int = 84,
     noop_max: int = 30,
+    episodic_life: bool = True,
+    fire_reset: bool = True,
+    clip_rewards: bool = True,
     terminal_on_life_loss: bool = False,
     scale_obs: bool = False,
     **make_kwargs: Any,
 ) -> gymnasium.Env:
-    """Create ``env_id`` with 84x84 grayscale frames, frame skipping and a stack of the last frames.
+    """Create ``env_id`` with the DQN-style preprocessing (see the module's docstring for the stack).
 
     Observations are ``uint8`` arrays of shape ``(frame_stack, screen_size, screen_size)``
     (``float32`` in [0, 1] with ``scale_obs=True``; no stacking axis when ``frame_stack=1``).
-    ``make_kwargs`` go to ``gymnasium.make`` (e.g. ``repeat_action_probability``).
-    Raises :class:`EnvError` when ale-py or OpenCV is missing and :class:`UnknownEnvError` for an unknown id.
+    ``episodic_life``, ``fire_reset`` (in games with a FIRE action) and ``clip_rewards`` shape
+    what learning sees; the env still records each whole game's unclipped score and length
+    (``info["episode"]`` at the game's end), which is what results report.
+    ``terminal_on_life_loss`` is Gymnasium's other take on lives: the episode ends at a lost
+    life *and* the next reset starts a new game; it excludes ``episodic_life``.
+    ``make_kwargs`` go to ``gymnasium.make`` (e.g. ``repeat_action_probability``: ``ALE/*-v5``
+    ids default to 0.25, sticky actions; ``*NoFrameskip-v4`` ids to 0, as the papers played).
+    Raises :class:`EnvError` when ale-py or OpenCV is missing or options conflict, and
+    :class:`UnknownEnvError` for an unknown id.
     """
     require_atari_dependencies()
     if "-ram" in env_id:
@@ -79,6 +166,12 @@ def make_atari_env(
         )
     if frame_stack < 1:
         raise EnvError(f"make_atari_env got frame_stack={frame_stack!r}; it must be >= 1")
+    if terminal_on_life_loss and episodic_life:
+        raise EnvError(
+            "make_atari_env got terminal_on_life_loss=True and episodic_life=True; both end episodes at a lost life: "
+            "episodic_life plays on with the same game, terminal_on_life_loss (Gymnasium's) starts a new one. "
+            "Set episodic_life=False to use terminal_on_life_loss"
+        )
     make_kwargs["frameskip"] = 1
     try:
         env = gymnasium.make(env_id, **make_kwargs)
@@ -93,6 +186,14 @@ def make_atari_env(
         grayscale_obs=True,
         scale_obs=scale_obs,
     )
+    env = RecordEpisodeStatistics(env)
+    if episodic_life:
+        env = EpisodicLife(env)
+    fire = fire_action(env) if fire_reset else None
+    if fire is not None:
+        env = FireReset(env, fire)
+    if clip_rewards:
+        env = ClipReward(env, -1.0, 1.0)
     if frame_stack > 1:
         env = FrameStackObservation(env, frame_stack)
     return env

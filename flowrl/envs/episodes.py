@@ -1,4 +1,13 @@
-"""Running whole episodes of one env outside a sampler (evaluation, perturbation searches)."""
+"""Running whole episodes of one env outside a sampler (evaluation, perturbation searches), and the
+episodes an env records itself.
+
+An env wrapped in Gymnasium's ``RecordEpisodeStatistics`` records its own episodes: when one
+ends, the step's ``info["episode"]`` holds its return ``"r"`` and length ``"l"``. flowrl then
+reports those episodes rather than counting rewards itself. Placed below wrappers that change
+rewards or end episodes early (as :func:`flowrl.envs.make_atari_env` places it, under reward
+clipping and episodic life), it makes results show what the game scored: a training episode
+that ends with no ``info["episode"]`` (a lost life) is part of the recorded episode still running.
+"""
 
 from __future__ import annotations
 
@@ -7,20 +16,44 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.wrappers import RecordEpisodeStatistics
+
+
+def records_episodes(env: Any) -> bool:
+    """Whether ``env`` is, or wraps, Gymnasium's ``RecordEpisodeStatistics``."""
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, RecordEpisodeStatistics):
+            return True
+        env = env.env
+    return False
+
+
+def recorded_episode(info: Any) -> tuple[float, int] | None:
+    """``(return, length)`` of the episode a recording env ended in this step's ``info``; None if none ended."""
+    episode = info.get("episode") if isinstance(info, dict) else None
+    return None if episode is None else (float(episode["r"]), int(episode["l"]))
 
 
 def run_episode(env: gym.Env, actor: Callable[[np.ndarray], Any], seed: int | None, observations: list[np.ndarray] | None = None) -> tuple[float, int]:
     """One episode of ``actor`` from ``env.reset(seed=seed)``: its return and length.
 
+    For an env that records its own episodes (:func:`records_episodes`) that is the recorded
+    episode, played through the training episodes it holds (an Atari game through its lives).
     Appends every observation acted on to ``observations`` when given.
     """
+    recording = records_episodes(env)
     obs, _ = env.reset(seed=seed)
     total, length = 0.0, 0
     while True:
         if observations is not None:
             observations.append(obs)
-        obs, reward, terminated, truncated, _ = env.step(actor(obs))
+        obs, reward, terminated, truncated, info = env.step(actor(obs))
         total += float(reward)
         length += 1
         if terminated or truncated:
-            return total, length
+            if not recording:
+                return total, length
+            recorded = recorded_episode(info)
+            if recorded is not None:
+                return recorded
+            obs, _ = env.reset()  # a training episode ended inside the recorded one (a lost life): play on
