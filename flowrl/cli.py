@@ -54,7 +54,6 @@ from flowrl.errors import (
 )
 from flowrl.experiment import load_experiment_file, parse_experiment
 from flowrl.progress import ProgressDisplay, Verbosity
-from flowrl.ray_runtime import ray_session
 from flowrl.rllib_compat import RLLIB_MARKER, RLlibConfigNote
 from flowrl.run import (
     CHECKPOINTS_DIR,
@@ -75,9 +74,8 @@ from flowrl.run import (
     start_run,
 )
 
-if TYPE_CHECKING:  # the Trainer imports torch: load it only when a command needs it
+if TYPE_CHECKING:  # algorithms import torch: load them only when a command needs them
     from flowrl.algorithms import Algorithm
-    from flowrl.trainer import Trainer
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -198,12 +196,6 @@ def train_settings(args: argparse.Namespace, command: str = "train") -> tuple[Al
     config = build_config(algorithm, experiment["config"], args)
     stop = {**experiment["stop"], **stop_from_flags(args)}
     return algorithm, env, config, stop
-
-
-def _new_trainer(algo: str, env: str, config: Mapping[str, Any], address: str | None) -> Trainer:
-    from flowrl.trainer import Trainer
-
-    return Trainer(algo, env, dict(config), address=address)
 
 
 # --- output -----------------------------------------------------------------------------------------
@@ -446,28 +438,26 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from flowrl.algorithms import get_algorithm, list_algorithms
+    from flowrl.algorithms import algorithm_descriptions, get_algorithm
 
     if args.algo:
-        algorithm = get_algorithm(args.algo)
+        algorithm = get_algorithm(args.algo)  # imports that algorithm's module only
         print(f"{algorithm.name}: {algorithm.description}\n")
         print(algorithm.config_class.describe())
         return EXIT_OK
-    algorithms = [get_algorithm(name) for name in list_algorithms()]
-    width = max(len(a.name) for a in algorithms)
-    for algorithm in algorithms:
-        print(f"{algorithm.name:<{width}}  {algorithm.description}")
+    descriptions = algorithm_descriptions()  # imports no algorithm module
+    width = max(map(len, descriptions))
+    for name, description in descriptions.items():
+        print(f"{name:<{width}}  {description}")
     return EXIT_OK
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from flowrl.dry_plan import dry_plan  # the plan over placeholder actors: no Ray, no actor starts
+
     algorithm, env, config, _ = train_settings(args, "plan")
-    trainer = _new_trainer(algorithm.name, env, config, args.address)
-    try:
-        plan = trainer.plan
-        print({"text": plan.describe, "mermaid": plan.to_mermaid, "dot": plan.to_dot}[args.format]())
-    finally:
-        trainer.stop()
+    plan = dry_plan(algorithm.name, env, config)
+    print({"text": plan.describe, "mermaid": plan.to_mermaid, "dot": plan.to_dot}[args.format]())
     return EXIT_OK
 
 
@@ -527,6 +517,7 @@ def _plot(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     """Run a small dataflow over shard actors and check its answer."""
     from flowrl.iterators import LocalIterator, from_range
+    from flowrl.ray_runtime import ray_session
 
     def count_items(batch: list[int]) -> int:
         metrics = LocalIterator.get_metrics()

@@ -16,12 +16,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from flowrl.actors.placeholders import PlaceholderActor
 from flowrl.errors import FlowRLError
 from flowrl.iterators import LocalIterator, MetricsContext, StageNode
 from flowrl.operators.protocol import ActorFlow, Operator, StatefulOperator
 
 
 def _actor_class(actor: Any) -> str:
+    if isinstance(actor, PlaceholderActor):
+        return actor.class_name
     descriptor = getattr(actor, "_ray_actor_creation_function_descriptor", None)
     name = getattr(descriptor, "class_name", None)
     return name if isinstance(name, str) and name else type(actor).__name__

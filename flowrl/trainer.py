@@ -15,6 +15,7 @@ import torch
 from flowrl.algorithms import Algorithm, get_algorithm, list_algorithms
 from flowrl.actors import PlanResources, WorkerSet
 from flowrl.actors.evaluation import evaluation_request
+from flowrl.actors.placement import asks_for_actors
 from flowrl.actors.rng import process_rng_state, set_process_rng_state
 from flowrl.callbacks import Callbacks, run_hook
 from flowrl.checkpoint import read_checkpoint, write_checkpoint
@@ -45,8 +46,10 @@ class Trainer:
 
     ``config`` is a dict of the algorithm's config keys (or its config object); every
     problem in it is reported in one :class:`~flowrl.errors.ConfigError` before any actor
-    starts. With no ``address`` an embedded local Ray is started (and stopped by
-    :meth:`stop`); with one, that cluster is joined and left running.
+    starts. Ray is used only by a plan that starts actors (remote rollout workers, replay
+    shards, aggregators, evaluation workers): with no ``address`` an embedded local Ray is
+    then started (and stopped by :meth:`stop`); with one, that cluster is joined and left
+    running. A plan with none (``num_workers=0``) runs in this process without Ray.
 
     The Trainer owns what the plan wires: the rollout workers (``workers``) and the
     algorithm's resources (``resources``: replay buffers or shards, a learner thread,
@@ -68,7 +71,8 @@ class Trainer:
         self.config = config_class.from_dict(config).frozen()
         self.env = env
         env_creator = get_env_creator(env)
-        self._owns_ray = start_ray(address)
+        bundles = [*self.algorithm.bundles(self.config), evaluation_request(self.config)]
+        self._owns_ray = start_ray(address) if asks_for_actors(self.config.num_workers, bundles) else False
         try:
             self._configure_driver()
             specs = policy_specs(self.algorithm, self.config, env_creator)
@@ -80,7 +84,7 @@ class Trainer:
                 num_cpus_per_worker=self.config.num_cpus_per_worker,
                 recreate_failed_workers=self.config.recreate_failed_workers,
                 check_env=self.config.check_env,
-                bundles=[*self.algorithm.bundles(self.config), evaluation_request(self.config)],
+                bundles=bundles,
             )
             self.resources = PlanResources()
             try:

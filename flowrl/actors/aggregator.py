@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import ray
 
+from flowrl.actors.placeholders import PlaceholderActor, placeholders_active
 from flowrl.actors.placement import AGGREGATOR
 from flowrl.errors import FlowRLError, ShardFailedError
 from flowrl.iterators import LocalIterator, ParallelIteratorWorker, from_actors
@@ -151,6 +152,8 @@ class AggregatorSet(Sequence[Any]):
         self._members[index] = [live[i] for i in self._groups[index]]
         if not self._members[index]:
             return None
+        if placeholders_active():
+            return PlaceholderActor(AggregatorWorker.__name__)
         # In its bundle of the run's reservation (if aggregators have some), as its predecessors were.
         options = self.workers.reservation.options(AGGREGATOR, index)
         return self._remote_cls.options(**options).remote(self._members[index], self.make_stream, self.num_async, self.workers.sample_timeout_s)

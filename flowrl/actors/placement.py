@@ -83,6 +83,15 @@ def worker_request(config: TrainerConfig, num_workers: int, num_cpus_per_worker:
     return BundleRequest(WORKER, num_workers, resources, keys, count_key="num_workers")
 
 
+def asks_for_actors(num_workers: int, requests: Sequence[BundleRequest]) -> bool:
+    """Whether a plan with ``num_workers`` remote rollout workers and its other actors' ``requests``
+    (replay shards, aggregators, evaluation workers) starts any actor, and so needs Ray.
+
+    A request counts its actors even when they ask for no resources (zero-CPU replay shards).
+    """
+    return num_workers > 0 or any(r.count > 0 for r in requests if r.role != DRIVER)
+
+
 def _driver_node_resources() -> dict[str, float]:
     here = ray.get_runtime_context().get_node_id()
     return next((dict(node["Resources"]) for node in ray.nodes() if node["NodeID"] == here), {})
@@ -149,7 +158,8 @@ class Reservation:
     Raises :class:`~flowrl.errors.ResourceUnavailableError` if Ray cannot reserve every
     bundle within ``timeout_s`` (the partial reservation is released). Made inside a
     placement group laid out as :func:`trial_bundles` (a Tune trial's), it uses that group,
-    whose owner releases it.
+    whose owner releases it. With no requests (a plan that starts no actor) it reserves
+    nothing and never calls Ray.
     """
 
     def __init__(self, requests: Sequence[BundleRequest], strategy: str, timeout_s: float) -> None:
@@ -160,11 +170,13 @@ class Reservation:
         self._counts = {r.role: r.count for r in self.requests}
         self._group: PlacementGroup | None = None
         self._owned = False
+        self._first: dict[str, int] = {}
+        if not requests:  # a plan that starts no actor reserves nothing, and needs no Ray
+            return
         current = get_current_placement_group()
         if current is not None and _same_bundles(current.bundle_specs[1:], trial_bundles(self.requests, {})[1:]):
             self._adopt(current)
             return
-        self._first: dict[str, int] = {}
         bundles: list[dict[str, float]] = []
         selectors: list[dict[str, str]] = []
         driver_node = ray.get_runtime_context().get_node_id()

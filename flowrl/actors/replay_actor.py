@@ -11,6 +11,7 @@ from typing import Any, Iterator, Mapping, overload
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from flowrl.actors.placeholders import PlaceholderActor, placeholders_active
 from flowrl.actors.placement import REPLAY_SHARD, Reservation
 from flowrl.data import LocalReplayBuffer, MultiAgentBatch, SampleBatch
 from flowrl.errors import FlowRLError, ReplayShardError
@@ -135,6 +136,8 @@ class ReplayShards(Sequence[Any]):
         self.num_lost_calls = 0
 
     def _start(self, args: Mapping[str, Any], position: int, replacement: bool = False) -> Any:
+        if placeholders_active():
+            return PlaceholderActor("ReplayActor")
         # ray.remote's stubs keep the class type, which has no .options.
         actor_class: Any = ReplayActor
         if self._reservation is not None and self._reservation.reserved(REPLAY_SHARD):  # in its bundle, wherever that is

@@ -10,7 +10,16 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar, cast
 import gymnasium as gym
 import ray
 
-from flowrl.actors.placement import WORKER, BundleRequest, Reservation, check_resources, driver_request, worker_request
+from flowrl.actors.placeholders import PlaceholderActor, placeholders_active
+from flowrl.actors.placement import (
+    WORKER,
+    BundleRequest,
+    Reservation,
+    asks_for_actors,
+    check_resources,
+    driver_request,
+    worker_request,
+)
 from flowrl.actors.rollout_worker import CONTROL_GROUP, RolloutWorker, WorkerMetrics, as_config, control_call
 from flowrl.config import TrainerConfig
 from flowrl.envs import check_env as check_env_api
@@ -59,7 +68,10 @@ class WorkerSet:
     :class:`~flowrl.actors.placement.Reservation` (``reservation``), laid out by
     ``config.placement_strategy``; the reservation and the workers must be ready within
     ``config.worker_startup_timeout_s``. A replacement takes its predecessor's bundle, which
-    Ray moves to another node when the one holding it is lost.
+    Ray moves to another node when the one holding it is lost. A set with no remote worker,
+    in a plan with no other actor, reserves nothing and never calls Ray. Inside
+    :func:`~flowrl.actors.placeholders.placeholder_actors` the remote workers are
+    placeholders (a plan built for its graph) and nothing is reserved or started.
 
     A remote worker that dies, raises or hangs (reported by :meth:`foreach_worker` and by
     gathers built with :meth:`on_shard_failure` as their hook) is killed and, with
@@ -94,7 +106,12 @@ class WorkerSet:
                     check_env_api(cast(gym.Env, env))
             finally:
                 close_env(env)
-        requests = [driver_request(config), worker_request(config, num_workers, num_cpus_per_worker), *bundles]
+        # Only a plan that starts actors reserves resources (and so needs Ray); one over placeholder
+        # actors (built for its graph) starts none.
+        self._placeholders = placeholders_active()
+        requests: list[BundleRequest] = []
+        if asks_for_actors(num_workers, bundles) and not self._placeholders:
+            requests = [driver_request(config), worker_request(config, num_workers, num_cpus_per_worker), *bundles]
         check_resources(requests, config.placement_strategy)
         self._env_creator = env_creator
         self._policy_specs = dict(policy_specs)
@@ -128,7 +145,7 @@ class WorkerSet:
             )
             self._remote = [self._make_remote(i + 1) for i in range(num_workers)]
             self._indices = list(range(1, num_workers + 1))
-            if self._remote:
+            if self._remote and not self._placeholders:
                 self._wait_started(num_cpus_per_worker)
                 self.sync_weights()
         except BaseException:
@@ -136,6 +153,8 @@ class WorkerSet:
             raise
 
     def _make_remote(self, worker_index: int, incarnation: int = 0) -> Any:
+        if self._placeholders:
+            return PlaceholderActor(RolloutWorker.__name__)
         config = self._config
         if incarnation and config.seed is not None:
             # A replacement must not replay its predecessor's env seeds and exploration draws.

@@ -3,9 +3,17 @@
 from flowrl.algorithms.registry import (
     Algorithm,
     UnknownAlgorithmError,
+    algorithm_descriptions,
     get_algorithm,
     list_algorithms,
     register_algorithm,
 )
 
-__all__ = ["Algorithm", "UnknownAlgorithmError", "get_algorithm", "list_algorithms", "register_algorithm"]
+__all__ = [
+    "Algorithm",
+    "UnknownAlgorithmError",
+    "algorithm_descriptions",
+    "get_algorithm",
+    "list_algorithms",
+    "register_algorithm",
+]

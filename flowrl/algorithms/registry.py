@@ -1,26 +1,40 @@
-"""The algorithm registry: names to :class:`Algorithm` specs, imported on first use."""
+"""The algorithm registry: names to :class:`Algorithm` specs, imported on first use.
+
+Importing it loads neither PyTorch, Gymnasium nor Ray (what each algorithm's module imports),
+so that ``flowrl list`` stays instant: the built-in algorithms' names and descriptions are
+listed here, and a module is imported when its algorithm is asked for.
+"""
 
 from __future__ import annotations
 
 import difflib
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
-import gymnasium as gym
-
-from flowrl.actors import PlanResources, WorkerSet, no_resources
-from flowrl.actors.placement import BundleRequest
-from flowrl.config import TrainerConfig
 from flowrl.errors import FlowRLError, UnknownAlgorithmError
-from flowrl.iterators import LocalIterator
-from flowrl.policy import PolicySpec
 
-ExecutionPlan = Callable[[WorkerSet, Any, PlanResources], LocalIterator[dict[str, Any]]]
-ResourceFactory = Callable[[WorkerSet, Any], PlanResources]
-BundleFactory = Callable[[Any], list[BundleRequest]]
-PolicyFactory = Callable[[gym.Space, gym.Space, Any], PolicySpec]
-MultiPolicyFactory = Callable[[dict[str, tuple[gym.Space, gym.Space]], Any], dict[str, PolicySpec]]
+if TYPE_CHECKING:
+    import gymnasium as gym
+
+    from flowrl.actors import PlanResources, WorkerSet
+    from flowrl.actors.placement import BundleRequest
+    from flowrl.config import TrainerConfig
+    from flowrl.iterators import LocalIterator
+    from flowrl.policy import PolicySpec
+
+    ExecutionPlan = Callable[[WorkerSet, Any, PlanResources], LocalIterator[dict[str, Any]]]
+    ResourceFactory = Callable[[WorkerSet, Any], PlanResources]
+    BundleFactory = Callable[[Any], list[BundleRequest]]
+    PolicyFactory = Callable[[gym.Space, gym.Space, Any], PolicySpec]
+    MultiPolicyFactory = Callable[[dict[str, tuple[gym.Space, gym.Space]], Any], dict[str, PolicySpec]]
+
+
+def _no_resources(workers: WorkerSet, config: Any) -> PlanResources:
+    """The declaration of algorithms whose plans wire only rollout workers (:func:`flowrl.actors.no_resources`)."""
+    from flowrl.actors import no_resources  # imported here: the actors load PyTorch and Ray
+
+    return no_resources(workers, config)
 
 
 def no_bundles(config: Any) -> list[BundleRequest]:
@@ -50,7 +64,7 @@ class Algorithm:
     #: ``{policy_id: (observation_space, action_space)}, config -> {policy_id: PolicySpec}``.
     make_policies: MultiPolicyFactory | None = None
     #: The long-lived resources the plan wires besides the workers, created (and released) by the Trainer.
-    make_resources: ResourceFactory = no_resources
+    make_resources: ResourceFactory = _no_resources
     #: What ``make_resources``'s actors ask Ray for (replay shards, aggregators), reserved with the workers'.
     bundles: BundleFactory = no_bundles
     #: Config keys a running trainer can change (:meth:`~flowrl.Trainer.update_config`, PBT): read by
@@ -61,22 +75,29 @@ class Algorithm:
     asynchronous: bool = False
 
 
-# name -> (module, attribute holding its Algorithm); imported lazily so `flowrl list` stays fast.
-_MODULES: dict[str, tuple[str, str]] = {
-    "pg": ("flowrl.algorithms.pg", "ALGORITHM"),
-    "a2c": ("flowrl.algorithms.a2c", "ALGORITHM"),
-    "a3c": ("flowrl.algorithms.a3c", "ALGORITHM"),
-    "ppo": ("flowrl.algorithms.ppo", "ALGORITHM"),
-    "dqn": ("flowrl.algorithms.dqn", "ALGORITHM"),
-    "apex": ("flowrl.algorithms.apex", "ALGORITHM"),
-    "apex_ddpg": ("flowrl.algorithms.apex", "APEX_DDPG"),
-    "ddpg": ("flowrl.algorithms.ddpg", "DDPG"),
-    "td3": ("flowrl.algorithms.ddpg", "TD3"),
-    "impala": ("flowrl.algorithms.impala", "ALGORITHM"),
-    "appo": ("flowrl.algorithms.appo", "ALGORITHM"),
-    "ppo_dqn": ("flowrl.algorithms.ppo_dqn", "ALGORITHM"),
-    "es": ("flowrl.algorithms.es", "ALGORITHM"),
-    "ars": ("flowrl.algorithms.ars", "ALGORITHM"),
+class _BuiltIn(NamedTuple):
+    module: str
+    attribute: str  # the module's attribute holding the Algorithm
+    description: str  # the Algorithm's own, for `flowrl list` without importing the module
+
+
+_MODULES: dict[str, _BuiltIn] = {
+    "pg": _BuiltIn("flowrl.algorithms.pg", "ALGORITHM", "vanilla policy gradient (REINFORCE)"),
+    "a2c": _BuiltIn("flowrl.algorithms.a2c", "ALGORITHM", "synchronous advantage actor-critic"),
+    "a3c": _BuiltIn("flowrl.algorithms.a3c", "ALGORITHM", "asynchronous advantage actor-critic"),
+    "ppo": _BuiltIn("flowrl.algorithms.ppo", "ALGORITHM", "proximal policy optimisation"),
+    "dqn": _BuiltIn("flowrl.algorithms.dqn", "ALGORITHM", "deep Q-network (double, dueling, n-step, prioritized replay)"),
+    "apex": _BuiltIn("flowrl.algorithms.apex", "ALGORITHM", "Ape-X DQN: distributed prioritized replay"),
+    "apex_ddpg": _BuiltIn("flowrl.algorithms.apex", "APEX_DDPG", "Ape-X DDPG: DDPG on distributed prioritized replay"),
+    "ddpg": _BuiltIn("flowrl.algorithms.ddpg", "DDPG", "deep deterministic policy gradient"),
+    "td3": _BuiltIn("flowrl.algorithms.ddpg", "TD3", "twin delayed DDPG"),
+    "impala": _BuiltIn("flowrl.algorithms.impala", "ALGORITHM", "IMPALA: async actor-learner with V-trace"),
+    "appo": _BuiltIn("flowrl.algorithms.appo", "ALGORITHM", "APPO: IMPALA with a clipped surrogate around a target network"),
+    "ppo_dqn": _BuiltIn(
+        "flowrl.algorithms.ppo_dqn", "ALGORITHM", "PPO and DQN policies trained side by side on one multi-agent rollout stream"
+    ),
+    "es": _BuiltIn("flowrl.algorithms.es", "ALGORITHM", "evolution strategies (antithetic perturbations, centered ranks)"),
+    "ars": _BuiltIn("flowrl.algorithms.ars", "ALGORITHM", "augmented random search (V2-t, linear policy)"),
 }
 _REGISTERED: dict[str, Algorithm] = {}
 
@@ -97,14 +118,21 @@ def list_algorithms() -> list[str]:
     return sorted(set(_MODULES) | set(_REGISTERED))
 
 
+def algorithm_descriptions() -> dict[str, str]:
+    """Every available algorithm's one-line description, by name (sorted); built-in algorithms are not imported."""
+    described = {name: builtin.description for name, builtin in _MODULES.items()}
+    described.update({name: algorithm.description for name, algorithm in _REGISTERED.items()})
+    return dict(sorted(described.items()))
+
+
 def get_algorithm(name: str) -> Algorithm:
     """The algorithm called ``name`` (case-insensitive); unknown names raise with the closest ones."""
     key = name.lower() if isinstance(name, str) else name
     if key in _REGISTERED:
         return _REGISTERED[key]
     if key in _MODULES:
-        module, attribute = _MODULES[key]
-        algorithm = getattr(importlib.import_module(module), attribute)
+        builtin = _MODULES[key]
+        algorithm = getattr(importlib.import_module(builtin.module), builtin.attribute)
         _REGISTERED[key] = algorithm
         return algorithm
     names = list_algorithms()
