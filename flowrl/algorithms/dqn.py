@@ -132,7 +132,8 @@ def dqn_loss(
     td_error = q_taken - target
     weights = batch.get(SampleBatch.WEIGHTS, torch.ones_like(td_error))
     loss = (weights * nn.functional.smooth_l1_loss(q_taken, target, reduction="none")).mean()
-    return LossOutput(loss, {"loss": loss.item(), "mean_q": q_taken.mean().item()}, td_error)
+    mean_loss, mean_q = torch.stack([loss, q_taken.mean()]).detach().tolist()  # one conversion, not an .item() each
+    return LossOutput(loss, {"loss": mean_loss, "mean_q": mean_q}, td_error)
 
 
 def make_dqn_policy(obs_space: gym.Space, action_space: gym.Space, config: DQNConfig) -> PolicySpec:

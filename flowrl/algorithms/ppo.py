@@ -94,7 +94,9 @@ def ppo_loss(
     entropy = dist.entropy().mean()
     kl_coeff = policy.coeffs[KL_COEFF]
     loss = -surrogate + kl_coeff * kl + config.vf_loss_coeff * vf_loss - config.entropy_coeff * entropy
-    stats = {"policy_loss": -surrogate.item(), "vf_loss": vf_loss.item(), "kl": kl.item(), "entropy": entropy.item()}
+    # One conversion for the four statistics, not one .item() each.
+    policy_loss, vf, mean_kl, mean_entropy = torch.stack([-surrogate, vf_loss, kl, entropy]).detach().tolist()
+    stats = {"policy_loss": policy_loss, "vf_loss": vf, "kl": mean_kl, "entropy": mean_entropy}
     return LossOutput(loss, {**stats, KL_COEFF: kl_coeff})
 
 

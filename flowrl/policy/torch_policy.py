@@ -40,6 +40,12 @@ OptimizerFn = Callable[["TorchPolicy[Any]"], torch.optim.Optimizer]
 _NOT_BUILT = object()
 
 
+def adam(params: Any, device: torch.device, **settings: Any) -> torch.optim.Adam:
+    """``torch.optim.Adam`` over ``params`` (tensors or param groups) on ``device``, fused where PyTorch
+    has a fused kernel (CPU, CUDA): one kernel per step instead of a Python loop over the tensors."""
+    return torch.optim.Adam(params, fused=device.type in ("cpu", "cuda"), **settings)
+
+
 def default_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: int, config: Mapping[str, Any]) -> nn.Module:
     """An :class:`~flowrl.policy.models.ActorCriticModel` as configured."""
     return ActorCriticModel(obs_space, num_outputs, config)
@@ -98,7 +104,10 @@ class TorchPolicy(Policy[ConfigT]):
             self.target_model.requires_grad_(False)
         self.loss_fn = loss_fn
         self.postprocess_fn = postprocess_fn
-        self.optimizer = (make_optimizer or self._default_optimizer)(self)
+        if make_optimizer is None and config.lr is None:
+            raise ConfigError([f"{type(config).__name__} has lr=None: give the policy its own make_optimizer"])
+        self._make_optimizer = make_optimizer or self._default_optimizer
+        self._optimizer: torch.optim.Optimizer | None = None
         self.exploration = make_exploration(
             action_space,
             config.exploration_config if exploration_config is None else exploration_config,
@@ -113,9 +122,15 @@ class TorchPolicy(Policy[ConfigT]):
 
     @staticmethod
     def _default_optimizer(policy: "TorchPolicy[Any]") -> torch.optim.Optimizer:
-        if policy.config.lr is None:
-            raise ConfigError([f"{type(policy.config).__name__} has lr=None: give the policy its own make_optimizer"])
-        return torch.optim.Adam(policy.model.parameters(), lr=policy.config.lr)
+        return adam(policy.model.parameters(), policy.device, lr=policy.config.lr)
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The model's optimizer, made on first use: a policy that only acts (a rollout worker's) never
+        makes one, which spares its process PyTorch's optimizer machinery (about a second to import)."""
+        if self._optimizer is None:
+            self._optimizer = self._make_optimizer(self)
+        return self._optimizer
 
     # -- acting ----------------------------------------------------------------------
 
@@ -191,7 +206,8 @@ class TorchPolicy(Policy[ConfigT]):
         Returns the statistics (with the gradient norm when clipped) and TD errors, and what
         was not finite (the loss or a gradient), or None if everything was.
         """
-        self.model.train()
+        if not self.model.training:  # train() walks every submodule: not on every minibatch
+            self.model.train()
         out = LossOutput(*self.loss_fn(self, self.model, self.dist_class, self.to_tensors(batch)))
         self.optimizer.zero_grad()
         out.loss.backward()

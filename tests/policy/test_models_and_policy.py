@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import copy
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -682,3 +685,29 @@ def test_image_frames_get_a_cnn_in_either_channel_layout(shape: tuple[int, ...])
     assert p.model.encoder.fc[0].in_features == 7 * 7 * 64
     actions, _ = p.compute_actions(np.zeros((2, *shape), np.uint8))
     assert actions.shape == (2,)
+
+
+ACT_THEN_LEARN = """
+import sys
+import numpy as np
+from flowrl.config import TrainerConfig
+from flowrl.policy import TorchPolicy
+import gymnasium as gym
+sys.path.insert(0, sys.argv[1])
+from test_models_and_policy import bc_batch, bc_loss
+policy = TorchPolicy(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2), TrainerConfig.from_dict({"lr": 0.01}), loss_fn=bc_loss)
+policy.compute_actions(np.zeros((3, 4), np.float32))
+acting = "torch._dynamo" in sys.modules
+policy.learn(bc_batch())
+print(acting, "torch._dynamo" in sys.modules, policy.optimizer.param_groups[0]["lr"], policy.optimizer.defaults["fused"])
+"""
+
+
+def test_a_policy_that_only_acts_makes_no_optimizer() -> None:
+    # A rollout worker's policy never learns: making an optimizer would import PyTorch's compiler
+    # stack (torch._dynamo, about a second) in every worker process. The first update makes it.
+    proc = subprocess.run([sys.executable, "-c", ACT_THEN_LEARN, str(Path(__file__).parent)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["False", "True", "0.01", "True"]
+
