@@ -8,6 +8,7 @@ target updates (``tau``) after every training step.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
@@ -28,6 +29,7 @@ from flowrl.policy.distributions import ActionDistribution
 from flowrl.policy.custom_model import ModelInterface, probe_observations
 from flowrl.policy.models import flat_obs_dim, mlp
 from flowrl.policy.postprocessing import DISCOUNTS
+from flowrl.policy.torch_policy import adam
 
 ACTOR_STEPS = "actor_steps"
 #: What a custom model of DDPG and TD3 provides (see :mod:`flowrl.policy.custom_model`).
@@ -145,6 +147,8 @@ class ActorCritics(nn.Module):
 
     low: torch.Tensor  # the action bounds, registered buffers (they move with the module)
     high: torch.Tensor
+    mid: torch.Tensor
+    half_range: torch.Tensor
 
     def __init__(
         self,
@@ -162,10 +166,14 @@ class ActorCritics(nn.Module):
         )
         self.register_buffer("low", torch.tensor(action_space.low, dtype=torch.float32))
         self.register_buffer("high", torch.tensor(action_space.high, dtype=torch.float32))
+        # The bounds' midpoint and half-width, kept so that acting and target smoothing take one op
+        # each to map into the bounds; derived from low and high, so left out of the state dict.
+        self.register_buffer("mid", 0.5 * (self.low + self.high), persistent=False)
+        self.register_buffer("half_range", 0.5 * (self.high - self.low), persistent=False)
 
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         """Deterministic actions within the bounds."""
-        return self.low + (torch.tanh(self.actor(obs.flatten(1))) + 1.0) * 0.5 * (self.high - self.low)
+        return torch.addcmul(self.mid, torch.tanh(self.actor(obs.flatten(1))), self.half_range)
 
     def q(self, obs: torch.Tensor, actions: torch.Tensor) -> list[torch.Tensor]:
         """Each critic's Q(s, a), shape ``[B]``."""
@@ -179,44 +187,57 @@ class ActorCritics(nn.Module):
 def ddpg_loss(
     policy: TorchPolicy[DDPGConfig], model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]
 ) -> LossOutput:
-    """Critic: n-step TD on (twin-min) target Q; actor (every ``policy_delay`` steps): maximise Q(s, pi(s))."""
+    """Critic: n-step TD on (twin-min) target Q; actor (every ``policy_delay`` steps): maximise Q(s, pi(s)).
+
+    TD errors come back only with prioritized replay: nothing else reads them.
+    """
     config, target = policy.config, policy.target_model
     assert isinstance(model, ActorCritics) and isinstance(target, ActorCritics)
     obs, new_obs = batch[SampleBatch.OBS], batch[SampleBatch.NEW_OBS]
     with torch.no_grad():
         next_actions = target.act(new_obs)
         if config.smooth_target_policy:
-            half_range = 0.5 * (target.high - target.low)
-            noise = (torch.randn_like(next_actions) * config.target_noise).clamp(-config.target_noise_clip, config.target_noise_clip)
-            next_actions = torch.max(torch.min(next_actions + noise * half_range, target.high), target.low)
-        next_q = torch.min(torch.stack(target.q(new_obs, next_actions)), dim=0).values
-        not_done = 1.0 - batch[SampleBatch.TERMINATEDS].float()
-        q_target = batch[SampleBatch.REWARDS] + batch[DISCOUNTS] * not_done * next_q
+            noise = (torch.randn_like(next_actions) * config.target_noise).clamp_(-config.target_noise_clip, config.target_noise_clip)
+            next_actions = torch.addcmul(next_actions, noise, target.half_range).clamp_(target.low, target.high)
+        next_q = functools.reduce(torch.minimum, target.q(new_obs, next_actions))
+        # Bootstrap unless the episode terminated (a truncated one goes on).
+        next_q = next_q.masked_fill(batch[SampleBatch.TERMINATEDS].bool(), 0.0)
+        q_target = torch.addcmul(batch[SampleBatch.REWARDS], batch[DISCOUNTS], next_q)
     q_values = model.q(obs, batch[SampleBatch.ACTIONS].float())
-    weights = batch.get(SampleBatch.WEIGHTS, torch.ones_like(q_target))
     if config.use_huber:
         errors = [nn.functional.huber_loss(q, q_target, reduction="none", delta=config.huber_threshold) for q in q_values]
     else:
-        errors = [(q - q_target).pow(2) for q in q_values]
-    critic_loss = torch.stack([(weights * e).mean() for e in errors]).sum() + _l2(model.critics, config.l2_reg)
+        errors = [(q - q_target).square() for q in q_values]
+    weights = batch.get(SampleBatch.WEIGHTS)
+    critic_loss = functools.reduce(torch.add, [(e if weights is None else weights * e).mean() for e in errors])
+    if config.l2_reg:
+        critic_loss = critic_loss + _l2(model.critics, config.l2_reg)
     loss = critic_loss
-    stats = {"critic_loss": critic_loss.item(), "mean_q": q_values[0].mean().item()}
+    reported = {"critic_loss": critic_loss, "mean_q": q_values[0].mean()}
     policy.coeffs[ACTOR_STEPS] = policy.coeffs.get(ACTOR_STEPS, 0) + 1
     if int(policy.coeffs[ACTOR_STEPS]) % config.policy_delay == 0:
-        # The actor's gradient must not move the critic: evaluate Q with detached critic weights.
+        # The actor's gradient must not move the critic: its weights take no gradient while
+        # Q(s, pi(s)) is recorded (the critic loss above was recorded with them taking one).
         critic = model.critics[0]
-        frozen = {name: p.detach() for name, p in critic.named_parameters()}
-        x = torch.cat([obs.flatten(1), model.act(obs)], dim=1)
-        actor_loss = -torch.func.functional_call(critic, frozen, (x,)).mean() + _l2(model.actor, config.l2_reg)
+        trainable = [p for p in critic.parameters() if p.requires_grad]
+        for p in trainable:
+            p.requires_grad_(False)
+        try:
+            actor_loss = -critic(torch.cat([obs.flatten(1), model.act(obs)], dim=1)).mean()
+        finally:
+            for p in trainable:
+                p.requires_grad_(True)
+        if config.l2_reg:
+            actor_loss = actor_loss + _l2(model.actor, config.l2_reg)
         loss = loss + actor_loss
-        stats["actor_loss"] = actor_loss.item()
-    return LossOutput(loss, stats, q_values[0] - q_target)
+        reported["actor_loss"] = actor_loss
+    stats = dict(zip(reported, torch.stack(list(reported.values())).detach().tolist()))  # one conversion, not an .item() each
+    td_error = q_values[0] - q_target if config.prioritized_replay else None
+    return LossOutput(loss, stats, td_error)
 
 
 def _l2(module: nn.Module, coeff: float) -> torch.Tensor | float:
     """``coeff * sum(w^2) / 2`` over the weights (not the biases) of ``module`` (RLlib's DDPG l2_reg)."""
-    if not coeff:
-        return 0.0
     return coeff * 0.5 * sum(p.pow(2).sum() for name, p in module.named_parameters() if not name.endswith("bias"))
 
 
@@ -268,11 +289,12 @@ class _CustomActorCritics:
 def _optimizer(policy: TorchPolicy[DDPGConfig]) -> torch.optim.Optimizer:
     model = policy.model
     assert isinstance(model, ActorCritics)
-    return torch.optim.Adam(
+    return adam(
         [
             {"params": model.actor.parameters(), "lr": policy.config.actor_lr},
             {"params": model.critics.parameters(), "lr": policy.config.critic_lr},
-        ]
+        ],
+        policy.device,
     )
 
 

@@ -275,12 +275,15 @@ class TorchPolicy(Policy[ConfigT]):
         """Move the target network towards the model: copy it (``tau=1``) or blend by ``tau``."""
         if self.target_model is None:
             raise TypeError("this policy was built without a target network (target_network=True)")
+        pairs = list(zip(self.target_model.state_dict().values(), self.model.state_dict().values()))
+        blended = [(t, s) for t, s in pairs if tau < 1.0 and t.is_floating_point()]
         with torch.no_grad():
-            for target, source in zip(self.target_model.state_dict().values(), self.model.state_dict().values()):
-                if tau >= 1.0 or not target.is_floating_point():
-                    target.copy_(source)
-                else:
-                    target.lerp_(source, tau)
+            # One foreach kernel for all the floating tensors instead of a Python loop of small ops.
+            if blended:
+                torch._foreach_lerp_([t for t, _ in blended], [s for _, s in blended], tau)
+            copied = [(t, s) for t, s in pairs if not (tau < 1.0 and t.is_floating_point())]
+            if copied:
+                torch._foreach_copy_([t for t, _ in copied], [s for _, s in copied])
 
     # -- state -----------------------------------------------------------------------
 

@@ -1,0 +1,422 @@
+"""Benchmark continuous control: flowrl's TD3 and DDPG against Stable-Baselines3's TD3 on Pendulum-v1.
+
+What it measures:
+
+1. Env steps per second in the steady training phase, after ``learning_starts``: flowrl's TD3
+   and DDPG with their tuned examples (``tuned_examples/pendulum-td3.yaml``,
+   ``tuned_examples/pendulum-ddpg.yaml``; exactly what ``flowrl train --config FILE --seed S``
+   builds) against SB3's TD3 with rl-baselines3-zoo's Pendulum-v1 hyperparameters
+   (:data:`SB3_ZOO_TD3`). Both sides make one gradient update per env step, with the same
+   network sizes, batch size and number of PyTorch threads: by default SB3 takes the tuned
+   TD3 example's sizes and batch size; with ``--zoo-sizes`` flowrl takes the zoo's ([400, 300],
+   SB3's batch of 256). flowrl's rate is taken over the ``train()`` calls that start after
+   ``learning_starts`` (the first one past it is the window's start); SB3's from the env step
+   after its ``learning_starts`` to the end of ``learn()``, ``--measure-steps`` steps later.
+
+2. For flowrl, whether each algorithm's ``episode_reward_mean`` (the tuned example's
+   smoothing window) reaches -250 within 30k env steps, and at which step: a flowrl trial runs
+   until then (or its step budget), so its steady window is all of it after ``learning_starts``.
+
+Each trial runs in a fresh Python process (``--trial flowrl|sb3``); the trials alternate
+(flowrl TD3, flowrl DDPG, SB3 TD3, then the next repetition), ``--reps`` of them (default 3),
+and the figures are the medians; the ratio is median flowrl steps/s over median SB3 steps/s
+(goal: >= 1.0 for both algorithms). On a shared machine other load moves every figure: the
+1-minute load average is recorded around each trial, and steps per CPU second of the trial's
+process (the same window), which other load moves less, are reported beside steps/s.
+
+Run from the repository root::
+
+    python benchmarks/continuous.py                    # 3 repetitions: about 15 minutes on 2 cores
+    python benchmarks/continuous.py --quick            # 1 repetition, short windows, no learning check
+    python benchmarks/continuous.py --zoo-sizes        # both sides with the zoo's [400, 300] networks, batch 256
+    python benchmarks/continuous.py --trial flowrl --algo td3 --seed 0   # one trial; prints a JSON line
+
+It prints a table and writes the figures as JSON to ``--out`` (default
+``benchmarks/results/continuous.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from time_to_solve import finite, json_safe, loadavg, machine_info, sb3_available  # benchmarks/ is on the path
+
+ENV_ID = "Pendulum-v1"
+TARGET_REWARD = -250.0
+LEARNING_BUDGET = 30_000
+MEASURE_STEPS = 5_000
+REPS = 3
+RATIO_GOAL = 1.0
+TRIAL_TIMEOUT_S = 1800
+RESULT_PREFIX = "CONTINUOUS_TRIAL_RESULT "
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "continuous.json"
+ALGOS = ("td3", "ddpg")
+TUNED_EXAMPLES = {"td3": "tuned_examples/pendulum-td3.yaml", "ddpg": "tuned_examples/pendulum-ddpg.yaml"}
+ZOO_SIZES = {"hiddens": [400, 300], "batch_size": 256}  # the zoo's net_arch; SB3's TD3 default batch size
+
+# rl-baselines3-zoo's Pendulum-v1 entry of hyperparams/td3.yml (SB3 2.x): one update per env step.
+SB3_ZOO_TD3: dict[str, Any] = {
+    "n_timesteps": 20_000,
+    "policy": "MlpPolicy",
+    "gamma": 0.98,
+    "buffer_size": 200_000,
+    "learning_starts": 10_000,
+    "noise_type": "normal",
+    "noise_std": 0.1,
+    "gradient_steps": 1,
+    "train_freq": 1,
+    "learning_rate": 1e-3,
+    "policy_kwargs": {"net_arch": [400, 300]},
+}
+
+
+def emit(result: dict[str, Any]) -> None:
+    """Print a trial's result as one JSON line the parent picks out of stdout."""
+    print(RESULT_PREFIX + json.dumps(json_safe(result), allow_nan=False), flush=True)
+
+
+def tuned_config(algo: str) -> dict[str, Any]:
+    """The tuned example's config, as ``flowrl train --config FILE`` reads it."""
+    from flowrl.experiment import load_experiment_file
+
+    return dict(load_experiment_file(str(ROOT / TUNED_EXAMPLES[algo]))["config"])
+
+
+def flowrl_sizes(config: dict[str, Any]) -> dict[str, Any]:
+    """Network sizes and batch size of a DDPG/TD3 config (the algorithm's defaults where it leaves them out)."""
+    from flowrl.algorithms import get_algorithm
+
+    full = get_algorithm("td3").config_class.from_dict(config)
+    return {"actor_hiddens": list(full.actor_hiddens), "critic_hiddens": list(full.critic_hiddens),
+            "batch_size": full.train_batch_size}
+
+
+# -- one flowrl trial (in its own process) ---------------------------------------------
+
+
+def flowrl_trial(algo: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Train flowrl ``algo`` (tuned example) until -250 is reached (or the budget) and the steady window is long enough."""
+    load_start = loadavg()
+    from flowrl.algorithms import get_algorithm
+    from flowrl.cli import build_config
+    from flowrl.trainer import Trainer
+
+    overrides: dict[str, Any] = {"learner_threads": args.torch_threads}
+    if args.zoo_sizes:
+        overrides.update(actor_hiddens=ZOO_SIZES["hiddens"], critic_hiddens=ZOO_SIZES["hiddens"],
+                         train_batch_size=ZOO_SIZES["batch_size"])
+    file_config = {**tuned_config(algo), **overrides}
+    config = build_config(get_algorithm(algo), file_config, argparse.Namespace(set=[], num_workers=None, seed=seed))
+    trainer = Trainer(algo, ENV_ID, config)
+    learning_starts = trainer.config.learning_starts
+    history: list[list[Any]] = []
+    window_start: tuple[int, float, float] | None = None
+    reached_at: int | None = None
+    result: dict[str, Any] = {}
+    try:
+        while True:
+            result = trainer.train()
+            now, cpu_now = time.perf_counter(), time.process_time()
+            steps = int(result["timesteps_total"])
+            reward = finite(result.get("episode_reward_mean"))
+            history.append([steps, reward, round(now, 3)])
+            if window_start is None and steps >= learning_starts:
+                window_start = (steps, now, cpu_now)
+            if reached_at is None and reward is not None and reward >= args.target:
+                reached_at = steps
+            window = steps - window_start[0] if window_start is not None else 0
+            learning_done = args.no_learning or reached_at is not None or steps >= args.budget
+            if (learning_done and window >= args.measure_steps) or steps >= max(args.budget, learning_starts + args.measure_steps):
+                break
+        sizes = flowrl_sizes(trainer.config.to_dict())
+        rate_config = trainer.config
+    finally:
+        trainer.stop()
+    assert window_start is not None
+    window_steps, window_s = history[-1][0] - window_start[0], history[-1][2] - window_start[1]
+    window_cpu_s = cpu_now - window_start[2]
+    return {
+        "kind": "flowrl",
+        "algo": algo,
+        "seed": seed,
+        "env_steps_per_s": window_steps / window_s if window_s > 0 else None,
+        "window_steps": window_steps,
+        "window_s": window_s,
+        "env_steps_per_cpu_s": window_steps / window_cpu_s if window_cpu_s > 0 else None,
+        "reached": reached_at is not None,
+        "reached_at_step": reached_at,
+        "final_reward_mean": finite(result.get("episode_reward_mean")),
+        "env_steps": history[-1][0],
+        "sizes": sizes,
+        "updates_per_env_step": _flowrl_updates_per_step(rate_config),
+        "learning_starts": learning_starts,
+        "torch_threads": args.torch_threads,
+        "plan": result.get("plan", {}),
+        "history": [[s, r, round(t - history[0][2], 3)] for s, r, t in history],
+        "loadavg_start_end": [load_start, loadavg()],
+    }
+
+
+def _flowrl_updates_per_step(config: Any) -> float:
+    """Gradient updates per env step of DQN's replay plan (which DDPG and TD3 run)."""
+    from flowrl.algorithms.dqn import round_robin_weights
+
+    store, replay = round_robin_weights(config)
+    return replay / (store * config.sampled_per_round())
+
+
+# -- one SB3 trial (in its own process) ---------------------------------------------------
+
+
+def sb3_trial(seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """SB3's TD3 with the zoo's Pendulum-v1 settings for ``learning_starts + measure_steps`` env steps."""
+    load_start = loadavg()
+    import numpy as np
+    import stable_baselines3
+    import torch
+    from stable_baselines3 import TD3
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.noise import NormalActionNoise
+
+    torch.set_num_threads(args.torch_threads)
+    zoo = SB3_ZOO_TD3
+    if args.zoo_sizes:
+        actor, critic, batch_size = ZOO_SIZES["hiddens"], ZOO_SIZES["hiddens"], ZOO_SIZES["batch_size"]
+    else:
+        sizes = flowrl_sizes(tuned_config("td3"))
+        actor, critic, batch_size = sizes["actor_hiddens"], sizes["critic_hiddens"], sizes["batch_size"]
+    start_at = zoo["learning_starts"]
+
+    class SteadyWindow(BaseCallback):
+        """Notes the time of the first env step after ``learning_starts`` (where updates begin)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.started: float | None = None
+            self.cpu_started = 0.0
+
+        def _on_step(self) -> bool:
+            if self.started is None and self.model.num_timesteps > start_at:
+                self.started, self.cpu_started = time.perf_counter(), time.process_time()
+            return True
+
+    env = make_vec_env(ENV_ID, n_envs=1, seed=seed)
+    n_actions = env.action_space.shape[0]
+    model = TD3(zoo["policy"], env, learning_rate=zoo["learning_rate"], buffer_size=zoo["buffer_size"],
+                learning_starts=start_at, batch_size=batch_size, gamma=zoo["gamma"], train_freq=zoo["train_freq"],
+                gradient_steps=zoo["gradient_steps"],
+                action_noise=NormalActionNoise(np.zeros(n_actions), zoo["noise_std"] * np.ones(n_actions)),
+                policy_kwargs={"net_arch": {"pi": actor, "qf": critic}}, device="cpu", seed=seed, verbose=0)
+    callback = SteadyWindow()
+    model.learn(total_timesteps=start_at + args.measure_steps, callback=callback)
+    done, cpu_done = time.perf_counter(), time.process_time()
+    env.close()
+    assert callback.started is not None
+    window_steps = int(model.num_timesteps) - start_at - 1
+    episodes = model.ep_info_buffer
+    return {
+        "kind": "sb3",
+        "algo": "td3",
+        "seed": seed,
+        "env_steps_per_s": window_steps / (done - callback.started),
+        "window_steps": window_steps,
+        "window_s": done - callback.started,
+        "env_steps_per_cpu_s": window_steps / (cpu_done - callback.cpu_started),
+        "final_reward_mean": float(np.mean([e["r"] for e in episodes])) if episodes else None,
+        "env_steps": int(model.num_timesteps),
+        "sizes": {"actor_hiddens": actor, "critic_hiddens": critic, "batch_size": batch_size},
+        "updates_per_env_step": zoo["gradient_steps"] / zoo["train_freq"],
+        "learning_starts": start_at,
+        "torch_threads": torch.get_num_threads(),
+        "device": str(model.device),
+        "sb3_version": stable_baselines3.__version__,
+        "loadavg_start_end": [load_start, loadavg()],
+    }
+
+
+# -- the parent: alternating trials in fresh processes --------------------------------------
+
+
+def run_trial(kind: str, algo: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Run one trial in a fresh Python process and return its JSON result (or a failure record)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--trial", kind, "--algo", algo, "--seed", str(seed),
+           "--target", str(args.target), "--budget", str(args.budget), "--measure-steps", str(args.measure_steps),
+           "--torch-threads", str(args.torch_threads)]
+    cmd += ["--zoo-sizes"] * args.zoo_sizes + ["--no-learning"] * args.no_learning
+    print(f"\n-- {kind} {algo} seed {seed} (load {loadavg()[0]:.2f})", flush=True)
+    failure = {"kind": kind, "algo": algo, "seed": seed, "env_steps_per_s": None}
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, timeout=args.trial_timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {**failure, "error": f"timed out after {args.trial_timeout} s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            result = json.loads(line[len(RESULT_PREFIX) :])
+            learned = ""
+            if kind == "flowrl" and not args.no_learning:
+                learned = (f", reached {args.target:g} at step {result['reached_at_step']}" if result["reached"]
+                           else f", did NOT reach {args.target:g} in {result['env_steps']} steps")
+            print(f"   {result['env_steps_per_s']:.1f} env steps/s ({result['env_steps_per_cpu_s']:.1f} per CPU second) "
+                  f"over {result['window_steps']} steps{learned}", flush=True)
+            return result
+    tail = "\n".join(proc.stdout.splitlines()[-20:])
+    print(f"   failed: exit status {proc.returncode}\n{tail}", flush=True)
+    return {**failure, "error": f"exit status {proc.returncode}", "stdout_tail": tail}
+
+
+def summarize(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median steps/s and the learning outcome of one variant's trials."""
+    rates = [t["env_steps_per_s"] for t in trials if t.get("env_steps_per_s") is not None]
+    cpu_rates = [t["env_steps_per_cpu_s"] for t in trials if t.get("env_steps_per_cpu_s") is not None]
+    reached = [t["reached_at_step"] for t in trials if t.get("reached")]
+    return {
+        "trials": len(trials),
+        "median_env_steps_per_s": statistics.median(rates) if rates else None,
+        "env_steps_per_s": rates,
+        "median_env_steps_per_cpu_s": statistics.median(cpu_rates) if cpu_rates else None,
+        "reached": len(reached) if trials and "reached" in trials[0] else None,
+        "reached_at_steps": reached,
+        "final_reward_means": [t.get("final_reward_mean") for t in trials],
+        "sizes": trials[0].get("sizes") if trials else None,
+        "updates_per_env_step": trials[0].get("updates_per_env_step") if trials else None,
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def print_plan_shares(trial: dict[str, Any]) -> None:
+    """Where one flowrl trial's driver time went, by plan operator (cumulative over the trial)."""
+    steps = max(1, trial["env_steps"])
+    print(f"\nWhere the time went: flowrl {trial['algo']} seed {trial['seed']} (result['plan'], whole trial, "
+          f"{steps} env steps)")
+    print(f"  {'operator':<44}{'items':>8}{'us/env step':>13}{'share':>8}")
+    for name, stats in trial["plan"].items():
+        if isinstance(stats, dict) and "time_s" in stats:
+            print(f"  {name[:44]:<44}{stats.get('items', 0):>8}{1e6 * stats['time_s'] / steps:>13.0f}"
+                  f"{100 * stats.get('time_share', 0):>7.1f}%")
+
+
+def main() -> None:
+    """Parse options; run one trial (``--trial``) or the whole alternating benchmark."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON figures")
+    parser.add_argument("--quick", action="store_true", help="smoke test: 1 repetition, 1000-step windows, no learning check")
+    parser.add_argument("--reps", type=int, help=f"repetitions (default {REPS})")
+    parser.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS), help="flowrl algorithms (default: both)")
+    parser.add_argument("--measure-steps", type=int, help=f"least steady-phase env steps timed (default {MEASURE_STEPS})")
+    parser.add_argument("--target", type=float, default=TARGET_REWARD, help="episode_reward_mean flowrl must reach")
+    parser.add_argument("--budget", type=int, default=LEARNING_BUDGET, help="env steps flowrl has to reach it")
+    parser.add_argument("--no-learning", action="store_true", help="stop flowrl trials after the timing window")
+    parser.add_argument("--zoo-sizes", action="store_true", help="both sides with the zoo's [400, 300] networks and batch 256")
+    parser.add_argument("--torch-threads", type=int, default=1, help="PyTorch threads on both sides (default 1)")
+    parser.add_argument("--no-sb3", action="store_true", help="skip stable-baselines3 even if it is installed")
+    parser.add_argument("--trial-timeout", type=float, default=TRIAL_TIMEOUT_S, help="seconds before a trial is killed")
+    parser.add_argument("--trial", choices=("flowrl", "sb3"), help="run one trial in this process; print a JSON line")
+    parser.add_argument("--algo", choices=ALGOS, default="td3", help="the flowrl algorithm of a --trial")
+    parser.add_argument("--seed", type=int, default=0, help="the seed of a --trial")
+    args = parser.parse_args()
+    args.measure_steps = args.measure_steps or (1000 if args.quick else MEASURE_STEPS)
+    args.no_learning = args.no_learning or args.quick
+
+    if args.trial == "flowrl":
+        emit(flowrl_trial(args.algo, args.seed, args))
+        return
+    if args.trial == "sb3":
+        emit(sb3_trial(args.seed, args))
+        return
+
+    reps = args.reps or (1 if args.quick else REPS)
+    with_sb3 = sb3_available() and not args.no_sb3
+    sb3_note = None
+    if not with_sb3:
+        sb3_note = "skipped: --no-sb3" if args.no_sb3 else "skipped: stable-baselines3 is not installed (pip install 'flowrl-ray[bench]')"
+        print(f"SB3 comparison {sb3_note}")
+    variants = [("flowrl", algo) for algo in args.algos] + ([("sb3", "td3")] if with_sb3 else [])
+    machine = machine_info()
+    load_start = loadavg()
+    started = time.perf_counter()
+    trials: dict[str, list[dict[str, Any]]] = {f"{kind} {algo}": [] for kind, algo in variants}
+    for rep in range(reps):  # alternating: every variant once, then the next repetition (seed = repetition)
+        for kind, algo in variants:
+            trials[f"{kind} {algo}"].append(run_trial(kind, algo, rep, args))
+    load_end = loadavg()
+    machine.update(loadavg_start=load_start, loadavg_end=load_end,
+                   note="1/5/15-minute load averages; on a shared machine other processes' load slows every trial")
+
+    summaries = {name: summarize(ts) for name, ts in trials.items()}
+    sb3 = summaries.get("sb3 td3", {})
+    ratios: dict[str, Any] = {}
+    for algo in args.algos:
+        ours = summaries[f"flowrl {algo}"]
+        value = _ratio(ours["median_env_steps_per_s"], sb3.get("median_env_steps_per_s"))
+        ratios[algo] = {"flowrl_over_sb3_td3": value, "goal": f">= {RATIO_GOAL}",
+                        "met": value is not None and value >= RATIO_GOAL,
+                        "per_cpu_second": _ratio(ours["median_env_steps_per_cpu_s"], sb3.get("median_env_steps_per_cpu_s"))}
+
+    print(f"\nmachine: {machine['cpu_count']} CPUs ({machine.get('cpu_model', '?')}), Python {machine['python']}, "
+          f"torch {machine['torch']}, gymnasium {machine['gymnasium']}, SB3 {machine['stable-baselines3'] or 'not installed'}; "
+          f"load {load_start[0]:.2f} -> {load_end[0]:.2f}; torch threads {args.torch_threads} on both sides")
+    print(f"\nSteady-phase env steps/s on {ENV_ID} (after learning_starts), {reps} repetition(s), medians")
+    print(f"{'variant':<14}{'steps/s':>9}{'vs SB3':>8}{'steps/CPU-s':>13}{'vs SB3':>8}  {'sizes (actor, critic, batch)':<32}"
+          f"{'upd/step':>9}  learning")
+    for name, s in summaries.items():
+        rate, cpu_rate = s["median_env_steps_per_s"], s["median_env_steps_per_cpu_s"]
+        algo = name.split()[1]
+        vs = ratios.get(algo, {}).get("flowrl_over_sb3_td3") if name.startswith("flowrl") else None
+        vs_cpu = ratios.get(algo, {}).get("per_cpu_second") if name.startswith("flowrl") else None
+        sizes = s["sizes"] or {}
+        shown_sizes = f"{sizes.get('actor_hiddens')}, {sizes.get('critic_hiddens')}, {sizes.get('batch_size')}"
+        learning = "-"
+        if name.startswith("flowrl") and not args.no_learning:
+            learning = f"{s['reached']}/{s['trials']} reached {args.target:g} (at {s['reached_at_steps']})"
+        print(f"{name:<14}{rate if rate is not None else float('nan'):>9.1f}{f'{vs:.2f}x' if vs else '':>8}"
+              f"{cpu_rate if cpu_rate is not None else float('nan'):>13.1f}{f'{vs_cpu:.2f}x' if vs_cpu else '':>8}  "
+              f"{shown_sizes:<32}{s['updates_per_env_step'] or 0:>9.2f}  {learning}")
+    for algo, r in ratios.items():
+        if r["flowrl_over_sb3_td3"] is not None:
+            print(f"{algo}: flowrl / SB3 TD3 steps/s = {r['flowrl_over_sb3_td3']:.2f} (goal {r['goal']}): "
+                  f"{'met' if r['met'] else 'NOT met'}")
+    for algo in args.algos:
+        ran = sorted((t for t in trials[f"flowrl {algo}"] if "plan" in t), key=lambda t: t["env_steps_per_s"])
+        if ran:
+            print_plan_shares(ran[len(ran) // 2])
+
+    report = {
+        "machine": machine,
+        "settings": {
+            "env": ENV_ID, "reps": reps, "order": "alternating per repetition: " + ", ".join(trials),
+            "measure_steps": args.measure_steps, "torch_threads": args.torch_threads,
+            "learning_check": None if args.no_learning else {"target": args.target, "budget": args.budget,
+                                                              "metric": "episode_reward_mean"},
+            "flowrl_config_files": {algo: TUNED_EXAMPLES[algo] for algo in args.algos},
+            "sizes": "the zoo's [400, 300] and batch 256 on both sides" if args.zoo_sizes
+            else "the TD3 tuned example's network sizes and batch size on both sides",
+            "sb3": {"hyperparameters": SB3_ZOO_TD3, "note": "rl-zoo Pendulum-v1 TD3 settings; net_arch and batch_size "
+                    "as in 'sizes'; torch threads as in 'torch_threads'; device cpu"} if with_sb3 else sb3_note,
+            "steady_window": "flowrl: from the end of the first train() call past learning_starts to the last; "
+                             "SB3: from the first env step past learning_starts to the end of learn()",
+            "total_benchmark_s": time.perf_counter() - started,
+        },
+        "results": summaries,
+        "ratios": ratios,
+        "goal": f"median flowrl steps/s / median SB3 TD3 steps/s >= {RATIO_GOAL} for TD3 and DDPG",
+        "trials": trials,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(json_safe(report), indent=2, allow_nan=False) + "\n")
+    print(f"\nfigures written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
