@@ -2,7 +2,9 @@
 
 The sampler writes each step into preallocated ``[T, num_envs, ...]`` arrays, then cuts
 every env's column into trajectory pieces (one per episode part), postprocesses each
-piece with the policy (advantages, n-step returns, ...) and concatenates them.
+piece with the policy (advantages, n-step returns, ...) and concatenates them. For a
+policy that postprocesses nothing (IMPALA's: V-trace corrects in the learner) the
+fragment is returned whole, in the same row order, without cutting it.
 
 Faults are absorbed here when the config asks for it (see :class:`FaultTolerantSampler`):
 an env that raises is recreated and its episode dropped, and an observation or reward that
@@ -453,12 +455,14 @@ class VectorSampler(FaultTolerantSampler):
     def sample(self) -> SampleBatch:
         """One fragment: ``fragment_length`` steps per env, postprocessed."""
         if self.batch_mode == "truncate_episodes":
-            pieces = self._run()
-            return concat_samples([self.policy.postprocess_trajectory(p) for p in pieces])
+            fragment = self._run()
+            if not self.policy.postprocesses:  # the pieces would be concatenated unchanged
+                return self._whole(fragment)
+            return concat_samples([self.policy.postprocess_trajectory(p) for p in self._pieces(fragment)])
         done: list[SampleBatch] = []
         target = self.fragment_length * len(self.envs)
         while sum(b.count for b in done) < target:
-            for piece in self._run():
+            for piece in self._pieces(self._run()):
                 env_index = int(piece[SampleBatch.ENV_ID][0])
                 self._carry[env_index].append(piece)
                 last = len(piece) - 1
@@ -468,8 +472,8 @@ class VectorSampler(FaultTolerantSampler):
                     done.append(self.policy.postprocess_trajectory(episode))
         return concat_samples(done)
 
-    def _run(self) -> list[SampleBatch]:
-        """Step every env ``fragment_length`` times; return per-env trajectory pieces (dropped episodes left out)."""
+    def _run(self) -> _Fragment:
+        """Step every env ``fragment_length`` times; return the ``[T, n]`` fragment, its checks passed."""
         T, n = self.fragment_length, len(self.envs)
         obs_buf = np.empty((T, *self.obs.shape), dtype=self.obs.dtype)
         new_obs_buf = np.empty_like(obs_buf)
@@ -596,7 +600,7 @@ class VectorSampler(FaultTolerantSampler):
             for (_, stats), metrics in zip(fragment.finished, published):
                 stats.custom_metrics = metrics
         self.finished.extend(stats for _, stats in fragment.finished)
-        return self._pieces(fragment)
+        return fragment
 
     def _write_checked(self, fragment: _Fragment, step: int, i: int, obs: Any, reward: Any) -> bool:
         """Write env ``i``'s step result into row ``step`` if its observation's form and its reward are right.
@@ -748,6 +752,16 @@ class VectorSampler(FaultTolerantSampler):
         if carry and int(carry[0][SampleBatch.EPS_ID][0]) == eps_id:
             self._carry[i] = []
         return not len(after)
+
+    def _whole(self, fragment: _Fragment) -> SampleBatch:
+        """The ``[T, n]`` columns as one batch, env by env (the rows of :meth:`_pieces` concatenated), dropped episodes left out."""
+        T, n = self.fragment_length, len(self.envs)
+        columns = {k: v.swapaxes(0, 1).reshape(T * n, *v.shape[2:]) for k, v in fragment.columns.items()}
+        columns[SampleBatch.ENV_ID] = np.repeat(np.arange(n, dtype=np.int64), T)
+        keep = fragment.keep.T.reshape(-1)
+        if not keep.all():
+            columns = {k: v[keep] for k, v in columns.items()}
+        return SampleBatch(columns)
 
     def _pieces(self, fragment: _Fragment) -> list[SampleBatch]:
         """Cut ``[T, n]`` columns into one batch per env and episode part, leaving out dropped episodes."""

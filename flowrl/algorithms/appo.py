@@ -32,7 +32,7 @@ from flowrl.operators import (
 )
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy
 from flowrl.policy.distributions import ActionDistribution
-from flowrl.policy.vtrace import batch_vtrace, time_major
+from flowrl.policy.vtrace import batch_vtrace, next_state_values, time_major
 
 
 @dataclass(kw_only=True)
@@ -68,8 +68,8 @@ def appo_loss(
     horizon = config.rollout_fragment_length
     assert policy.target_model is not None
     logits, values = model(batch[SampleBatch.OBS])
+    next_values = next_state_values(model, batch, values, horizon)
     with torch.no_grad():
-        _, next_values = model(batch[SampleBatch.NEW_OBS])
         target_logits, _ = policy.target_model(batch[SampleBatch.OBS])
     dist, target_dist = dist_class(logits), dist_class(target_logits)
     actions = batch[SampleBatch.ACTIONS]

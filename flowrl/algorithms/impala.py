@@ -36,7 +36,7 @@ from flowrl.operators import (
 )
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy
 from flowrl.policy.distributions import ActionDistribution
-from flowrl.policy.vtrace import batch_vtrace, time_major
+from flowrl.policy.vtrace import batch_vtrace, next_state_values, time_major
 
 Batch = SampleBatch | MultiAgentBatch
 
@@ -110,8 +110,7 @@ def impala_loss(
     config = policy.config
     horizon = config.rollout_fragment_length
     logits, values = model(batch[SampleBatch.OBS])
-    with torch.no_grad():
-        _, next_values = model(batch[SampleBatch.NEW_OBS])
+    next_values = next_state_values(model, batch, values, horizon)
     dist = dist_class(logits)
     logp = dist.logp(batch[SampleBatch.ACTIONS])
     targets = batch_vtrace(config, batch, logp, values, next_values)

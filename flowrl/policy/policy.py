@@ -150,6 +150,12 @@ class Policy(abc.ABC, Generic[ConfigT]):
         """Add derived columns (advantages, n-step returns) to one trajectory piece."""
         return batch
 
+    @property
+    def postprocesses(self) -> bool:
+        """Whether :meth:`postprocess_trajectory` changes pieces; when it does not, a sampler hands
+        each fragment on whole instead of cutting it into per-episode pieces."""
+        return type(self).postprocess_trajectory is not Policy.postprocess_trajectory
+
     @abc.abstractmethod
     def learn(self, batch: SampleBatch) -> LearnOutput:
         """One gradient step on ``batch``: learner statistics and, for value-based policies, TD errors."""

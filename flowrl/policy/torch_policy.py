@@ -185,6 +185,10 @@ class TorchPolicy(Policy[ConfigT]):
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
         return self.postprocess_fn(self, batch) if self.postprocess_fn is not None else batch
 
+    @property
+    def postprocesses(self) -> bool:
+        return self.postprocess_fn is not None or type(self).postprocess_trajectory is not TorchPolicy.postprocess_trajectory
+
     # -- learning --------------------------------------------------------------------
 
     def to_tensors(self, batch: SampleBatch) -> TensorBatch:

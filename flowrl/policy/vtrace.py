@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
+import numpy as np
 import torch
+from torch import nn
 
 from flowrl.data import SampleBatch
 
@@ -55,12 +57,7 @@ def vtrace(
     clipped_rhos = rhos if clip_rho_threshold is None else torch.clamp(rhos, max=clip_rho_threshold)
     cs = rhos if clip_c_threshold is None else torch.clamp(rhos, max=clip_c_threshold)
     deltas = clipped_rhos * (rewards + discounts * next_values - values)
-    # vs_t - V(x_t) = delta_t + gamma_t c_t (vs_{t+1} - V(x_{t+1})), cut where the episode ends.
-    corrections = torch.zeros_like(values)
-    acc = torch.zeros_like(values[0])
-    for t in range(values.shape[0] - 1, -1, -1):
-        acc = deltas[t] + discounts[t] * cs[t] * continues[t] * acc
-        corrections[t] = acc
+    corrections = backward_recursion(deltas, discounts * cs * continues)
     vs = values + corrections
     # v_{s+1}: the next row's target while the episode goes on, else the bootstrap value.
     next_vs = next_values.clone()
@@ -70,9 +67,46 @@ def vtrace(
     return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
 
 
+def backward_recursion(deltas: torch.Tensor, coeffs: torch.Tensor) -> torch.Tensor:
+    """``acc_t = deltas_t + coeffs_t acc_{t+1}`` (``acc_T = 0``) over the time axis of ``[T, B]`` tensors.
+
+    Here ``vs_t - V(x_t) = delta_t + gamma_t c_t (vs_{t+1} - V(x_{t+1}))``, cut where the episode
+    ends. The loop runs in NumPy: one PyTorch op per step costs several times its arithmetic on
+    a learner's small ``[B]`` rows, and V-trace needs no gradient.
+    """
+    d, k = deltas.detach().cpu().numpy(), coeffs.detach().cpu().numpy()
+    out = np.empty_like(d)
+    acc = np.zeros_like(d[0])
+    for t in range(len(d) - 1, -1, -1):
+        acc *= k[t]
+        acc += d[t]
+        out[t] = acc
+    return torch.from_numpy(out).to(deltas.device)
+
+
 def time_major(x: torch.Tensor, horizon: int) -> torch.Tensor:
     """Rows of whole fragments (one env's ``horizon`` steps after another) as ``[horizon, num_fragments, ...]``."""
     return x.reshape(-1, horizon, *x.shape[1:]).transpose(0, 1)
+
+
+def next_state_values(model: nn.Module, batch: dict[str, torch.Tensor], values: torch.Tensor, horizon: int) -> torch.Tensor:
+    """V(x_{t+1}) for each row of a batch of whole ``horizon``-row fragments, without gradient.
+
+    ``values`` are the model's values of the batch's observations. Where the episode goes
+    on in the next row, the row's next observation is that row's observation, so its value
+    is read from ``values``; only the last row of each fragment and truncated rows (whose
+    final observation starts no row) run the model, on their ``new_obs``. After a terminated
+    row the value does not count (its discount is 0).
+    """
+    next_values = torch.empty_like(values, requires_grad=False)
+    next_values[:-1] = values[1:].detach()
+    own = batch[SampleBatch.TRUNCATEDS].bool().clone()
+    own[horizon - 1 :: horizon] = True
+    rows = own.nonzero().squeeze(1)
+    with torch.no_grad():
+        _, bootstrap = model(batch[SampleBatch.NEW_OBS][rows])
+    next_values[rows] = bootstrap
+    return next_values
 
 
 def batch_vtrace(
