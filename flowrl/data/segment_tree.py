@@ -74,10 +74,12 @@ class SegmentTree:
         nodes = idxes + self._size
         self._value[nodes] = values
         # Refresh each level's touched parents from their (already current) children, so an
-        # inner node is always exactly op(left, right): no drift however many updates happen.
+        # inner node is always exactly op(left, right): no drift however many updates happen. A
+        # parent listed twice gets the same value twice, which is cheaper than deduplicating.
+        tree, operation = self._value, self._operation
         for _ in range(self._depth):
-            nodes = np.unique(nodes >> 1)
-            self._value[nodes] = self._operation(self._value[2 * nodes], self._value[2 * nodes + 1])
+            nodes >>= 1
+            tree[nodes] = operation(tree[2 * nodes], tree[2 * nodes + 1])
 
     def __getitem__(self, idx: int | np.ndarray) -> Any:
         idxes = np.asarray(idx)
