@@ -87,7 +87,7 @@ def test_a_driver_without_the_clusters_token_is_refused(cluster: ClusterHandle, 
 
 @pytest.mark.parametrize(
     ("example", "extra"),
-    [("cartpole-ppo.yaml", []), ("cartpole-apex.yaml", ["--set", "num_replay_shards=2", "--set", "replay_shard_placement=spread"])],
+    [("cartpole-ppo.yaml", ["--set", "num_workers=2"]), ("cartpole-apex.yaml", ["--set", "num_replay_shards=2", "--set", "replay_shard_placement=spread"])],
     ids=["ppo", "apex-spread-shards"],
 )
 def test_a_run_spreads_its_workers_over_nodes_learns_and_leaves_the_cluster_running(

@@ -86,14 +86,24 @@ def ppo_loss(
     ratio = torch.exp(dist.logp(batch[SampleBatch.ACTIONS]) - batch[SampleBatch.ACTION_LOGP])
     clip = config.clip_param
     surrogate = torch.min(advantages * ratio, advantages * torch.clamp(ratio, 1 - clip, 1 + clip)).mean()
-    kl = old_dist.kl(dist).mean()
+    kl_coeff = policy.coeffs[KL_COEFF]
+    # A term whose coefficient is 0 is computed for its statistic only, outside the graph: its share
+    # of the gradient is zero, and its backward pass would cost as much as the surrogate's.
+    grad = torch.is_grad_enabled()
+    with torch.set_grad_enabled(grad and bool(kl_coeff)):
+        kl = old_dist.kl(dist).mean()
     old_values = batch[SampleBatch.VF_PREDS]
     clipped_values = old_values + torch.clamp(values - old_values, -config.vf_clip_param, config.vf_clip_param)
     targets = batch[SampleBatch.VALUE_TARGETS]
     vf_loss = torch.max((values - targets).pow(2), (clipped_values - targets).pow(2)).mean()
-    entropy = dist.entropy().mean()
-    kl_coeff = policy.coeffs[KL_COEFF]
-    loss = -surrogate + kl_coeff * kl + config.vf_loss_coeff * vf_loss - config.entropy_coeff * entropy
+    with torch.set_grad_enabled(grad and bool(config.entropy_coeff)):
+        entropy = dist.entropy().mean()
+    loss = -surrogate
+    if kl_coeff:
+        loss = loss + kl_coeff * kl
+    loss = loss + config.vf_loss_coeff * vf_loss
+    if config.entropy_coeff:
+        loss = loss - config.entropy_coeff * entropy
     # One conversion for the four statistics, not one .item() each.
     policy_loss, vf, mean_kl, mean_entropy = torch.stack([-surrogate, vf_loss, kl, entropy]).detach().tolist()
     stats = {"policy_loss": policy_loss, "vf_loss": vf, "kl": mean_kl, "entropy": mean_entropy}

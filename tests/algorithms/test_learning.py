@@ -42,7 +42,7 @@ def train_until(example: str, threshold: float, budget: int) -> tuple[float, int
         ("cartpole-a2c.yaml", 195.0, 300_000),
         ("cartpole-a3c.yaml", 195.0, 300_000),
         ("cartpole-pg.yaml", 100.0, 200_000),
-        ("cartpole-dqn.yaml", 195.0, 50_000),
+        ("cartpole-dqn.yaml", 475.0, 150_000),
         ("cartpole-apex.yaml", 195.0, 150_000),
         ("pendulum-td3.yaml", -250.0, 30_000),
         ("pendulum-ddpg.yaml", -250.0, 30_000),
