@@ -208,6 +208,10 @@ class WorkerSet:
         """Remote workers in service (replacements included, dropped ones not)."""
         return len(self._remote)
 
+    def policy_spec(self, policy_id: str) -> Any:
+        """The spec the workers build ``policy_id`` from (a learner group builds its replicas from it too)."""
+        return self._policy_specs[policy_id]
+
     def trainable_policies(self) -> list[str]:
         """Ids of the policies to train (``policies_to_train``, default all)."""
         return list(self._config.policies_to_train or self._local.policy_map)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from flowrl.data import SampleBatch
+from flowrl.policy.data_parallel import Shard
 from flowrl.policy.policy import NONFINITE_UPDATE, Policy
 
 
@@ -24,6 +25,7 @@ def minibatch_sgd(
     sgd_minibatch_size: int,
     seed: int | list[int] | None = None,
     sequence_length: int = 1,
+    shard: Shard | None = None,
 ) -> dict[str, float]:
     """``num_sgd_iter`` epochs over ``batch`` in shuffled minibatches; returns mean learner stats.
 
@@ -35,6 +37,10 @@ def minibatch_sgd(
 
     The means are over the updates the policy applied (over all, if it skipped every one
     for a non-finite value); ``nonfinite_update`` is then the fraction it skipped.
+
+    A replica of a learner group passes its ``shard``: it makes the same epochs and shuffles
+    (the same ``seed``) and learns on its share of each minibatch (see
+    :mod:`flowrl.policy.data_parallel`).
     """
     if sequence_length < 1 or batch.count % sequence_length:
         raise ValueError(f"minibatch_sgd: a batch of {batch.count} rows does not split into runs of sequence_length={sequence_length}")
@@ -49,6 +55,8 @@ def minibatch_sgd(
             minibatch = epoch.slice(start, min(start + size, batch.count))
             if minibatch.count < max(1, size // 2):
                 continue
+            if shard is not None:
+                minibatch = shard.rows(minibatch, sequence_length)
             stats = policy.learn_on_batch(minibatch)
             (skipped if stats.get(NONFINITE_UPDATE) else applied).append(stats)
     averaged = applied or skipped

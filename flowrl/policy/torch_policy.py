@@ -37,6 +37,7 @@ LossFn = Callable[["TorchPolicy[Any]", nn.Module, type[ActionDistribution], Tens
 PostprocessFn = Callable[["TorchPolicy[Any]", SampleBatch], SampleBatch]
 ModelFn = Callable[[gym.Space, gym.Space, int, Mapping[str, Any]], nn.Module]
 OptimizerFn = Callable[["TorchPolicy[Any]"], torch.optim.Optimizer]
+GradientSync = Callable[[nn.Module, int, bool], bool]
 _NOT_BUILT = object()
 
 
@@ -117,6 +118,9 @@ class TorchPolicy(Policy[ConfigT]):
         )
         self.explore = config.explore
         self.coeffs: dict[str, float] = dict(coeffs or {})
+        #: Set on the replicas of a learner group: ``(model, rows, loss_finite) -> all_finite`` averages the
+        #: gradients over the replicas after each backward pass (see :mod:`flowrl.policy.data_parallel`).
+        self.gradient_sync: GradientSync | None = None
         self._numpy_model: NumpyActorCritic | None | object = _NOT_BUILT
         self._np_rng = np.random.default_rng(config.seed)
 
@@ -215,6 +219,10 @@ class TorchPolicy(Policy[ConfigT]):
         out = LossOutput(*self.loss_fn(self, self.model, self.dist_class, self.to_tensors(batch)))
         self.optimizer.zero_grad()
         out.loss.backward()
+        loss = float(out.loss.detach())
+        loss_finite = math.isfinite(loss)
+        if self.gradient_sync is not None:  # a replica of a learner group: average with the others first
+            loss_finite = self.gradient_sync(self.model, batch.count, loss_finite)
         stats = dict(out.stats)
         if self.config.grad_clip is not None:
             grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip))
@@ -223,9 +231,8 @@ class TorchPolicy(Policy[ConfigT]):
             grads = [p.grad for p in self.model.parameters() if p.grad is not None]
             grad_norm = float(nn.utils.get_total_norm(grads)) if grads else 0.0
         td_error = None if out.td_error is None else out.td_error.detach().cpu().numpy()
-        loss = float(out.loss.detach())
         # The norm is finite only if every gradient is: one number to test instead of every tensor.
-        if math.isfinite(loss) and math.isfinite(grad_norm):
+        if loss_finite and math.isfinite(grad_norm):
             return LearnOutput(stats, td_error), None
         named = self.model.named_parameters()
         culprit = next((name for name, p in named if p.grad is not None and not p.grad.isfinite().all()), None)
@@ -317,17 +324,20 @@ class TorchPolicy(Policy[ConfigT]):
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         super().set_state(state)
-        # The optimizer's state (moments, step counts) comes from the checkpoint, its settings
-        # (learning rates, betas) from this policy's config, which may override the checkpoint's.
-        settings = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
-        self.optimizer.load_state_dict(state["optimizer"])
-        for group, own in zip(self.optimizer.param_groups, settings):
-            group.update(own)
+        self.load_optimizer_state(state["optimizer"])
         self.coeffs = dict(state["coeffs"])
         # Checkpoints older than the policy's own RNG in its state keep the current one.
         self.set_sampling_state({"np_rng": self._np_rng.bit_generator.state, **state})
         if self.target_model is not None and state.get("target") is not None:
             self.target_model.load_state_dict(state["target"])
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        """Load an optimizer ``state_dict``: its state (moments, step counts) is taken, its settings
+        (learning rates, betas) stay this policy's, from its config, which may override the state's."""
+        settings = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(state)
+        for group, own in zip(self.optimizer.param_groups, settings):
+            group.update(own)
 
     def get_sampling_state(self) -> dict[str, Any]:
         return {

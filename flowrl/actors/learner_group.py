@@ -1,0 +1,204 @@
+"""Learner groups: N learner actors training replicas of the policies data-parallel on torch.distributed.
+
+Each :class:`LearnerActor` holds a replica of every trained policy and its optimizer and joins
+one gloo process group with the others. :meth:`LearnerGroup.learn` puts a batch in the object
+store once; every replica runs the same epochs and shuffles on its :class:`Shard` of each
+minibatch and averages gradients with the others before each step
+(:mod:`flowrl.policy.data_parallel`), so the replicas stay equal to what one learner would
+compute. Rank 0's weights and optimizer state then go to the driver's local policies, from which
+the rollout workers and checkpoints read as before. A learner that dies or hangs ends the round: the group is
+rebuilt from the driver's policies and the batch learned again (``num_restarts``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import ray
+import torch
+import torch.distributed as dist
+from ray.exceptions import GetTimeoutError, RayError
+
+from flowrl.actors.learner_thread import Learned
+from flowrl.data import MultiAgentBatch, SampleBatch, as_policy_batches
+from flowrl.data.replay_buffer import BATCH_INDEXES
+from flowrl.errors import FlowRLError
+from flowrl.policy import Policy, PolicySpec, TorchPolicy
+from flowrl.policy.data_parallel import Shard, synchronize_gradients
+from flowrl.policy.sgd import minibatch_sgd
+
+if TYPE_CHECKING:
+    from flowrl.actors.worker_set import WorkerSet
+
+Batch = SampleBatch | MultiAgentBatch
+
+
+@ray.remote
+class LearnerActor:
+    """One replica of the trained policies, rank ``rank`` of a learner group once it has joined."""
+
+    def __init__(self, policy_specs: Mapping[str, PolicySpec]) -> None:
+        torch.set_num_threads(1)
+        self.policies: dict[str, Policy[Any]] = {pid: spec.build() for pid, spec in policy_specs.items()}
+        self.shard = Shard(0, 1)
+
+    def address(self) -> tuple[str, int]:
+        """This node's address and a free port, for the group's rendezvous (asked of rank 0)."""
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = int(probe.getsockname()[1])
+        return ray.util.get_node_ip_address(), port
+
+    def join(self, host: str, port: int, rank: int, size: int, timeout_s: float) -> None:
+        """Join the group of ``size`` replicas as ``rank``; gradients are averaged with the others from now on."""
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://{host}:{port}", rank=rank, world_size=size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+        self.shard = Shard(rank, size)
+        for policy in self.policies.values():
+            if not isinstance(policy, TorchPolicy):
+                raise FlowRLError(f"a learner group trains TorchPolicy replicas, got {type(policy).__name__}")
+            policy.gradient_sync = synchronize_gradients
+
+    def set_state(self, states: Mapping[str, Mapping[str, Any]]) -> None:
+        for pid, state in states.items():
+            self.policies[pid].set_state(state)
+
+    def get_state(self, policies: Sequence[str]) -> dict[str, dict[str, Any]]:
+        return {pid: self.policies[pid].get_state() for pid in policies}
+
+    def learner_state(self, policies: Sequence[str]) -> dict[str, tuple[Any, Any]]:
+        """Per policy, what learning changed: its weights and its optimizer's state."""
+        return {pid: (policy.get_weights(), policy.optimizer.state_dict()) for pid, policy in self._torch(policies)}
+
+    def _torch(self, policies: Sequence[str]) -> list[tuple[str, TorchPolicy[Any]]]:
+        return [(pid, policy) for pid in policies if isinstance(policy := self.policies[pid], TorchPolicy)]
+
+    def learn(
+        self, batch: Batch, policies: Sequence[str], num_sgd_iter: int, sgd_minibatch_size: int,
+        seed: int | list[int] | None, sequence_length: int,
+    ) -> tuple[dict[str, dict[str, float]], dict[str, tuple[np.ndarray, np.ndarray]]]:
+        """Learn on this replica's shard of ``batch``: per policy its statistics, and the new
+        priorities of its shard's replayed rows (a single step whose loss gives TD errors)."""
+        info: dict[str, dict[str, float]] = {}
+        priorities: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for pid, policy_batch in as_policy_batches(batch).items():
+            if pid not in policies:
+                continue
+            policy = self.policies[pid]
+            if num_sgd_iter == 1 and sgd_minibatch_size == 0:
+                rows = self.shard.rows(policy_batch, sequence_length)
+                out = policy.learn(rows)
+                info[pid] = out.stats
+                if out.td_error is not None and BATCH_INDEXES in rows:
+                    priorities[pid] = (rows[BATCH_INDEXES], out.td_error)
+            else:
+                info[pid] = minibatch_sgd(
+                    policy, policy_batch, num_sgd_iter, sgd_minibatch_size, seed, sequence_length, shard=self.shard
+                )
+        return info, priorities
+
+
+class LearnerGroup:
+    """``size`` learner actors training the driver's ``policies`` of ``workers`` data-parallel.
+
+    Every wait on the actors is bounded by ``timeout_s``. ``num_cpus``/``num_gpus`` are each
+    actor's Ray resources.
+    """
+
+    def __init__(
+        self, workers: WorkerSet, policies: Sequence[str], size: int, *, timeout_s: float = 600.0,
+        num_cpus: float = 1.0, num_gpus: float = 0.0,
+    ) -> None:
+        if size < 2:
+            raise FlowRLError(f"LearnerGroup(size={size}): a group has at least 2 learners (fewer: learn in the driver)")
+        self.workers = workers
+        self.policies = list(policies)
+        self.size = size
+        self.timeout_s = timeout_s
+        self._options = {"num_cpus": num_cpus, "num_gpus": num_gpus}
+        self.num_restarts = 0
+        self._actors: list[Any] = []
+        self._start()
+
+    @property
+    def actors(self) -> list[Any]:
+        """The learner actors, rank 0 first."""
+        return list(self._actors)
+
+    def _wait(self, refs: list[Any]) -> list[Any]:
+        return ray.get(refs, timeout=self.timeout_s)
+
+    def _start(self) -> None:
+        local = self.workers.local_worker()
+        specs = {pid: self.workers.policy_spec(pid) for pid in self.policies}
+        self._actors = [LearnerActor.options(**self._options).remote(specs) for _ in range(self.size)]  # type: ignore[attr-defined]
+        try:
+            [(host, port)] = self._wait([self._actors[0].address.remote()])
+            self._wait([actor.join.remote(host, port, rank, self.size, self.timeout_s) for rank, actor in enumerate(self._actors)])
+            # The replicas start as the driver's policies are now: weights, optimizer state, coefficients.
+            states = ray.put({pid: local.get_policy(pid).get_state() for pid in self.policies})
+            self._wait([actor.set_state.remote(states) for actor in self._actors])
+        except BaseException:
+            self._kill()
+            raise
+
+    def _kill(self) -> None:
+        for actor in self._actors:
+            ray.kill(actor)
+        self._actors = []
+
+    def _restart(self) -> None:
+        self._kill()
+        self._start()
+        self.num_restarts += 1
+
+    def learn(
+        self, batch: Batch, *, num_sgd_iter: int = 1, sgd_minibatch_size: int = 0,
+        seed: int | list[int] | None = None, sequence_length: int = 1,
+    ) -> Learned:
+        """Learn on ``batch`` across the group, then set rank 0's weights and optimizer state in the driver's policies.
+
+        A learner that fails or hangs: the group is rebuilt from the driver's policies (the
+        state before this batch) and the batch learned again, once.
+        """
+        ref = ray.put(batch)
+        for attempt in range(2):
+            try:
+                results = self._wait([
+                    actor.learn.remote(ref, self.policies, num_sgd_iter, sgd_minibatch_size, seed, sequence_length)
+                    for actor in self._actors
+                ])
+                [learned_state] = self._wait([self._actors[0].learner_state.remote(self.policies)])
+                break
+            except (RayError, GetTimeoutError) as error:
+                if attempt:
+                    raise FlowRLError(f"the learner group failed twice on one batch: {error}") from error
+                self._restart()
+        # The driver's policies follow rank 0 (weights and optimizer): rollout workers, checkpoints and a
+        # rebuilt group read them there.
+        local = self.workers.local_worker()
+        for pid, (weights, optimizer) in learned_state.items():
+            policy = local.get_policy(pid)
+            policy.set_weights(weights)
+            if isinstance(policy, TorchPolicy):
+                policy.load_optimizer_state(optimizer)
+        info = {pid: _mean_stats([stats[pid] for stats, _ in results]) for pid in results[0][0]}
+        priorities = {
+            pid: (np.concatenate([p[pid][0] for _, p in results]), np.concatenate([p[pid][1] for _, p in results]))
+            for pid in results[0][1]
+        }
+        return Learned(None, info, batch.env_steps(), priorities)
+
+    def stop(self) -> None:
+        self._kill()
+
+
+def _mean_stats(per_replica: list[Mapping[str, float]]) -> dict[str, float]:
+    keys = dict.fromkeys(key for stats in per_replica for key in stats)
+    return {key: float(np.mean([stats[key] for stats in per_replica if key in stats])) for key in keys}

@@ -1,0 +1,65 @@
+"""Data-parallel learning: N replicas of a policy, each on its shard of every minibatch.
+
+Each replica (one process of a ``torch.distributed`` group: gloo on CPU, NCCL on GPU) runs the
+same minibatch loop with the same shuffles, takes its :class:`Shard` of each minibatch, and
+before each optimizer step :func:`synchronize_gradients` replaces its gradients by the average
+over every replica's rows. Losses that are means over rows then give every replica exactly the
+step one learner would take on the whole minibatch, so the replicas stay equal.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from flowrl.data import SampleBatch
+
+
+class Shard(NamedTuple):
+    """Replica ``rank`` of ``size``: which rows of a minibatch it learns on."""
+
+    rank: int
+    size: int
+
+    def rows(self, batch: SampleBatch, sequence_length: int = 1) -> SampleBatch:
+        """This replica's contiguous share of ``batch``, in whole runs of ``sequence_length`` rows.
+
+        Shares differ by at most one run; each replica must get at least one (ValueError otherwise).
+        """
+        runs = batch.count // sequence_length
+        if runs < self.size:
+            raise ValueError(
+                f"a minibatch of {batch.count} rows ({runs} runs of {sequence_length}) cannot be shared by {self.size} learners: "
+                "each needs at least one run"
+            )
+        start = runs * self.rank // self.size * sequence_length
+        end = runs * (self.rank + 1) // self.size * sequence_length
+        return batch.slice(start, end)
+
+
+def synchronize_gradients(model: nn.Module, rows: int, loss_finite: bool, group: dist.ProcessGroup | None = None) -> bool:
+    """Average ``model``'s gradients over the process group's replicas, weighted by their ``rows``.
+
+    One all-reduce of a flat buffer carries every gradient (scaled by this replica's rows), the
+    row count and whether the loss was finite, so replicas with unequal shards still average
+    exactly and all of them skip an update that any of them found non-finite. Returns whether
+    every replica's loss was finite.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) * rows for g in grads] + [grads[0].new_tensor([float(rows), 0.0 if loss_finite else 1.0])])
+    dist.all_reduce(flat, group=group)
+    total_rows, nonfinite = flat[-2], flat[-1]
+    averaged = flat[:-2] / total_rows
+    offset = 0
+    for p, g in zip(params, grads):
+        view = averaged[offset : offset + g.numel()].view_as(g)
+        if p.grad is None:
+            p.grad = view.clone()
+        else:
+            p.grad.copy_(view)
+        offset += g.numel()
+    return bool(nonfinite == 0)

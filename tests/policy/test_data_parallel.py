@@ -1,0 +1,86 @@
+"""Data-parallel replicas: two gloo processes, each on its shard, take the step one learner takes on the whole batch."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from flowrl.algorithms import get_algorithm
+from flowrl.data import SampleBatch
+from flowrl.policy import TorchPolicy
+from flowrl.policy.data_parallel import Shard, synchronize_gradients
+from flowrl.policy.sgd import minibatch_sgd
+
+pytestmark = pytest.mark.timeout(180)
+
+PPO = {"seed": 0, "model": {"fcnet_hiddens": [16, 16]}, "lr": 0.01}
+
+
+def ppo_policy() -> TorchPolicy[Any]:
+    import gymnasium as gym
+
+    algorithm = get_algorithm("ppo")
+    config = algorithm.config_class.from_dict(PPO).frozen()
+    env = gym.make("CartPole-v1")
+    assert algorithm.make_policy is not None
+    torch.manual_seed(0)
+    policy = algorithm.make_policy(env.observation_space, env.action_space, config).build()
+    env.close()
+    assert isinstance(policy, TorchPolicy)
+    return policy
+
+
+def ppo_batch(rows: int) -> SampleBatch:
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal((rows, 2)).astype(np.float32)
+    actions = rng.integers(0, 2, rows)
+    logp = logits[np.arange(rows), actions] - np.log(np.exp(logits).sum(axis=1))
+    return SampleBatch(
+        obs=rng.standard_normal((rows, 4)).astype(np.float32), actions=actions, action_logp=logp.astype(np.float32),
+        action_dist_inputs=logits, advantages=rng.standard_normal(rows).astype(np.float32),
+        value_targets=rng.standard_normal(rows).astype(np.float32), vf_preds=rng.standard_normal(rows).astype(np.float32),
+    )
+
+
+def learn(rows: int, shard: Shard | None) -> dict[str, np.ndarray]:
+    policy = ppo_policy()
+    if shard is not None:
+        policy.gradient_sync = synchronize_gradients
+    minibatch_sgd(policy, ppo_batch(rows), num_sgd_iter=2, sgd_minibatch_size=rows // 2, seed=3, shard=shard)
+    return policy.get_weights()
+
+
+def replica(rank: int, size: int, store: str, rows: int, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
+    try:
+        weights = learn(rows, Shard(rank, size))
+    finally:
+        dist.destroy_process_group()
+    np.savez(f"{out}_{rank}.npz", **weights)
+
+
+@pytest.mark.parametrize("rows", [64, 66])  # equal shards, and shards of 16 and 17 rows
+def test_two_replicas_take_the_single_learners_steps(tmp_path: Path, rows: int) -> None:
+    single = learn(rows, None)
+    mp.start_processes(replica, args=(2, str(tmp_path / "store"), rows, str(tmp_path / "w")), nprocs=2, start_method="spawn")
+    replicas = [dict(np.load(tmp_path / f"w_{rank}.npz")) for rank in range(2)]
+    for name, value in single.items():
+        assert np.array_equal(replicas[0][name], replicas[1][name]), name  # the replicas stay equal
+        np.testing.assert_allclose(replicas[0][name], value, atol=1e-5, rtol=0, err_msg=name)
+    assert any(not np.allclose(value, ppo_policy().get_weights()[name]) for name, value in single.items())
+
+
+def test_a_shard_is_whole_runs_and_never_empty() -> None:
+    batch = SampleBatch(t=np.arange(12))
+    assert [Shard(r, 3).rows(batch, 2)["t"].tolist() for r in range(3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert [Shard(r, 2).rows(batch, 4)["t"].tolist() for r in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11]]
+    with pytest.raises(ValueError, match="cannot be shared by 4 learners"):
+        Shard(0, 4).rows(batch, 4)
+    assert math.isclose(sum(Shard(r, 5).rows(batch).count for r in range(5)), 12)
