@@ -456,7 +456,9 @@ class VectorSampler(FaultTolerantSampler):
         """One fragment: ``fragment_length`` steps per env, postprocessed."""
         if self.batch_mode == "truncate_episodes":
             fragment = self._run()
-            if not self.policy.postprocesses:  # the pieces would be concatenated unchanged
+            # The pieces would be concatenated unchanged. A policy-like object without the property
+            # (not a Policy subclass) is taken to postprocess: cutting is always correct.
+            if not getattr(self.policy, "postprocesses", True):
                 return self._whole(fragment)
             return concat_samples([self.policy.postprocess_trajectory(p) for p in self._pieces(fragment)])
         done: list[SampleBatch] = []
