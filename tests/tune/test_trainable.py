@@ -34,7 +34,8 @@ def pbt_experiment(tmp_path: Path, mutations: dict[str, Any], name: str, **confi
     PBT ranks the trials by their learning rate (``config/lr``, which every result carries), so
     that which one exploits the other does not depend on a few hundred steps of CartPole.
     """
-    scheduler = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=2,
+    # Synchronous PBT: each perturbation waits for both trials, so the exploit happens whichever trial runs ahead.
+    scheduler = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=2, synch=True,
                                         hyperparam_mutations=mutations, quantile_fraction=0.5, resample_probability=1.0)
     tuner = tune.Tuner(
         trainable_for("ppo", "CartPole-v1"),
