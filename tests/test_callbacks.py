@@ -150,6 +150,8 @@ def test_summarize_custom_metrics_over_the_episodes_that_recorded_each() -> None
 class FirstAction:
     """A stand-in policy: always action 0."""
 
+    postprocesses = True  # the sampler cuts its fragments into pieces, as for a postprocessing policy
+
     def compute_actions(self, obs: np.ndarray, **_: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         return np.zeros(len(obs), np.int64), {}
 

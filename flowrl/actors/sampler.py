@@ -456,9 +456,7 @@ class VectorSampler(FaultTolerantSampler):
         """One fragment: ``fragment_length`` steps per env, postprocessed."""
         if self.batch_mode == "truncate_episodes":
             fragment = self._run()
-            # The pieces would be concatenated unchanged. A policy-like object without the property
-            # (not a Policy subclass) is taken to postprocess: cutting is always correct.
-            if not getattr(self.policy, "postprocesses", True):
+            if not self.policy.postprocesses:  # the pieces would be concatenated unchanged
                 return self._whole(fragment)
             return concat_samples([self.policy.postprocess_trajectory(p) for p in self._pieces(fragment)])
         done: list[SampleBatch] = []

@@ -55,6 +55,8 @@ def game(*, record: bool = True) -> gym.Env:
 
 
 class ActsZero:
+    postprocesses = True  # the sampler cuts its fragments into pieces, as for a postprocessing policy
+
     def compute_actions(self, obs: np.ndarray, **_: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         return np.zeros(len(obs), np.int64), {}
 
@@ -153,6 +155,8 @@ def breakout_envs(backend: str, num_envs: int) -> list[Any]:
 
 
 class ActsRandomly:
+    postprocesses = True  # the sampler cuts its fragments into pieces, as for a postprocessing policy
+
     def __init__(self) -> None:
         self.rng = np.random.default_rng(0)
 

@@ -83,6 +83,7 @@ class StubPolicy:
     """Acts 0; records every observation batch it is asked about; no postprocessing."""
 
     action_space = spaces.Discrete(2)
+    postprocesses = True  # the sampler cuts its fragments into pieces, as for a postprocessing policy
 
     def __init__(self) -> None:
         self.seen: list[np.ndarray] = []

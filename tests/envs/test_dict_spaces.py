@@ -87,6 +87,8 @@ class DictCues(CooperativeMatching):
 class FirstAction:
     """A stand-in policy: always action 0."""
 
+    postprocesses = True  # the sampler cuts its fragments into pieces, as for a postprocessing policy
+
     def compute_actions(self, obs: np.ndarray, **_: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         return np.zeros(len(obs), np.int64), {}
 
