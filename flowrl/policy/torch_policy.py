@@ -103,6 +103,15 @@ class TorchPolicy(Policy[ConfigT]):
         if target_network:
             self.target_model = copy.deepcopy(self.model)
             self.target_model.requires_grad_(False)
+            # (target, model) tensor lists for update_target, made once: loading weights or state
+            # copies into these tensors in place, so they stay the modules' own.
+            pairs = list(zip(self.target_model.state_dict().values(), self.model.state_dict().values()))
+            floating = [pair for pair in pairs if pair[0].is_floating_point()]
+            others = [pair for pair in pairs if not pair[0].is_floating_point()]
+            self._target_tensors = (
+                ([t for t, _ in floating], [m for _, m in floating]),
+                ([t for t, _ in others], [m for _, m in others]),
+            )
         self.loss_fn = loss_fn
         self.postprocess_fn = postprocess_fn
         if make_optimizer is None and config.lr is None:
@@ -286,15 +295,15 @@ class TorchPolicy(Policy[ConfigT]):
         """Move the target network towards the model: copy it (``tau=1``) or blend by ``tau``."""
         if self.target_model is None:
             raise TypeError("this policy was built without a target network (target_network=True)")
-        pairs = list(zip(self.target_model.state_dict().values(), self.model.state_dict().values()))
-        blended = [(t, s) for t, s in pairs if tau < 1.0 and t.is_floating_point()]
+        (targets, sources), (other_targets, other_sources) = self._target_tensors
         with torch.no_grad():
             # One foreach kernel for all the floating tensors instead of a Python loop of small ops.
-            if blended:
-                torch._foreach_lerp_([t for t, _ in blended], [s for _, s in blended], tau)
-            copied = [(t, s) for t, s in pairs if not (tau < 1.0 and t.is_floating_point())]
-            if copied:
-                torch._foreach_copy_([t for t, _ in copied], [s for _, s in copied])
+            if tau >= 1.0:
+                torch._foreach_copy_(targets, sources)
+            else:
+                torch._foreach_lerp_(targets, sources, tau)
+            if other_targets:  # integer buffers (e.g. batch-norm counts) are copied, never blended
+                torch._foreach_copy_(other_targets, other_sources)
 
     # -- state -----------------------------------------------------------------------
 

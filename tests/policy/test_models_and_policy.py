@@ -711,3 +711,16 @@ def test_a_policy_that_only_acts_makes_no_optimizer() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["False", "True", "0.01", "True"]
 
+
+
+def test_update_target_blends_or_copies_and_follows_loaded_weights() -> None:
+    policy = make_policy(target_network=True)
+    assert policy.target_model is not None
+    before = {k: v.clone() for k, v in policy.target_model.state_dict().items()}
+    new = {k: v + 1.0 for k, v in policy.get_weights().items()}
+    policy.set_weights(new)  # loaded in place: update_target must see these weights
+    policy.update_target(tau=0.25)
+    for name, value in policy.target_model.state_dict().items():
+        np.testing.assert_allclose(value.numpy(), 0.75 * before[name].numpy() + 0.25 * new[name], rtol=1e-6, atol=1e-6)
+    policy.update_target()
+    assert weights_equal({k: v.numpy() for k, v in policy.target_model.state_dict().items()}, new)
