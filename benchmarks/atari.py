@@ -50,13 +50,15 @@ import numpy as np
 import ray
 import torch
 import yaml
+from sampling import lz4_speed  # benchmarks/ is on the path
+from throughput import steady_rates
 
 from flowrl import Trainer
 from flowrl.actors import RolloutWorker
 from flowrl.actors.learner_thread import learn_on_local_worker
 from flowrl.algorithms import get_algorithm
 from flowrl.data import LocalReplayBuffer, SampleBatch, concat_samples
-from flowrl.data.compression import CompressedColumn, compress_array, decompress_array
+from flowrl.data.compression import CompressedColumn, decompress_array
 from flowrl.envs import get_env_creator, make_atari_env
 from flowrl.trainer import policy_specs
 
@@ -183,51 +185,20 @@ def trainer_frames(algo: str, num_workers: int, warmup_s: float, seconds: float)
     load = os.getloadavg()[0]
     trainer = Trainer(algo, ENV_ID, run_config(algo, num_workers))
     try:
-        start = time.perf_counter()
-        result = trainer.train()
-        while time.perf_counter() - start < warmup_s or not result["timesteps_trained"]:
-            result = trainer.train()
-        sampled0, trained0, start = result["timesteps_total"], result["timesteps_trained"], time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            result = trainer.train()
-        wall = time.perf_counter() - start
+        rates = steady_rates(trainer, seconds, warmup_s, until_trained=True)
     finally:
         trainer.stop()
-    sampled = (result["timesteps_total"] - sampled0) * FRAME_SKIP / wall
+    sampled = rates["sampled_per_s"] * FRAME_SKIP
     return {
         "frames_sampled_per_s": sampled,
-        "frames_trained_per_s": (result["timesteps_trained"] - trained0) * FRAME_SKIP / wall,
+        "frames_trained_per_s": rates["trained_per_s"] * FRAME_SKIP,
         "frames_sampled_per_s_per_worker": sampled / num_workers,
-        "window_s": wall,
+        "window_s": rates["wall_s"],
         "load_avg_1m_before": load,
     }
 
 
 # -- 5. LZ4 on the sampled frame stacks ----------------------------------------------------------------------
-
-
-def lz4_figures(columns: list[np.ndarray], reps: int) -> dict[str, Any]:
-    """Ratio and MB per CPU second of compressing and decompressing the sampled observation columns."""
-    columns = [np.ascontiguousarray(c) for c in columns]
-    packed = [compress_array(c) for c in columns]
-    if not all(np.array_equal(decompress_array(p), c) for p, c in zip(packed, columns, strict=True)):
-        raise AssertionError("LZ4 round trip changed the frames")
-    raw = sum(c.nbytes for c in columns)
-    mbps: dict[str, list[float]] = {"compress": [], "decompress": []}
-    for _ in range(reps):
-        for name, fn, inputs in (("compress", compress_array, columns), ("decompress", decompress_array, packed)):
-            cpu0 = time.thread_time()
-            for x in inputs:
-                fn(x)  # type: ignore[operator]
-            mbps[name].append(raw / 1e6 / (time.thread_time() - cpu0))
-    return {
-        "columns": len(columns),
-        "column_shape": list(columns[0].shape),
-        "raw_mb": raw / 1e6,
-        "ratio": raw / sum(p.nbytes for p in packed),
-        "compress_mb_per_cpu_s": med(mbps["compress"]),
-        "decompress_mb_per_cpu_s": med(mbps["decompress"]),
-    }
 
 
 # -- report ------------------------------------------------------------------------------------------------------
@@ -291,7 +262,7 @@ def main() -> None:
     finally:
         ray.shutdown()
     load["lz4"] = os.getloadavg()[0]
-    report["lz4"] = lz4_figures(columns, reps)
+    report["lz4"] = lz4_speed(columns, reps)
     print_report(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

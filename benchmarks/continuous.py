@@ -40,13 +40,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from time_to_solve import finite, json_safe, loadavg, machine_info, sb3_available  # benchmarks/ is on the path
+from time_to_solve import (  # benchmarks/ is on the path
+    emit,
+    finite,
+    json_safe,
+    loadavg,
+    machine_info,
+    run_child,
+    sb3_available,
+)
 
 ENV_ID = "Pendulum-v1"
 TARGET_REWARD = -250.0
@@ -55,7 +62,6 @@ MEASURE_STEPS = 5_000
 REPS = 3
 RATIO_GOAL = 1.0
 TRIAL_TIMEOUT_S = 1800
-RESULT_PREFIX = "CONTINUOUS_TRIAL_RESULT "
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "continuous.json"
 ALGOS = ("td3", "ddpg")
@@ -76,11 +82,6 @@ SB3_ZOO_TD3: dict[str, Any] = {
     "learning_rate": 1e-3,
     "policy_kwargs": {"net_arch": [400, 300]},
 }
-
-
-def emit(result: dict[str, Any]) -> None:
-    """Print a trial's result as one JSON line the parent picks out of stdout."""
-    print(RESULT_PREFIX + json.dumps(json_safe(result), allow_nan=False), flush=True)
 
 
 def tuned_config(algo: str) -> dict[str, Any]:
@@ -253,24 +254,15 @@ def run_trial(kind: str, algo: str, seed: int, args: argparse.Namespace) -> dict
            "--torch-threads", str(args.torch_threads)]
     cmd += ["--zoo-sizes"] * args.zoo_sizes + ["--no-learning"] * args.no_learning
     print(f"\n-- {kind} {algo} seed {seed} (load {loadavg()[0]:.2f})", flush=True)
-    failure = {"kind": kind, "algo": algo, "seed": seed, "env_steps_per_s": None}
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, timeout=args.trial_timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return {**failure, "error": f"timed out after {args.trial_timeout} s"}
-    for line in proc.stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            result = json.loads(line[len(RESULT_PREFIX) :])
-            learned = ""
-            if kind == "flowrl" and not args.no_learning:
-                learned = (f", reached {args.target:g} at step {result['reached_at_step']}" if result["reached"]
-                           else f", did NOT reach {args.target:g} in {result['env_steps']} steps")
-            print(f"   {result['env_steps_per_s']:.1f} env steps/s ({result['env_steps_per_cpu_s']:.1f} per CPU second) "
-                  f"over {result['window_steps']} steps{learned}", flush=True)
-            return result
-    tail = "\n".join(proc.stdout.splitlines()[-20:])
-    print(f"   failed: exit status {proc.returncode}\n{tail}", flush=True)
-    return {**failure, "error": f"exit status {proc.returncode}", "stdout_tail": tail}
+    result = run_child(cmd, {"kind": kind, "algo": algo, "seed": seed, "env_steps_per_s": None}, args.trial_timeout)
+    if "error" not in result:
+        learned = ""
+        if kind == "flowrl" and not args.no_learning:
+            learned = (f", reached {args.target:g} at step {result['reached_at_step']}" if result["reached"]
+                       else f", did NOT reach {args.target:g} in {result['env_steps']} steps")
+        print(f"   {result['env_steps_per_s']:.1f} env steps/s ({result['env_steps_per_cpu_s']:.1f} per CPU second) "
+              f"over {result['window_steps']} steps{learned}", flush=True)
+    return result
 
 
 def summarize(trials: list[dict[str, Any]]) -> dict[str, Any]:

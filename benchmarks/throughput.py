@@ -64,18 +64,26 @@ def measure(algo: str, config: dict[str, Any], seconds: float) -> dict[str, floa
     load = os.getloadavg()[0]
     trainer = Trainer(algo, "CartPole-v1", {**config, "seed": 0})
     try:
-        result = trainer.train()
-        sampled0, trained0, start = result["timesteps_total"], result["timesteps_trained"], time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            result = trainer.train()
-        wall = time.perf_counter() - start
+        return {**steady_rates(trainer, seconds), "load_avg_1m": load}
     finally:
         trainer.stop()
+
+
+def steady_rates(trainer: Trainer, seconds: float, warmup_s: float = 0.0, until_trained: bool = False) -> dict[str, float]:
+    """Env steps ``trainer`` samples and trains per second of wall time over ``seconds`` of ``train()`` calls,
+    after a warm-up of one call, at least ``warmup_s``, and (``until_trained``) until something was trained."""
+    start = time.perf_counter()
+    result = trainer.train()
+    while time.perf_counter() - start < warmup_s or (until_trained and not result["timesteps_trained"]):
+        result = trainer.train()
+    sampled0, trained0, start = result["timesteps_total"], result["timesteps_trained"], time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        result = trainer.train()
+    wall = time.perf_counter() - start
     return {
         "sampled_per_s": (result["timesteps_total"] - sampled0) / wall,
         "trained_per_s": (result["timesteps_trained"] - trained0) / wall,
         "wall_s": wall,
-        "load_avg_1m": load,
     }
 
 

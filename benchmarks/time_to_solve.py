@@ -70,7 +70,7 @@ SEEDS = (0, 1, 2)
 RATIO_GOAL = 0.8
 PPO_WALL_GOAL_S = 15.0
 TRIAL_TIMEOUT_S = 1800
-RESULT_PREFIX = "TIME_TO_SOLVE_TRIAL_RESULT "
+RESULT_PREFIX = "TRIAL_RESULT "  # the line a trial process prints its JSON result on
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "time_to_solve.json"
 ALGOS = ("ppo", "dqn")
@@ -345,22 +345,26 @@ def run_trial(kind: str, algo: str, seed: int, target: float, max_steps: int, co
     if kind == "flowrl":
         cmd += ["--config", f"{algo}={config_file}"]
     print(f"\n-- {kind} {algo} seed {seed} (load {loadavg()[0]:.2f})", flush=True)
-    failure = {"kind": kind, "algo": algo, "seed": seed, "reached": False}
+    result = run_child(cmd, {"kind": kind, "algo": algo, "seed": seed, "reached": False}, timeout_s)
+    if "error" not in result:
+        status = "reached" if result["reached"] else "NOT reached"
+        print(f"   {status} {target:g} at {result['env_steps']} steps, {result['wall_s']:.1f} s "
+              f"(process {result['process_wall_s']:.1f} s)", flush=True)
+    return result
+
+
+def run_child(cmd: list[str], failure: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Run a trial's ``cmd`` in a fresh process: the JSON its :func:`emit` printed, with ``process_wall_s``,
+    or ``failure`` with the error (a timeout, or an exit without a result and its output's tail)."""
     started = time.perf_counter()
     try:
         # stderr passes through (progress lines); stdout carries the result line.
         proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         return {**failure, "error": f"timed out after {timeout_s} s"}
-    process_wall = time.perf_counter() - started
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_PREFIX):
-            result = json.loads(line[len(RESULT_PREFIX) :])
-            result["process_wall_s"] = process_wall
-            status = "reached" if result["reached"] else "NOT reached"
-            print(f"   {status} {target:g} at {result['env_steps']} steps, {result['wall_s']:.1f} s "
-                  f"(process {process_wall:.1f} s)", flush=True)
-            return result
+            return {**json.loads(line[len(RESULT_PREFIX) :]), "process_wall_s": time.perf_counter() - started}
     tail = "\n".join(proc.stdout.splitlines()[-20:])
     print(f"   failed: exit status {proc.returncode}\n{tail}", flush=True)
     return {**failure, "error": f"exit status {proc.returncode}", "stdout_tail": tail}
