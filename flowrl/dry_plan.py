@@ -12,13 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flowrl.actors import WorkerSet
 from flowrl.actors.placeholders import placeholder_actors
 from flowrl.algorithms import get_algorithm
 from flowrl.config import TrainerConfig
 from flowrl.envs import get_env_creator
 from flowrl.plan import Plan
-from flowrl.trainer import EnvSpec, policy_specs
+from flowrl.trainer import EnvSpec, build_plan, make_workers, plan_bundles, validated_config
 
 
 def dry_plan(algo: str, env: EnvSpec, config: Mapping[str, Any] | TrainerConfig | None = None) -> Plan:
@@ -30,26 +29,13 @@ def dry_plan(algo: str, env: EnvSpec, config: Mapping[str, Any] | TrainerConfig 
     the plan declares is stopped before this returns.
     """
     algorithm = get_algorithm(algo)
-    if isinstance(config, TrainerConfig):
-        config = config.to_dict(jsonable=False)
-    settings = algorithm.config_class.from_dict(config).frozen()
-    env_creator = get_env_creator(env)
+    settings = validated_config(algorithm, config)
     with placeholder_actors():
-        specs = policy_specs(algorithm, settings, env_creator)
-        workers = WorkerSet(
-            env_creator=env_creator,
-            policy_specs=specs,
-            config=settings,
-            num_workers=settings.num_workers,
-            num_cpus_per_worker=settings.num_cpus_per_worker,
-            recreate_failed_workers=settings.recreate_failed_workers,
-            check_env=settings.check_env,
-            bundles=algorithm.bundles(settings),
-        )
+        workers = make_workers(algorithm, settings, get_env_creator(env), plan_bundles(algorithm, settings))
         try:
             resources = algorithm.make_resources(workers, settings)
             try:
-                return Plan(algorithm.execution_plan(workers, settings, resources), name=algorithm.name)
+                return build_plan(algorithm, workers, settings, resources)
             finally:
                 if resources.learner is not None:
                     resources.learner.stop()

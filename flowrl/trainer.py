@@ -15,7 +15,7 @@ import torch
 from flowrl.algorithms import Algorithm, get_algorithm, list_algorithms
 from flowrl.actors import PlanResources, WorkerSet
 from flowrl.actors.evaluation import evaluation_request
-from flowrl.actors.placement import asks_for_actors
+from flowrl.actors.placement import BundleRequest, asks_for_actors
 from flowrl.actors.rng import process_rng_state, set_process_rng_state
 from flowrl.callbacks import Callbacks, run_hook
 from flowrl.checkpoint import read_checkpoint, write_checkpoint
@@ -23,7 +23,7 @@ from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.envs import get_env_creator, is_multi_agent_env
 from flowrl.envs.context import EnvContext
-from flowrl.envs.registry import close_env
+from flowrl.envs.registry import EnvCreator, close_env
 from flowrl.inference import policy_files
 from flowrl.errors import CheckpointError, ConfigError, FlowRLError, PlanStoppedError
 from flowrl.evaluation import Evaluator, evaluate_policies
@@ -65,34 +65,22 @@ class Trainer:
         address: str | None = None,
     ) -> None:
         self.algorithm: Algorithm = get_algorithm(algo)
-        config_class = self.algorithm.config_class
-        if isinstance(config, TrainerConfig):
-            config = config.to_dict(jsonable=False)
-        self.config = config_class.from_dict(config).frozen()
+        self.config = validated_config(self.algorithm, config)
         self.env = env
         env_creator = get_env_creator(env)
-        bundles = [*self.algorithm.bundles(self.config), evaluation_request(self.config)]
+        bundles = plan_bundles(self.algorithm, self.config)
         self._owns_ray = start_ray(address) if asks_for_actors(self.config.num_workers, bundles) else False
         try:
             self._configure_driver()
-            specs = policy_specs(self.algorithm, self.config, env_creator)
-            self.workers = WorkerSet(
-                env_creator=env_creator,
-                policy_specs=specs,
-                config=self.config,
-                num_workers=self.config.num_workers,
-                num_cpus_per_worker=self.config.num_cpus_per_worker,
-                recreate_failed_workers=self.config.recreate_failed_workers,
-                check_env=self.config.check_env,
-                bundles=bundles,
-            )
+            self.workers = make_workers(self.algorithm, self.config, env_creator, bundles)
             self.resources = PlanResources()
             try:
                 self.resources = self.algorithm.make_resources(self.workers, self.config)
-                plan = self.algorithm.execution_plan(self.workers, self.config, self.resources)
-                self.plan = Plan(plan, name=self.algorithm.name)
+                self.plan = build_plan(self.algorithm, self.workers, self.config, self.resources)
                 #: Evaluation during training (``evaluation_interval``); its actors live in the workers' reservation.
-                self.evaluator = Evaluator(self.config, env_creator, specs, self.workers, parallel=self.algorithm.asynchronous)
+                self.evaluator = Evaluator(
+                    self.config, env_creator, self.workers.policy_specs, self.workers, parallel=self.algorithm.asynchronous
+                )
             except BaseException:
                 for release in (self.resources.stop, self.workers.stop):
                     try:
@@ -460,6 +448,38 @@ def upgraded_state(state: Mapping[str, Any]) -> dict[str, Any]:
                 operators[f"{state_key}#{repeats}" if repeats else state_key] = op_state
     return {**state, "version": CHECKPOINT_VERSION, "upgraded_from": 1, "plan": {**state["plan"], "operators": operators},
             "resources": resources}
+
+
+def validated_config(algorithm: Algorithm, config: Mapping[str, Any] | TrainerConfig | None) -> TrainerConfig:
+    """``config`` as ``algorithm``'s frozen config (every problem in one :class:`~flowrl.errors.ConfigError`)."""
+    if isinstance(config, TrainerConfig):
+        config = config.to_dict(jsonable=False)
+    return algorithm.config_class.from_dict(config).frozen()
+
+
+def plan_bundles(algorithm: Algorithm, config: TrainerConfig) -> list[BundleRequest]:
+    """What the plan's actors besides the rollout workers ask Ray for: the algorithm's (replay shards,
+    aggregators) and the evaluation workers'."""
+    return [*algorithm.bundles(config), evaluation_request(config)]
+
+
+def make_workers(algorithm: Algorithm, config: TrainerConfig, env_creator: EnvCreator, bundles: list[BundleRequest]) -> WorkerSet:
+    """The run's rollout workers: a local one and ``config.num_workers`` remote ones, reserved with ``bundles``."""
+    return WorkerSet(
+        env_creator=env_creator,
+        policy_specs=policy_specs(algorithm, config, env_creator),
+        config=config,
+        num_workers=config.num_workers,
+        num_cpus_per_worker=config.num_cpus_per_worker,
+        recreate_failed_workers=config.recreate_failed_workers,
+        check_env=config.check_env,
+        bundles=bundles,
+    )
+
+
+def build_plan(algorithm: Algorithm, workers: WorkerSet, config: TrainerConfig, resources: PlanResources) -> Plan:
+    """``algorithm``'s execution plan over ``workers`` and ``resources``, with its graph recorded."""
+    return Plan(algorithm.execution_plan(workers, config, resources), name=algorithm.name)
 
 
 def policy_specs(algorithm: Algorithm, config: TrainerConfig, env_creator: Callable[[dict[str, Any]], Any]) -> dict[str, PolicySpec]:

@@ -136,7 +136,7 @@ class LearnerGroup:
 
     def _start(self) -> None:
         local = self.workers.local_worker()
-        specs = {pid: self.workers.policy_spec(pid) for pid in self.policies}
+        specs = {pid: self.workers.policy_specs[pid] for pid in self.policies}
         self._actors = [LearnerActor.options(**self._options).remote(specs) for _ in range(self.size)]  # type: ignore[attr-defined]
         try:
             [(host, port)] = self._wait([self._actors[0].address.remote()])

@@ -208,9 +208,11 @@ class WorkerSet:
         """Remote workers in service (replacements included, dropped ones not)."""
         return len(self._remote)
 
-    def policy_spec(self, policy_id: str) -> Any:
-        """The spec the workers build ``policy_id`` from (a learner group builds its replicas from it too)."""
-        return self._policy_specs[policy_id]
+    @property
+    def policy_specs(self) -> dict[str, Any]:
+        """The specs the workers build their policies from, by policy id (evaluation workers and
+        learner replicas are built from them too)."""
+        return dict(self._policy_specs)
 
     def trainable_policies(self) -> list[str]:
         """Ids of the policies to train (``policies_to_train``, default all)."""
