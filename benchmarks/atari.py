@@ -8,19 +8,19 @@ FIRE resets, episodic life, clipped rewards), acting with random actions or the 
 1. Raw: one env stepped with random actions in this process, per wall second and per CPU
    second of this thread: this machine's ceiling for one core running Pong and its preprocessing.
 2. One rollout worker in this process (IMPALA's CNN actor-critic, one PyTorch thread as in a
-   remote worker, 4 envs, the tuned example's fragments of 20, LZ4 on its observations): frames
+   remote worker, 8 envs, the tuned example's fragments of 20, LZ4 on its observations): frames
    sampled per wall and per CPU second, CNN inference included, against (1).
 3. The learners alone, in this process on CPU (one PyTorch thread, the runs' learner_threads):
    IMPALA's V-trace update on the tuned example's batch (32 fragments of 20 steps) and
    Ape-X's double-dueling DQN update on a prioritized replayed batch of 512: frames trained
    per second.
 4. IMPALA and Ape-X through the Trainer with 1 and then 2 rollout workers (one Ray CPU each,
-   4 envs each; Ray started here with 2 CPUs, the learner in the driver): the tuned examples
+   8 envs each; Ray started here with 2 CPUs, the learner in the driver): the tuned examples
    (``tuned_examples/pong-impala.yaml``, ``pong-apex.yaml``) shrunk to this machine (workers,
    replay buffer, learning starts), trained for a warm-up, then for ``--seconds``: frames
    sampled and trained per second, and sampled per worker against (1).
 5. LZ4 (:mod:`flowrl.data.compression`) on the observation columns the worker of (2) sampled
-   (``[80, 4, 84, 84]`` uint8 each, as ``compress_observations`` compresses them): ratio
+   (``[160, 4, 84, 84]`` uint8 each, as ``compress_observations`` compresses them): ratio
    and MB (10**6 bytes of raw frames) per CPU second of one thread, compress and decompress.
 
 The 1-minute load average before each section is saved with the figures: on a shared machine
@@ -66,7 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "atari.json"
 ENV_ID = "PongNoFrameskip-v4"
 FRAME_SKIP = 4
-NUM_ENVS = 4
+NUM_ENVS = 8
 med = statistics.median
 
 
@@ -76,7 +76,7 @@ def tuned_config(algo: str) -> dict[str, Any]:
 
 
 def run_config(algo: str, num_workers: int) -> dict[str, Any]:
-    """The tuned example shrunk to this machine: ``num_workers`` workers of one CPU with 4 envs, a CPU learner."""
+    """The tuned example shrunk to this machine: ``num_workers`` workers of one CPU with 8 envs, a CPU learner."""
     config = {**tuned_config(algo), "num_workers": num_workers, "num_envs_per_worker": NUM_ENVS,
               "num_cpus_per_worker": 1, "num_gpus": 0, "learner_threads": 1, "timesteps_per_iteration": 1000, "seed": 0}
     if algo == "apex":  # one replay shard on the driver's CPUs, a buffer of ~1 GB, learning from 2,000 steps on
