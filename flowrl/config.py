@@ -589,6 +589,17 @@ class TrainerConfig:
         "(as few nodes as possible), SPREAD (as many as possible), STRICT_PACK (one node), STRICT_SPREAD (a node each).",
     )
     num_gpus_per_worker: float = cfg_field(0.0, "GPUs Ray reserves for each remote rollout worker.", min=0)
+    num_learners: int = cfg_field(
+        0,
+        "Learner actors training replicas of the policies data-parallel (torch.distributed: gloo on CPU, NCCL on "
+        "GPU): each batch is split among them and their gradients averaged, so every replica takes the same step. "
+        "0 or 1: the learner is the driver.",
+        min=0,
+    )
+    num_cpus_per_learner: float = cfg_field(1.0, "CPUs Ray reserves for each learner actor (num_learners >= 2).", min=0)
+    num_gpus_per_learner: float = cfg_field(
+        0.0, "GPUs Ray reserves for each learner actor (num_learners >= 2): 1 puts each on its own GPU, with NCCL.", min=0
+    )
     custom_resources_per_worker: dict[str, float] = cfg_field(
         {}, "Custom Ray resources (name -> amount) reserved for each remote rollout worker."
     )
@@ -607,7 +618,8 @@ class TrainerConfig:
     )
     learner_timeout_s: float = cfg_field(
         600.0,
-        "Seconds a learner thread holding work may go without finishing a batch before it is reported as an error.",
+        "Seconds a learner thread holding work may go without finishing a batch before it is reported as an error; "
+        "also the longest wait on a learner group's actors (num_learners >= 2).",
         min=0,
         min_exclusive=True,
     )
@@ -757,6 +769,9 @@ class TrainerConfig:
                 "worker's envs in one pool that fails as a whole; a failing pool fails its worker, which "
                 "recreate_failed_workers replaces: set restart_failed_sub_environments=False"
             )
+        if self.num_learners >= 2 and self.num_gpus_per_learner % 1:
+            problems.append(f"num_gpus_per_learner={self.num_gpus_per_learner:g}: each learner of a group needs whole GPUs "
+                            "of its own (NCCL puts one rank on one device); use 0 (CPU, gloo), 1 or more")
         if self.num_gpus > 0:
             import torch
 

@@ -15,7 +15,7 @@ import torch
 from flowrl.algorithms import Algorithm, get_algorithm, list_algorithms
 from flowrl.actors import PlanResources, WorkerSet
 from flowrl.actors.evaluation import evaluation_request
-from flowrl.actors.placement import BundleRequest, asks_for_actors
+from flowrl.actors.placement import BundleRequest, asks_for_actors, learner_request
 from flowrl.actors.rng import process_rng_state, set_process_rng_state
 from flowrl.callbacks import Callbacks, run_hook
 from flowrl.checkpoint import read_checkpoint, write_checkpoint
@@ -185,6 +185,8 @@ class Trainer:
         with local.lock:  # a learner thread takes it for each update
             for pid in self.workers.trainable_policies():
                 local.policy_map[pid].update_config(changes)
+            if self.resources.learners is not None:
+                self.resources.learners.update_config(changes)
             self.config = config
 
     def evaluate(self, num_episodes: int = 10, seed: int | None = None) -> dict[str, Any]:
@@ -271,6 +273,8 @@ class Trainer:
         with local.lock:
             fresh = {0: local.set_state(state["worker"])}
             self._apply_overrides(check.overrides)
+            if self.resources.learners is not None:  # the replicas learn from the restored policies
+                self.resources.learners.sync()
         self.plan.set_state(state["plan"])
         self.resources.set_state(state["resources"], allow_partial=allow_partial)
         self.evaluator.set_state(state.get("evaluation", {}))
@@ -454,13 +458,18 @@ def validated_config(algorithm: Algorithm, config: Mapping[str, Any] | TrainerCo
     """``config`` as ``algorithm``'s frozen config (every problem in one :class:`~flowrl.errors.ConfigError`)."""
     if isinstance(config, TrainerConfig):
         config = config.to_dict(jsonable=False)
-    return algorithm.config_class.from_dict(config).frozen()
+    settings = algorithm.config_class.from_dict(config).frozen()
+    if settings.num_learners >= 2 and not algorithm.learner_group:
+        able = [name for name in list_algorithms() if get_algorithm(name).learner_group]
+        raise ConfigError([f"num_learners={settings.num_learners}: {algorithm.name!r} does not train in a learner group "
+                           f"(its plan learns in the driver or on the rollout workers); algorithms that do: {', '.join(able)}"])
+    return settings
 
 
 def plan_bundles(algorithm: Algorithm, config: TrainerConfig) -> list[BundleRequest]:
     """What the plan's actors besides the rollout workers ask Ray for: the algorithm's (replay shards,
-    aggregators) and the evaluation workers'."""
-    return [*algorithm.bundles(config), evaluation_request(config)]
+    aggregators), the learner group's and the evaluation workers'."""
+    return [*algorithm.bundles(config), learner_request(config), evaluation_request(config)]
 
 
 def make_workers(algorithm: Algorithm, config: TrainerConfig, env_creator: EnvCreator, bundles: list[BundleRequest]) -> WorkerSet:

@@ -270,7 +270,7 @@ def test_writing_page_ppo_listing_is_the_code_of_ppo_py() -> None:
         ".for_each(StandardizeFields([SampleBatch.ADVANTAGES]))",
         "num_sgd_iter=config.num_sgd_iter, sgd_minibatch_size=config.sgd_minibatch_size, seed=config.seed",
         ".for_each(UpdateKL(workers))",
-        "return StandardMetricsReporting(training_flow(rollouts, workers, config), workers, config)",
+        "return StandardMetricsReporting(training_flow(rollouts, workers, config, learners=resources.learners), workers, config)",
     ):
         assert step in listing, step
         assert step in source, step
@@ -321,8 +321,8 @@ def test_multi_agent_page_ppo_dqn_listing_is_the_code_of_ppo_dqn_py() -> None:
     for line in (
         'ppo_rollouts, dqn_rollouts = ParallelRollouts(workers, mode="bulk_sync").duplicate(2)',
         "dqn_experience, buffer = dqn_rollouts.for_each(SelectExperiences([DQN_POLICY])), resources.need_replay_buffer()",
-        "dqn.training_flow(dqn_experience, workers, config.dqn_config(), buffer, [DQN_POLICY])",
-        "ppo.training_flow(ppo_rollouts.for_each(SelectExperiences([PPO_POLICY])), workers, config.ppo_config(), [PPO_POLICY])",
+        "dqn.training_flow(dqn_experience, workers, config.dqn_config(), buffer, [DQN_POLICY], learners)",
+        "ppo.training_flow(ppo_experience, workers, config.ppo_config(), [PPO_POLICY], learners)",
         'return StandardMetricsReporting(Concurrently([ppo_op, dqn_op], mode="async"), workers, config)',
     ):
         assert line in listing, line

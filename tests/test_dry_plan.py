@@ -39,6 +39,10 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     **{name: (name, fewest_workers(name)) for name in list_algorithms()},
     "dqn_remote_workers": ("dqn", {"num_workers": 2}),
     "impala_aggregators": ("impala", {"num_workers": 2, "num_aggregation_workers": 1, "num_cpus_per_aggregator": 0.1}),
+    # Learner groups: TrainOneStep's, a learner thread's, and target networks moved on the replicas.
+    "ppo_learners": ("ppo", {"num_workers": 0, "num_learners": 2, "num_cpus_per_learner": 0.1}),
+    "impala_learners": ("impala", {"num_workers": 1, "num_learners": 2, "num_cpus_per_learner": 0.1}),
+    "dqn_learners": ("dqn", {"num_workers": 0, "num_learners": 2, "num_cpus_per_learner": 0.1}),
 }
 
 

@@ -307,7 +307,7 @@ def test_impala_plan_feeds_a_learner_thread_and_counts_what_it_trained() -> None
     try:
         labels = [stage.label for stage in trainer.plan.graph.operators.values()]
         for expected in ("for_each(SendWeightsToSource)", "combine(ConcatBatches)", "transform(Enqueue)", "dequeue",
-                         "for_each(record_learner_results)", "union[async]"):
+                         "for_each(RecordLearnerResults)", "union[async]"):
             assert expected in labels, (expected, labels)
         assert "LearnerThread" in trainer.plan.graph.actors
         result = trainer.train()

@@ -78,6 +78,17 @@ def test_the_plan_command_prints_the_graph_without_starting_ray(tmp_path: Path) 
     assert_no_ray_started(tmp_path)
 
 
+def test_the_plan_command_shows_a_learner_group_without_starting_ray(tmp_path: Path) -> None:
+    proc = run_isolated(tmp_path, [sys.executable, "-m", "flowrl.cli", "plan", "--algo", "ppo", "--env", "CartPole-v1",
+                                   "--set", "num_learners=2"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert "    LearnerActor x2" in lines
+    assert any(line.endswith("for_each(TrainOneStep) --learn on batch shards--> LearnerActor x2") for line in lines)
+    assert "    LearnerActor x2 --all-reduce gradients--> LearnerActor x2" in lines
+    assert_no_ray_started(tmp_path)
+
+
 TRAINER_LIFECYCLE = textwrap.dedent(
     """
     import json, sys

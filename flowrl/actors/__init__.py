@@ -1,10 +1,11 @@
-"""Stateful Ray actors: rollout workers, worker sets, replay shards, learner threads and aggregators,
-and the plan resources (replay, learner, aggregators) a Trainer owns beside its workers."""
+"""Stateful Ray actors: rollout workers, worker sets, replay shards, learner threads, learner groups and
+aggregators, and the plan resources (replay, learners, aggregators) a Trainer owns beside its workers."""
 
 from flowrl.actors.aggregator import Aggregated, AggregatorSet, AggregatorWorker
+from flowrl.actors.learner_group import LearnerGroup
 from flowrl.actors.learner_thread import Learned, LearnerThread, Priorities, learn_on_local_worker
 from flowrl.actors.replay_actor import ReplayActor, ReplayShards, create_replay_actors
-from flowrl.actors.resources import PlanResources, no_resources
+from flowrl.actors.resources import PlanResources, learner_resources
 from flowrl.actors.rollout_worker import RolloutWorker, WorkerMetrics, get_global_worker
 from flowrl.actors.sampler import EpisodeStats, VectorSampler
 from flowrl.actors.worker_set import WorkerSet
@@ -15,6 +16,7 @@ __all__ = [
     "AggregatorWorker",
     "EpisodeStats",
     "Learned",
+    "LearnerGroup",
     "LearnerThread",
     "PlanResources",
     "Priorities",
@@ -27,5 +29,5 @@ __all__ = [
     "create_replay_actors",
     "get_global_worker",
     "learn_on_local_worker",
-    "no_resources",
+    "learner_resources",
 ]

@@ -1,13 +1,15 @@
 """Learner groups: N learner actors training replicas of the policies data-parallel on torch.distributed.
 
 Each :class:`LearnerActor` holds a replica of every trained policy and its optimizer and joins
-one gloo process group with the others. :meth:`LearnerGroup.learn` puts a batch in the object
-store once; every replica runs the same epochs and shuffles on its :class:`Shard` of each
-minibatch and averages gradients with the others before each step
+one process group with the others (gloo on CPU, NCCL when each has a GPU). :meth:`LearnerGroup.learn`
+puts a batch in the object store once; every replica runs the same epochs and shuffles on its
+:class:`Shard` of each minibatch and averages gradients with the others before each step
 (:mod:`flowrl.policy.data_parallel`), so the replicas stay equal to what one learner would
 compute. Rank 0's weights and optimizer state then go to the driver's local policies, from which
-the rollout workers and checkpoints read as before. A learner that dies or hangs ends the round: the group is
-rebuilt from the driver's policies and the batch learned again (``num_restarts``).
+the rollout workers and checkpoints read as before; what the driver changes between rounds
+(loss coefficients, target networks, live config, a restored checkpoint) goes to every replica.
+A learner that dies or hangs ends the round: the group is rebuilt from the driver's policies
+and the batch learned again (``num_restarts``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import torch.distributed as dist
 from ray.exceptions import GetTimeoutError, RayError
 
 from flowrl.actors.learner_thread import Learned
+from flowrl.actors.placeholders import PlaceholderActor, placeholders_active
+from flowrl.actors.placement import LEARNER
 from flowrl.data import MultiAgentBatch, SampleBatch, as_policy_batches
 from flowrl.data.replay_buffer import BATCH_INDEXES
 from flowrl.errors import FlowRLError
@@ -33,17 +37,24 @@ from flowrl.policy.sgd import minibatch_sgd
 
 if TYPE_CHECKING:
     from flowrl.actors.worker_set import WorkerSet
+    from flowrl.config import TrainerConfig
 
 Batch = SampleBatch | MultiAgentBatch
+#: The actor class name plan graphs show for a group's learners.
+LEARNER_ACTOR = "LearnerActor"
 
 
 @ray.remote
 class LearnerActor:
-    """One replica of the trained policies, rank ``rank`` of a learner group once it has joined."""
+    """One replica of the trained policies, rank ``rank`` of a learner group once it has joined.
 
-    def __init__(self, policy_specs: Mapping[str, PolicySpec]) -> None:
+    ``num_gpus`` > 0 puts the replicas on the GPU Ray gave this actor.
+    """
+
+    def __init__(self, policy_specs: Mapping[str, PolicySpec], num_gpus: float) -> None:
         torch.set_num_threads(1)
-        self.policies: dict[str, Policy[Any]] = {pid: spec.build() for pid, spec in policy_specs.items()}
+        overrides = {"num_gpus": num_gpus}
+        self.policies: dict[str, Policy[Any]] = {pid: spec.build(overrides) for pid, spec in policy_specs.items()}
         self.shard = Shard(0, 1)
 
     def address(self) -> tuple[str, int]:
@@ -55,8 +66,9 @@ class LearnerActor:
 
     def join(self, host: str, port: int, rank: int, size: int, timeout_s: float) -> None:
         """Join the group of ``size`` replicas as ``rank``; gradients are averaged with the others from now on."""
+        on_gpu = any(isinstance(p, TorchPolicy) and p.device.type == "cuda" for p in self.policies.values())
         dist.init_process_group(
-            "gloo", init_method=f"tcp://{host}:{port}", rank=rank, world_size=size,
+            "nccl" if on_gpu else "gloo", init_method=f"tcp://{host}:{port}", rank=rank, world_size=size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
         self.shard = Shard(rank, size)
@@ -72,6 +84,14 @@ class LearnerActor:
     def get_state(self, policies: Sequence[str]) -> dict[str, dict[str, Any]]:
         return {pid: self.policies[pid].get_state() for pid in policies}
 
+    def update_config(self, changes: Mapping[str, Any]) -> None:
+        for policy in self.policies.values():
+            policy.update_config(changes)
+
+    def update_target(self, policies: Sequence[str], tau: float) -> None:
+        for pid, policy in self._torch(policies):
+            policy.update_target(tau)
+
     def learner_state(self, policies: Sequence[str]) -> dict[str, tuple[Any, Any]]:
         """Per policy, what learning changed: its weights and its optimizer's state."""
         return {pid: (policy.get_weights(), policy.optimizer.state_dict()) for pid, policy in self._torch(policies)}
@@ -80,11 +100,13 @@ class LearnerActor:
         return [(pid, policy) for pid in policies if isinstance(policy := self.policies[pid], TorchPolicy)]
 
     def learn(
-        self, batch: Batch, policies: Sequence[str], num_sgd_iter: int, sgd_minibatch_size: int,
-        seed: int | list[int] | None, sequence_length: int,
+        self, batch: Batch, policies: Sequence[str], coeffs: Mapping[str, Mapping[str, float]], num_sgd_iter: int,
+        sgd_minibatch_size: int, seed: int | list[int] | None, sequence_length: int,
     ) -> tuple[dict[str, dict[str, float]], dict[str, tuple[np.ndarray, np.ndarray]]]:
-        """Learn on this replica's shard of ``batch``: per policy its statistics, and the new
-        priorities of its shard's replayed rows (a single step whose loss gives TD errors)."""
+        """Learn on this replica's shard of ``batch`` with the driver's loss ``coeffs``: per policy its
+        statistics, and the new priorities of its shard's replayed rows (a single step whose loss gives TD errors)."""
+        for pid, replica in self._torch(list(coeffs)):
+            replica.coeffs = dict(coeffs[pid])
         info: dict[str, dict[str, float]] = {}
         priorities: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for pid, policy_batch in as_policy_batches(batch).items():
@@ -108,7 +130,9 @@ class LearnerGroup:
     """``size`` learner actors training the driver's ``policies`` of ``workers`` data-parallel.
 
     Every wait on the actors is bounded by ``timeout_s``. ``num_cpus``/``num_gpus`` are each
-    actor's Ray resources.
+    actor's Ray resources; actor ``rank`` runs in the ``learner`` bundle ``rank`` of the workers'
+    reservation when the run reserved them. Inside
+    :func:`~flowrl.actors.placeholders.placeholder_actors` the actors are placeholders.
     """
 
     def __init__(
@@ -121,8 +145,10 @@ class LearnerGroup:
         self.policies = list(policies)
         self.size = size
         self.timeout_s = timeout_s
+        self.num_gpus = num_gpus
         self._options = {"num_cpus": num_cpus, "num_gpus": num_gpus}
         self.num_restarts = 0
+        self._config_changes: dict[str, Any] = {}  # live config changes since the policy specs were made
         self._actors: list[Any] = []
         self._start()
 
@@ -135,18 +161,43 @@ class LearnerGroup:
         return ray.get(refs, timeout=self.timeout_s)
 
     def _start(self) -> None:
-        local = self.workers.local_worker()
+        if placeholders_active():
+            self._actors = [PlaceholderActor(LEARNER_ACTOR) for _ in range(self.size)]
+            return
         specs = {pid: self.workers.policy_specs[pid] for pid in self.policies}
-        self._actors = [LearnerActor.options(**self._options).remote(specs) for _ in range(self.size)]  # type: ignore[attr-defined]
+        reservation = self.workers.reservation
+        self._actors = [
+            LearnerActor.options(**self._options, **reservation.options(LEARNER, rank)).remote(specs, self.num_gpus)  # type: ignore[attr-defined]
+            for rank in range(self.size)
+        ]
         try:
             [(host, port)] = self._wait([self._actors[0].address.remote()])
             self._wait([actor.join.remote(host, port, rank, self.size, self.timeout_s) for rank, actor in enumerate(self._actors)])
-            # The replicas start as the driver's policies are now: weights, optimizer state, coefficients.
-            states = ray.put({pid: local.get_policy(pid).get_state() for pid in self.policies})
-            self._wait([actor.set_state.remote(states) for actor in self._actors])
+            if self._config_changes:
+                self._call_all("update_config", self._config_changes)
+            self.sync()
         except BaseException:
             self._kill()
             raise
+
+    def _call_all(self, method: str, *args: Any) -> list[Any]:
+        return self._wait([getattr(actor, method).remote(*args) for actor in self._actors])
+
+    def sync(self) -> None:
+        """Set every replica to the driver's policies as they are now: weights, optimizer state,
+        coefficients, target networks (after a restore, and when the group starts)."""
+        local = self.workers.local_worker()
+        states = ray.put({pid: local.get_policy(pid).get_state() for pid in self.policies})
+        self._call_all("set_state", states)
+
+    def update_config(self, changes: Mapping[str, Any]) -> None:
+        """Change live config keys of every replica, as the driver's policies changed them (and of replacements)."""
+        self._config_changes.update(changes)
+        self._call_all("update_config", dict(changes))
+
+    def update_target(self, policies: Sequence[str], tau: float) -> None:
+        """Move the replicas' target networks as the driver moved its own (the replicas' weights equal the driver's)."""
+        self._call_all("update_target", [pid for pid in policies if pid in self.policies], tau)
 
     def _kill(self) -> None:
         for actor in self._actors:
@@ -159,22 +210,26 @@ class LearnerGroup:
         self.num_restarts += 1
 
     def learn(
-        self, batch: Batch, *, num_sgd_iter: int = 1, sgd_minibatch_size: int = 0,
+        self, batch: Batch, *, policies: Sequence[str] | None = None, num_sgd_iter: int = 1, sgd_minibatch_size: int = 0,
         seed: int | list[int] | None = None, sequence_length: int = 1,
     ) -> Learned:
-        """Learn on ``batch`` across the group, then set rank 0's weights and optimizer state in the driver's policies.
+        """Learn on ``batch`` (``policies`` of the group's, default all) across the group, then set rank 0's
+        weights and optimizer state in the driver's policies.
 
         A learner that fails or hangs: the group is rebuilt from the driver's policies (the
         state before this batch) and the batch learned again, once.
         """
+        wanted = self.policies if policies is None else [pid for pid in policies if pid in self.policies]
+        local = self.workers.local_worker()
+        coeffs = {pid: dict(coeffs) for pid in wanted if (coeffs := getattr(local.get_policy(pid), "coeffs", None))}
         ref = ray.put(batch)
         for attempt in range(2):
             try:
                 results = self._wait([
-                    actor.learn.remote(ref, self.policies, num_sgd_iter, sgd_minibatch_size, seed, sequence_length)
+                    actor.learn.remote(ref, wanted, coeffs, num_sgd_iter, sgd_minibatch_size, seed, sequence_length)
                     for actor in self._actors
                 ])
-                [learned_state] = self._wait([self._actors[0].learner_state.remote(self.policies)])
+                [learned_state] = self._wait([self._actors[0].learner_state.remote(wanted)])
                 break
             except (RayError, GetTimeoutError) as error:
                 if attempt:
@@ -182,7 +237,6 @@ class LearnerGroup:
                 self._restart()
         # The driver's policies follow rank 0 (weights and optimizer): rollout workers, checkpoints and a
         # rebuilt group read them there.
-        local = self.workers.local_worker()
         for pid, (weights, optimizer) in learned_state.items():
             policy = local.get_policy(pid)
             policy.set_weights(weights)
@@ -196,7 +250,19 @@ class LearnerGroup:
         return Learned(None, info, batch.env_steps(), priorities)
 
     def stop(self) -> None:
-        self._kill()
+        if not placeholders_active():
+            self._kill()
+        self._actors = []
+
+
+def learner_group(workers: WorkerSet, config: TrainerConfig) -> LearnerGroup | None:
+    """The learner group ``config`` asks for (``num_learners >= 2``) over the workers' trainable policies, else None."""
+    if config.num_learners < 2:
+        return None
+    return LearnerGroup(
+        workers, workers.trainable_policies(), config.num_learners, timeout_s=config.learner_timeout_s,
+        num_cpus=config.num_cpus_per_learner, num_gpus=config.num_gpus_per_learner,
+    )
 
 
 def _mean_stats(per_replica: list[Mapping[str, float]]) -> dict[str, float]:

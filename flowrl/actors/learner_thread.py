@@ -32,6 +32,7 @@ from flowrl.iterators import EventQueue, FromActor, TimerStat
 from flowrl.policy.sgd import minibatch_sgd
 
 if TYPE_CHECKING:
+    from flowrl.actors.learner_group import LearnerGroup
     from flowrl.actors.rollout_worker import RolloutWorker
 
 logger = logging.getLogger(__name__)
@@ -95,6 +96,14 @@ def learn_on_local_worker(
     return Learned(None, info, batch.env_steps(), priorities)
 
 
+def learn_in_group(
+    learners: LearnerGroup, worker: RolloutWorker, batch: Batch, *, policies: Sequence[str] | None = None, **settings: Any
+) -> Learned:
+    """:func:`learn_on_local_worker` done by a learner group: it learns data-parallel and ``worker``'s
+    policies take rank 0's weights (see :meth:`~flowrl.actors.LearnerGroup.learn`)."""
+    return learners.learn(batch, policies=policies, **settings)
+
+
 class LearnerThread(threading.Thread):
     """A daemon thread that learns, on ``local_worker``, from the batches put on its inqueue.
 
@@ -105,7 +114,8 @@ class LearnerThread(threading.Thread):
     ``source`` set to that actor, on ``outqueue`` (``outqueue_size=0``: unbounded). The
     default ``learn_fn`` is :func:`learn_on_local_worker` with ``policies``,
     ``num_sgd_iter``, ``sgd_minibatch_size`` and ``sequence_length`` (which a custom
-    ``learn_fn`` must not be combined with).
+    ``learn_fn`` must not be combined with), or with ``learners`` the same done by that
+    learner group (:func:`learn_in_group`).
 
     If ``learn_fn`` raises, the thread records the error and ends; :meth:`check` then
     raises it in the caller's thread, as it does when one ``learn_fn`` call has run longer
@@ -128,14 +138,19 @@ class LearnerThread(threading.Thread):
         sequence_length: int = 1,
         timeout_s: float | None = None,
         name: str = "learner",
+        learners: LearnerGroup | None = None,
     ) -> None:
         if inqueue_size < 0 or outqueue_size < 0:
             raise FlowRLError(
                 f"LearnerThread(inqueue_size={inqueue_size}, outqueue_size={outqueue_size}): "
                 "queue sizes must be >= 0 (0 = unbounded)"
             )
-        if learn_fn is not None and (policies is not None or (num_sgd_iter, sgd_minibatch_size, sequence_length) != (1, 0, 1)):
-            raise FlowRLError("LearnerThread: a custom learn_fn decides itself what to learn; drop policies and the SGD settings")
+        if learn_fn is not None and (
+            policies is not None or learners is not None or (num_sgd_iter, sgd_minibatch_size, sequence_length) != (1, 0, 1)
+        ):
+            raise FlowRLError(
+                "LearnerThread: a custom learn_fn decides itself what to learn; drop policies, learners and the SGD settings"
+            )
         if num_sgd_iter < 1 or sgd_minibatch_size < 0 or sequence_length < 1:
             raise FlowRLError(
                 f"LearnerThread(num_sgd_iter={num_sgd_iter}, sgd_minibatch_size={sgd_minibatch_size}, "
@@ -143,8 +158,10 @@ class LearnerThread(threading.Thread):
             )
         super().__init__(name=name, daemon=True)
         self.local_worker = local_worker
+        #: The learner group that learns for this thread, if any.
+        self.learners = learners
         self.learn_fn: LearnFn = learn_fn or functools.partial(
-            learn_on_local_worker,
+            learn_on_local_worker if learners is None else functools.partial(learn_in_group, learners),
             policies=policies,
             num_sgd_iter=num_sgd_iter,
             sgd_minibatch_size=sgd_minibatch_size,

@@ -34,7 +34,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from flowrl.config import TrainerConfig
 from flowrl.errors import ConfigError, FlowRLError, ResourceUnavailableError
 
-DRIVER, WORKER, REPLAY_SHARD, AGGREGATOR = "driver", "worker", "replay_shard", "aggregator"
+DRIVER, WORKER, REPLAY_SHARD, AGGREGATOR, LEARNER = "driver", "worker", "replay_shard", "aggregator", "learner"
 
 #: The Ray node label every node carries: its id (what pins a bundle to the driver's node).
 NODE_ID_LABEL = "ray.io/node-id"
@@ -81,6 +81,13 @@ def worker_request(config: TrainerConfig, num_workers: int, num_cpus_per_worker:
     keys = {"CPU": "num_cpus_per_worker", "GPU": "num_gpus_per_worker",
             **{name: f"custom_resources_per_worker[{name!r}]" for name in config.custom_resources_per_worker}}
     return BundleRequest(WORKER, num_workers, resources, keys, count_key="num_workers")
+
+
+def learner_request(config: TrainerConfig) -> BundleRequest:
+    """One bundle per learner actor of a learner group (none unless ``num_learners >= 2``)."""
+    count = config.num_learners if config.num_learners >= 2 else 0
+    return BundleRequest(LEARNER, count, {"CPU": config.num_cpus_per_learner, "GPU": config.num_gpus_per_learner},
+                         {"CPU": "num_cpus_per_learner", "GPU": "num_gpus_per_learner"}, count_key="num_learners")
 
 
 def asks_for_actors(num_workers: int, requests: Sequence[BundleRequest]) -> bool:

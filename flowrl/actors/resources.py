@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 import ray
 
 from flowrl.actors.aggregator import AggregatorSet
+from flowrl.actors.learner_group import LearnerGroup, learner_group
 from flowrl.actors.learner_thread import LearnerThread
 from flowrl.actors.placement import Reservation
 from flowrl.actors.replay_actor import ReplayShards, create_replay_actors
@@ -27,6 +28,7 @@ from flowrl.errors import CheckpointError, FlowRLError, ReplayShardError
 
 if TYPE_CHECKING:
     from flowrl.actors.worker_set import WorkerSet
+    from flowrl.config import TrainerConfig
 
 #: Longest wait for a replay shard's statistics, and for its state in a checkpoint.
 STATS_TIMEOUT_S = 10.0
@@ -68,14 +70,16 @@ class PlanResources:
     (Ape-X), as :class:`~flowrl.actors.ReplayShards` so that a dead one is recreated (in
     any other sequence a dead shard is an error). ``learner``: a learner thread (Ape-X,
     IMPALA, APPO), started here if it was not. ``aggregators``: aggregator actors (IMPALA's
-    tree aggregation). With ``checkpoint_replay_contents`` the replay contents go into
-    checkpoints, not only their counters.
+    tree aggregation). ``learners``: a learner group training the policies data-parallel
+    (``num_learners >= 2``), which ``TrainOneStep`` or the learner thread drives. With
+    ``checkpoint_replay_contents`` the replay contents go into checkpoints, not only their counters.
     """
 
     replay_buffer: LocalReplayBuffer | None = None
     replay_actors: Sequence[Any] = field(default_factory=list)
     learner: LearnerThread | None = None
     aggregators: AggregatorSet | None = None
+    learners: LearnerGroup | None = None
     checkpoint_replay_contents: bool = False
 
     def __post_init__(self) -> None:
@@ -111,17 +115,21 @@ class PlanResources:
                 ray.kill(actor)
         if self.aggregators is not None:
             self.aggregators.stop()
-        self.replay_actors, self.aggregators = [], None
+        if self.learners is not None:
+            self.learners.stop()
+        self.replay_actors, self.aggregators, self.learners = [], None, None
 
     def fault_counters(self) -> dict[str, int]:
         """Fault counts for the top level of the result (0 for resources a plan does not have):
         ``num_replay_shard_restarts``, ``num_lost_replay_calls`` (writes and priority updates lost
-        with a dead shard) and ``num_aggregator_restarts``."""
+        with a dead shard), ``num_aggregator_restarts`` and ``num_learner_restarts`` (learner groups
+        rebuilt after one of their actors failed)."""
         shards = self.replay_actors if isinstance(self.replay_actors, ReplayShards) else None
         return {
             "num_replay_shard_restarts": shards.num_restarts if shards is not None else 0,
             "num_lost_replay_calls": shards.num_lost_calls if shards is not None else 0,
             "num_aggregator_restarts": self.aggregators.num_restarts if self.aggregators is not None else 0,
+            "num_learner_restarts": self.learners.num_restarts if self.learners is not None else 0,
         }
 
     def get_state(self) -> dict[str, Any]:
@@ -151,6 +159,8 @@ class PlanResources:
             self.replay_actors.num_lost_calls = int(counters.get("num_lost_replay_calls", 0))
         if self.aggregators is not None:
             self.aggregators.num_restarts = int(counters.get("num_aggregator_restarts", 0))
+        if self.learners is not None:
+            self.learners.num_restarts = int(counters.get("num_learner_restarts", 0))
         if self.replay_buffer is not None and "replay_buffer" in state:
             self.replay_buffer.set_state(state["replay_buffer"])
         shards: Sequence[Any] = state.get("replay_shards", [])
@@ -207,9 +217,10 @@ class PlanResources:
         return answers
 
 
-def no_resources(workers: WorkerSet, config: Any) -> PlanResources:
-    """The declaration of algorithms whose plans wire only rollout workers."""
-    return PlanResources()
+def learner_resources(workers: WorkerSet, config: TrainerConfig) -> PlanResources:
+    """The declaration of algorithms whose plans wire only rollout workers and the learner group
+    ``config`` asks for (``num_learners >= 2``; none otherwise)."""
+    return PlanResources(learners=learner_group(workers, config))
 
 
 def local_replay_buffer(config: ReplayConfig) -> LocalReplayBuffer:

@@ -69,6 +69,9 @@ class A2CConfig(TrainerConfig):
         problems = super().check()
         if self.microbatch_size is not None and self.microbatch_size > self.train_batch_size:
             problems.append(f"microbatch_size={self.microbatch_size} > train_batch_size={self.train_batch_size}")
+        if self.microbatch_size is not None and self.num_learners >= 2:
+            problems.append(f"microbatch_size={self.microbatch_size} accumulates gradients in the driver, but num_learners="
+                            f"{self.num_learners} learns in a learner group; leave microbatch_size unset")
         return problems
 
 
@@ -96,7 +99,7 @@ def execution_plan(workers: WorkerSet, config: A2CConfig, resources: PlanResourc
     """Rollouts -> ConcatBatches -> TrainOneStep (or microbatched gradient accumulation) -> metrics."""
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
     if config.microbatch_size is None:
-        train_op = rollouts.combine(ConcatBatches(config.train_batch_size)).for_each(TrainOneStep(workers))
+        train_op = rollouts.combine(ConcatBatches(config.train_batch_size)).for_each(TrainOneStep(workers, learners=resources.learners))
     else:
         if workers.trainable_policies() != [DEFAULT_POLICY_ID]:
             raise ConfigError(
@@ -122,4 +125,5 @@ ALGORITHM = Algorithm(
     execution_plan,
     multi_agent=True,
     live_keys=frozenset({"lr", "entropy_coeff", "vf_loss_coeff"}),
+    learner_group=True,
 )

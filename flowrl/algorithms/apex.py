@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from flowrl.actors import LearnerThread, PlanResources, WorkerSet
+from flowrl.actors.learner_group import learner_group
 from flowrl.actors.placement import REPLAY_SHARD, BundleRequest
 from flowrl.actors.resources import replay_shards
 from flowrl.algorithms.ddpg import DDPGConfig, make_ddpg_policy
@@ -104,14 +105,17 @@ def bundles(config: ApexConfig) -> list[BundleRequest]:
 
 
 def make_resources(workers: WorkerSet, config: ApexConfig) -> PlanResources:
-    """The replay shards and a learner thread (one gradient step per replayed batch)."""
+    """The replay shards and a learner thread (one gradient step per replayed batch, in the
+    learner group the config asks for)."""
     shards = replay_shards(config, config.num_replay_shards, num_cpus=config.num_cpus_per_replay_shard,
                            placement=config.replay_shard_placement, reservation=workers.reservation)
+    learners = learner_group(workers, config)
     return PlanResources(
         replay_actors=shards,
         learner=LearnerThread(
-            workers.local_worker(), inqueue_size=config.learner_queue_size, timeout_s=config.learner_timeout_s
+            workers.local_worker(), inqueue_size=config.learner_queue_size, timeout_s=config.learner_timeout_s, learners=learners
         ),
+        learners=learners,
         checkpoint_replay_contents=config.store_buffer_in_checkpoints,
     )
 
@@ -129,7 +133,10 @@ def execution_plan(workers: WorkerSet, config: ApexConfig, resources: PlanResour
     )
     replay_op, learned = LearnInThread(Replay(actors=shards, num_async=4).zip_with_source_actor(), learner)
     update_op = learned.for_each(UpdatePriorities(actors=shards)).for_each(
-        UpdateTargetNetwork(workers, config.target_network_update_freq, by_steps_trained=True, tau=config.tau, lock=learner.lock)
+        UpdateTargetNetwork(
+            workers, config.target_network_update_freq, by_steps_trained=True, tau=config.tau, lock=learner.lock,
+            learners=resources.learners,
+        )
     )
     merged = Concurrently([store_op, replay_op, update_op], mode="async", output_indexes=[2])
     # Episode statistics from the lowest-epsilon third of the workers (the highest indices): what the policy can do.
@@ -147,6 +154,7 @@ ALGORITHM = Algorithm(
     bundles=bundles,
     live_keys=frozenset({"lr"}),
     asynchronous=True,
+    learner_group=True,
 )
 
 
@@ -188,4 +196,5 @@ APEX_DDPG = Algorithm(
     make_resources=make_resources,
     bundles=bundles,
     asynchronous=True,
+    learner_group=True,
 )

@@ -102,7 +102,9 @@ def execution_plan(workers: WorkerSet, config: APPOConfig, resources: PlanResour
     """IMPALA's train batches -> learner queue || learner results -> target sync -> KL update -> metrics."""
     enqueue_op, learned = impala.learning_flows(workers, config, resources)
     lock = resources.need_learner().lock
-    sync_target = UpdateTargetNetwork(workers, config.target_update_frequency, counter=NUM_LEARNER_UPDATES, lock=lock)
+    sync_target = UpdateTargetNetwork(
+        workers, config.target_update_frequency, counter=NUM_LEARNER_UPDATES, lock=lock, learners=resources.learners
+    )
     merged = Concurrently([enqueue_op, learned.for_each(sync_target).for_each(UpdateKL(workers))], mode="async", output_indexes=[1])
     return StandardMetricsReporting(merged, workers, config)
 
@@ -117,4 +119,5 @@ ALGORITHM = Algorithm(
     bundles=impala.bundles,
     live_keys=frozenset({"lr", "entropy_coeff", "clip_param", "vf_loss_coeff"}),
     asynchronous=True,
+    learner_group=True,
 )

@@ -320,7 +320,10 @@ def make_ddpg_policy(obs_space: gym.Space, action_space: gym.Space, config: DDPG
 
 
 DDPG = Algorithm(
-    "ddpg", "deep deterministic policy gradient", DDPGConfig, make_ddpg_policy, dqn_execution_plan, make_resources=dqn_resources
+    "ddpg", "deep deterministic policy gradient", DDPGConfig, make_ddpg_policy, dqn_execution_plan, make_resources=dqn_resources,
+    learner_group=True,
 )
-TD3 = Algorithm("td3", "twin delayed DDPG", TD3Config, make_ddpg_policy, dqn_execution_plan, make_resources=dqn_resources)
+TD3 = Algorithm(
+    "td3", "twin delayed DDPG", TD3Config, make_ddpg_policy, dqn_execution_plan, make_resources=dqn_resources, learner_group=True
+)
 ALGORITHM = DDPG

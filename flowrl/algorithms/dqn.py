@@ -15,7 +15,8 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from flowrl.actors import PlanResources, WorkerSet
+from flowrl.actors import LearnerGroup, PlanResources, WorkerSet
+from flowrl.actors.learner_group import learner_group
 from flowrl.actors.resources import local_replay_buffer
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import TrainerConfig, cfg_field
@@ -166,22 +167,31 @@ def round_robin_weights(config: DQNConfig) -> list[int]:
 
 
 def make_resources(workers: WorkerSet, config: DQNConfig) -> PlanResources:
-    """A local replay buffer with the config's replay settings."""
-    return PlanResources(replay_buffer=local_replay_buffer(config), checkpoint_replay_contents=config.store_buffer_in_checkpoints)
+    """A local replay buffer with the config's replay settings, and the learner group the config asks for."""
+    return PlanResources(
+        replay_buffer=local_replay_buffer(config),
+        learners=learner_group(workers, config),
+        checkpoint_replay_contents=config.store_buffer_in_checkpoints,
+    )
 
 
 def training_flow(
-    rollouts: LocalIterator[Any], workers: WorkerSet, config: DQNConfig, buffer: LocalReplayBuffer, policies: Sequence[str] | None = None
+    rollouts: LocalIterator[Any],
+    workers: WorkerSet,
+    config: DQNConfig,
+    buffer: LocalReplayBuffer,
+    policies: Sequence[str] | None = None,
+    learners: LearnerGroup | None = None,
 ) -> LocalIterator[Any]:
     """DQN's learning from a stream of rollouts through ``buffer``: store them || (Replay ->
     TrainOneStep -> UpdatePriorities -> UpdateTargetNetwork), round robin; only ``policies``
-    (default all trainable) train. A building block of composed plans (``ppo_dqn``)."""
+    (default all trainable) train, in ``learners`` if given. A building block of composed plans (``ppo_dqn``)."""
     store_op = rollouts.for_each(StoreToReplayBuffer(local_buffer=buffer))
     replay_op = (
         Replay(local_buffer=buffer)
-        .for_each(TrainOneStep(workers, policies))
+        .for_each(TrainOneStep(workers, policies, learners=learners))
         .for_each(UpdatePriorities(local_buffer=buffer))
-        .for_each(UpdateTargetNetwork(workers, config.target_network_update_freq, policies=policies, tau=config.tau))
+        .for_each(UpdateTargetNetwork(workers, config.target_network_update_freq, policies=policies, tau=config.tau, learners=learners))
     )
     return Concurrently(
         [store_op, replay_op], mode="round_robin", output_indexes=[1], round_robin_weights=round_robin_weights(config)
@@ -194,7 +204,8 @@ def execution_plan(workers: WorkerSet, config: DQNConfig, resources: PlanResourc
     DDPG and TD3 run this same plan with their own policy (soft target updates via ``tau``).
     """
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
-    return StandardMetricsReporting(training_flow(rollouts, workers, config, resources.need_replay_buffer()), workers, config)
+    learning = training_flow(rollouts, workers, config, resources.need_replay_buffer(), learners=resources.learners)
+    return StandardMetricsReporting(learning, workers, config)
 
 
 ALGORITHM = Algorithm(
@@ -206,4 +217,5 @@ ALGORITHM = Algorithm(
     multi_agent=True,
     make_resources=make_resources,
     live_keys=frozenset({"lr"}),
+    learner_group=True,
 )

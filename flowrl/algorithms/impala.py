@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from flowrl.actors import AggregatorSet, LearnerThread, PlanResources, WorkerSet
+from flowrl.actors.learner_group import learner_group
 from flowrl.actors.placement import AGGREGATOR, BundleRequest
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import TrainerConfig, cfg_field
@@ -147,8 +148,9 @@ def bundles(config: ImpalaConfig) -> list[BundleRequest]:
 
 
 def make_resources(workers: WorkerSet, config: ImpalaConfig) -> PlanResources:
-    """A learner thread (minibatch epochs that keep fragments whole) and, with
-    ``num_aggregation_workers``, the aggregator actors over the rollout workers."""
+    """A learner thread (minibatch epochs that keep fragments whole, in the learner group the
+    config asks for) and, with ``num_aggregation_workers``, the aggregator actors over the rollout workers."""
+    learners = learner_group(workers, config)
     learner = LearnerThread(
         workers.local_worker(),
         inqueue_size=config.learner_queue_size,
@@ -157,11 +159,12 @@ def make_resources(workers: WorkerSet, config: ImpalaConfig) -> PlanResources:
         sgd_minibatch_size=config.sgd_minibatch_size,
         sequence_length=config.rollout_fragment_length,
         timeout_s=config.learner_timeout_s,
+        learners=learners,
     )
     aggregators = None
     if config.num_aggregation_workers:
         aggregators = AggregatorSet(workers, config.num_aggregation_workers, TrainBatching(config), config.num_cpus_per_aggregator)
-    return PlanResources(learner=learner, aggregators=aggregators)
+    return PlanResources(learner=learner, aggregators=aggregators, learners=learners)
 
 
 def learning_flows(workers: WorkerSet, config: ImpalaConfig, resources: PlanResources) -> LearnerFlows:
@@ -194,4 +197,5 @@ ALGORITHM = Algorithm(
     bundles=bundles,
     live_keys=frozenset({"lr", "entropy_coeff", "vf_loss_coeff"}),
     asynchronous=True,
+    learner_group=True,
 )

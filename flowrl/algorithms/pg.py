@@ -64,10 +64,17 @@ def make_pg_policy(obs_space: gym.Space, action_space: gym.Space, config: PGConf
 def execution_plan(workers: WorkerSet, config: PGConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """Rollouts -> ConcatBatches -> TrainOneStep -> metrics."""
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
-    train_op = rollouts.combine(ConcatBatches(config.train_batch_size)).for_each(TrainOneStep(workers))
+    train_op = rollouts.combine(ConcatBatches(config.train_batch_size)).for_each(TrainOneStep(workers, learners=resources.learners))
     return StandardMetricsReporting(train_op, workers, config)
 
 
 ALGORITHM = Algorithm(
-    "pg", "vanilla policy gradient (REINFORCE)", PGConfig, make_pg_policy, execution_plan, multi_agent=True, live_keys=frozenset({"lr"})
+    "pg",
+    "vanilla policy gradient (REINFORCE)",
+    PGConfig,
+    make_pg_policy,
+    execution_plan,
+    multi_agent=True,
+    live_keys=frozenset({"lr"}),
+    learner_group=True,
 )

@@ -15,7 +15,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from flowrl.actors import PlanResources, WorkerSet
+from flowrl.actors import LearnerGroup, PlanResources, WorkerSet
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import TrainerConfig, cfg_field
 from flowrl.data import SampleBatch
@@ -117,13 +117,18 @@ def make_ppo_policy(obs_space: gym.Space, action_space: gym.Space, config: PPOCo
 
 
 def training_flow(
-    rollouts: LocalIterator[Any], workers: WorkerSet, config: PPOConfig, policies: Sequence[str] | None = None
+    rollouts: LocalIterator[Any],
+    workers: WorkerSet,
+    config: PPOConfig,
+    policies: Sequence[str] | None = None,
+    learners: LearnerGroup | None = None,
 ) -> LocalIterator[Any]:
     """PPO's learning from a stream of rollouts: ConcatBatches -> StandardizeFields -> TrainOneStep
-    (minibatch epochs; only ``policies``, default all trainable) -> UpdateKL. A building block of
-    composed plans (``ppo_dqn``)."""
+    (minibatch epochs, in ``learners`` if given; only ``policies``, default all trainable) -> UpdateKL.
+    A building block of composed plans (``ppo_dqn``)."""
     train_step = TrainOneStep(
-        workers, policies, num_sgd_iter=config.num_sgd_iter, sgd_minibatch_size=config.sgd_minibatch_size, seed=config.seed
+        workers, policies, num_sgd_iter=config.num_sgd_iter, sgd_minibatch_size=config.sgd_minibatch_size, seed=config.seed,
+        learners=learners,
     )
     return (
         rollouts.combine(ConcatBatches(config.train_batch_size))
@@ -136,7 +141,7 @@ def training_flow(
 def execution_plan(workers: WorkerSet, config: PPOConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """Rollouts -> ConcatBatches -> StandardizeFields -> TrainOneStep (minibatch epochs) -> UpdateKL -> metrics."""
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
-    return StandardMetricsReporting(training_flow(rollouts, workers, config), workers, config)
+    return StandardMetricsReporting(training_flow(rollouts, workers, config, learners=resources.learners), workers, config)
 
 
 ALGORITHM = Algorithm(
@@ -147,4 +152,5 @@ ALGORITHM = Algorithm(
     execution_plan,
     multi_agent=True,
     live_keys=frozenset({"lr", "entropy_coeff", "clip_param", "vf_loss_coeff"}),
+    learner_group=True,
 )

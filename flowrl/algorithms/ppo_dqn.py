@@ -15,6 +15,7 @@ from typing import Any, Hashable
 import gymnasium as gym
 
 from flowrl.actors import PlanResources, WorkerSet
+from flowrl.actors.learner_group import learner_group
 from flowrl.algorithms import dqn, ppo
 from flowrl.algorithms.dqn import DQNConfig
 from flowrl.algorithms.ppo import PPOConfig
@@ -139,16 +140,18 @@ def _needs_multi_agent(obs_space: gym.Space, action_space: gym.Space, config: PP
 
 
 def make_resources(workers: WorkerSet, config: PPODQNConfig) -> PlanResources:
-    """DQN's replay buffer, for dqn_policy's experience."""
-    return dqn.make_resources(workers, config.dqn_config())
+    """DQN's replay buffer, for dqn_policy's experience, and the learner group the config asks for (both policies)."""
+    return dataclasses.replace(dqn.make_resources(workers, config.dqn_config()), learners=learner_group(workers, config))
 
 
 def execution_plan(workers: WorkerSet, config: PPODQNConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """Rollouts -> duplicate: DQN's sub-flow on dqn_policy's experience || PPO's on ppo_policy's -> metrics."""
     ppo_rollouts, dqn_rollouts = ParallelRollouts(workers, mode="bulk_sync").duplicate(2)
     dqn_experience, buffer = dqn_rollouts.for_each(SelectExperiences([DQN_POLICY])), resources.need_replay_buffer()
-    dqn_op = dqn.training_flow(dqn_experience, workers, config.dqn_config(), buffer, [DQN_POLICY])
-    ppo_op = ppo.training_flow(ppo_rollouts.for_each(SelectExperiences([PPO_POLICY])), workers, config.ppo_config(), [PPO_POLICY])
+    learners = resources.learners
+    dqn_op = dqn.training_flow(dqn_experience, workers, config.dqn_config(), buffer, [DQN_POLICY], learners)
+    ppo_experience = ppo_rollouts.for_each(SelectExperiences([PPO_POLICY]))
+    ppo_op = ppo.training_flow(ppo_experience, workers, config.ppo_config(), [PPO_POLICY], learners)
     return StandardMetricsReporting(Concurrently([ppo_op, dqn_op], mode="async"), workers, config)
 
 
@@ -161,4 +164,5 @@ ALGORITHM = Algorithm(
     multi_agent=True,
     make_policies=make_policies,
     make_resources=make_resources,
+    learner_group=True,
 )

@@ -30,11 +30,12 @@ if TYPE_CHECKING:
     MultiPolicyFactory = Callable[[dict[str, tuple[gym.Space, gym.Space]], Any], dict[str, PolicySpec]]
 
 
-def _no_resources(workers: WorkerSet, config: Any) -> PlanResources:
-    """The declaration of algorithms whose plans wire only rollout workers (:func:`flowrl.actors.no_resources`)."""
-    from flowrl.actors import no_resources  # imported here: the actors load PyTorch and Ray
+def _learner_resources(workers: WorkerSet, config: Any) -> PlanResources:
+    """The declaration of algorithms whose plans wire only rollout workers and the learner group the config
+    asks for (:func:`flowrl.actors.learner_resources`)."""
+    from flowrl.actors import learner_resources  # imported here: the actors load PyTorch and Ray
 
-    return no_resources(workers, config)
+    return learner_resources(workers, config)
 
 
 def no_bundles(config: Any) -> list[BundleRequest]:
@@ -64,7 +65,7 @@ class Algorithm:
     #: ``{policy_id: (observation_space, action_space)}, config -> {policy_id: PolicySpec}``.
     make_policies: MultiPolicyFactory | None = None
     #: The long-lived resources the plan wires besides the workers, created (and released) by the Trainer.
-    make_resources: ResourceFactory = _no_resources
+    make_resources: ResourceFactory = _learner_resources
     #: What ``make_resources``'s actors ask Ray for (replay shards, aggregators), reserved with the workers'.
     bundles: BundleFactory = no_bundles
     #: Config keys a running trainer can change (:meth:`~flowrl.Trainer.update_config`, PBT): read by
@@ -73,6 +74,9 @@ class Algorithm:
     #: Whether the plan trains while samples arrive asynchronously (A3C, IMPALA, APPO, Ape-X): evaluation
     #: actors then play an iteration's evaluation while it trains, instead of after it.
     asynchronous: bool = False
+    #: Whether the plan trains through ``resources.learners`` when the config asks for a learner group
+    #: (``num_learners >= 2``); other algorithms refuse the key.
+    learner_group: bool = False
 
 
 class _BuiltIn(NamedTuple):

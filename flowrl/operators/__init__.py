@@ -8,7 +8,13 @@ are named tuples (:class:`Trained`, :class:`~flowrl.actors.Learned`,
 """
 
 from flowrl.operators.concurrency_ops import Concurrently, Dequeue, Enqueue
-from flowrl.operators.learner_ops import LearnerFlows, LearnInThread, SendWeightsToSource, record_learner_results
+from flowrl.operators.learner_ops import (
+    LearnerFlows,
+    LearnInThread,
+    RecordLearnerResults,
+    SendWeightsToSource,
+    record_learner_results,
+)
 from flowrl.operators.metric_ops import (
     CollectMetrics,
     OncePerTimeInterval,
@@ -98,6 +104,7 @@ __all__ = [
     "PerturbationRollouts",
     "PerturbationSearch",
     "PerturbationUpdate",
+    "RecordLearnerResults",
     "Replay",
     "SelectExperiences",
     "SendWeightsToSource",

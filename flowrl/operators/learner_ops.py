@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 import ray
 
 from flowrl.actors import Learned, LearnerThread, WorkerSet
+from flowrl.actors.learner_group import LEARNER_ACTOR
 from flowrl.data import MultiAgentBatch, SampleBatch
 from flowrl.iterators import FromActor, LocalIterator
 from flowrl.operators.concurrency_ops import Dequeue, Enqueue
@@ -16,7 +17,8 @@ from flowrl.operators.names import (
     NUM_LEARNER_UPDATES,
     STEPS_TRAINED_COUNTER,
 )
-from flowrl.operators.protocol import ActorLink, Operator
+from flowrl.operators.protocol import ActorLink, Operator, PlanLink
+from flowrl.operators.train_ops import learner_group_links
 from flowrl.operators.weight_sync import send_weights
 
 Batch = SampleBatch | MultiAgentBatch
@@ -72,6 +74,22 @@ class SendWeightsToSource(Operator):
         return batch
 
 
+class RecordLearnerResults(Operator):
+    """:func:`record_learner_results` for ``learner``'s results; the plan graph shows its learner group, if any."""
+
+    def __init__(self, learner: LearnerThread) -> None:
+        self.learners = learner.learners
+
+    def plan_links(self) -> list[PlanLink]:
+        return learner_group_links(self.learners, driven_by="LearnerThread")
+
+    def plan_actor_counts(self) -> dict[str, int]:
+        return {} if self.learners is None else {LEARNER_ACTOR: self.learners.size}
+
+    def __call__(self, learned: Learned) -> Learned:
+        return record_learner_results(learned)
+
+
 def record_learner_results(learned: Learned) -> Learned:
     """Count what a learner thread trained: its steps and one learner update; keep its stats
     beside those of other policies (pass-through)."""
@@ -99,5 +117,5 @@ def LearnInThread(batches: LocalIterator[Any], learner: LearnerThread) -> Learne
     and continue from ``learned`` (priorities, target updates, metrics).
     """
     enqueue = batches.transform(Enqueue(learner.inqueue))
-    learned = Dequeue(learner.outqueue, check=learner.check).for_each(record_learner_results)
+    learned = Dequeue(learner.outqueue, check=learner.check).for_each(RecordLearnerResults(learner))
     return LearnerFlows(enqueue, learned)

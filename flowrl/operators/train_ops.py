@@ -8,7 +8,8 @@ from typing import Any, ContextManager, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from flowrl.actors import Learned, Priorities, WorkerSet
+from flowrl.actors import Learned, LearnerGroup, Priorities, WorkerSet
+from flowrl.actors.learner_group import LEARNER_ACTOR
 from flowrl.actors.learner_thread import learn_on_local_worker
 from flowrl.data import (
     DEFAULT_POLICY_ID,
@@ -30,7 +31,7 @@ from flowrl.operators.names import (
     STEPS_SAMPLED_COUNTER,
     STEPS_TRAINED_COUNTER,
 )
-from flowrl.operators.protocol import ActorLink, Operator
+from flowrl.operators.protocol import ActorFlow, ActorLink, Operator, PlanLink
 from flowrl.operators.weight_sync import broadcast_weights, send_weights
 
 Batch = SampleBatch | MultiAgentBatch
@@ -72,6 +73,16 @@ class CoefficientPolicy(Protocol):
     config: Any
 
 
+def learner_group_links(learners: LearnerGroup | None, driven_by: str | None = None) -> list[PlanLink]:
+    """How ``learners`` shows in the plan graph (nothing without a group): the operator that learns through
+    it, or the actor ``driven_by`` (a learner thread), sends it batches; its actors all-reduce gradients."""
+    if learners is None:
+        return []
+    label = "learn on batch shards"
+    to_group = ActorLink(LEARNER_ACTOR, label) if driven_by is None else ActorFlow(driven_by, LEARNER_ACTOR, label)
+    return [to_group, ActorFlow(LEARNER_ACTOR, LEARNER_ACTOR, "all-reduce gradients")]
+
+
 def _needs(operator: str, kind: str, policy_id: str, policy: Any) -> FlowRLError:
     return FlowRLError(f"{operator} needs {kind}; policy {policy_id!r} is a {type(policy).__name__}")
 
@@ -82,7 +93,9 @@ class TrainOneStep(Operator):
     Consumes a batch and yields :class:`Trained`. With ``num_sgd_iter`` > 1 or
     ``sgd_minibatch_size`` > 0 it runs that many epochs of shuffled minibatches, shuffled
     reproducibly when ``seed`` is given. Counts ``num_steps_trained`` and keeps the
-    per-policy learner stats in ``info["learner"]``.
+    per-policy learner stats in ``info["learner"]``. With ``learners`` (a
+    :class:`~flowrl.actors.LearnerGroup`) the group learns, data-parallel, and the local
+    policies take rank 0's weights before the broadcast.
     """
 
     def __init__(
@@ -92,6 +105,7 @@ class TrainOneStep(Operator):
         num_sgd_iter: int = 1,
         sgd_minibatch_size: int = 0,
         seed: int | None = None,
+        learners: LearnerGroup | None = None,
     ) -> None:
         if num_sgd_iter < 1:
             raise FlowRLError(f"TrainOneStep(num_sgd_iter={num_sgd_iter}): must be >= 1")
@@ -100,12 +114,16 @@ class TrainOneStep(Operator):
         self.num_sgd_iter = num_sgd_iter
         self.sgd_minibatch_size = sgd_minibatch_size
         self.seed = seed
+        self.learners = learners
 
-    def plan_links(self) -> list[ActorLink]:
-        """Broadcasts to the rollout workers, naming the policies unless it is only the default one."""
-        if self.policies == [DEFAULT_POLICY_ID]:
-            return [ActorLink("RolloutWorker", "broadcast weights")]
-        return [ActorLink("RolloutWorker", f"broadcast weights of {', '.join(self.policies)}")]
+    def plan_links(self) -> list[PlanLink]:
+        """Broadcasts to the rollout workers, naming the policies unless it is only the default one; the learner group."""
+        label = "broadcast weights" if self.policies == [DEFAULT_POLICY_ID] else f"broadcast weights of {', '.join(self.policies)}"
+        return [*learner_group_links(self.learners), ActorLink("RolloutWorker", label)]
+
+    def plan_actor_counts(self) -> dict[str, int]:
+        """The learner group's actors."""
+        return {} if self.learners is None else {LEARNER_ACTOR: self.learners.size}
 
     def __call__(self, batch: Batch) -> Trained:
         metrics = LocalIterator.get_metrics()
@@ -113,14 +131,12 @@ class TrainOneStep(Operator):
         # Shuffles seeded by (seed, steps trained): reproducible, also after a restore.
         seed = None if self.seed is None else [self.seed, metrics.counters[STEPS_TRAINED_COUNTER]]
         with metrics.timers[LEARN_ON_BATCH_TIMER] as timer:
-            learned = learn_on_local_worker(
-                local,
-                batch,
-                policies=self.policies,
-                num_sgd_iter=self.num_sgd_iter,
-                sgd_minibatch_size=self.sgd_minibatch_size,
-                seed=seed,
-            )
+            settings: dict[str, Any] = {"policies": self.policies, "num_sgd_iter": self.num_sgd_iter,
+                        "sgd_minibatch_size": self.sgd_minibatch_size, "seed": seed}
+            if self.learners is not None:
+                learned = self.learners.learn(batch, **settings)
+            else:
+                learned = learn_on_local_worker(local, batch, **settings)
             timer.push_units_processed(batch.env_steps())
         metrics.counters[STEPS_TRAINED_COUNTER] += batch.env_steps()
         metrics.counters[AGENT_STEPS_TRAINED_COUNTER] += batch.agent_steps()
@@ -193,7 +209,7 @@ class ApplyGradients(Operator):
         return info
 
 
-class UpdateTargetNetwork:
+class UpdateTargetNetwork(Operator):
     """Every ``target_update_freq`` steps, move each policy's target network to its network.
 
     Pass-through. Counts steps sampled, or steps trained with ``by_steps_trained``; a
@@ -202,6 +218,7 @@ class UpdateTargetNetwork:
     :class:`~flowrl.actors.LearnerThread`'s) is held while the target moves, so a learner
     training in another thread never reads a half-copied target. ``counter`` paces the
     updates by another metrics counter (e.g. ``NUM_LEARNER_UPDATES``: train batches learned).
+    With ``learners`` the replicas of a learner group move their targets the same way.
     """
 
     def __init__(
@@ -213,8 +230,10 @@ class UpdateTargetNetwork:
         tau: float = 1.0,
         lock: ContextManager[Any] | None = None,
         counter: str | None = None,
+        learners: LearnerGroup | None = None,
     ) -> None:
         self.workers = workers
+        self.learners = learners
         self.target_update_freq = target_update_freq
         self.tau = tau
         self.lock: ContextManager[Any] = lock if lock is not None else contextlib.nullcontext()
@@ -228,6 +247,10 @@ class UpdateTargetNetwork:
                 raise _needs("UpdateTargetNetwork", "policies with a target network", pid, policy)
             self._targets.append(policy)
 
+    def plan_links(self) -> list[PlanLink]:
+        """The learner group's replicas, whose targets move too."""
+        return [] if self.learners is None else [ActorLink(LEARNER_ACTOR, "update target networks")]
+
     def __call__(self, item: Any) -> Any:
         metrics = LocalIterator.get_metrics()
         now = metrics.counters[self.counter]
@@ -235,6 +258,8 @@ class UpdateTargetNetwork:
             with self.lock:
                 for policy in self._targets:
                     policy.update_target(self.tau)
+                if self.learners is not None:
+                    self.learners.update_target(self.policies, self.tau)
             metrics.counters[NUM_TARGET_UPDATES] += 1
             metrics.counters[LAST_TARGET_UPDATE_TS] = now
         return item

@@ -1,4 +1,5 @@
-"""Learner groups: 2 gloo learner actors take one learner's steps, survive a killed learner, and hand back their state."""
+"""Learner groups: 2 gloo learner actors take one learner's steps, survive a killed learner, hand back their
+state, follow what the driver changes, and run under a Trainer (``num_learners``) with checkpoints and faults."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import ray
 from flowrl import Trainer
 from flowrl.actors.learner_group import LearnerGroup
 from flowrl.actors.learner_thread import learn_on_local_worker
+from flowrl.errors import ConfigError
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240)]
 
@@ -46,3 +48,87 @@ def test_two_learners_take_the_single_learners_steps_and_survive_a_killed_one() 
             np.testing.assert_allclose(moments[0], moments[1], atol=1e-5, rtol=0)
         finally:
             group.stop()
+
+
+GROUP = {"num_learners": 2, "num_cpus_per_learner": 0.25, "learner_timeout_s": 60}
+
+
+def replica_states(trainer: Trainer) -> list[dict[str, Any]]:
+    """Each learner actor's state of the default policy, rank 0 first."""
+    assert trainer.resources.learners is not None
+    return [ray.get(actor.get_state.remote(["default_policy"]), timeout=60)["default_policy"]
+            for actor in trainer.resources.learners.actors]
+
+
+def assert_replicas_equal_the_driver(trainer: Trainer, *, target: bool = False) -> None:
+    driver = trainer.workers.local_worker().get_policy().get_state()
+    for rank, state in enumerate(replica_states(trainer)):
+        for name, value in driver["weights"].items():
+            np.testing.assert_allclose(state["weights"][name], value, atol=1e-6, rtol=0, err_msg=f"rank {rank}: {name}")
+        if target:
+            for name, value in driver["target"].items():
+                np.testing.assert_allclose(state["target"][name].numpy(), value.numpy(), atol=1e-6, rtol=0, err_msg=f"rank {rank}: target {name}")
+
+
+def test_a_trainer_with_two_learners_trains_through_them_and_rebuilds_a_killed_one() -> None:
+    with Trainer("ppo", "CartPole-v1", {**PPO, **GROUP, **SGD}) as trainer:
+        group = trainer.resources.learners
+        assert group is not None and len(group.actors) == 2
+        first = trainer.train()
+        assert first["num_learner_restarts"] == 0
+        assert {"policy_loss", "kl"} <= set(first["info"]["learner"]["default_policy"])  # the replicas' statistics
+        assert_replicas_equal_the_driver(trainer)
+
+        ray.kill(group.actors[1])
+        results = [trainer.train() for _ in range(2)]
+        assert [r["num_learner_restarts"] for r in results] == [1, 1]
+        assert results[-1]["timesteps_total"] == 3 * PPO["train_batch_size"]
+        assert_replicas_equal_the_driver(trainer)
+
+
+def test_a_checkpoint_of_a_group_run_restores_into_every_replica(tmp_path: Any) -> None:
+    config = {**PPO, **GROUP, **SGD}
+    with Trainer("ppo", "CartPole-v1", config) as trainer:
+        for _ in range(2):
+            trainer.train()
+        ray.kill(trainer.resources.learners.actors[0])
+        trainer.train()
+        path = trainer.save(tmp_path)
+        saved = weights(trainer)
+    with Trainer("ppo", "CartPole-v1", config) as restored:
+        before = replica_states(restored)[0]["weights"]
+        restored.restore(path)
+        for name, value in saved.items():
+            np.testing.assert_array_equal(weights(restored)[name], value, err_msg=name)
+            assert not np.array_equal(before[name], value), name  # the replicas really moved to the checkpoint
+        assert_replicas_equal_the_driver(restored)
+        result = restored.train()
+        assert result["num_learner_restarts"] == 1  # the whole run's count, kept in the checkpoint
+        assert result["training_iteration"] == 4
+
+
+def test_replicas_follow_the_drivers_targets_coefficients_and_live_config() -> None:
+    dqn = {"num_workers": 0, "seed": 0, "learning_starts": 64, "train_batch_size": 32, "rollout_fragment_length": 16,
+           "target_network_update_freq": 64, "timesteps_per_iteration": 200, "model": {"fcnet_hiddens": [16]}, **GROUP}
+    with Trainer("dqn", "CartPole-v1", dqn) as trainer:
+        result = trainer.train()
+        assert result["info"]["num_target_updates"] >= 2
+        assert_replicas_equal_the_driver(trainer, target=True)
+        trainer.update_config({"lr": 1e-4})
+        for state in replica_states(trainer):
+            assert [group["lr"] for group in state["optimizer"]["param_groups"]] == [1e-4]
+
+    with Trainer("ppo", "CartPole-v1", {**PPO, **GROUP, **SGD}) as trainer:
+        local = trainer.workers.local_worker()
+        local.get_policy().coeffs["kl_coeff"] = 0.123  # what UpdateKL does between rounds
+        trainer.resources.learners.learn(local.sample(), **SGD)
+        assert [state["coeffs"]["kl_coeff"] for state in replica_states(trainer)] == [0.123, 0.123]
+
+
+def test_learner_group_settings_are_checked_before_anything_starts() -> None:
+    with pytest.raises(ConfigError, match=r"num_learners=2: 'a3c' does not train in a learner group.*ppo"):
+        Trainer("a3c", "CartPole-v1", {"num_workers": 1, "num_learners": 2})
+    with pytest.raises(ConfigError, match=r"num_gpus_per_learner=0.5: each learner of a group needs whole GPUs"):
+        Trainer("ppo", "CartPole-v1", {"num_workers": 0, "num_learners": 2, "num_gpus_per_learner": 0.5})
+    with pytest.raises(ConfigError, match=r"num_learners=2 x num_gpus_per_learner=1 needs 2 GPU, but the Ray cluster has 0"):
+        Trainer("ppo", "CartPole-v1", {"num_workers": 0, "num_learners": 2, "num_gpus_per_learner": 1})

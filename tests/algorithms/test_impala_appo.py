@@ -145,7 +145,7 @@ def test_appo_plan_syncs_its_target_network_on_the_learner_results(tmp_path: Pat
     trainer = Trainer("appo", "CartPole-v1", {**SMALL, "use_kl_loss": True})
     try:
         labels = [stage.label for stage in trainer.plan.graph.operators.values()]
-        i = labels.index("for_each(record_learner_results)")
+        i = labels.index("for_each(RecordLearnerResults)")
         assert labels[i + 1 : i + 3] == ["for_each(UpdateTargetNetwork)", "for_each(UpdateKL)"]
         assert "LearnerThread" in trainer.plan.graph.actors
         result = trainer.train()

@@ -19,10 +19,12 @@ pytestmark = [pytest.mark.learning, pytest.mark.usefixtures("ray_session"), pyte
 TUNED = Path(__file__).resolve().parents[2] / "tuned_examples"
 
 
-def train_until(example: str, threshold: float, budget: int) -> tuple[float, int, list[float]]:
+def train_until(
+    example: str, threshold: float, budget: int, overrides: dict[str, Any] | None = None
+) -> tuple[float, int, list[float]]:
     spec = yaml.safe_load((TUNED / example).read_text())
     # The test session's Ray has 2 CPUs shared with other tests' leftovers: ask for fractions.
-    config: dict[str, Any] = {**spec["config"], "seed": 0, "num_cpus_per_worker": 0.5}
+    config: dict[str, Any] = {**spec["config"], "seed": 0, "num_cpus_per_worker": 0.5, **(overrides or {})}
     trainer = Trainer(spec["algo"], spec["env"], config)
     curve: list[float] = []
     try:
@@ -55,6 +57,14 @@ def test_reaches_threshold_within_budget(example: str, threshold: float, budget:
     reward, steps, curve = train_until(example, threshold, budget)
     assert reward >= threshold, f"{example}: mean reward {reward:.1f} < {threshold} after {steps} steps; curve {curve}"
     assert steps <= budget
+
+
+@pytest.mark.parametrize("example", ["cartpole-ppo.yaml", "cartpole-impala.yaml"])
+def test_two_learners_learn_as_one(example: str) -> None:
+    """The tuned examples trained by a learner group of 2 gloo actors (TrainOneStep's, a learner thread's)."""
+    group = {"num_learners": 2, "num_cpus_per_learner": 0.25}
+    reward, steps, curve = train_until(example, 150.0, 300_000, group)
+    assert reward >= 150.0, f"{example} with 2 learners: mean reward {reward:.1f} < 150 after {steps} steps; curve {curve}"
 
 
 def train_until_each_policy(example: str, threshold: float, budget: int) -> tuple[dict[str, float], int, list[dict[str, float]]]:
