@@ -92,9 +92,10 @@ class LearnerActor:
         for pid, policy in self._torch(policies):
             policy.update_target(tau)
 
-    def learner_state(self, policies: Sequence[str]) -> dict[str, tuple[Any, Any]]:
-        """Per policy, what learning changed: its weights and its optimizer's state."""
-        return {pid: (policy.get_weights(), policy.optimizer.state_dict()) for pid, policy in self._torch(policies)}
+    def learner_state(self, policies: Sequence[str]) -> dict[str, tuple[Any, Any, int]]:
+        """Per policy, what learning changed: its weights, its optimizer's state and its count of skipped non-finite updates."""
+        return {pid: (policy.get_weights(), policy.optimizer.state_dict(), policy.num_nonfinite_updates)
+                for pid, policy in self._torch(policies)}
 
     def _torch(self, policies: Sequence[str]) -> list[tuple[str, TorchPolicy[Any]]]:
         return [(pid, policy) for pid in policies if isinstance(policy := self.policies[pid], TorchPolicy)]
@@ -232,14 +233,18 @@ class LearnerGroup:
                 [learned_state] = self._wait([self._actors[0].learner_state.remote(wanted)])
                 break
             except (RayError, GetTimeoutError) as error:
+                cause = getattr(error, "cause", None)
+                if isinstance(cause, FlowRLError):  # flowrl's own verdict (too many non-finite updates): not a fault
+                    raise cause from error
                 if attempt:
                     raise FlowRLError(f"the learner group failed twice on one batch: {error}") from error
                 self._restart()
-        # The driver's policies follow rank 0 (weights and optimizer): rollout workers, checkpoints and a
-        # rebuilt group read them there.
-        for pid, (weights, optimizer) in learned_state.items():
+        # The driver's policies follow rank 0 (weights, optimizer, skipped updates): rollout workers,
+        # checkpoints, metrics and a rebuilt group read them there.
+        for pid, (weights, optimizer, nonfinite) in learned_state.items():
             policy = local.get_policy(pid)
             policy.set_weights(weights)
+            policy.num_nonfinite_updates = nonfinite
             if isinstance(policy, TorchPolicy):
                 policy.load_optimizer_state(optimizer)
         info = {pid: _mean_stats([stats[pid] for stats, _ in results]) for pid in results[0][0]}

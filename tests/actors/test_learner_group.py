@@ -12,7 +12,8 @@ import ray
 from flowrl import Trainer
 from flowrl.actors.learner_group import LearnerGroup
 from flowrl.actors.learner_thread import learn_on_local_worker
-from flowrl.errors import ConfigError
+from flowrl.data import SampleBatch
+from flowrl.errors import ConfigError, NonFiniteUpdateError
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240)]
 
@@ -123,6 +124,23 @@ def test_replicas_follow_the_drivers_targets_coefficients_and_live_config() -> N
         local.get_policy().coeffs["kl_coeff"] = 0.123  # what UpdateKL does between rounds
         trainer.resources.learners.learn(local.sample(), **SGD)
         assert [state["coeffs"]["kl_coeff"] for state in replica_states(trainer)] == [0.123, 0.123]
+
+
+def test_a_nonfinite_batch_is_skipped_by_every_replica_counted_and_capped_not_restarted() -> None:
+    config = {**PPO, **GROUP, "max_consecutive_nonfinite_updates": 2}
+    with Trainer("ppo", "CartPole-v1", config) as trainer:
+        local, group = trainer.workers.local_worker(), trainer.resources.learners
+        batch = local.sample()
+        batch[SampleBatch.ADVANTAGES][3] = np.nan  # in rank 0's half: rank 1's finite loss is skipped too
+        before = weights(trainer)
+        group.learn(batch)
+        assert local.get_policy().num_nonfinite_updates == 1
+        for name, value in before.items():
+            np.testing.assert_array_equal(weights(trainer)[name], value, err_msg=name)
+        assert_replicas_equal_the_driver(trainer)
+        with pytest.raises(NonFiniteUpdateError, match="2 updates in a row"):
+            group.learn(batch)
+        assert group.num_restarts == 0
 
 
 def test_learner_group_settings_are_checked_before_anything_starts() -> None:

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]
 
 def no_faults(**counts: int) -> dict[str, int]:
     """PlanResources.fault_counters() with every count 0 but ``counts``."""
-    return {"num_replay_shard_restarts": 0, "num_lost_replay_calls": 0, "num_aggregator_restarts": 0, **counts}
+    return {"num_replay_shard_restarts": 0, "num_lost_replay_calls": 0, "num_aggregator_restarts": 0, "num_learner_restarts": 0, **counts}
 
 
 def rows(n: int, start: int = 0) -> SampleBatch:
