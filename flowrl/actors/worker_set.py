@@ -242,7 +242,8 @@ class WorkerSet:
         ``FilterManager.synchronize``). Nothing to do without an observation filter.
 
         Asked through the workers' control threads, with a timeout; a worker that cannot answer
-        is handled as failed (its statistics since the last sync are lost with it).
+        is handled as failed (its statistics since the last sync are lost with it). Returns once
+        every worker has the merged statistics.
         """
         local_filter = self._local.obs_filter
         if local_filter is None:
@@ -255,9 +256,15 @@ class WorkerSet:
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
                 self.handle_failure(worker, e)
         if self._remote:
+            # Waited for: once train() returns, every worker filters with the merged statistics (and a
+            # checkpoint or a state read right after sees them, not a sync still on its way).
             merged = ray.put(local_filter.stats())
-            for worker in self._remote:
-                control_call(worker, "sync_filter", merged)
+            synced = [(worker, control_call(worker, "sync_filter", merged)) for worker in self._remote]
+            for worker, ref in synced:
+                try:
+                    ray.get(ref, timeout=PROBE_TIMEOUT_S)
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+                    self.handle_failure(worker, e)
 
     def foreach_worker(self, fn: Callable[[RolloutWorker], R], local: bool = True) -> list[R]:
         """``fn(worker)`` on the local worker (if ``local``) and every remote one; results in order.
