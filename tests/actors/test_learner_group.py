@@ -3,6 +3,7 @@ state, follow what the driver changes, and run under a Trainer (``num_learners``
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -54,21 +55,25 @@ def test_two_learners_take_the_single_learners_steps_and_survive_a_killed_one() 
 GROUP = {"num_learners": 2, "num_cpus_per_learner": 0.25, "learner_timeout_s": 60}
 
 
-def replica_states(trainer: Trainer) -> list[dict[str, Any]]:
-    """Each learner actor's state of the default policy, rank 0 first."""
+def replica_states(trainer: Trainer, pid: str = "default_policy") -> list[dict[str, Any]]:
+    """Each learner actor's state of policy ``pid``, rank 0 first."""
     assert trainer.resources.learners is not None
-    return [ray.get(actor.get_state.remote(["default_policy"]), timeout=60)["default_policy"]
-            for actor in trainer.resources.learners.actors]
+    return [ray.get(actor.get_state.remote([pid]), timeout=60)[pid] for actor in trainer.resources.learners.actors]
 
 
 def assert_replicas_equal_the_driver(trainer: Trainer, *, target: bool = False) -> None:
-    driver = trainer.workers.local_worker().get_policy().get_state()
-    for rank, state in enumerate(replica_states(trainer)):
-        for name, value in driver["weights"].items():
-            np.testing.assert_allclose(state["weights"][name], value, atol=1e-6, rtol=0, err_msg=f"rank {rank}: {name}")
-        if target:
-            for name, value in driver["target"].items():
-                np.testing.assert_allclose(state["target"][name].numpy(), value.numpy(), atol=1e-6, rtol=0, err_msg=f"rank {rank}: target {name}")
+    """Every replica holds the driver's weights (and target networks), read between two updates."""
+    learner = trainer.resources.learner
+    with learner.lock if learner is not None else contextlib.nullcontext():
+        for pid in trainer.workers.trainable_policies():
+            driver = trainer.workers.local_worker().get_policy(pid).get_state()
+            for rank, state in enumerate(replica_states(trainer, pid)):
+                for name, value in driver["weights"].items():
+                    np.testing.assert_allclose(state["weights"][name], value, atol=1e-6, rtol=0, err_msg=f"rank {rank}: {pid} {name}")
+                if target and driver.get("target") is not None:
+                    for name, value in driver["target"].items():
+                        np.testing.assert_allclose(state["target"][name].numpy(), value.numpy(), atol=1e-6, rtol=0,
+                                                   err_msg=f"rank {rank}: {pid} target {name}")
 
 
 def test_a_trainer_with_two_learners_trains_through_them_and_rebuilds_a_killed_one() -> None:
@@ -85,6 +90,31 @@ def test_a_trainer_with_two_learners_trains_through_them_and_rebuilds_a_killed_o
         assert [r["num_learner_restarts"] for r in results] == [1, 1]
         assert results[-1]["timesteps_total"] == 3 * PPO["train_batch_size"]
         assert_replicas_equal_the_driver(trainer)
+
+
+SMALL_WORKERS = {"num_workers": 1, "num_cpus_per_worker": 0.1}
+REPLAY = {"learning_starts": 64, "train_batch_size": 32, "timesteps_per_iteration": 200}
+# Every other algorithm that trains in a learner group, small: TrainOneStep's plans, the learner thread's
+# (IMPALA's is a learning test), target networks moved on the replicas, and a composed plan.
+GROUP_PLANS = {
+    "pg": ("CartPole-v1", {"num_workers": 0, "train_batch_size": 64}),
+    "a2c": ("CartPole-v1", {"num_workers": 0, "train_batch_size": 64}),
+    "ddpg": ("Pendulum-v1", {"num_workers": 0, **REPLAY}),
+    "td3": ("Pendulum-v1", {"num_workers": 0, **REPLAY}),
+    "apex": ("CartPole-v1", {**SMALL_WORKERS, **REPLAY, "num_replay_shards": 1}),
+    "appo": ("CartPole-v1", {**SMALL_WORKERS, "train_batch_size": 100, "timesteps_per_iteration": 400}),
+    "ppo_dqn": ("MultiAgentCartPole", {"num_workers": 0}),
+}
+
+
+@pytest.mark.parametrize("algo", sorted(GROUP_PLANS))
+def test_every_group_plan_trains_its_replicas_in_step_with_the_driver(algo: str) -> None:
+    env, config = GROUP_PLANS[algo]
+    with Trainer(algo, env, {**config, **GROUP, "seed": 0}) as trainer:
+        results = [trainer.train() for _ in range(2)]
+        assert results[-1]["timesteps_trained"] > 0 and results[-1]["info"]["learner"]
+        assert results[-1]["num_learner_restarts"] == 0
+        assert_replicas_equal_the_driver(trainer, target=True)
 
 
 def test_a_checkpoint_of_a_group_run_restores_into_every_replica(tmp_path: Any) -> None:
