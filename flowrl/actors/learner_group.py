@@ -150,6 +150,7 @@ class LearnerGroup:
         self._options = {"num_cpus": num_cpus, "num_gpus": num_gpus}
         self.num_restarts = 0
         self._config_changes: dict[str, Any] = {}  # live config changes since the policy specs were made
+        self._placeholders = placeholders_active()
         self._actors: list[Any] = []
         self._start()
 
@@ -162,7 +163,7 @@ class LearnerGroup:
         return ray.get(refs, timeout=self.timeout_s)
 
     def _start(self) -> None:
-        if placeholders_active():
+        if self._placeholders:
             self._actors = [PlaceholderActor(LEARNER_ACTOR) for _ in range(self.size)]
             return
         specs = {pid: self.workers.policy_specs[pid] for pid in self.policies}
@@ -176,29 +177,42 @@ class LearnerGroup:
             self._wait([actor.join.remote(host, port, rank, self.size, self.timeout_s) for rank, actor in enumerate(self._actors)])
             if self._config_changes:
                 self._call_all("update_config", self._config_changes)
-            self.sync()
+            self._call_all("set_state", self._driver_states())
         except BaseException:
             self._kill()
             raise
 
+    def _driver_states(self) -> Any:
+        local = self.workers.local_worker()
+        return ray.put({pid: local.get_policy(pid).get_state() for pid in self.policies})
+
     def _call_all(self, method: str, *args: Any) -> list[Any]:
         return self._wait([getattr(actor, method).remote(*args) for actor in self._actors])
 
+    def _tell_all(self, method: str, *args: Any) -> None:
+        """Make every replica take a change the driver's policies already have; if one fails or hangs,
+        the group is rebuilt from the driver's policies, which carries the change as well."""
+        try:
+            self._call_all(method, *args)
+        except (RayError, GetTimeoutError) as error:
+            cause = getattr(error, "cause", None)
+            if isinstance(cause, FlowRLError):
+                raise cause from error
+            self._restart()
+
     def sync(self) -> None:
         """Set every replica to the driver's policies as they are now: weights, optimizer state,
-        coefficients, target networks (after a restore, and when the group starts)."""
-        local = self.workers.local_worker()
-        states = ray.put({pid: local.get_policy(pid).get_state() for pid in self.policies})
-        self._call_all("set_state", states)
+        coefficients, target networks (after a restore)."""
+        self._tell_all("set_state", self._driver_states())
 
     def update_config(self, changes: Mapping[str, Any]) -> None:
         """Change live config keys of every replica, as the driver's policies changed them (and of replacements)."""
         self._config_changes.update(changes)
-        self._call_all("update_config", dict(changes))
+        self._tell_all("update_config", dict(changes))
 
     def update_target(self, policies: Sequence[str], tau: float) -> None:
         """Move the replicas' target networks as the driver moved its own (the replicas' weights equal the driver's)."""
-        self._call_all("update_target", [pid for pid in policies if pid in self.policies], tau)
+        self._tell_all("update_target", [pid for pid in policies if pid in self.policies], tau)
 
     def _kill(self) -> None:
         for actor in self._actors:
@@ -255,7 +269,8 @@ class LearnerGroup:
         return Learned(None, info, batch.env_steps(), priorities)
 
     def stop(self) -> None:
-        if not placeholders_active():
+        """Kill the learner actors (idempotent)."""
+        if not self._placeholders:
             self._kill()
         self._actors = []
 

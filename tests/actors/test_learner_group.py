@@ -148,6 +148,13 @@ def test_replicas_follow_the_drivers_targets_coefficients_and_live_config() -> N
         trainer.update_config({"lr": 1e-4})
         for state in replica_states(trainer):
             assert [group["lr"] for group in state["optimizer"]["param_groups"]] == [1e-4]
+        # A learner lost between updates: the change that finds it dead rebuilds the group, which has it too.
+        ray.kill(trainer.resources.learners.actors[0])
+        trainer.update_config({"lr": 2e-4})
+        assert trainer.resources.learners.num_restarts == 1
+        for state in replica_states(trainer):
+            assert [group["lr"] for group in state["optimizer"]["param_groups"]] == [2e-4]
+        assert_replicas_equal_the_driver(trainer, target=True)
 
     with Trainer("ppo", "CartPole-v1", {**PPO, **GROUP, **SGD}) as trainer:
         local = trainer.workers.local_worker()
