@@ -11,8 +11,9 @@ repetition, the same batch is learned for ``--seconds`` of wall time by
 
 Reported per batch size: samples (env steps) trained per second, medians over repetitions, and
 the ratio 2 learners / 1. On this project's 2-core machine the two learners have a core each, so
-the ideal ratio is 2. ``--gpu`` puts the single learner and each group learner on a GPU of its own
-(NCCL; needs a machine with at least 2 GPUs). Run from the repository root::
+the ideal ratio is 2. ``--gpu`` puts the single learner on the first GPU and each group learner on a
+GPU Ray gives it (NCCL; needs a machine with at least 2 GPUs; the two never learn at the same time).
+Run from the repository root::
 
     python benchmarks/learner_scaling.py             # about three minutes
     python benchmarks/learner_scaling.py --quick     # a smoke test (~1 minute)

@@ -273,10 +273,11 @@ class Trainer:
         with local.lock:
             fresh = {0: local.set_state(state["worker"])}
             self._apply_overrides(check.overrides)
-            if self.resources.learners is not None:  # the replicas learn from the restored policies
-                self.resources.learners.sync()
         self.plan.set_state(state["plan"])
         self.resources.set_state(state["resources"], allow_partial=allow_partial)
+        if self.resources.learners is not None:  # the replicas learn from the restored policies
+            with local.lock:
+                self.resources.learners.sync()
         self.evaluator.set_state(state.get("evaluation", {}))
         self._finished_metrics = self.plan.metrics.save()
         learner = self.resources.learner

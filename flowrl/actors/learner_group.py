@@ -23,7 +23,7 @@ import numpy as np
 import ray
 import torch
 import torch.distributed as dist
-from ray.exceptions import GetTimeoutError, RayError
+from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from flowrl.actors.learner_thread import Learned
 from flowrl.actors.placeholders import PlaceholderActor, placeholders_active
@@ -48,14 +48,20 @@ LEARNER_ACTOR = "LearnerActor"
 class LearnerActor:
     """One replica of the trained policies, rank ``rank`` of a learner group once it has joined.
 
-    ``num_gpus`` > 0 puts the replicas on the GPU Ray gave this actor.
+    ``num_gpus`` > 0 puts the replicas on the GPU Ray gave this actor; PyTorch uses ``num_threads``
+    threads. ``seed`` (None: unseeded) seeds PyTorch per rank and incarnation, so that the shards'
+    random draws (TD3's target noise) differ from one another.
     """
 
-    def __init__(self, policy_specs: Mapping[str, PolicySpec], num_gpus: float) -> None:
-        torch.set_num_threads(1)
+    def __init__(
+        self, policy_specs: Mapping[str, PolicySpec], num_gpus: float, num_threads: int, seed: int | None, incarnation: int
+    ) -> None:
+        torch.set_num_threads(num_threads)
         overrides = {"num_gpus": num_gpus}
         self.policies: dict[str, Policy[Any]] = {pid: spec.build(overrides) for pid, spec in policy_specs.items()}
         self.shard = Shard(0, 1)
+        self.seed = seed
+        self.incarnation = incarnation
 
     def address(self) -> tuple[str, int]:
         """This node's address and a free port, for the group's rendezvous (asked of rank 0)."""
@@ -72,6 +78,10 @@ class LearnerActor:
             timeout=datetime.timedelta(seconds=timeout_s),
         )
         self.shard = Shard(rank, size)
+        if self.seed is None:
+            torch.seed()
+        else:
+            torch.manual_seed(int(np.random.SeedSequence([self.seed, rank, self.incarnation]).generate_state(1)[0]))
         for policy in self.policies.values():
             if not isinstance(policy, TorchPolicy):
                 raise FlowRLError(f"a learner group trains TorchPolicy replicas, got {type(policy).__name__}")
@@ -92,9 +102,10 @@ class LearnerActor:
         for pid, policy in self._torch(policies):
             policy.update_target(tau)
 
-    def learner_state(self, policies: Sequence[str]) -> dict[str, tuple[Any, Any, int]]:
-        """Per policy, what learning changed: its weights, its optimizer's state and its count of skipped non-finite updates."""
-        return {pid: (policy.get_weights(), policy.optimizer.state_dict(), policy.num_nonfinite_updates)
+    def learner_state(self, policies: Sequence[str]) -> dict[str, tuple[Any, Any, dict[str, float], int]]:
+        """Per policy, what learning changed: its weights, its optimizer's state (on CPU), its loss
+        coefficients (TD3 counts its steps there) and its count of skipped non-finite updates."""
+        return {pid: (policy.get_weights(), _on_cpu(policy.optimizer.state_dict()), dict(policy.coeffs), policy.num_nonfinite_updates)
                 for pid, policy in self._torch(policies)}
 
     def _torch(self, policies: Sequence[str]) -> list[tuple[str, TorchPolicy[Any]]]:
@@ -130,15 +141,21 @@ class LearnerActor:
 class LearnerGroup:
     """``size`` learner actors training the driver's ``policies`` of ``workers`` data-parallel.
 
-    Every wait on the actors is bounded by ``timeout_s``. ``num_cpus``/``num_gpus`` are each
-    actor's Ray resources; actor ``rank`` runs in the ``learner`` bundle ``rank`` of the workers'
-    reservation when the run reserved them. Inside
+    Every wait on the actors is bounded by ``timeout_s``, their start by ``startup_timeout_s``
+    (:attr:`update_limit_s` bounds a whole :meth:`learn`). ``num_cpus``/``num_gpus`` are each
+    actor's Ray resources (and its PyTorch threads: ``num_cpus``); actor ``rank`` runs in the
+    ``learner`` bundle ``rank`` of the workers' reservation when the run reserved them. Inside
     :func:`~flowrl.actors.placeholders.placeholder_actors` the actors are placeholders.
+
+    The replicas learn from the driver's policies as they were when the group started or last
+    learned, plus the changes it is told of (:meth:`sync`, :meth:`update_config`,
+    :meth:`update_target`, the coefficients sent with each batch): weights set on the driver's
+    policies otherwise are replaced by rank 0's at the next update unless :meth:`sync` follows.
     """
 
     def __init__(
         self, workers: WorkerSet, policies: Sequence[str], size: int, *, timeout_s: float = 600.0,
-        num_cpus: float = 1.0, num_gpus: float = 0.0,
+        startup_timeout_s: float = 120.0, num_cpus: float = 1.0, num_gpus: float = 0.0, seed: int | None = None,
     ) -> None:
         if size < 2:
             raise FlowRLError(f"LearnerGroup(size={size}): a group has at least 2 learners (fewer: learn in the driver)")
@@ -146,13 +163,23 @@ class LearnerGroup:
         self.policies = list(policies)
         self.size = size
         self.timeout_s = timeout_s
+        self.startup_timeout_s = startup_timeout_s
         self.num_gpus = num_gpus
         self._options = {"num_cpus": num_cpus, "num_gpus": num_gpus}
         self.num_restarts = 0
+        self.seed = seed
+        self._num_threads = max(1, int(num_cpus))
         self._config_changes: dict[str, Any] = {}  # live config changes since the policy specs were made
         self._placeholders = placeholders_active()
+        self._stopped = False
         self._actors: list[Any] = []
         self._start()
+
+    @property
+    def update_limit_s(self) -> float:
+        """The longest one :meth:`learn` can take: a failed attempt (2 waits), a rebuild (a start and
+        3 waits) and the attempt again (2 waits)."""
+        return 7 * self.timeout_s + self.startup_timeout_s
 
     @property
     def actors(self) -> list[Any]:
@@ -169,11 +196,14 @@ class LearnerGroup:
         specs = {pid: self.workers.policy_specs[pid] for pid in self.policies}
         reservation = self.workers.reservation
         self._actors = [
-            LearnerActor.options(**self._options, **reservation.options(LEARNER, rank)).remote(specs, self.num_gpus)  # type: ignore[attr-defined]
+            LearnerActor.options(**self._options, **reservation.options(LEARNER, rank)).remote(  # type: ignore[attr-defined]
+                specs, self.num_gpus, self._num_threads, self.seed, self.num_restarts
+            )
             for rank in range(self.size)
         ]
         try:
-            [(host, port)] = self._wait([self._actors[0].address.remote()])
+            # The first call waits for the actors to be scheduled and their processes to import flowrl.
+            [(host, port)] = ray.get([self._actors[0].address.remote()], timeout=self.startup_timeout_s)
             self._wait([actor.join.remote(host, port, rank, self.size, self.timeout_s) for rank, actor in enumerate(self._actors)])
             if self._config_changes:
                 self._call_all("update_config", self._config_changes)
@@ -192,13 +222,16 @@ class LearnerGroup:
     def _tell_all(self, method: str, *args: Any) -> None:
         """Make every replica take a change the driver's policies already have; if one fails or hangs,
         the group is rebuilt from the driver's policies, which carries the change as well."""
+        self._check_usable()
         try:
             self._call_all(method, *args)
         except (RayError, GetTimeoutError) as error:
-            cause = getattr(error, "cause", None)
-            if isinstance(cause, FlowRLError):
-                raise cause from error
+            _raise_if_not_a_fault(error)
             self._restart()
+
+    def _check_usable(self) -> None:
+        if self._stopped or not self._actors:
+            raise FlowRLError("the learner group was stopped (or could not be rebuilt after a failure): it has no learners")
 
     def sync(self) -> None:
         """Set every replica to the driver's policies as they are now: weights, optimizer state,
@@ -220,9 +253,14 @@ class LearnerGroup:
         self._actors = []
 
     def _restart(self) -> None:
+        if self._stopped:
+            raise FlowRLError("a learner of the group failed while the group was being stopped")
         self._kill()
-        self._start()
         self.num_restarts += 1
+        try:
+            self._start()
+        except (RayError, GetTimeoutError) as error:
+            raise FlowRLError(f"a learner of the group failed and the group could not be rebuilt: {error}") from error
 
     def learn(
         self, batch: Batch, *, policies: Sequence[str] | None = None, num_sgd_iter: int = 1, sgd_minibatch_size: int = 0,
@@ -234,7 +272,10 @@ class LearnerGroup:
         A learner that fails or hangs: the group is rebuilt from the driver's policies (the
         state before this batch) and the batch learned again, once.
         """
-        wanted = self.policies if policies is None else [pid for pid in policies if pid in self.policies]
+        self._check_usable()
+        wanted = self.policies if policies is None else list(policies)
+        if not set(wanted) <= set(self.policies):
+            raise FlowRLError(f"learn policies {sorted(set(wanted) - set(self.policies))} in a learner group of {self.policies}")
         local = self.workers.local_worker()
         coeffs = {pid: dict(coeffs) for pid in wanted if (coeffs := getattr(local.get_policy(pid), "coeffs", None))}
         ref = ray.put(batch)
@@ -247,20 +288,19 @@ class LearnerGroup:
                 [learned_state] = self._wait([self._actors[0].learner_state.remote(wanted)])
                 break
             except (RayError, GetTimeoutError) as error:
-                cause = getattr(error, "cause", None)
-                if isinstance(cause, FlowRLError):  # flowrl's own verdict (too many non-finite updates): not a fault
-                    raise cause from error
+                _raise_if_not_a_fault(error)
                 if attempt:
                     raise FlowRLError(f"the learner group failed twice on one batch: {error}") from error
                 self._restart()
-        # The driver's policies follow rank 0 (weights, optimizer, skipped updates): rollout workers,
-        # checkpoints, metrics and a rebuilt group read them there.
-        for pid, (weights, optimizer, nonfinite) in learned_state.items():
+        # The driver's policies follow rank 0 (weights, optimizer, coefficients, skipped updates):
+        # rollout workers, checkpoints, metrics and a rebuilt group read them there.
+        for pid, (weights, optimizer, learned_coeffs, nonfinite) in learned_state.items():
             policy = local.get_policy(pid)
             policy.set_weights(weights)
             policy.num_nonfinite_updates = nonfinite
             if isinstance(policy, TorchPolicy):
                 policy.load_optimizer_state(optimizer)
+                policy.coeffs = learned_coeffs
         info = {pid: _mean_stats([stats[pid] for stats, _ in results]) for pid in results[0][0]}
         priorities = {
             pid: (np.concatenate([p[pid][0] for _, p in results]), np.concatenate([p[pid][1] for _, p in results]))
@@ -269,7 +309,8 @@ class LearnerGroup:
         return Learned(None, info, batch.env_steps(), priorities)
 
     def stop(self) -> None:
-        """Kill the learner actors (idempotent)."""
+        """Kill the learner actors (idempotent); an update in progress then fails instead of rebuilding the group."""
+        self._stopped = True
         if not self._placeholders:
             self._kill()
         self._actors = []
@@ -281,8 +322,31 @@ def learner_group(workers: WorkerSet, config: TrainerConfig) -> LearnerGroup | N
         return None
     return LearnerGroup(
         workers, workers.trainable_policies(), config.num_learners, timeout_s=config.learner_timeout_s,
-        num_cpus=config.num_cpus_per_learner, num_gpus=config.num_gpus_per_learner,
+        startup_timeout_s=config.worker_startup_timeout_s, num_cpus=config.num_cpus_per_learner,
+        num_gpus=config.num_gpus_per_learner, seed=config.seed,
     )
+
+
+def _raise_if_not_a_fault(error: BaseException) -> None:
+    """Re-raise what a learner's own code raised (flowrl's verdicts such as too many non-finite updates,
+    a batch that cannot be shared) instead of taking it for a lost learner; a dead actor, a timeout or a
+    failed collective (a RuntimeError from gloo or NCCL when a peer is gone) is a fault the group survives."""
+    cause = getattr(error, "cause", None)
+    if isinstance(error, RayTaskError) and cause is not None and not isinstance(cause, RuntimeError):
+        raise cause from error
+    if isinstance(cause, FlowRLError):
+        raise cause from error
+
+
+def _on_cpu(value: Any) -> Any:
+    """``value`` (an optimizer's state_dict) with every tensor moved to CPU, for a driver without the learner's GPU."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {key: _on_cpu(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_cpu(item) for item in value)
+    return value
 
 
 def _mean_stats(per_replica: list[Mapping[str, float]]) -> dict[str, float]:

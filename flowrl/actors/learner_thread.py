@@ -119,7 +119,8 @@ class LearnerThread(threading.Thread):
 
     If ``learn_fn`` raises, the thread records the error and ends; :meth:`check` then
     raises it in the caller's thread, as it does when one ``learn_fn`` call has run longer
-    than ``timeout_s`` (a stuck learner is reported, not waited on forever).
+    than ``timeout_s`` (a stuck learner is reported, not waited on forever); with a learner
+    group, longer than the group's own limit if that is larger (it rebuilds itself within it).
     """
 
     #: Longest wait on an empty inqueue (or a full outqueue) before re-reading the stop flag.
@@ -183,7 +184,7 @@ class LearnerThread(threading.Thread):
         self.lock = getattr(local_worker, "lock", None) or threading.RLock()
         self._stop_event = threading.Event()
         self._waiting_sum = 0
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s if learners is None or timeout_s is None else max(timeout_s, learners.update_limit_s)
         self._learning_since: float | None = None  # when the learn_fn call in progress started
 
     # -- the thread --------------------------------------------------------------------

@@ -101,6 +101,13 @@ class ImpalaConfig(TrainerConfig):
                 f"num_aggregation_workers={self.num_aggregation_workers} > num_workers={self.num_workers}: "
                 "each aggregator needs at least one rollout worker"
             )
+        minibatch = self.sgd_minibatch_size or self.train_batch_size
+        if self.num_learners >= 2 and minibatch // self.rollout_fragment_length < self.num_learners:
+            problems.append(
+                f"num_learners={self.num_learners} learners share each minibatch of {minibatch} steps in whole fragments of "
+                f"rollout_fragment_length={self.rollout_fragment_length}: it has {minibatch // self.rollout_fragment_length}; "
+                "raise the batch or lower num_learners"
+            )
         return problems
 
 

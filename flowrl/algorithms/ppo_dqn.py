@@ -27,6 +27,8 @@ from flowrl.operators import Concurrently, ParallelRollouts, SelectExperiences, 
 from flowrl.policy import PolicySpec
 
 PPO_POLICY, DQN_POLICY = "ppo_policy", "dqn_policy"
+#: The learner group's keys: one group (or the driver) trains both policies.
+LEARNER_KEYS = ("num_learners", "num_cpus_per_learner", "num_gpus_per_learner")
 # The keys that describe sampling and the run, not learning: the sub-algorithms take them from here.
 SHARED_KEYS = (
     "num_workers",
@@ -113,6 +115,8 @@ class PPODQNConfig(TrainerConfig):
         for name, sub in (("ppo", self.ppo), ("dqn", self.dqn)):
             for key in sorted(set(sub) & set(SHARED_KEYS)):
                 problems.append(f"{name}[{key!r}]: a sampling key shared by both policies; set {key} at the top level")
+            for key in sorted(set(sub) & set(LEARNER_KEYS)):
+                problems.append(f"{name}[{key!r}]: one learner group trains both policies; set {key} at the top level")
         return problems
 
     def _shared(self) -> dict[str, Any]:

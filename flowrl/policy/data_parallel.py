@@ -43,23 +43,29 @@ class Shard(NamedTuple):
 def synchronize_gradients(model: nn.Module, rows: int, loss_finite: bool, group: dist.ProcessGroup | None = None) -> bool:
     """Average ``model``'s gradients over the process group's replicas, weighted by their ``rows``.
 
-    One all-reduce of a flat buffer carries every gradient (scaled by this replica's rows), the
-    row count and whether the loss was finite, so replicas with unequal shards still average
-    exactly and all of them skip an update that any of them found non-finite. Returns whether
-    every replica's loss was finite.
+    One all-reduce of a flat buffer carries every gradient (scaled by this replica's rows),
+    which parameters have one, the row count and whether the loss was finite, so replicas with
+    unequal shards still average exactly, all of them skip an update that any of them found
+    non-finite, and a parameter no replica's loss reached keeps no gradient (an optimizer then
+    leaves it alone, as one learner's would). Returns whether every replica's loss was finite.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) * rows for g in grads] + [grads[0].new_tensor([float(rows), 0.0 if loss_finite else 1.0])])
+    has_grad = [0.0 if p.grad is None else 1.0 for p in params]
+    flat = torch.cat(
+        [g.reshape(-1) * rows for g in grads] + [grads[0].new_tensor([*has_grad, float(rows), 0.0 if loss_finite else 1.0])]
+    )
     dist.all_reduce(flat, group=group)
-    total_rows, nonfinite = flat[-2], flat[-1]
-    averaged = flat[:-2] / total_rows
+    reached, total_rows, nonfinite = flat[-2 - len(params) : -2].tolist(), flat[-2], flat[-1]
+    averaged = flat[: -2 - len(params)] / total_rows
     offset = 0
-    for p, g in zip(params, grads):
+    for p, g, any_grad in zip(params, grads, reached):
         view = averaged[offset : offset + g.numel()].view_as(g)
-        if p.grad is None:
+        offset += g.numel()
+        if not any_grad:
+            p.grad = None
+        elif p.grad is None:
             p.grad = view.clone()
         else:
             p.grad.copy_(view)
-        offset += g.numel()
     return bool(nonfinite == 0)

@@ -24,13 +24,12 @@ from ray.tune import PlacementGroupFactory
 from ray.tune.experiment import Trial
 from ray.tune.logger import JsonLoggerCallback
 
-from flowrl.actors.evaluation import evaluation_request
 from flowrl.actors.placement import trial_bundles, worker_request
 from flowrl.algorithms import get_algorithm
 from flowrl.checkpoint import list_checkpoints
 from flowrl.errors import CheckpointError, FlowRLError
 from flowrl.run import PARAMS_FILE, PROGRESS_FILE, RunSpec, json_safe
-from flowrl.trainer import Trainer
+from flowrl.trainer import Trainer, plan_bundles
 
 #: CPUs a trial's trainable (the driver: local worker and learner) gets when ``num_cpus_for_driver`` is 0:
 #: Tune runs it as an actor in the trial's first bundle, which must ask for something.
@@ -47,7 +46,7 @@ def trial_resources(algo: str, config: Mapping[str, Any]) -> PlacementGroupFacto
 
     The first bundle is the trainable's (``num_cpus_for_driver``, else :data:`TRIAL_DRIVER_CPUS`;
     ``num_gpus`` when the cluster has GPUs), then one per rollout worker, per actor the
-    algorithm declares and per evaluation worker, laid out by ``placement_strategy``. Invalid keys raise
+    algorithm declares, per learner actor and per evaluation worker, laid out by ``placement_strategy``. Invalid keys raise
     :class:`~flowrl.errors.ConfigError`.
     """
     algorithm = get_algorithm(algo)
@@ -55,7 +54,7 @@ def trial_resources(algo: str, config: Mapping[str, Any]) -> PlacementGroupFacto
     driver = {"CPU": cfg.num_cpus_for_driver or TRIAL_DRIVER_CPUS}
     if cfg.num_gpus > 0 and ray.is_initialized() and ray.cluster_resources().get("GPU", 0.0) > 0:
         driver["GPU"] = cfg.num_gpus
-    requests = [worker_request(cfg, cfg.num_workers, cfg.num_cpus_per_worker), *algorithm.bundles(cfg), evaluation_request(cfg)]
+    requests = [worker_request(cfg, cfg.num_workers, cfg.num_cpus_per_worker), *plan_bundles(algorithm, cfg)]
     return PlacementGroupFactory(trial_bundles(requests, driver), strategy=cfg.placement_strategy)
 
 

@@ -177,6 +177,9 @@ def test_a_nonfinite_batch_is_skipped_by_every_replica_counted_and_capped_not_re
         assert_replicas_equal_the_driver(trainer)
         with pytest.raises(NonFiniteUpdateError, match="2 updates in a row"):
             group.learn(batch)
+        # A learner's own error is the run's error, not a lost learner: raised as it is, no rebuild.
+        with pytest.raises(ValueError, match="cannot be shared by 2 learners"):
+            group.learn(batch.slice(0, 1))
         assert group.num_restarts == 0
 
 
@@ -187,3 +190,7 @@ def test_learner_group_settings_are_checked_before_anything_starts() -> None:
         Trainer("ppo", "CartPole-v1", {"num_workers": 0, "num_learners": 2, "num_gpus_per_learner": 0.5})
     with pytest.raises(ConfigError, match=r"num_learners=2 x num_gpus_per_learner=1 needs 2 GPU, but the Ray cluster has 0"):
         Trainer("ppo", "CartPole-v1", {"num_workers": 0, "num_learners": 2, "num_gpus_per_learner": 1})
+    with pytest.raises(ConfigError, match=r"num_learners=4 learners share each minibatch of 100 steps .* it has 2"):
+        Trainer("impala", "CartPole-v1", {"num_learners": 4, "sgd_minibatch_size": 100, "rollout_fragment_length": 50})
+    with pytest.raises(ConfigError, match=r"dqn\['num_learners'\]: one learner group trains both policies"):
+        Trainer("ppo_dqn", "MultiAgentCartPole", {"dqn": {"num_learners": 2}})

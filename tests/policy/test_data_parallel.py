@@ -77,6 +77,53 @@ def test_two_replicas_take_the_single_learners_steps(tmp_path: Path, rows: int) 
     assert any(not np.allclose(value, ppo_policy().get_weights()[name]) for name, value in single.items())
 
 
+def td3_learn(shard: Shard | None) -> dict[str, np.ndarray]:
+    """Four TD3 updates on one batch (policy_delay 2: the actor steps on the 2nd and 4th only), no target noise."""
+    import gymnasium as gym
+
+    from flowrl.algorithms.ddpg import ACTOR_STEPS, TD3Config, make_ddpg_policy
+    from flowrl.policy.postprocessing import DISCOUNTS
+
+    torch.manual_seed(0)
+    spaces = gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+    policy = make_ddpg_policy(*spaces, TD3Config(seed=0, target_noise=0.0, actor_hiddens=[8], critic_hiddens=[8])).build()
+    rng, n = np.random.default_rng(2), 32
+    batch = SampleBatch({
+        SampleBatch.OBS: rng.uniform(-1, 1, (n, 3)).astype(np.float32),
+        SampleBatch.NEW_OBS: rng.uniform(-1, 1, (n, 3)).astype(np.float32),
+        SampleBatch.ACTIONS: rng.uniform(-2, 2, (n, 1)).astype(np.float32),
+        SampleBatch.REWARDS: rng.standard_normal(n).astype(np.float32),
+        SampleBatch.TERMINATEDS: np.zeros(n, bool),
+        DISCOUNTS: np.full(n, 0.99, np.float32),
+    })
+    if shard is not None:
+        policy.gradient_sync = synchronize_gradients
+        batch = shard.rows(batch)
+    for _ in range(4):
+        policy.learn(batch)
+    assert isinstance(policy, TorchPolicy) and policy.coeffs[ACTOR_STEPS] == 4
+    return policy.get_weights()
+
+
+def td3_replica(rank: int, size: int, store: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
+    try:
+        weights = td3_learn(Shard(rank, size))
+    finally:
+        dist.destroy_process_group()
+    np.savez(f"{out}_{rank}.npz", **weights)
+
+
+def test_parameters_no_loss_reached_are_left_alone_as_by_one_learner(tmp_path: Path) -> None:
+    """TD3's critic-only updates give the actor no gradient: the replicas' Adam must not step it on momentum."""
+    single = td3_learn(None)
+    mp.start_processes(td3_replica, args=(2, str(tmp_path / "store"), str(tmp_path / "w")), nprocs=2, start_method="spawn")
+    replicas = [dict(np.load(tmp_path / f"w_{rank}.npz")) for rank in range(2)]
+    for name, value in single.items():
+        np.testing.assert_allclose(replicas[0][name], value, atol=1e-5, rtol=0, err_msg=name)
+        np.testing.assert_allclose(replicas[1][name], value, atol=1e-5, rtol=0, err_msg=name)
+
+
 def test_a_shard_is_whole_runs_and_never_empty() -> None:
     batch = SampleBatch(t=np.arange(12))
     assert [Shard(r, 3).rows(batch, 2)["t"].tolist() for r in range(3)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]

@@ -26,6 +26,8 @@ def test_a_trial_asks_tune_for_its_plans_placement_group() -> None:
     assert factory.bundles == [{"CPU": 1.0}, {"CPU": 0.25}, {"CPU": 0.25}, {"CPU": 0.5}]  # trainable, workers, aggregator
     assert factory.strategy == "SPREAD"
     assert trial_resources("ppo", {"num_workers": 1, "num_cpus_for_driver": 0.5}).bundles == [{"CPU": 0.5}, {"CPU": 1.0}]
+    learners = {"num_workers": 1, "num_learners": 2, "num_cpus_per_learner": 2}  # a bundle per learner actor, after the workers'
+    assert trial_resources("ppo", learners).bundles == [{"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 2.0}, {"CPU": 2.0}]
 
 
 def pbt_experiment(tmp_path: Path, mutations: dict[str, Any], name: str, **config: Any) -> list[list[dict[str, Any]]]:
