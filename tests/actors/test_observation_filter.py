@@ -22,7 +22,7 @@ from flowrl.envs import get_env_creator
 from flowrl.policy import PolicySpec, TorchPolicy
 from flowrl.policy.filters import MeanStdFilter, RunningStats
 
-from fakes import bc_loss
+from fakes import bc_loss, is_dead
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the env below travels to the worker actors
 
@@ -112,6 +112,7 @@ def test_a_replacement_worker_starts_with_the_merged_statistics() -> None:
         merged = workers.local_worker().obs_filter.stats()
         [failed] = workers.remote_workers()
         ray.kill(failed, no_restart=True)
+        assert is_dead(failed)  # ray.kill is asynchronous: a probe right after it may still be answered
         workers.probe_unhealthy_workers()
         [stats] = remote_filter_stats(workers)
         assert merged is not None and stats is not None and stats.count == merged.count
