@@ -7,7 +7,6 @@ from typing import Any, NamedTuple
 import ray
 
 from flowrl.actors import Learned, LearnerThread, WorkerSet
-from flowrl.actors.learner_group import LEARNER_ACTOR
 from flowrl.data import MultiAgentBatch, SampleBatch
 from flowrl.iterators import FromActor, LocalIterator
 from flowrl.operators.concurrency_ops import Dequeue, Enqueue
@@ -18,7 +17,7 @@ from flowrl.operators.names import (
     STEPS_TRAINED_COUNTER,
 )
 from flowrl.operators.protocol import ActorLink, Operator, PlanLink
-from flowrl.operators.train_ops import learner_group_links
+from flowrl.operators.train_ops import learner_group_counts, learner_group_links
 from flowrl.operators.weight_sync import send_weights
 
 Batch = SampleBatch | MultiAgentBatch
@@ -84,7 +83,7 @@ class RecordLearnerResults(Operator):
         return learner_group_links(self.learners, driven_by="LearnerThread")
 
     def plan_actor_counts(self) -> dict[str, int]:
-        return {} if self.learners is None else {LEARNER_ACTOR: self.learners.size}
+        return learner_group_counts(self.learners)
 
     def __call__(self, learned: Learned) -> Learned:
         return record_learner_results(learned)

@@ -83,6 +83,11 @@ def learner_group_links(learners: LearnerGroup | None, driven_by: str | None = N
     return [to_group, ActorFlow(LEARNER_ACTOR, LEARNER_ACTOR, "all-reduce gradients")]
 
 
+def learner_group_counts(learners: LearnerGroup | None) -> dict[str, int]:
+    """The learner group's actors, for an operator's :meth:`~flowrl.operators.Operator.plan_actor_counts`."""
+    return {} if learners is None else {LEARNER_ACTOR: learners.size}
+
+
 def _needs(operator: str, kind: str, policy_id: str, policy: Any) -> FlowRLError:
     return FlowRLError(f"{operator} needs {kind}; policy {policy_id!r} is a {type(policy).__name__}")
 
@@ -123,7 +128,7 @@ class TrainOneStep(Operator):
 
     def plan_actor_counts(self) -> dict[str, int]:
         """The learner group's actors."""
-        return {} if self.learners is None else {LEARNER_ACTOR: self.learners.size}
+        return learner_group_counts(self.learners)
 
     def __call__(self, batch: Batch) -> Trained:
         metrics = LocalIterator.get_metrics()
