@@ -1,25 +1,37 @@
-"""Policies: the Policy API, TorchPolicy, models, action distributions, exploration, postprocessing."""
+"""Policies: the Policy API, TorchPolicy, models, action distributions, exploration, postprocessing.
 
-from flowrl.policy.distributions import (
-    ActionDistribution,
-    Categorical,
-    Deterministic,
-    DiagGaussian,
-    SquashedGaussian,
-    dist_class_for,
-)
-from flowrl.policy.exploration import EpsilonGreedy, Exploration, GaussianNoise, LinearSchedule, StochasticSampling
-from flowrl.policy.models import ActorCriticModel, CNNEncoder, MLPEncoder, model_config
-from flowrl.policy.policy import LearnOutput, Policy, PolicyConfig, PolicySpec
-from flowrl.policy.postprocessing import (
-    actor_critic_postprocess,
-    adjust_nstep,
-    bootstrap_value,
-    compute_advantages,
-    discount_cumsum,
-    nstep_postprocess,
-)
-from flowrl.policy.torch_policy import LossOutput, TorchPolicy
+Each name is imported from its module on first use (:func:`~flowrl.deferred.deferred_attributes`):
+the package itself loads no PyTorch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from flowrl.deferred import deferred_attributes
+
+if TYPE_CHECKING:
+    from flowrl.policy.distributions import (
+        ActionDistribution,
+        Categorical,
+        Deterministic,
+        DiagGaussian,
+        SquashedGaussian,
+        dist_class_for,
+    )
+    from flowrl.policy.exploration import EpsilonGreedy, Exploration, GaussianNoise, LinearSchedule, StochasticSampling
+    from flowrl.policy.model_options import model_config
+    from flowrl.policy.models import ActorCriticModel, CNNEncoder, MLPEncoder
+    from flowrl.policy.policy import LearnOutput, Policy, PolicyConfig, PolicySpec
+    from flowrl.policy.postprocessing import (
+        actor_critic_postprocess,
+        adjust_nstep,
+        bootstrap_value,
+        compute_advantages,
+        discount_cumsum,
+        nstep_postprocess,
+    )
+    from flowrl.policy.torch_policy import LossOutput, TorchPolicy
 
 __all__ = [
     "ActionDistribution",
@@ -50,3 +62,16 @@ __all__ = [
     "model_config",
     "nstep_postprocess",
 ]
+
+__getattr__ = deferred_attributes(
+    __name__,
+    {
+        "flowrl.policy.distributions": ["ActionDistribution", "Categorical", "Deterministic", "DiagGaussian", "SquashedGaussian", "dist_class_for"],
+        "flowrl.policy.exploration": ["EpsilonGreedy", "Exploration", "GaussianNoise", "LinearSchedule", "StochasticSampling"],
+        "flowrl.policy.model_options": ["model_config"],
+        "flowrl.policy.models": ["ActorCriticModel", "CNNEncoder", "MLPEncoder"],
+        "flowrl.policy.policy": ["LearnOutput", "Policy", "PolicyConfig", "PolicySpec"],
+        "flowrl.policy.postprocessing": ["actor_critic_postprocess", "adjust_nstep", "bootstrap_value", "compute_advantages", "discount_cumsum", "nstep_postprocess"],
+        "flowrl.policy.torch_policy": ["LossOutput", "TorchPolicy"],
+    },
+)
