@@ -6,7 +6,7 @@ Each command runs as a fresh subprocess of this Python (``python -m flowrl.cli .
 - ``import flowrl``: ``python -c "import flowrl"`` (loads neither PyTorch, Gymnasium nor Ray);
 - ``flowrl --help`` and ``flowrl list``: argument parsing and the algorithm registry only
   (goal: at most 0.5 s for ``--help``);
-- ``flowrl list ppo``: one algorithm's config keys (imports that algorithm's module, so PyTorch);
+- ``flowrl list ppo``: one algorithm's config keys (imports that algorithm's module, without PyTorch);
 - ``flowrl plan --algo ppo|apex --env CartPole-v1``: the plan's graph, built over placeholder
   actors without starting Ray (goal: well under 2 s);
 - ``flowrl train --algo ppo --env CartPole-v1 --num-workers 0 --stop-iters 1``: one PPO

@@ -304,7 +304,7 @@ def _model_problems(model: dict[str, Any]) -> list[str]:
     if not model:
         return []
     from flowrl.policy.custom_model import custom_model_problems
-    from flowrl.policy.models import DEFAULT_MODEL_CONFIG, model_config
+    from flowrl.policy.model_options import DEFAULT_MODEL_CONFIG, model_config
 
     problems = []
     known = {}
@@ -471,7 +471,7 @@ class TrainerConfig:
     )
     model: dict[str, Any] = cfg_field(
         {},
-        "Options overriding flowrl.policy.models.DEFAULT_MODEL_CONFIG (fcnet_hiddens, fcnet_activation, "
+        "Options overriding the model defaults (flowrl.policy.model_options: fcnet_hiddens, fcnet_activation, "
         "conv_filters, conv_activation, vf_share_layers). custom_model: a torch.nn.Module subclass or its "
         "'module:Class' path, built as Class(obs_space, action_space, num_outputs, **custom_model_config), used "
         "instead (its interface per algorithm: flowrl.policy.custom_model); custom_model_obs: 'flat' (default) or "

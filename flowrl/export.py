@@ -57,7 +57,7 @@ from flowrl.policy import TorchPolicy
 from flowrl.policy.distributions import Categorical, Deterministic, DiagGaussian, SquashedGaussian
 from flowrl.policy.exploration import EpsilonGreedy
 from flowrl.policy.filters import MeanStdFilter
-from flowrl.policy.models import is_image_space
+from flowrl.policy.model_options import is_image_space
 from flowrl.run import CHECKPOINTS_DIR, PARAMS_FILE
 
 FORMATS = ("torchscript", "onnx")

@@ -39,8 +39,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import safetensors.numpy
-import torch
 
+from flowrl.deferred import torch
 import flowrl
 from flowrl.checkpoint import latest_checkpoint
 from flowrl.config import TrainerConfig

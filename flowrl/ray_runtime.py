@@ -7,8 +7,7 @@ import logging
 import os
 from typing import Iterator
 
-import ray
-
+from flowrl.deferred import ray
 from flowrl.errors import ClusterConnectionError
 
 

@@ -10,7 +10,6 @@ from typing import Any, Callable, Mapping
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from flowrl.algorithms import Algorithm, get_algorithm, list_algorithms
 from flowrl.actors import PlanResources, WorkerSet
@@ -21,6 +20,7 @@ from flowrl.callbacks import Callbacks, run_hook
 from flowrl.checkpoint import read_checkpoint, write_checkpoint
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
+from flowrl.deferred import torch
 from flowrl.envs import get_env_creator, is_multi_agent_env
 from flowrl.envs.context import EnvContext
 from flowrl.envs.registry import EnvCreator, close_env

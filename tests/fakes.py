@@ -116,6 +116,9 @@ class FakeWorker:
     def get_policy(self, pid: str = DEFAULT_POLICY_ID) -> FakePolicy:
         return self.policy_map[pid]
 
+    def policy_class(self, pid: str = DEFAULT_POLICY_ID) -> type:
+        return type(self.policy_map[pid])
+
     def compute_gradients(self, batch: SampleBatch, policy_id: str = DEFAULT_POLICY_ID) -> Any:
         return self.policy_map[policy_id].compute_gradients(batch)
 

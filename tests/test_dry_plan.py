@@ -14,11 +14,15 @@ from typing import Any
 import pytest
 
 from flowrl import Trainer
-from flowrl.actors.placeholders import PlaceholderActor
+from flowrl.actors.placeholders import PlaceholderActor, PlaceholderLocalWorker, placeholder_actors
 from flowrl.algorithms import get_algorithm, list_algorithms
+from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.dry_plan import dry_plan
+from flowrl.envs import get_env_creator
 from flowrl.errors import ConfigError, FlowRLError
 from flowrl.plan import Plan, PlanGraph
+from flowrl.policy import TorchPolicy
+from flowrl.trainer import make_workers, validated_config
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240)]
 
@@ -91,3 +95,21 @@ def test_a_dry_plan_cannot_run() -> None:
 def test_a_dry_plan_validates_the_config_as_a_trainer_does() -> None:
     with pytest.raises(ConfigError, match="num_workers"):
         dry_plan("apex", "CartPole-v1", {"num_workers": 0})
+
+
+def test_the_local_worker_of_a_dry_plan_builds_a_policy_only_when_asked() -> None:
+    """The placeholder local worker serves the classes and specs a plan's build reads; a policy is built
+    on request (loading PyTorch), and what only a running plan reads raises."""
+    with placeholder_actors():
+        workers = make_workers(get_algorithm("dqn"), validated_config(get_algorithm("dqn"), {}), get_env_creator("CartPole-v1"), [])
+    local = workers.local_worker()
+    assert isinstance(local, PlaceholderLocalWorker) and not local.multi_agent
+    assert local.policy_class() is TorchPolicy and workers.trainable_policies() == [DEFAULT_POLICY_ID]
+    assert isinstance(local.get_policy(), TorchPolicy) and local.get_policy() is local.get_policy()
+    with pytest.raises(FlowRLError, match="local worker's 'sample' was read while building a plan over placeholder actors"):
+        local.sample()
+
+
+def test_a_dry_perturbation_search_checks_the_noise_table_without_building_the_policy() -> None:
+    with pytest.raises(ConfigError, match="noise_table_size=100 < 1282, the number of policy parameters"):
+        dry_plan("es", "CartPole-v1", {"noise_table_size": 100})

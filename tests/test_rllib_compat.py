@@ -17,7 +17,7 @@ from flowrl.cli import build_config, main
 from flowrl.config import TrainerConfig
 from flowrl.errors import ConfigError
 from flowrl.experiment import load_experiment_file
-from flowrl.policy.models import DEFAULT_MODEL_CONFIG
+from flowrl.policy.model_options import DEFAULT_MODEL_CONFIG
 from flowrl.rllib_compat import (
     IGNORED,
     IGNORED_AT,

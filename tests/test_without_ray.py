@@ -21,6 +21,7 @@ import pytest
 from flowrl import Trainer
 from flowrl.actors.evaluation import evaluation_request
 from flowrl.actors.placement import REPLAY_SHARD, BundleRequest, asks_for_actors
+from flowrl.algorithms import list_algorithms
 from flowrl.config import TrainerConfig
 
 pytestmark = pytest.mark.timeout(300)
@@ -87,6 +88,27 @@ def test_the_plan_command_shows_a_learner_group_without_starting_ray(tmp_path: P
     assert any(line.endswith("for_each(TrainOneStep) --learn on batch shards--> LearnerActor x2") for line in lines)
     assert "    LearnerActor x2 --all-reduce gradients--> LearnerActor x2" in lines
     assert_no_ray_started(tmp_path)
+
+
+PLANS_IMPORT_NEITHER = textwrap.dedent(
+    """
+    import json
+    import sys
+    from flowrl.algorithms import list_algorithms
+    from flowrl.dry_plan import dry_plan
+    envs = {"ddpg": "Pendulum-v1", "td3": "Pendulum-v1", "apex_ddpg": "Pendulum-v1", "ppo_dqn": "MultiAgentCartPole"}
+    operators = {algo: len(dry_plan(algo, envs.get(algo, "CartPole-v1")).graph.operators) for algo in list_algorithms()}
+    print("RESULT " + json.dumps({"operators": operators, "loaded": sorted({"torch", "ray"} & set(sys.modules))}))
+    """
+)
+
+
+def test_every_plan_is_declared_without_importing_pytorch_or_ray(tmp_path: Path) -> None:
+    """What makes ``flowrl plan`` instant: the algorithms, their plans and a placeholder local worker
+    import neither (each plan's build reads its policies' classes and specs, never a built policy)."""
+    result = result_of(run_isolated(tmp_path, [sys.executable, "-c", PLANS_IMPORT_NEITHER]))
+    assert result["loaded"] == []
+    assert sorted(result["operators"]) == sorted(list_algorithms()) and min(result["operators"].values()) >= 5
 
 
 TRAINER_LIFECYCLE = textwrap.dedent(

@@ -13,10 +13,9 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import ray
-
 from flowrl.actors.placeholders import PlaceholderActor, placeholders_active
 from flowrl.actors.placement import AGGREGATOR
+from flowrl.deferred import ray
 from flowrl.errors import FlowRLError, ShardFailedError
 from flowrl.iterators import LocalIterator, ParallelIteratorWorker, from_actors
 

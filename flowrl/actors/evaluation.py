@@ -19,14 +19,13 @@ from typing import Any, NamedTuple, cast
 
 import gymnasium as gym
 import numpy as np
-import ray
-import torch
 
 from flowrl.actors.placement import BundleRequest, Reservation
 from flowrl.actors.rollout_worker import as_config
 from flowrl.actors.worker_set import CALL_TIMEOUT_S
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
+from flowrl.deferred import ray, torch
 from flowrl.envs import is_multi_agent_env
 from flowrl.envs.context import EnvContext
 from flowrl.envs.episodes import run_episode

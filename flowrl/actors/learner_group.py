@@ -15,21 +15,19 @@ and the batch learned again (``num_restarts``).
 from __future__ import annotations
 
 import datetime
+import functools
 import socket
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import ray
-import torch
-import torch.distributed as dist
-from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from flowrl.actors.learner_thread import Learned
 from flowrl.actors.placeholders import PlaceholderActor, placeholders_active
 from flowrl.actors.placement import LEARNER
 from flowrl.data import MultiAgentBatch, SampleBatch, as_policy_batches
 from flowrl.data.replay_buffer import BATCH_INDEXES
+from flowrl.deferred import dist, ray, torch
 from flowrl.errors import FlowRLError
 from flowrl.policy import Policy, PolicySpec, TorchPolicy
 from flowrl.policy.data_parallel import Shard, synchronize_gradients
@@ -44,7 +42,6 @@ Batch = SampleBatch | MultiAgentBatch
 LEARNER_ACTOR = "LearnerActor"
 
 
-@ray.remote
 class LearnerActor:
     """One replica of the trained policies, rank ``rank`` of a learner group once it has joined.
 
@@ -138,6 +135,12 @@ class LearnerActor:
         return info, priorities
 
 
+@functools.cache
+def _remote_learner_actor() -> Any:
+    """:class:`LearnerActor` as a Ray actor class (made on first use: importing this module imports no Ray)."""
+    return ray.remote(LearnerActor)
+
+
 class LearnerGroup:
     """``size`` learner actors training the driver's ``policies`` of ``workers`` data-parallel.
 
@@ -196,7 +199,7 @@ class LearnerGroup:
         specs = {pid: self.workers.policy_specs[pid] for pid in self.policies}
         reservation = self.workers.reservation
         self._actors = [
-            LearnerActor.options(**self._options, **reservation.options(LEARNER, rank)).remote(  # type: ignore[attr-defined]
+            _remote_learner_actor().options(**self._options, **reservation.options(LEARNER, rank)).remote(
                 specs, self.num_gpus, self._num_threads, self.seed, self.num_restarts
             )
             for rank in range(self.size)
@@ -225,7 +228,7 @@ class LearnerGroup:
         self._check_usable()
         try:
             self._call_all(method, *args)
-        except (RayError, GetTimeoutError) as error:
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as error:
             _raise_if_not_a_fault(error)
             self._restart()
 
@@ -259,7 +262,7 @@ class LearnerGroup:
         self.num_restarts += 1
         try:
             self._start()
-        except (RayError, GetTimeoutError) as error:
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as error:
             raise FlowRLError(f"a learner of the group failed and the group could not be rebuilt: {error}") from error
 
     def learn(
@@ -287,7 +290,7 @@ class LearnerGroup:
                 ])
                 [learned_state] = self._wait([self._actors[0].learner_state.remote(wanted)])
                 break
-            except (RayError, GetTimeoutError) as error:
+            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as error:
                 _raise_if_not_a_fault(error)
                 if attempt:
                     raise FlowRLError(f"the learner group failed twice on one batch: {error}") from error
@@ -332,7 +335,7 @@ def _raise_if_not_a_fault(error: BaseException) -> None:
     a batch that cannot be shared) instead of taking it for a lost learner; a dead actor, a timeout or a
     failed collective (a RuntimeError from gloo or NCCL when a peer is gone) is a fault the group survives."""
     cause = getattr(error, "cause", None)
-    if isinstance(error, RayTaskError) and cause is not None and not isinstance(cause, RuntimeError):
+    if isinstance(error, ray.exceptions.RayTaskError) and cause is not None and not isinstance(cause, RuntimeError):
         raise cause from error
     if isinstance(cause, FlowRLError):
         raise cause from error

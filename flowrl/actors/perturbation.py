@@ -18,19 +18,23 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import ray
 
 from flowrl.actors.rollout_worker import RolloutWorker, get_global_worker
 from flowrl.actors.sampler import EpisodeStats
 from flowrl.data import DEFAULT_POLICY_ID
+from flowrl.deferred import DeferredModule, ray
 from flowrl.envs.episodes import run_episode
 from flowrl.envs.multi_agent import MultiAgentEnv
 from flowrl.errors import ConfigError, FlowRLError
 from flowrl.policy.filters import RunningStats
-from flowrl.policy.perturbable import FlatActor, PerturbableModel, flat_parameters
+
+if TYPE_CHECKING:
+    from flowrl.policy import perturbable
+else:  # torch modules: imported when first used
+    perturbable = DeferredModule("flowrl.policy.perturbable")
 
 _WEIGHTED_SUM_CHUNK = 256
 
@@ -52,10 +56,10 @@ def _fetch_noise(ref: ray.ObjectRef) -> np.ndarray:
 class NoiseTable:
     """``size`` float32 standard normal samples drawn from ``seed``; perturbations are slices of it.
 
-    Built once in the driver. Pickling it (as happens when a shard transform holding it is
-    sent to a rollout worker) puts the array in Ray's object store on first use and sends
-    only the reference; each worker process fetches it once and keeps it (a read-only view
-    of the shared object store memory).
+    Drawn once in the driver, when first used. Pickling it (as happens when a shard transform
+    holding it is sent to a rollout worker) puts the array in Ray's object store on first use
+    and sends only the reference; each worker process fetches it once and keeps it (a
+    read-only view of the shared object store memory).
     """
 
     def __init__(self, size: int, seed: int = 0) -> None:
@@ -63,15 +67,17 @@ class NoiseTable:
             raise FlowRLError(f"NoiseTable(size={size}): needs at least 1 value")
         self.size = int(size)
         self.seed = int(seed)
-        self._array: np.ndarray | None = np.random.default_rng(self.seed).standard_normal(self.size, dtype=np.float32)
+        self._array: np.ndarray | None = None  # drawn on first use (a plan declared for its graph never draws it)
         self._ref: ray.ObjectRef | None = None
 
     @property
     def array(self) -> np.ndarray:
         """The whole table."""
         if self._array is None:
-            assert self._ref is not None
-            self._array = _fetch_noise(self._ref)
+            if self._ref is None:
+                self._array = np.random.default_rng(self.seed).standard_normal(self.size, dtype=np.float32)
+            else:
+                self._array = _fetch_noise(self._ref)
         return self._array
 
     def object_ref(self) -> ray.ObjectRef:
@@ -195,7 +201,7 @@ class PerturbationEvaluator:
         self.worker = worker
         self.policy = worker.get_policy(DEFAULT_POLICY_ID)
         model = getattr(self.policy, "model", None)
-        if not isinstance(model, PerturbableModel):
+        if not isinstance(model, perturbable.PerturbableModel):
             raise FlowRLError(
                 f"perturbation rollouts need a policy over a PerturbableModel (ES/ARS policies), got {type(model).__name__}"
             )
@@ -205,7 +211,7 @@ class PerturbationEvaluator:
         self.noise_stdev = float(noise_stdev)
         self.eval_prob = float(eval_prob)
         self.collect_obs_stats = collect_obs_stats
-        self.actor = FlatActor(model, self.env.action_space, worker.config.clip_actions)
+        self.actor = perturbable.FlatActor(model, self.env.action_space, worker.config.clip_actions)
         self.rng = worker.rng_stream("perturbations")  # saved with the worker: a resumed run draws the same
 
     def _seed(self) -> int:
@@ -217,7 +223,7 @@ class PerturbationEvaluator:
 
     def run_round(self, num_pairs: int) -> PerturbationResult:
         """Evaluate ``num_pairs`` antithetic pairs around the worker's current weights."""
-        theta = flat_parameters(self.model)
+        theta = perturbable.flat_parameters(self.model)
         dim = len(theta)
         self.noise.check_dim(dim)
         self.actor.set_normalization(self.model.obs_shift.cpu().numpy(), self.model.obs_scale.cpu().numpy())

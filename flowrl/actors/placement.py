@@ -19,20 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import ray
-from ray.util.placement_group import (
-    PlacementGroup,
-    get_current_placement_group,
-    placement_group,
-    placement_group_table,
-    remove_placement_group,
-)
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from typing import TYPE_CHECKING, Any
 
 from flowrl.config import TrainerConfig
+from flowrl.deferred import ray
 from flowrl.errors import ConfigError, FlowRLError, ResourceUnavailableError
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 DRIVER, WORKER, REPLAY_SHARD, AGGREGATOR, LEARNER = "driver", "worker", "replay_shard", "aggregator", "learner"
 
@@ -180,7 +175,7 @@ class Reservation:
         self._first: dict[str, int] = {}
         if not requests:  # a plan that starts no actor reserves nothing, and needs no Ray
             return
-        current = get_current_placement_group()
+        current = ray.util.get_current_placement_group()
         if current is not None and _same_bundles(current.bundle_specs[1:], trial_bundles(self.requests, {})[1:]):
             self._adopt(current)
             return
@@ -193,11 +188,11 @@ class Reservation:
             selectors += [{NODE_ID_LABEL: driver_node} if r.on_driver_node else {} for _ in range(r.count)]
         if not bundles:
             return
-        group = placement_group(bundles, strategy=strategy, bundle_label_selector=selectors)
+        group = ray.util.placement_group(bundles, strategy=strategy, bundle_label_selector=selectors)
         try:
             ray.get(group.ready(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
-            remove_placement_group(group)
+            ray.util.remove_placement_group(group)
             nodes = [node for node in ray.nodes() if node.get("Alive")]
             raise ResourceUnavailableError(
                 f"Ray could not reserve the run's resources within worker_startup_timeout_s={timeout_s:g}: "
@@ -233,7 +228,7 @@ class Reservation:
             return None
         if not 0 <= index < self._counts[role]:
             raise FlowRLError(f"Reservation: {role} {index} has no bundle (the role has {self._counts[role]})")
-        return PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=self._first[role] + index)
+        return ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=self._first[role] + index)
 
     def options(self, role: str, index: int) -> dict[str, Any]:
         """Keyword arguments of ``ActorClass.options`` that put actor ``index`` of ``role`` in its bundle ({} if none)."""
@@ -244,14 +239,14 @@ class Reservation:
         """Each bundle: its role, index in the role, resources and the Ray node holding it now (None while unplaced)."""
         if self._group is None:
             return []
-        nodes = placement_group_table(self._group).get("bundles_to_node_id", {})
+        nodes = ray.util.placement_group_table(self._group).get("bundles_to_node_id", {})
         return [{"role": r.role, "index": i, "resources": r.bundle(), "node_id": nodes.get(self._first[r.role] + i)}
                 for r in self.requests for i in range(r.count)]
 
     def release(self) -> None:
         """Give the reservation back to Ray (actors still in it are killed by Ray); an adopted one stays its owner's."""
         if self._group is not None and self._owned:
-            remove_placement_group(self._group)
+            ray.util.remove_placement_group(self._group)
         self._group = None
 
 

@@ -16,14 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
-import ray
-
 from flowrl.actors.aggregator import AggregatorSet
 from flowrl.actors.learner_group import LearnerGroup, learner_group
 from flowrl.actors.learner_thread import LearnerThread
+from flowrl.actors.placeholders import placeholders_active
 from flowrl.actors.placement import Reservation
-from flowrl.actors.replay_actor import ReplayShards, create_replay_actors
+from flowrl.actors.replay_shards import ReplayShards, create_replay_actors
 from flowrl.data import LocalReplayBuffer
+from flowrl.deferred import ray
 from flowrl.errors import CheckpointError, FlowRLError, ReplayShardError
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class PlanResources:
     ``replay_buffer``: a local replay buffer (DQN). ``replay_actors``: replay shard actors
     (Ape-X), as :class:`~flowrl.actors.ReplayShards` so that a dead one is recreated (in
     any other sequence a dead shard is an error). ``learner``: a learner thread (Ape-X,
-    IMPALA, APPO), started here if it was not. ``aggregators``: aggregator actors (IMPALA's
+    IMPALA, APPO), started here if it was not (unless the plan is built over placeholder actors). ``aggregators``: aggregator actors (IMPALA's
     tree aggregation). ``learners``: a learner group training the policies data-parallel
     (``num_learners >= 2``), which ``TrainOneStep`` or the learner thread drives. With
     ``checkpoint_replay_contents`` the replay contents go into checkpoints, not only their counters.
@@ -83,7 +83,8 @@ class PlanResources:
     checkpoint_replay_contents: bool = False
 
     def __post_init__(self) -> None:
-        if self.learner is not None and self.learner.ident is None:
+        # A plan built over placeholder actors, for its graph, learns nothing: its thread never starts.
+        if self.learner is not None and self.learner.ident is None and not placeholders_active():
             self.learner.start()
 
     def need_replay_buffer(self) -> LocalReplayBuffer:

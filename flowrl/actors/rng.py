@@ -10,7 +10,7 @@ import random
 from typing import Any, Mapping
 
 import numpy as np
-import torch
+from flowrl.deferred import torch
 
 
 def process_rng_state() -> dict[str, Any]:

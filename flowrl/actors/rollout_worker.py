@@ -9,8 +9,6 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, TypeVar, cast
 
 import gymnasium as gym
 import numpy as np
-import ray
-import torch
 
 from flowrl.actors.episode_hooks import EpisodeHooks
 from flowrl.actors.multi_agent_sampler import MultiAgentSampler
@@ -19,6 +17,7 @@ from flowrl.actors.sampler import EpisodeStats, VectorSampler
 from flowrl.callbacks import EPISODE_HOOKS, make_callbacks, overrides, run_hook
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
+from flowrl.deferred import ray, torch
 from flowrl.envs import is_multi_agent_env
 from flowrl.envs.context import EnvContext
 from flowrl.envs.envpool_backend import make_pool_envs, pool_env_id
@@ -229,6 +228,10 @@ class RolloutWorker(ParallelIteratorWorker):
     def get_policy(self, policy_id: str = DEFAULT_POLICY_ID) -> Policy[Any]:
         """The policy called ``policy_id``."""
         return self.policy_map[policy_id]
+
+    def policy_class(self, policy_id: str = DEFAULT_POLICY_ID) -> type:
+        """The class of policy ``policy_id``."""
+        return type(self.get_policy(policy_id))
 
     def get_weights(self, policies: list[str] | None = None) -> dict[str, ModelWeights]:
         """Weights of the given policies (default all), keyed by policy id."""

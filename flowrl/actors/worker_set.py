@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import time
 from typing import Any, Callable, Mapping, Sequence, TypeVar, cast
 
 import gymnasium as gym
-import ray
 
-from flowrl.actors.placeholders import PlaceholderActor, placeholders_active
+from flowrl.actors.placeholders import PlaceholderActor, PlaceholderLocalWorker, placeholders_active
 from flowrl.actors.placement import (
     WORKER,
     BundleRequest,
@@ -22,6 +22,7 @@ from flowrl.actors.placement import (
 )
 from flowrl.actors.rollout_worker import CONTROL_GROUP, RolloutWorker, WorkerMetrics, as_config, control_call
 from flowrl.config import TrainerConfig
+from flowrl.deferred import ray
 from flowrl.envs import check_env as check_env_api
 from flowrl.envs import check_multi_agent_env, is_multi_agent_env
 from flowrl.envs.context import EnvContext
@@ -117,15 +118,13 @@ class WorkerSet:
         self._policy_specs = dict(policy_specs)
         self._config = config
         self._num_workers = num_workers
-        # Ray's stubs do not list concurrency_groups, which ray.remote takes for actor classes.
-        remote = cast(Any, ray.remote)
-        self._remote_cls = remote(
-            num_cpus=num_cpus_per_worker,
-            num_gpus=config.num_gpus_per_worker,
-            resources=dict(config.custom_resources_per_worker),
-            max_restarts=0,
-            concurrency_groups={CONTROL_GROUP: 1},
-        )(RolloutWorker)
+        self._remote_options = {
+            "num_cpus": num_cpus_per_worker,
+            "num_gpus": config.num_gpus_per_worker,
+            "resources": dict(config.custom_resources_per_worker),
+            "max_restarts": 0,
+            "concurrency_groups": {CONTROL_GROUP: 1},
+        }
         self.recreate_failed_workers = recreate_failed_workers
         self.max_worker_restarts = config.max_worker_restarts
         self.sample_timeout_s = config.sample_timeout_s
@@ -140,9 +139,7 @@ class WorkerSet:
         self._global_vars: Mapping[str, Any] | None = None
         self.reservation = Reservation(requests, config.placement_strategy, config.worker_startup_timeout_s)
         try:
-            self._local = RolloutWorker(
-                env_creator=env_creator, policy_specs=policy_specs, config=config, worker_index=0, num_workers=num_workers
-            )
+            self._local = self._make_local(env_creator, policy_specs, config, num_workers)
             self._remote = [self._make_remote(i + 1) for i in range(num_workers)]
             self._indices = list(range(1, num_workers + 1))
             if self._remote and not self._placeholders:
@@ -151,6 +148,27 @@ class WorkerSet:
         except BaseException:
             self._kill_remote()
             raise
+
+    def _make_local(
+        self, env_creator: EnvCreator, policy_specs: Mapping[str, Any], config: TrainerConfig, num_workers: int
+    ) -> RolloutWorker:
+        if not self._placeholders:
+            return RolloutWorker(
+                env_creator=env_creator, policy_specs=policy_specs, config=config, worker_index=0, num_workers=num_workers
+            )
+        env = env_creator(EnvContext(config.env_config, num_workers=num_workers))
+        try:
+            multi_agent = is_multi_agent_env(env)
+        finally:
+            close_env(env)
+        # What the plan's build reads of the local worker, served without building its envs and policies.
+        return cast(RolloutWorker, PlaceholderLocalWorker(policy_specs, config, multi_agent=multi_agent))
+
+    @functools.cached_property
+    def _remote_cls(self) -> Any:
+        """:class:`RolloutWorker` as a Ray actor class with this set's resources (made when the first remote worker starts)."""
+        # Ray's stubs do not list concurrency_groups, which ray.remote takes for actor classes.
+        return cast(Any, ray.remote)(**self._remote_options)(RolloutWorker)
 
     def _make_remote(self, worker_index: int, incarnation: int = 0) -> Any:
         if self._placeholders:
@@ -216,7 +234,7 @@ class WorkerSet:
 
     def trainable_policies(self) -> list[str]:
         """Ids of the policies to train (``policies_to_train``, default all)."""
-        return list(self._config.policies_to_train or self._local.policy_map)
+        return list(self._config.policies_to_train or self._policy_specs)
 
     def remember_global_vars(self, global_vars: Mapping[str, Any]) -> None:
         """Record the run-wide variables last sent to a worker: what a replacement starts with."""

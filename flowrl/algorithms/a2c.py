@@ -12,13 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
-import torch
-from torch import nn
 
 from flowrl.actors import PlanResources, WorkerSet
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import TrainerConfig, cfg_field
 from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
+from flowrl.deferred import nn, torch
 from flowrl.errors import ConfigError
 from flowrl.iterators import LocalIterator
 from flowrl.operators import (

@@ -13,14 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
-import torch
-from torch import nn
 
 from flowrl.actors import PlanResources, WorkerSet
 from flowrl.algorithms import impala
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import cfg_field
 from flowrl.data import SampleBatch
+from flowrl.deferred import nn, torch
 from flowrl.iterators import LocalIterator
 from flowrl.operators import (
     KL_COEFF,

@@ -14,17 +14,17 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from flowrl.actors import PlanResources, WorkerSet
 from flowrl.actors.perturbation import NoiseTable, PerturbationResult
 from flowrl.algorithms.perturbation_config import PerturbationConfig
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import cfg_field
+from flowrl.deferred import torch
 from flowrl.iterators import LocalIterator
 from flowrl.operators import PerturbationSearch, PerturbationUpdate, StandardMetricsReporting
 from flowrl.policy import PolicySpec, TorchPolicy
-from flowrl.policy.perturbable import perturbation_policy_spec
+from flowrl.policy.perturbation_spec import perturbation_policy_spec
 
 
 @dataclass(kw_only=True)

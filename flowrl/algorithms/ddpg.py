@@ -10,12 +10,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 import gymnasium as gym
 import numpy as np
-import torch
-from torch import nn
 
 from flowrl.algorithms.dqn import DQNConfig
 from flowrl.algorithms.dqn import execution_plan as dqn_execution_plan
@@ -23,13 +21,18 @@ from flowrl.algorithms.dqn import make_resources as dqn_resources
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import cfg_field
 from flowrl.data import SampleBatch
+from flowrl.deferred import DeferredModule, nn, torch
 from flowrl.errors import ConfigError
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy, nstep_postprocess
 from flowrl.policy.distributions import ActionDistribution
 from flowrl.policy.custom_model import ModelInterface, probe_observations
-from flowrl.policy.models import flat_obs_dim, mlp
 from flowrl.policy.postprocessing import DISCOUNTS
 from flowrl.policy.torch_policy import adam
+
+if TYPE_CHECKING:
+    from flowrl.algorithms import networks
+else:
+    networks = DeferredModule("flowrl.algorithms.networks")  # torch modules: imported when a policy is built
 
 ACTOR_STEPS = "actor_steps"
 #: What a custom model of DDPG and TD3 provides (see :mod:`flowrl.policy.custom_model`).
@@ -138,52 +141,6 @@ class TD3Config(DDPGConfig):
     }
 
 
-class ActorCritics(nn.Module):
-    """A deterministic actor squashed into the action bounds, and one or two Q(s, a) critics.
-
-    ``forward(obs)`` gives ``(actions, None)``, so acting goes through the usual policy path.
-    ``actor`` and ``critics`` are MLPs of the config's sizes unless given (a custom model's).
-    """
-
-    low: torch.Tensor  # the action bounds, registered buffers (they move with the module)
-    high: torch.Tensor
-    mid: torch.Tensor
-    half_range: torch.Tensor
-
-    def __init__(
-        self,
-        obs_space: gym.Space,
-        action_space: gym.spaces.Box,
-        config: DDPGConfig,
-        actor: nn.Module | None = None,
-        critics: nn.ModuleList | None = None,
-    ) -> None:
-        super().__init__()
-        obs_dim, act_dim = flat_obs_dim(obs_space), int(np.prod(action_space.shape))
-        self.actor = actor if actor is not None else mlp(obs_dim, config.actor_hiddens, "relu", act_dim)
-        self.critics = critics if critics is not None else nn.ModuleList(
-            mlp(obs_dim + act_dim, config.critic_hiddens, "relu", 1) for _ in range(2 if config.twin_q else 1)
-        )
-        self.register_buffer("low", torch.tensor(action_space.low, dtype=torch.float32))
-        self.register_buffer("high", torch.tensor(action_space.high, dtype=torch.float32))
-        # The bounds' midpoint and half-width, kept so that acting and target smoothing take one op
-        # each to map into the bounds; derived from low and high, so left out of the state dict.
-        self.register_buffer("mid", 0.5 * (self.low + self.high), persistent=False)
-        self.register_buffer("half_range", 0.5 * (self.high - self.low), persistent=False)
-
-    def act(self, obs: torch.Tensor) -> torch.Tensor:
-        """Deterministic actions within the bounds."""
-        return torch.addcmul(self.mid, torch.tanh(self.actor(obs.flatten(1))), self.half_range)
-
-    def q(self, obs: torch.Tensor, actions: torch.Tensor) -> list[torch.Tensor]:
-        """Each critic's Q(s, a), shape ``[B]``."""
-        x = torch.cat([obs.flatten(1), actions], dim=1)
-        return [critic(x).squeeze(-1) for critic in self.critics]
-
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return self.act(obs), None
-
-
 def ddpg_loss(
     policy: TorchPolicy[DDPGConfig], model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]
 ) -> LossOutput:
@@ -192,7 +149,7 @@ def ddpg_loss(
     TD errors come back only with prioritized replay: nothing else reads them.
     """
     config, target = policy.config, policy.target_model
-    assert isinstance(model, ActorCritics) and isinstance(target, ActorCritics)
+    assert isinstance(model, networks.ActorCritics) and isinstance(target, networks.ActorCritics)
     obs, new_obs = batch[SampleBatch.OBS], batch[SampleBatch.NEW_OBS]
     with torch.no_grad():
         next_actions = target.act(new_obs)
@@ -242,18 +199,18 @@ def _l2(module: nn.Module, coeff: float) -> torch.Tensor | float:
 
 
 class _ModelFactory:
-    """Builds :class:`ActorCritics` with the policy's sizes (picklable, unlike a closure)."""
+    """Builds :class:`~flowrl.algorithms.networks.ActorCritics` with the policy's sizes (picklable, unlike a closure)."""
 
     def __init__(self, config: DDPGConfig) -> None:
         self.config = config
 
     def __call__(self, obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Mapping[str, Any]) -> nn.Module:
         assert isinstance(action_space, gym.spaces.Box)  # make_ddpg_policy refuses other action spaces
-        return ActorCritics(obs_space, action_space, self.config)
+        return networks.ActorCritics(obs_space, action_space, self.config)
 
 
 class _CustomActorCritics:
-    """Builds :class:`ActorCritics` around a custom model's ``actor`` and ``critics`` (the DDPG model interface),
+    """Builds :class:`~flowrl.algorithms.networks.ActorCritics` around a custom model's ``actor`` and ``critics`` (the DDPG model interface),
     checking their outputs on a probe batch."""
 
     def __init__(self, config: DDPGConfig) -> None:
@@ -270,7 +227,7 @@ class _CustomActorCritics:
                  f"({DETERMINISTIC_ACTOR_CRITIC.contract}): it needs an nn.Module attribute actor and an "
                  f"nn.ModuleList critics of {wanted} (twin_q={self.config.twin_q})"]
             )
-        model = ActorCritics(obs_space, action_space, self.config, actor=actor, critics=critics)
+        model = networks.ActorCritics(obs_space, action_space, self.config, actor=actor, critics=critics)
         batch, act_dim = 2, int(np.prod(action_space.shape))
         try:
             with torch.random.fork_rng(devices=[]), torch.no_grad():
@@ -288,7 +245,7 @@ class _CustomActorCritics:
 
 def _optimizer(policy: TorchPolicy[DDPGConfig]) -> torch.optim.Optimizer:
     model = policy.model
-    assert isinstance(model, ActorCritics)
+    assert isinstance(model, networks.ActorCritics)
     return adam(
         [
             {"params": model.actor.parameters(), "lr": policy.config.actor_lr},

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
-import torch
-from torch import nn
 
 from flowrl.actors import LearnerGroup, PlanResources, WorkerSet
 from flowrl.actors.learner_group import learner_group
@@ -21,6 +19,7 @@ from flowrl.actors.resources import local_replay_buffer
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import TrainerConfig, cfg_field
 from flowrl.data import LocalReplayBuffer, SampleBatch
+from flowrl.deferred import DeferredModule, nn, torch
 from flowrl.iterators import LocalIterator
 from flowrl.operators import (
     Concurrently,
@@ -35,8 +34,12 @@ from flowrl.operators import (
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy, nstep_postprocess
 from flowrl.policy.distributions import ActionDistribution
 from flowrl.policy.custom_model import Q_VALUES
-from flowrl.policy.models import make_encoder
 from flowrl.policy.postprocessing import DISCOUNTS
+
+if TYPE_CHECKING:
+    from flowrl.algorithms import networks
+else:
+    networks = DeferredModule("flowrl.algorithms.networks")  # torch modules: imported when a policy is built
 
 
 @dataclass(kw_only=True)
@@ -95,23 +98,6 @@ class DQNConfig(TrainerConfig):
         return self.rollout_fragment_length * self.num_envs_per_worker * max(1, self.num_workers)
 
 
-class QModel(nn.Module):
-    """An encoder and a Q head (dueling: value + advantage - mean advantage); forward gives ``(q, None)``."""
-
-    def __init__(self, obs_space: gym.Space, num_actions: int, model_config: Mapping[str, Any], dueling: bool) -> None:
-        super().__init__()
-        self.encoder = make_encoder(obs_space, model_config)
-        self.advantage = nn.Linear(self.encoder.out_dim, num_actions)
-        self.value = nn.Linear(self.encoder.out_dim, 1) if dueling else None
-
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, None]:
-        features = self.encoder(obs)
-        advantages = self.advantage(features)
-        if self.value is None:
-            return advantages, None
-        return self.value(features) + advantages - advantages.mean(dim=1, keepdim=True), None
-
-
 def dqn_loss(
     policy: TorchPolicy[DQNConfig], model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]
 ) -> LossOutput:
@@ -150,11 +136,11 @@ def make_dqn_policy(obs_space: gym.Space, action_space: gym.Space, config: DQNCo
 
 
 def _q_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Mapping[str, Any]) -> nn.Module:
-    return QModel(obs_space, num_outputs, model_config, dueling=False)
+    return networks.QModel(obs_space, num_outputs, model_config, dueling=False)
 
 
 def _dueling_q_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Mapping[str, Any]) -> nn.Module:
-    return QModel(obs_space, num_outputs, model_config, dueling=True)
+    return networks.QModel(obs_space, num_outputs, model_config, dueling=True)
 
 
 def round_robin_weights(config: DQNConfig) -> list[int]:

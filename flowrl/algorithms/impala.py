@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import gymnasium as gym
-import torch
-from torch import nn
 
 from flowrl.actors import AggregatorSet, LearnerThread, PlanResources, WorkerSet
 from flowrl.actors.learner_group import learner_group
@@ -23,6 +21,7 @@ from flowrl.actors.placement import AGGREGATOR, BundleRequest
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import TrainerConfig, cfg_field
 from flowrl.data import MultiAgentBatch, SampleBatch
+from flowrl.deferred import nn, torch
 from flowrl.iterators import LocalIterator
 from flowrl.operators import (
     AggregatedRollouts,

@@ -10,16 +10,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
-import torch
-from torch import nn
 
 from flowrl.actors import PlanResources, WorkerSet
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import TrainerConfig
 from flowrl.data import SampleBatch
+from flowrl.deferred import nn, torch
 from flowrl.iterators import LocalIterator
 from flowrl.operators import ConcatBatches, ParallelRollouts, StandardMetricsReporting, TrainOneStep
-from flowrl.policy import ActorCriticModel, LossOutput, PolicySpec, TorchPolicy, compute_advantages
+from flowrl.policy import LossOutput, PolicySpec, TorchPolicy, compute_advantages
 from flowrl.policy.custom_model import POLICY
 from flowrl.policy.distributions import ActionDistribution
 
@@ -52,6 +51,8 @@ def pg_postprocess(policy: TorchPolicy[PGConfig], batch: SampleBatch) -> SampleB
 
 
 def _policy_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Any) -> nn.Module:
+    from flowrl.policy.models import ActorCriticModel  # torch modules: imported when a policy is built
+
     return ActorCriticModel(obs_space, num_outputs, model_config, value_head=False)
 
 

@@ -21,10 +21,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
 
-import ray
 # typing.NamedTuple accepts Generic only from Python 3.11; this backport accepts it on 3.10 too.
 from typing_extensions import NamedTuple
 
+from flowrl.deferred import ray
 from flowrl.errors import IteratorUsageError
 from flowrl.iterators.metrics import MetricsContext, SharedMetrics, StageStats, current_metrics, swap_current_metrics
 

@@ -21,8 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Generic, Iterable, Iterator, Sequence, TypeVar
 
-import ray
-
+from flowrl.deferred import ray
 from flowrl.errors import IteratorUsageError, ShardFailedError
 from flowrl.iterators.local import LocalIterator, NextValueNotReady, StageNode
 from flowrl.iterators.metrics import SharedMetrics, current_metrics
@@ -156,7 +155,11 @@ class _ShardActor(ParallelIteratorWorker):
     """The actor behind ``from_items``, ``from_range`` and ``from_iterators``."""
 
 
-_RemoteShardActor = ray.remote(num_cpus=0)(_ShardActor)
+@functools.cache
+def _remote_shard_actor() -> Any:
+    """``_ShardActor`` as a Ray actor class (made on first use: importing this module imports no Ray)."""
+    return ray.remote(num_cpus=0)(_ShardActor)
+
 
 FailureHook = Callable[[int, Any, ShardFailedError], Any]
 """``hook(shard_index, failed_actor, error)`` returns a replacement actor, or None to drop the shard."""
@@ -168,7 +171,11 @@ OPEN_TIMEOUT_S = 120.0
 #: for, which joined a later round.
 LATE_ITEMS_COUNTER = "num_late_items"
 
-_FAILURES = (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError)
+
+@functools.cache
+def _shard_failures() -> tuple[type[BaseException], ...]:
+    """What a failed or timed-out shard call raises (looked up on first use: importing this module imports no Ray)."""
+    return (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError)
 
 
 @dataclass
@@ -227,7 +234,7 @@ class _ShardStreams:
             try:
                 slot = ray.get(ref, timeout=max(shard.timeout_s or 0.0, OPEN_TIMEOUT_S))
                 break
-            except _FAILURES as e:
+            except _shard_failures() as e:
                 if not self.fail(shard, e):
                     return False
                 ref = shard.actor.par_iter_init.remote(self.key, shard.transforms)
@@ -477,7 +484,7 @@ class ParallelIterator(Generic[T]):
         arrived = [shard for shard in active if in_flight[shard][0] in done]
         try:
             results = ray.get([in_flight[shard][0] for shard in arrived])
-        except _FAILURES:
+        except _shard_failures():
             results = [self._fetch_one(streams, shard, in_flight[shard][0]) for shard in arrived]
         round_items: list[tuple[_Shard, Any]] = []
         for shard, item in zip(arrived, results):
@@ -496,7 +503,7 @@ class ParallelIterator(Generic[T]):
         """One arrived item; a failure restarts the shard (``_RESTARTED``) or drops it (``_END``)."""
         try:
             return ray.get(ref)
-        except _FAILURES as e:
+        except _shard_failures() as e:
             return _RESTARTED if streams.restart(shard, e) else _END
 
     def gather_sync(self) -> LocalIterator[T]:
@@ -597,7 +604,7 @@ class ParallelIterator(Generic[T]):
                     head_since[shard] = time.monotonic()
                     try:
                         item = ray.get(ref)
-                    except _FAILURES as e:
+                    except _shard_failures() as e:
                         restart(shard, e)
                         continue
                     if item is _END:
@@ -650,7 +657,7 @@ def from_iterators(generators: Sequence[ItemSource], repeat: bool = False, name:
                 "pass the generator function itself or a zero-argument lambda returning the generator"
             )
         _check_item_source(g, repeat)
-    actors = [_RemoteShardActor.remote(g, repeat) for g in generators]
+    actors = [_remote_shard_actor().remote(g, repeat) for g in generators]
     return from_actors(actors, name=name or f"from_iterators[shards={len(actors)}]")
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import ray
-
 from flowrl.actors import Learned, LearnerThread, WorkerSet
 from flowrl.data import MultiAgentBatch, SampleBatch
+from flowrl.deferred import ray
 from flowrl.iterators import FromActor, LocalIterator
 from flowrl.operators.concurrency_ops import Dequeue, Enqueue
 from flowrl.operators.metric_ops import record_learner_info

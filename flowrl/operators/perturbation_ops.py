@@ -11,15 +11,17 @@ around an update; :func:`PerturbationSearch`, the whole training flow both plans
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
-from typing import Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
 from flowrl.actors import WorkerSet
 from flowrl.actors.perturbation import EvaluatePerturbations, NoiseTable, PerturbationResult
 from flowrl.data import DEFAULT_POLICY_ID
+from flowrl.deferred import DeferredModule
 from flowrl.errors import FlowRLError
 from flowrl.iterators import LocalIterator, SharedMetrics
 from flowrl.operators.metric_ops import record_learner_info
@@ -31,7 +33,12 @@ from flowrl.operators.names import (
 from flowrl.operators.protocol import ActorLink, Operator
 from flowrl.operators.weight_sync import broadcast_weights
 from flowrl.policy import TorchPolicy
-from flowrl.policy.perturbable import PerturbableModel, ascend, flat_parameters
+from flowrl.policy.perturbation_spec import num_perturbed_parameters
+
+if TYPE_CHECKING:
+    from flowrl.policy import perturbable
+else:  # torch modules: imported when first used
+    perturbable = DeferredModule("flowrl.policy.perturbable")
 
 PERTURBED_EPISODES_COUNTER = "num_perturbed_episodes"
 EVAL_EPISODES_COUNTER = "num_eval_episodes"
@@ -53,7 +60,7 @@ def centered_ranks(x: np.ndarray) -> np.ndarray:
 def perturbable_policy(workers: WorkerSet) -> TorchPolicy[Any]:
     """The local worker's policy, which perturbation searches step: a TorchPolicy over a PerturbableModel."""
     policy = workers.local_worker().get_policy()
-    if not isinstance(policy, TorchPolicy) or not isinstance(policy.model, PerturbableModel):
+    if not isinstance(policy, TorchPolicy) or not isinstance(policy.model, perturbable.PerturbableModel):
         raise FlowRLError(
             f"perturbation searches step a TorchPolicy over a PerturbableModel (ES/ARS policies), got {type(policy).__name__}"
         )
@@ -134,11 +141,22 @@ class PerturbationUpdate:
     """
 
     def __init__(self, workers: WorkerSet, noise: NoiseTable, l2_coeff: float = 0.0) -> None:
-        self.policy = perturbable_policy(workers)
-        self.dim = len(flat_parameters(self.policy.model))
+        # Checked from the policy's spec when the plan is built; the policy itself is read on the first update.
+        policy_class = workers.local_worker().policy_class()
+        if not issubclass(policy_class, TorchPolicy):
+            raise FlowRLError(f"perturbation searches step a TorchPolicy over a PerturbableModel (ES/ARS policies), got {policy_class.__name__}")
+        self.dim = num_perturbed_parameters(workers.policy_specs[DEFAULT_POLICY_ID])
         noise.check_dim(self.dim)
+        self.workers = workers
         self.noise = noise
         self.l2_coeff = l2_coeff
+
+    @functools.cached_property
+    def policy(self) -> TorchPolicy[Any]:
+        """The local worker's policy, which the updates step."""
+        policy = perturbable_policy(self.workers)
+        assert len(perturbable.flat_parameters(policy.model)) == self.dim, "num_perturbed_parameters() disagrees with the model"
+        return policy
 
     def estimate(self, result: PerturbationResult) -> tuple[np.ndarray, PerturbationResult, dict[str, float]]:
         """``(ascent direction, the part of result it used, extra learner stats)``."""
@@ -147,10 +165,10 @@ class PerturbationUpdate:
     def __call__(self, result: PerturbationResult) -> PerturbationResult:
         metrics = LocalIterator.get_metrics()
         with metrics.timers[LEARN_ON_BATCH_TIMER] as timer:
-            theta = flat_parameters(self.policy.model)
+            theta = perturbable.flat_parameters(self.policy.model)
             direction, used, stats = self.estimate(result)
-            ascend(self.policy, direction, self.l2_coeff)
-            step_norm = float(np.linalg.norm(flat_parameters(self.policy.model) - theta))
+            perturbable.ascend(self.policy, direction, self.l2_coeff)
+            step_norm = float(np.linalg.norm(perturbable.flat_parameters(self.policy.model) - theta))
             timer.push_units_processed(used.perturbed_steps())
         metrics.counters[STEPS_TRAINED_COUNTER] += used.perturbed_steps()
         weights_norm = float(np.linalg.norm(theta))
@@ -182,7 +200,7 @@ class UpdateObservationFilter:
     def __call__(self, result: PerturbationResult) -> PerturbationResult:
         if result.obs_stats is not None:
             model = perturbable_policy(self.workers).model
-            assert isinstance(model, PerturbableModel)
+            assert isinstance(model, perturbable.PerturbableModel)
             stats = model.observation_stats()
             stats.merge(result.obs_stats)
             model.set_observation_stats(stats)

@@ -16,7 +16,6 @@ import time
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
-import ray
 
 from flowrl.actors import Learned, ReplayShards
 from flowrl.data import (
@@ -24,6 +23,7 @@ from flowrl.data import (
     MultiAgentBatch,
     SampleBatch,
 )
+from flowrl.deferred import ray
 from flowrl.errors import FlowRLError, ReplayShardError, ShardFailedError
 from flowrl.iterators import (
     LocalIterator,

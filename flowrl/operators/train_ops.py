@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any, ContextManager, NamedTuple, Protocol, runtime_checkable
+from typing import Any, ContextManager, NamedTuple, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -89,7 +89,8 @@ def learner_group_counts(learners: LearnerGroup | None) -> dict[str, int]:
 
 
 def _needs(operator: str, kind: str, policy_id: str, policy: Any) -> FlowRLError:
-    return FlowRLError(f"{operator} needs {kind}; policy {policy_id!r} is a {type(policy).__name__}")
+    policy_class = policy if isinstance(policy, type) else type(policy)
+    return FlowRLError(f"{operator} needs {kind}; policy {policy_id!r} is a {policy_class.__name__}")
 
 
 class TrainOneStep(Operator):
@@ -244,13 +245,13 @@ class UpdateTargetNetwork(Operator):
         self.lock: ContextManager[Any] = lock if lock is not None else contextlib.nullcontext()
         self.counter = counter or (STEPS_TRAINED_COUNTER if by_steps_trained else STEPS_SAMPLED_COUNTER)
         self.policies = list(policies) if policies is not None else workers.trainable_policies()
-        # Checked once, when the plan is built: the local worker keeps its policy objects for good.
-        self._targets: list[TargetNetworkPolicy] = []
+        # Checked by class when the plan is built (a plan declared over placeholders builds no policy);
+        # the policies themselves are taken on the first update: the local worker keeps them for good.
         for pid in self.policies:
-            policy = workers.local_worker().get_policy(pid)
-            if not isinstance(policy, TargetNetworkPolicy):
-                raise _needs("UpdateTargetNetwork", "policies with a target network", pid, policy)
-            self._targets.append(policy)
+            policy_class = workers.local_worker().policy_class(pid)
+            if not issubclass(policy_class, TargetNetworkPolicy):
+                raise _needs("UpdateTargetNetwork", "policies with a target network", pid, policy_class)
+        self._targets: list[TargetNetworkPolicy] | None = None
 
     def plan_links(self) -> list[PlanLink]:
         """The learner group's replicas, whose targets move too."""
@@ -260,6 +261,9 @@ class UpdateTargetNetwork(Operator):
         metrics = LocalIterator.get_metrics()
         now = metrics.counters[self.counter]
         if now - metrics.counters[LAST_TARGET_UPDATE_TS] >= self.target_update_freq:
+            if self._targets is None:
+                local = self.workers.local_worker()
+                self._targets = [cast(TargetNetworkPolicy, local.get_policy(pid)) for pid in self.policies]
             with self.lock:
                 for policy in self._targets:
                     policy.update_target(self.tau)

@@ -41,17 +41,15 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 from gymnasium.spaces.utils import flatdim
-from torch import nn
 
+from flowrl.deferred import nn, torch
 from flowrl.envs.flatten import ObsFlattener, is_structured
 from flowrl.errors import ConfigError, FlowRLError
 from flowrl.importing import import_callable
-from flowrl.policy.models import obs_to_tensor
 
 #: Builds the algorithm's model around the user's module: ``adapt(module, obs_space, action_space)``.
-Adapter = Callable[[nn.Module, gym.Space, gym.Space], nn.Module]
+Adapter = Callable[["nn.Module", gym.Space, gym.Space], "nn.Module"]
 
 
 @dataclass(frozen=True)
@@ -193,6 +191,8 @@ def build_custom_model(
 
 def probe_observations(obs_space: gym.Space, batch_size: int = 2) -> torch.Tensor:
     """A batch of all-zero observations of ``obs_space`` as a model receives them (flat, on the CPU)."""
+    from flowrl.policy.models import obs_to_tensor  # the torch modules' module
+
     if is_structured(obs_space):
         space: gym.Space = ObsFlattener(obs_space).space
     else:

@@ -11,11 +11,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import torch
-import torch.distributed as dist
-from torch import nn
-
 from flowrl.data import SampleBatch
+from flowrl.deferred import dist, nn, torch
 
 
 class Shard(NamedTuple):

@@ -12,9 +12,8 @@ from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
-import torch
-import torch.nn.functional as F
 
+from flowrl.deferred import F, torch
 from flowrl.errors import FlowRLError
 
 

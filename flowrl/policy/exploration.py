@@ -12,8 +12,8 @@ from typing import Any, Mapping
 
 import gymnasium as gym
 import numpy as np
-import torch
 
+from flowrl.deferred import torch
 from flowrl.errors import FlowRLError
 from flowrl.policy.distributions import ActionDistribution
 

@@ -4,15 +4,15 @@
   buffers (so the filter travels with the weights and the checkpoints), and
   :class:`FlatActor`, its NumPy forward pass from a flat parameter vector, fast enough to act
   at an env's pace. The statistics are :class:`~flowrl.policy.filters.RunningStats`.
-- :func:`perturbation_policy_spec`: a TorchPolicy over that model with deterministic actions;
-  :func:`flat_parameters`, :func:`unflatten` and :func:`ascend` (an update through the
+- :func:`flat_parameters`, :func:`unflatten` and :func:`ascend` (an update through the
   policy's optimizer, so its state is checkpointed with the policy).
+
+The policy spec that builds this model is :func:`flowrl.policy.perturbation_spec.perturbation_policy_spec`.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -23,7 +23,6 @@ from torch import nn
 from flowrl.errors import FlowRLError
 from flowrl.policy.filters import RunningStats
 from flowrl.policy.models import mlp
-from flowrl.policy.policy import PolicyConfig, PolicySpec
 from flowrl.policy.torch_policy import TorchPolicy
 
 # --- the policy network and its NumPy forward pass -------------------------------------------------
@@ -94,42 +93,6 @@ class PerturbableModel(nn.Module):
             self.obs_m2.copy_(torch.as_tensor(stats.m2))
             self.obs_shift.copy_(torch.as_tensor(shift, dtype=torch.float32))
             self.obs_scale.copy_(torch.as_tensor(scale, dtype=torch.float32))
-
-
-def build_perturbable_model(
-    obs_space: gym.Space, action_space: gym.Space, num_outputs: int, config: Mapping[str, Any], *, zero_init: bool = False
-) -> PerturbableModel:
-    """A :class:`PerturbableModel` for a flat Box observation space (the ``make_model`` of TorchPolicy)."""
-    if not isinstance(obs_space, gym.spaces.Box):
-        raise FlowRLError(f"ES and ARS need a Box observation space, got {obs_space}")
-    obs_dim = int(np.prod(obs_space.shape))
-    return PerturbableModel(obs_dim, num_outputs, config["fcnet_hiddens"], config["fcnet_activation"], zero_init)
-
-
-def no_loss(policy: TorchPolicy[Any], model: nn.Module, dist_class: Any, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss function of ES/ARS policies: there is none, they learn from perturbation returns."""
-    raise FlowRLError("ES and ARS policies learn from the returns of perturbed rollouts, not from sample batches")
-
-
-def perturbation_policy_spec(
-    obs_space: gym.Space,
-    action_space: gym.Space,
-    config: PolicyConfig,
-    make_optimizer: Callable[[TorchPolicy[Any]], torch.optim.Optimizer],
-    *,
-    zero_init: bool = False,
-) -> PolicySpec:
-    """A TorchPolicy over a :class:`PerturbableModel` with deterministic actions (argmax, or the output for Box)."""
-    if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
-        raise FlowRLError(f"ES and ARS support Discrete and 1-D Box action spaces, got {action_space}")
-    kwargs = {
-        "loss_fn": no_loss,
-        "make_model": functools.partial(build_perturbable_model, zero_init=zero_init),
-        "model_interface": None,  # perturbations need the PerturbableModel's layout
-        "make_optimizer": make_optimizer,
-        "dist_kind": "deterministic" if isinstance(action_space, gym.spaces.Box) else "auto",
-    }
-    return PolicySpec(TorchPolicy, obs_space, action_space, config, kwargs)
 
 
 def flat_parameters(model: nn.Module) -> np.ndarray:

@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence
 
 import gymnasium as gym
 import numpy as np
-import torch
-from torch import nn
 
 from flowrl.data import SampleBatch
+from flowrl.deferred import DeferredModule, nn, torch
 from flowrl.errors import ConfigError
 from flowrl.policy.custom_model import ACTOR_CRITIC, ModelInterface, build_custom_model
 from flowrl.policy.distributions import ActionDistribution, dist_class_for
 from flowrl.policy.exploration import StochasticSampling, make_exploration
-from flowrl.policy.models import ActorCriticModel, model_config, obs_to_tensor
-from flowrl.policy.numpy_inference import NumpyActorCritic, sample_numpy
+from flowrl.policy.model_options import model_config
 from flowrl.policy.policy import NONFINITE_UPDATE, ConfigT, LearnOutput, ModelWeights, Policy
 
-TensorBatch = dict[str, torch.Tensor]
+if TYPE_CHECKING:
+    from flowrl.policy import models, numpy_inference
+    from flowrl.policy.numpy_inference import NumpyActorCritic
+else:  # torch modules: imported when the first policy is built
+    models = DeferredModule("flowrl.policy.models")
+    numpy_inference = DeferredModule("flowrl.policy.numpy_inference")
+
+TensorBatch = dict[str, "torch.Tensor"]
 
 
 class LossOutput(NamedTuple):
@@ -33,11 +38,11 @@ class LossOutput(NamedTuple):
 
 
 # A plain ``(loss, stats)`` tuple is accepted too.
-LossFn = Callable[["TorchPolicy[Any]", nn.Module, type[ActionDistribution], TensorBatch], "LossOutput | tuple[torch.Tensor, dict[str, float]]"]
+LossFn = Callable[["TorchPolicy[Any]", "nn.Module", type[ActionDistribution], TensorBatch], "LossOutput | tuple[torch.Tensor, dict[str, float]]"]
 PostprocessFn = Callable[["TorchPolicy[Any]", SampleBatch], SampleBatch]
-ModelFn = Callable[[gym.Space, gym.Space, int, Mapping[str, Any]], nn.Module]
-OptimizerFn = Callable[["TorchPolicy[Any]"], torch.optim.Optimizer]
-GradientSync = Callable[[nn.Module, int, bool], bool]
+ModelFn = Callable[[gym.Space, gym.Space, int, Mapping[str, Any]], "nn.Module"]
+OptimizerFn = Callable[["TorchPolicy[Any]"], "torch.optim.Optimizer"]
+GradientSync = Callable[["nn.Module", int, bool], bool]
 _NOT_BUILT = object()
 
 
@@ -49,7 +54,7 @@ def adam(params: Any, device: torch.device, **settings: Any) -> torch.optim.Adam
 
 def default_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: int, config: Mapping[str, Any]) -> nn.Module:
     """An :class:`~flowrl.policy.models.ActorCriticModel` as configured."""
-    return ActorCriticModel(obs_space, num_outputs, config)
+    return models.ActorCriticModel(obs_space, num_outputs, config)
 
 
 class TorchPolicy(Policy[ConfigT]):
@@ -148,12 +153,12 @@ class TorchPolicy(Policy[ConfigT]):
     # -- acting ----------------------------------------------------------------------
 
     def _forward(self, obs_batch: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
-        out = self.model(obs_to_tensor(obs_batch, self.observation_space, self.device))
+        out = self.model(models.obs_to_tensor(obs_batch, self.observation_space, self.device))
         return out if isinstance(out, tuple) else (out, None)
 
     def _numpy_twin(self) -> NumpyActorCritic | None:
         if self._numpy_model is _NOT_BUILT:
-            self._numpy_model = NumpyActorCritic.build(self.model, self.observation_space)
+            self._numpy_model = numpy_inference.NumpyActorCritic.build(self.model, self.observation_space)
         return self._numpy_model  # type: ignore[return-value]
 
     def compute_actions(
@@ -165,7 +170,7 @@ class TorchPolicy(Policy[ConfigT]):
         if twin is not None:
             # Small MLP policies act faster in NumPy than through PyTorch's dispatch.
             dist_inputs_np, values_np = twin.forward(obs_batch)
-            sampled = sample_numpy(self.dist_class, dist_inputs_np, explore, self._np_rng)
+            sampled = numpy_inference.sample_numpy(self.dist_class, dist_inputs_np, explore, self._np_rng)
             if sampled is not None:
                 self.exploration.last_timestep = timestep
                 actions_np, logp_np = sampled
@@ -212,7 +217,7 @@ class TorchPolicy(Policy[ConfigT]):
             if not value.flags.writeable:
                 value = value.copy()  # batches from Ray's object store are read-only; torch needs writable memory
             if key in (SampleBatch.OBS, SampleBatch.NEW_OBS):
-                tensors[key] = obs_to_tensor(value, self.observation_space, self.device)
+                tensors[key] = models.obs_to_tensor(value, self.observation_space, self.device)
             elif value.dtype.kind in "biuf":
                 tensors[key] = torch.as_tensor(value, device=self.device)
         return tensors

@@ -13,10 +13,9 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol
 
 import numpy as np
-import torch
-from torch import nn
 
 from flowrl.data import SampleBatch
+from flowrl.deferred import nn, torch
 
 
 class VTraceConfig(Protocol):
@@ -36,7 +35,6 @@ class VTraceReturns(NamedTuple):
     pg_advantages: torch.Tensor
 
 
-@torch.no_grad()
 def vtrace(
     log_rhos: torch.Tensor,
     discounts: torch.Tensor,
@@ -53,18 +51,19 @@ def vtrace(
     ``log_rhos`` = log pi(a|x) - log mu(a|x) (target minus behaviour). The thresholds are
     rho-bar (for the targets), the policy-gradient rho clip, and c-bar; None disables one.
     """
-    rhos = torch.exp(log_rhos)
-    clipped_rhos = rhos if clip_rho_threshold is None else torch.clamp(rhos, max=clip_rho_threshold)
-    cs = rhos if clip_c_threshold is None else torch.clamp(rhos, max=clip_c_threshold)
-    deltas = clipped_rhos * (rewards + discounts * next_values - values)
-    corrections = backward_recursion(deltas, discounts * cs * continues)
-    vs = values + corrections
-    # v_{s+1}: the next row's target while the episode goes on, else the bootstrap value.
-    next_vs = next_values.clone()
-    next_vs[:-1] = torch.where(continues[:-1].bool(), vs[1:], next_values[:-1])
-    pg_rhos = rhos if clip_pg_rho_threshold is None else torch.clamp(rhos, max=clip_pg_rho_threshold)
-    pg_advantages = pg_rhos * (rewards + discounts * next_vs - values)
-    return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
+    with torch.no_grad():  # targets: no gradient flows through them
+        rhos = torch.exp(log_rhos)
+        clipped_rhos = rhos if clip_rho_threshold is None else torch.clamp(rhos, max=clip_rho_threshold)
+        cs = rhos if clip_c_threshold is None else torch.clamp(rhos, max=clip_c_threshold)
+        deltas = clipped_rhos * (rewards + discounts * next_values - values)
+        corrections = backward_recursion(deltas, discounts * cs * continues)
+        vs = values + corrections
+        # v_{s+1}: the next row's target while the episode goes on, else the bootstrap value.
+        next_vs = next_values.clone()
+        next_vs[:-1] = torch.where(continues[:-1].bool(), vs[1:], next_values[:-1])
+        pg_rhos = rhos if clip_pg_rho_threshold is None else torch.clamp(rhos, max=clip_pg_rho_threshold)
+        pg_advantages = pg_rhos * (rewards + discounts * next_vs - values)
+        return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
 
 
 def backward_recursion(deltas: torch.Tensor, coeffs: torch.Tensor) -> torch.Tensor:

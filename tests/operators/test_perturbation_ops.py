@@ -31,6 +31,7 @@ from flowrl.operators.perturbation_ops import (
 )
 from flowrl.policy import Policy
 from flowrl.policy.perturbable import FlatActor, RunningStats, ascend, flat_parameters
+from flowrl.policy.perturbation_spec import num_perturbed_parameters
 
 from fakes import from_list
 
@@ -359,3 +360,17 @@ def test_defaults_validate_and_policies_get_the_step_sizes() -> None:
     es, ars = ESConfig.from_dict({}), ARSConfig.from_dict({})
     assert es.stepsize == 0.01 and es.explore is False
     assert ars.sgd_stepsize == 0.02 and ars.model == {"fcnet_hiddens": []}
+
+
+@pytest.mark.parametrize(
+    ("obs_space", "action_space", "hiddens"),
+    [
+        (gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2), [16, 8]),
+        (gym.spaces.Box(-1, 1, (3, 2), np.float32), gym.spaces.Box(-2, 2, (3,), np.float32), [5]),
+        (gym.spaces.Box(-1, 1, (6,), np.float32), gym.spaces.Discrete(4), []),  # linear (ARS)
+    ],
+)
+def test_the_parameter_count_read_from_the_spec_is_the_built_models(obs_space: gym.Space, action_space: gym.Space, hiddens: list[int]) -> None:
+    """The noise table is checked against this count when the plan is built, before any policy exists."""
+    spec = make_es_policy(obs_space, action_space, ESConfig.from_dict({"model": {"fcnet_hiddens": hiddens}}))
+    assert num_perturbed_parameters(spec) == len(flat_parameters(spec.build().model))

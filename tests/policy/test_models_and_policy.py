@@ -34,7 +34,8 @@ from flowrl.policy import (
 )
 from flowrl.policy.distributions import Deterministic
 from flowrl.policy.exploration import make_exploration
-from flowrl.policy.models import DEFAULT_MODEL_CONFIG, obs_to_tensor
+from flowrl.policy.model_options import DEFAULT_MODEL_CONFIG
+from flowrl.policy.models import obs_to_tensor
 
 CARTPOLE_OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
 CARTPOLE_ACT = gym.spaces.Discrete(2)
