@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 for _pickler in (ray.cloudpickle, cloudpickle):
     _pickler.register_pickle_by_value(sys.modules[__name__])
 
+#: flowrl's own algorithms (list_algorithms() also lists those a test session registers, e.g. the docs').
+BUILT_IN_ALGORITHMS = ("pg", "a2c", "a3c", "ppo", "dqn", "apex", "apex_ddpg", "ddpg", "td3", "impala", "appo", "ppo_dqn", "es", "ars")
+
 # --- dataflow builders ---
 
 
