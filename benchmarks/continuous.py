@@ -288,15 +288,11 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def print_plan_shares(trial: dict[str, Any]) -> None:
-    """Where one flowrl trial's driver time went, by plan operator (cumulative over the trial)."""
-    steps = max(1, trial["env_steps"])
-    print(f"\nWhere the time went: flowrl {trial['algo']} seed {trial['seed']} (result['plan'], whole trial, "
-          f"{steps} env steps)")
-    print(f"  {'operator':<44}{'items':>8}{'us/env step':>13}{'share':>8}")
-    for name, stats in trial["plan"].items():
-        if isinstance(stats, dict) and "time_s" in stats:
-            print(f"  {name[:44]:<44}{stats.get('items', 0):>8}{1e6 * stats['time_s'] / steps:>13.0f}"
-                  f"{100 * stats.get('time_share', 0):>7.1f}%")
+    """Where one flowrl trial's driver time went in its last iteration, by plan operator."""
+    print(f"\nWhere the time went: flowrl {trial['algo']} seed {trial['seed']} (result['plan'], its last iteration)")
+    print(f"  {'operator':<44}{'items':>8}{'ms':>10}{'share':>8}")
+    for name, stats in trial["plan"].get("operators", {}).items():
+        print(f"  {name[:44]:<44}{stats['items']:>8}{1000 * stats['time_s']:>10.1f}{100 * stats['share']:>7.1f}%")
 
 
 def main() -> None:

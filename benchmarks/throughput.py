@@ -17,12 +17,18 @@
 3. ES (the tuned CartPole example) with 1 and then 2 remote workers, sizes alternating:
    env steps evaluated per second (perturbed and unperturbed episodes) and 2 / 1.
 
+4. What the plan X-ray costs (``--profile-overhead`` runs this part alone): IMPALA at its tuned
+   settings and the tuned PPO example (which samples in the driver), each with ``profile: true``
+   (the default) and ``profile: false``, alternating; median env steps sampled per second and
+   on / off (goal: >= 0.98, i.e. the X-ray costs at most 2%).
+
 The 1-minute load average is saved before every measurement: on a shared 2-core machine it
 explains noisy figures. Run from the repository root::
 
     python benchmarks/throughput.py                 # about four minutes
     python benchmarks/throughput.py --quick         # a smoke test (~1 minute)
     python benchmarks/throughput.py --reps 5 --seconds 15 --out /tmp/throughput.json
+    python benchmarks/throughput.py --profile-overhead --reps 5   # the X-ray's cost alone (~4 minutes)
 
 It prints tables and writes the figures as JSON to ``--out`` (default
 ``benchmarks/results/throughput.json``).
@@ -136,31 +142,51 @@ def es_scaling(reps: int, seconds: float) -> dict[str, Any]:
             "two_over_one": medians[2] / medians[1]}
 
 
+def profile_overhead(reps: int, seconds: float) -> dict[str, Any]:
+    """Env steps sampled per second with the plan X-ray on and off, alternating, per tuned example."""
+    examples = {"impala": {**tuned_config("impala"), "num_cpus_per_worker": 1.0}, "ppo": tuned_config("ppo")}
+    runs: dict[str, dict[str, list[dict[str, float]]]] = {algo: {"on": [], "off": []} for algo in examples}
+    for rep in range(reps):
+        for algo, config in examples.items():
+            for setting in ("on", "off") if rep % 2 == 0 else ("off", "on"):
+                runs[algo][setting].append(measure(algo, {**config, "profile": setting == "on"}, seconds))
+                print(f"  rep {rep + 1}/{reps} {algo:6s} profile {setting:3s} sampled {runs[algo][setting][-1]['sampled_per_s']:9.0f}/s",
+                      flush=True)
+    medians = {algo: {setting: median_of(r, "sampled_per_s") for setting, r in by_setting.items()} for algo, by_setting in runs.items()}
+    ratios = {algo: m["on"] / m["off"] for algo, m in medians.items()}
+    print("\nexample   profile on /s   profile off /s   on / off   (medians; goal on / off >= 0.98)")
+    for algo, m in medians.items():
+        print(f"{algo:8s}  {m['on']:13.0f}   {m['off']:14.0f}   {ratios[algo]:8.3f}")
+    return {"configs": examples, "runs": runs, "medians": medians, "on_over_off": ratios, "goal": 0.98}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=3, help="repetitions per algorithm (medians are reported)")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured wall time per repetition")
     parser.add_argument("--quick", action="store_true", help="1 repetition of 4 s: a smoke test")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON figures")
+    parser.add_argument("--profile-overhead", action="store_true", help="measure only what the plan X-ray costs (part 4)")
     args = parser.parse_args()
     reps, seconds = (1, 4.0) if args.quick else (args.reps, args.seconds)
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
-    try:
-        print(f"IMPALA vs PPO vs A2C on CartPole-v1, {reps} x {seconds:.0f} s each, workers {WORKERS}; "
-              "and IMPALA at its tuned settings", flush=True)
-        algorithms = compare_algorithms(reps, seconds)
-        print(f"\nES evaluation throughput, {reps} x {seconds:.0f} s each", flush=True)
-        es = es_scaling(reps, seconds)
-    finally:
-        ray.shutdown()
-    report = {
+    report: dict[str, Any] = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
         "reps": reps,
         "seconds": seconds,
-        "algorithms": algorithms,
-        "es": es,
     }
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    try:
+        if not args.profile_overhead:
+            print(f"IMPALA vs PPO vs A2C on CartPole-v1, {reps} x {seconds:.0f} s each, workers {WORKERS}; "
+                  "and IMPALA at its tuned settings", flush=True)
+            report["algorithms"] = compare_algorithms(reps, seconds)
+            print(f"\nES evaluation throughput, {reps} x {seconds:.0f} s each", flush=True)
+            report["es"] = es_scaling(reps, seconds)
+        print(f"\nThe plan X-ray's cost: tuned IMPALA and PPO with profile on and off, {reps} x {seconds:.0f} s each", flush=True)
+        report["profile_overhead"] = profile_overhead(reps, seconds)
+    finally:
+        ray.shutdown()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {args.out}")

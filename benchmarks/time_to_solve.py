@@ -426,10 +426,9 @@ def print_time_breakdown(trial: dict[str, Any]) -> None:
           f"driver CPU {trial['driver_cpu_s']:.1f} s, driver torch threads {trial['torch_threads_driver']})")
     for name, seconds in trial["phases_s"].items():
         print(f"  {name:<42}{seconds:8.2f} s")
-    print(f"  {'operator (result[plan], cumulative)':<52}{'items':>7}{'time s':>9}{'share':>8}")
-    for name, stats in trial["plan"].items():
-        if isinstance(stats, dict) and "time_s" in stats:
-            print(f"  {name[:52]:<52}{stats.get('items', 0):>7}{stats['time_s']:>9.2f}{100 * stats.get('time_share', 0):>7.1f}%")
+    print(f"  {'operator (result[plan], last iteration)':<52}{'items':>7}{'time s':>9}{'share':>8}")
+    for name, stats in trial["plan"].get("operators", {}).items():
+        print(f"  {name[:52]:<52}{stats['items']:>7}{stats['time_s']:>9.2f}{100 * stats['share']:>7.1f}%")
     if trial["timers"]:
         print("  timers of the last train() result: " + ", ".join(f"{k} {v:g}" for k, v in sorted(trial["timers"].items())))
 

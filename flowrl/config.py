@@ -394,6 +394,29 @@ def _info_keys_problems(keys: list[Any]) -> list[str]:
     ]
 
 
+def parse_iteration_window(text: str | None) -> tuple[int, int] | None:
+    """``"A:B"`` (iterations A to B, both included), ``"N"`` (iteration N alone), or ``""``/None (none):
+    ``(A, B)`` or None. Raises ``ValueError`` saying what is wrong with any other text."""
+    if text is None or not text.strip():
+        return None
+    first, sep, last = text.partition(":")
+    try:
+        window = (int(first), int(last) if sep else int(first))
+    except ValueError:
+        raise ValueError(f"{text!r} is not 'A:B' (iterations A to B, e.g. '2:3'), 'N' (iteration N alone) or '' (none)") from None
+    if window[0] < 1 or window[1] < window[0]:
+        raise ValueError(f"{text!r}: iterations start at 1 and A:B needs 1 <= A <= B")
+    return window
+
+
+def _iteration_window_problems(text: str) -> list[str]:
+    try:
+        parse_iteration_window(text)
+    except ValueError as e:
+        return [f"trace_iterations={e}"]
+    return []
+
+
 def _redeclared(cls: type, name: str, default: Any) -> tuple[Any, Any]:
     """The annotation and field of the key ``name`` that ``cls`` inherits, with a new ``default``.
 
@@ -630,6 +653,18 @@ class TrainerConfig:
     min_iter_time_s: float = cfg_field(0.0, "Minimum seconds per train() call; it runs plan steps until then. 0: none.", min=0)
     timesteps_per_iteration: int = cfg_field(
         0, "Minimum env steps sampled per train() call; it runs plan steps until then. 0: none.", min=0
+    )
+    profile: bool = cfg_field(
+        True,
+        "The plan X-ray (result['plan']): time every operator, the rollout workers' env steps and inference, "
+        "the learner and the replay shards, and each fragment's latency. false: none of it is measured.",
+    )
+    trace_iterations: str | None = cfg_field(
+        "2:2",
+        "Training iterations whose spans a run records for `flowrl trace` (<run_dir>/trace/iteration_<n>.json): "
+        "each operator's next() calls in the driver and each rollout worker's sample() calls. 'A:B': iterations A "
+        "to B; 'N': iteration N; '' or None: none. Needs profile: true.",
+        validator=_iteration_window_problems,
     )
     # Callbacks and custom metrics.
     callbacks: Any | None = cfg_field(

@@ -11,14 +11,14 @@ plan's metrics context.
 
 from __future__ import annotations
 
-import time
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from flowrl.actors.placeholders import PlaceholderActor
 from flowrl.errors import FlowRLError
-from flowrl.iterators import LocalIterator, MetricsContext, StageNode
+from flowrl.iterators import LocalIterator, MetricsContext, StageNode, StageStats
 from flowrl.operators.protocol import ActorFlow, Operator, StatefulOperator
 
 
@@ -56,6 +56,54 @@ class PlanGraph:
         """``"RolloutWorker x2"``-style label of an actor group."""
         count = self.actors[actor_class]
         return actor_class if count <= 1 else f"{actor_class} x{count}"
+
+    def operator_keys(self) -> dict[int, str]:
+        """Stage id -> ``"<position in dataflow order>:<label>"``, how results (``result["plan"]["operators"]``)
+        name the operators."""
+        return {stage_id: f"{position}:{stage.label}" for position, (stage_id, stage) in enumerate(self.operators.items())}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The graph as plain JSON data, independent of the process that built it.
+
+        ``operators``: in dataflow order, each with its ``position``, ``key`` (as in results),
+        ``label``, ``kind`` and the ``stage_id`` it had in the process that built it. ``actors``:
+        ``{"class", "count"}`` each. ``edges``: ``{"source", "target", "label"}``, whose ends are
+        ``{"operator": position}`` or ``{"actor": class}``. :func:`graph_from_dict` reads it back.
+        """
+        positions = {self.op_id(stage): position for position, stage in enumerate(self.operators.values())}
+        keys = self.operator_keys()
+
+        def end(node_id: str) -> dict[str, Any]:
+            return {"operator": positions[node_id]} if node_id in positions else {"actor": node_id.removeprefix("actor_")}
+
+        return {
+            "operators": [{"position": position, "key": keys[stage.id], "label": stage.label, "kind": stage.kind,
+                           "stage_id": stage.id} for position, stage in enumerate(self.operators.values())],
+            "actors": [{"class": actor_class, "count": count} for actor_class, count in self.actors.items()],
+            "edges": [{"source": end(source), "target": end(target), "label": label} for source, target, label in self.edges],
+        }
+
+
+def graph_from_dict(data: Any) -> PlanGraph:
+    """The graph :meth:`PlanGraph.to_dict` wrote, with its operators' stage ids (nodes without ``fn``,
+    actors or inputs: for drawing, not running). Raises :class:`~flowrl.errors.FlowRLError` naming what
+    is missing or malformed."""
+    try:
+        stages = [StageNode(str(op["kind"]), str(op["label"]), id=int(op["stage_id"])) for op in data["operators"]]
+        graph = PlanGraph(operators={stage.id: stage for stage in stages},
+                          actors={str(actor["class"]): int(actor["count"]) for actor in data["actors"]})
+
+        def node(end: Mapping[str, Any]) -> str:
+            if "operator" in end:
+                return PlanGraph.op_id(stages[int(end["operator"])])
+            if str(end["actor"]) not in graph.actors:
+                raise KeyError(f"actor {end['actor']!r}")
+            return PlanGraph.actor_id(str(end["actor"]))
+
+        graph.edges = [(node(edge["source"]), node(edge["target"]), str(edge["label"])) for edge in data["edges"]]
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise FlowRLError(f"not a plan graph as PlanGraph.to_dict() writes it: {type(e).__name__}: {e}") from None
+    return graph
 
 
 def build_graph(output: StageNode) -> PlanGraph:
@@ -121,14 +169,14 @@ class Plan:
         self.iterator = iterator
         self.name = name
         self.graph = build_graph(iterator.stage)
-        self._started_at: float | None = None
+        # What stats() reported last, to report the next iteration's growth.
+        self._last: dict[int, StageStats] = {}
+        self._last_reported: dict[tuple[int, str], float] = {}
 
     def __iter__(self) -> Iterator[Any]:
         return self
 
     def __next__(self) -> Any:
-        if self._started_at is None:
-            self._started_at = time.perf_counter()
         return next(self.iterator)
 
     def _stateful_operators(self) -> dict[str, StatefulOperator]:
@@ -167,23 +215,51 @@ class Plan:
         """The metrics context shared by every operator of the plan."""
         return self.iterator.shared_metrics.get()
 
-    def stats(self) -> dict[str, dict[str, float]]:
-        """Per operator, keyed ``"<position in dataflow order>:<label>"``: items through, seconds spent
-        in it, items per second of wall time since the plan started, and its share of the plan's time."""
-        elapsed = time.perf_counter() - self._started_at if self._started_at is not None else 0.0
+    def stats(self, iteration_s: float) -> dict[str, Any]:
+        """What each operator did since the last call (one training iteration of ``iteration_s`` seconds),
+        and the request-to-arrival latencies of the gathers' shards.
+
+        ``operators`` is keyed ``"<position in dataflow order>:<label>"``; each entry has the items and
+        bytes through the operator, its own seconds (``time_s`` = ``busy_s`` + ``wait_s`` +
+        ``transfer_s``), its ``share`` of the iteration, rates per second, the items since the plan
+        started (``items_total``) and the growth of what the operator reports itself
+        (:meth:`~flowrl.operators.protocol.Operator.plan_stats`). ``latency_s`` maps
+        ``"<parallel iterator>[<shard>]"`` to the count, median, 90th percentile and maximum.
+        """
         stage_stats = self.metrics.stage_stats
-        total = sum(stage_stats[i].time_s for i in self.graph.operators if i in stage_stats) or 1.0
-        out: dict[str, dict[str, float]] = {}
+        span = iteration_s if iteration_s > 0 else 1.0
+        operators: dict[str, dict[str, float]] = {}
         for position, (stage_id, stage) in enumerate(self.graph.operators.items()):
-            s = stage_stats.get(stage_id)
-            items, spent = (s.items, s.time_s) if s is not None else (0, 0.0)
-            out[f"{position}:{stage.label}"] = {
+            now = dataclasses.replace(stage_stats.get(stage_id) or StageStats())
+            last, self._last[stage_id] = self._last.get(stage_id, StageStats()), now
+            time_s, wait_s, transfer_s = now.time_s - last.time_s, now.wait_s - last.wait_s, now.transfer_s - last.transfer_s
+            items, nbytes = now.items - last.items, now.bytes - last.bytes
+            entry = {
                 "items": items,
-                "time_s": round(spent, 6),
-                "items_per_s": round(items / elapsed, 3) if elapsed > 0 else 0.0,
-                "time_share": round(spent / total, 4),
+                "bytes": nbytes,
+                "time_s": round(time_s, 6),
+                "busy_s": round(max(0.0, time_s - wait_s - transfer_s), 6),
+                "wait_s": round(wait_s, 6),
+                "transfer_s": round(transfer_s, 6),
+                "share": round(time_s / span, 4),
+                "items_per_s": round(items / span, 3),
+                "bytes_per_s": round(nbytes / span, 1),
+                "items_total": now.items,
             }
-        return out
+            if isinstance(stage.fn, Operator):
+                for key, value in stage.fn.plan_stats().items():
+                    previous = self._last_reported.get((stage_id, key), 0.0)
+                    self._last_reported[(stage_id, key)] = value
+                    entry[key] = round(value - previous, 6)
+            operators[f"{position}:{stage.label}"] = entry
+        latencies = self.metrics.latencies
+        latency = {
+            name: {"count": len(values), "p50": _percentile(values, 50), "p90": _percentile(values, 90), "max": round(max(values), 6)}
+            for name, values in sorted(latencies.items())
+            if values
+        }
+        latencies.clear()
+        return {"operators": operators, "latency_s": latency}
 
     def describe(self) -> str:
         """The graph as indented text: each operator, what it reads from, and the actors it touches."""
@@ -230,6 +306,11 @@ class Plan:
             lines.append(f"    {src} -> {dst}{attrs};")
         lines.append("}")
         return "\n".join(lines)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], 6)
 
 
 def _escape(text: str) -> str:

@@ -34,6 +34,7 @@ from flowrl.policy.filters import MeanStdFilter
 from flowrl.policy.mapping import policy_mapping
 from flowrl.ray_runtime import start_ray, stop_ray
 from flowrl.restore import Layout, check_restore, state_layout
+from flowrl.xray import XRay
 
 EnvSpec = str | Callable[[dict[str, Any]], gym.Env]
 CHECKPOINT_VERSION = 3
@@ -77,6 +78,7 @@ class Trainer:
             try:
                 self.resources = self.algorithm.make_resources(self.workers, self.config)
                 self.plan = build_plan(self.algorithm, self.workers, self.config, self.resources)
+                self.xray = XRay(self.plan, profile=self.config.profile)
                 #: Evaluation during training (``evaluation_interval``); its actors live in the workers' reservation.
                 self.evaluator = Evaluator(
                     self.config, env_creator, self.workers.policy_specs, self.workers, parallel=self.algorithm.asynchronous
@@ -129,6 +131,7 @@ class Trainer:
             )
         start = time.perf_counter()
         self.evaluator.before_iteration(self.iteration + 1, self.plan.metrics.counters[STEPS_SAMPLED_COUNTER])
+        evaluation_s = time.perf_counter() - start
         try:
             result = next(self.plan)
         except StopIteration:
@@ -143,19 +146,18 @@ class Trainer:
                 f"algorithm {self.algorithm.name!r}: its plan yielded a {type(result).__name__}, not a result dict; "
                 "end the plan with StandardMetricsReporting"
             )
+        planned = time.perf_counter()
         self.workers.sync_filters()  # once per iteration, as RLlib did: the workers' new observation statistics
+        synced = time.perf_counter()
         result.update(self.evaluator.after_iteration(self.iteration + 1, self.plan.metrics.counters[STEPS_SAMPLED_COUNTER]))
         elapsed = time.perf_counter() - start
+        evaluation_s += elapsed - (synced - start)
         self.iteration += 1
         self.time_total_s += elapsed
-        result.update(
-            training_iteration=self.iteration,
-            time_this_iter_s=elapsed,
-            time_total_s=self.time_total_s,
-            timestamp=time.time(),
-            plan=self.plan.stats(),
-        )
+        result.update(training_iteration=self.iteration, time_this_iter_s=elapsed, time_total_s=self.time_total_s, timestamp=time.time())
         result.setdefault("info", {}).update(self.resources.stats())  # may replace a dead replay shard: first
+        driver = {"sync_filters_s": synced - planned, "evaluation_s": evaluation_s}
+        result["plan"] = self.xray.report(elapsed, result.get("plan", {}), result["info"], driver)
         if self.workers.remote_workers():
             result["info"]["placement"] = self.workers.placement()
         result.update(self.resources.fault_counters())
@@ -165,7 +167,9 @@ class Trainer:
         learner = self.resources.learner
         if learner is not None:
             self._learner_steps_taken = learner.num_steps_trained - learner.steps_not_delivered()
+        hooked = time.perf_counter()
         run_hook(self.callbacks, "on_train_result", self, result, where=f"driver, iteration {self.iteration}")
+        self.xray.add_driver_time(result["plan"], "on_train_result_s", time.perf_counter() - hooked)
         return result
 
     def update_config(self, changes: Mapping[str, Any]) -> None:

@@ -279,7 +279,7 @@ class LearnerThread(threading.Thread):
         return not self.is_alive()
 
     def stats(self) -> dict[str, Any]:
-        """Queue sizes, mean wait and learn times, steps trained and learn throughput."""
+        """Queue sizes, mean wait and learn times (and their totals so far), steps trained and learn throughput."""
         taken = self.queue_timer.count
         return {
             "inqueue_size": self.inqueue.qsize(),
@@ -288,6 +288,8 @@ class LearnerThread(threading.Thread):
             "outqueue_size": self.outqueue.qsize(),
             "queue_wait_mean_s": self.queue_timer.mean,
             "learn_time_mean_s": self.learn_timer.mean,
+            "queue_wait_total_s": self.queue_timer.total_s,
+            "learn_time_total_s": self.learn_timer.total_s,
             "learn_throughput": self.learn_timer.mean_throughput,
             "num_steps_trained": self.num_steps_trained,
             "num_batches_trained": self.num_batches_trained,

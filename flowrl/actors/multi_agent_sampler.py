@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import math
+import time
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ import gymnasium as gym
 import numpy as np
 
 from flowrl.actors.episode_hooks import EpisodeHooks
-from flowrl.actors.sampler import EnvMaker, EpisodeStats, FaultTolerantSampler, ObservationCheck, reward_problem
+from flowrl.actors.sampler import EnvMaker, EpisodeStats, FaultTolerantSampler, ObservationCheck, no_clock, reward_problem
 from flowrl.data import MultiAgentBatch, SampleBatch, concat_samples
 from flowrl.errors import EnvError, FlowRLError
 from flowrl.policy import Policy
@@ -201,8 +202,11 @@ class MultiAgentSampler(FaultTolerantSampler):
     def sample(self) -> MultiAgentBatch:
         """One fragment: ``fragment_length`` steps of every env, postprocessed per agent trajectory."""
         fragment = _Fragment()
+        clock = time.perf_counter if self.timed else no_clock
         for step in range(self.fragment_length):
+            started, inference = clock(), self.inference_s
             self._step(fragment, step)
+            self.env_s += clock() - started - (self.inference_s - inference)
         for env_trajectories in self.trajectories:
             for trajectory in env_trajectories.values():
                 self._close(fragment, trajectory)
@@ -224,6 +228,7 @@ class MultiAgentSampler(FaultTolerantSampler):
     def _step(self, fragment: _Fragment, step: int) -> None:
         actions: list[dict[Hashable, Any]] = [{} for _ in self.envs]
         rows: dict[tuple[int, Hashable], dict[str, Any]] = {}
+        started = time.perf_counter() if self.timed else 0.0
         for policy_id, (members, obs_batch) in self._groups.items():
             policy_actions, extra = self.policy_map[policy_id].compute_actions(obs_batch)
             clip = self._clip.get(policy_id)
@@ -231,6 +236,8 @@ class MultiAgentSampler(FaultTolerantSampler):
                 action = policy_actions[k]
                 actions[i][agent] = np.clip(action, *clip) if clip is not None else action
                 rows[(i, agent)] = {SampleBatch.OBS: obs_batch[k], SampleBatch.ACTIONS: action, **{key: v[k] for key, v in extra.items()}}
+        if self.timed:
+            self.inference_s += time.perf_counter() - started
         for i, env in enumerate(self.envs):
             try:
                 raw_obs, rewards, terminateds, truncateds, infos = env.step(actions[i])

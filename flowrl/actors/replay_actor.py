@@ -29,11 +29,14 @@ class ReplayActor(ParallelIteratorWorker):
     def __init__(self, *, empty_wait_s: float = 0.01, **buffer_args: Any) -> None:
         self.buffer = LocalReplayBuffer(**buffer_args)
         self.empty_wait_s = empty_wait_s
+        # Seconds spent storing and replaying (the X-ray's busy time of a shard).
+        self.add_s = 0.0
+        self.sample_s = 0.0
         super().__init__(self._replay_forever)
 
     def _replay_forever(self) -> Iterator[Batch | None]:
         while True:
-            batch = self.buffer.replay()
+            batch = self.replay()
             if batch is None:
                 # Actor calls run one at a time: a short wait, not a loop, keeps add_batch flowing.
                 time.sleep(self.empty_wait_s)
@@ -41,19 +44,26 @@ class ReplayActor(ParallelIteratorWorker):
 
     def add_batch(self, batch: Batch) -> None:
         """Store a batch of experience."""
+        started = time.perf_counter()
         self.buffer.add_batch(batch)
+        self.add_s += time.perf_counter() - started
 
     def replay(self) -> Batch | None:
         """One replayed batch, or None before ``learning_starts``."""
-        return self.buffer.replay()
+        started = time.perf_counter()
+        batch = self.buffer.replay()
+        self.sample_s += time.perf_counter() - started
+        return batch
 
     def update_priorities(self, prio_dict: Mapping[str, tuple[Any, Any]]) -> None:
         """Set priorities from TD errors: ``{policy_id: (batch_indexes, td_errors)}``."""
         self.buffer.update_priorities(prio_dict)
 
     def stats(self) -> dict[str, Any]:
-        """The buffer's statistics, and the Ray node this shard runs on (``node_id``)."""
-        return {**self.buffer.stats(), "node_id": ray.get_runtime_context().get_node_id()}
+        """The buffer's statistics, the seconds spent storing and replaying so far, and the Ray node
+        this shard runs on (``node_id``)."""
+        return {**self.buffer.stats(), "add_time_total_s": self.add_s, "sample_time_total_s": self.sample_s,
+                "node_id": ray.get_runtime_context().get_node_id()}
 
     def get_state(self, include_contents: bool = False) -> dict[str, Any]:
         """The buffer's state (optionally with its contents)."""

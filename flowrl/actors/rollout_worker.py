@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, TypeVar, cast
 
 import gymnasium as gym
@@ -62,11 +63,30 @@ def control_call(worker: Any, method: str, *args: Any) -> Any:
 
 
 class WorkerMetrics(NamedTuple):
-    """What a worker reports per iteration: episodes finished and faults absorbed since its last report."""
+    """What a worker reports per iteration: episodes finished and faults absorbed since its last report,
+    and (with ``profile`` on) where its time went since then: ``wall_s``, of which ``sample_s`` in
+    :meth:`RolloutWorker.sample`, of which ``env_s`` stepping the envs and ``inference_s`` in the
+    policies' forward passes."""
 
     episodes: list[dict[str, Any]]
     num_faulty_episodes: int = 0
     num_bad_observations: int = 0
+    phases: dict[str, float] | None = None
+
+
+class SampleSpan(NamedTuple):
+    """One :meth:`RolloutWorker.sample` call, recorded while a run traces an iteration: when it started on
+    the wall clock (``time.time_ns()``, comparable across processes) and how long it took, the seconds
+    of it spent stepping the envs and in inference (0 with ``profile`` off), the env steps it returned,
+    and the process and native thread that ran it."""
+
+    start_ns: int
+    duration_ns: int
+    env_s: float
+    inference_s: float
+    steps: int
+    pid: int
+    thread_id: int
 
 
 class RolloutWorker(ParallelIteratorWorker):
@@ -170,7 +190,11 @@ class RolloutWorker(ParallelIteratorWorker):
                 obs_filter=self.obs_filter,
                 **self._sampler_options(),
             )
+        self.sampler.timed = config.profile
+        self.sample_s = 0.0  # seconds in sample() (with profile on)
+        self._sample_spans: list[SampleSpan] | None = None  # while a list: each sample() call (see trace_samples)
         self._reported = WorkerMetrics([])
+        self._reported_phases = self._phase_totals()
         self._rng_streams: dict[str, np.random.Generator] = {}
         super().__init__(self._sample_forever)
         global _global_worker
@@ -219,11 +243,28 @@ class RolloutWorker(ParallelIteratorWorker):
 
         A :class:`~flowrl.data.MultiAgentBatch` (one batch per policy) for multi-agent envs.
         """
+        started = time.perf_counter()
+        spans = self._sample_spans
+        if spans is not None:
+            started_ns, env_s, inference_s = time.time_ns(), self.sampler.env_s, self.sampler.inference_s
         batch = self.sampler.sample()
         run_hook(self.callbacks, "on_sample_end", batch, self, where=f"worker {self.worker_index}")
         if self.config.compress_observations:
             batch.compress()
+        if self.config.profile:
+            self.sample_s += time.perf_counter() - started
+        if spans is not None:
+            spans.append(SampleSpan(started_ns, time.time_ns() - started_ns, self.sampler.env_s - env_s,
+                                    self.sampler.inference_s - inference_s, batch.count, os.getpid(),
+                                    threading.get_native_id()))
         return batch
+
+    def trace_samples(self, on: bool) -> list[SampleSpan]:
+        """Start (``on``) or stop recording a :class:`SampleSpan` per :meth:`sample` call; returns the spans
+        recorded since the last call. Ask a remote worker with :func:`control_call`: it answers mid-sample."""
+        recorded = self._sample_spans or []
+        self._sample_spans = [] if on else None
+        return recorded
 
     def get_policy(self, policy_id: str = DEFAULT_POLICY_ID) -> Policy[Any]:
         """The policy called ``policy_id``."""
@@ -283,7 +324,16 @@ class RolloutWorker(ParallelIteratorWorker):
         episodes = [vars(s) for s in self.sampler.pop_episode_stats()]
         faulty, bad = self.sampler.num_faulty_episodes, self.sampler.num_bad_observations
         last, self._reported = self._reported, WorkerMetrics([], faulty, bad)
-        return WorkerMetrics(episodes, faulty - last.num_faulty_episodes, bad - last.num_bad_observations)
+        phases = None
+        if self.config.profile:
+            totals, last_totals = self._phase_totals(), self._reported_phases
+            self._reported_phases = totals
+            phases = {key: round(totals[key] - last_totals[key], 6) for key in totals}
+        return WorkerMetrics(episodes, faulty - last.num_faulty_episodes, bad - last.num_bad_observations, phases)
+
+    def _phase_totals(self) -> dict[str, float]:
+        sampler = self.sampler
+        return {"wall_s": time.perf_counter(), "sample_s": self.sample_s, "env_s": sampler.env_s, "inference_s": sampler.inference_s}
 
     def rng_stream(self, name: str) -> np.random.Generator:
         """A named random stream of this worker (e.g. ES's perturbation draws), seeded from the

@@ -18,6 +18,7 @@ import collections
 import contextlib
 import copy
 import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -264,6 +265,10 @@ class FaultTolerantSampler:
         self.hooks = hooks
         self.num_faulty_episodes = 0
         self.num_bad_observations = 0
+        # Seconds spent stepping the envs and in the policies' forward passes (the X-ray), while ``timed``.
+        self.timed = True
+        self.env_s = 0.0
+        self.inference_s = 0.0
         # Bounded: a worker whose statistics nobody collects must not grow without limit.
         self.finished: collections.deque[EpisodeStats] = collections.deque(maxlen=MAX_UNCOLLECTED_EPISODES)
         self._dropped_in_a_row = [0] * len(envs)
@@ -361,6 +366,11 @@ class FaultTolerantSampler:
 
     def _where(self, index: int, what: str) -> str:
         return f"worker {self.worker_index}, env {index}: {what}"
+
+
+def no_clock() -> float:
+    """The clock of a sampler that times nothing (``timed`` off): always 0."""
+    return 0.0
 
 
 @dataclass
@@ -506,9 +516,12 @@ class VectorSampler(FaultTolerantSampler):
         filtered = None if obs_filter is None else np.empty((T, *self.obs.shape), dtype=np.float32)
         pool = shared_vector(self.envs)  # a worker's EnvPool, stepped in one call, or None
         recording = [records_episodes(env) for env in self.envs]  # read per fragment: a recreated env may differ
+        clock = time.perf_counter if self.timed else no_clock
         for step in range(T):
+            started = clock()
             policy_obs = self.obs if obs_filter is None else obs_filter(self.obs)
             actions, extra = self.policy.compute_actions(policy_obs)
+            inferred = clock()
             if filtered is not None:
                 filtered[step] = policy_obs
             if actions_buf is None:
@@ -559,6 +572,9 @@ class VectorSampler(FaultTolerantSampler):
                                 raise
                     if not self._write_checked(fragment, step, i, obs, reward):
                         dropped[i] = None
+            stepped_at = clock()
+            self.inference_s += inferred - started
+            self.env_s += stepped_at - inferred
             self.obs[:] = new_obs
             self.episode_rewards += step_rewards
             self.ts += 1

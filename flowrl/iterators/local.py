@@ -26,7 +26,7 @@ from typing_extensions import NamedTuple
 
 from flowrl.deferred import ray
 from flowrl.errors import IteratorUsageError
-from flowrl.iterators.metrics import MetricsContext, SharedMetrics, StageStats, current_metrics, swap_current_metrics
+from flowrl.iterators.metrics import MetricsContext, SharedMetrics, Span, StageStats, current_metrics, swap_current_metrics
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -118,7 +118,14 @@ class _Waiter:
         self._sibling_counts = None
 
     def wait(self, markers: Sequence[NextValueNotReady]) -> None:
-        """Return once progress may be possible for one of ``markers``."""
+        """Return once progress may be possible for one of ``markers`` (time the stage spent waiting for input)."""
+        start = time.perf_counter()
+        try:
+            self._block(markers)
+        finally:
+            account(WAITING, time.perf_counter() - start)
+
+    def _block(self, markers: Sequence[NextValueNotReady]) -> None:
         merged = NextValueNotReady.merge(markers)
         if merged.waits_on_siblings:
             # Siblings that moved since the last idle pass (or a first idle pass) may have
@@ -180,7 +187,9 @@ def callable_name(fn: Any) -> str:
 class _ThreadTiming(threading.local):
     """Per thread: one frame per measured stage being pulled, innermost last.
 
-    A frame holds the seconds the stage spent pulling from measured stages below it.
+    A frame holds the seconds the stage spent pulling from measured stages below it, then
+    the seconds of its own time spent waiting for input and fetching arrived results (added
+    by :func:`account`).
     """
 
     def __init__(self) -> None:
@@ -189,17 +198,42 @@ class _ThreadTiming(threading.local):
 
 _timing = _ThreadTiming()
 
+#: What :func:`account` attributes a blocked interval to (positions in a timing frame).
+WAITING, TRANSFERRING = 1, 2
 
-def _measured(it: Iterator[Any], stats: StageStats) -> Iterator[Any]:
-    """Count the items a stage yields and the time spent in its own code.
+
+def account(kind: int, seconds: float) -> None:
+    """Attribute ``seconds`` of the stage being pulled in this thread to ``kind`` (:data:`WAITING`
+    or :data:`TRANSFERRING`); outside a measured stage it is dropped."""
+    stack = _timing.stack
+    if stack:
+        stack[-1][kind] += seconds
+
+
+def item_nbytes(item: Any) -> int:
+    """The size an item reports (``size_bytes()``), summed over the items of a list or tuple; else 0."""
+    size = getattr(item, "size_bytes", None)
+    if size is not None:
+        return int(size())
+    if item.__class__ is list or isinstance(item, tuple):
+        return sum(item_nbytes(x) for x in item)
+    return 0
+
+
+def _measured(it: Iterator[Any], stats: StageStats, stage_id: int, metrics: MetricsContext) -> Iterator[Any]:
+    """Count the items a stage yields, their bytes, and the time spent in its own code.
 
     A per-thread stack of frames collects the time each stage spends pulling from the
-    measured stages below it, which is subtracted from its own total.
+    measured stages below it, which is subtracted from its own total, and the parts of its
+    own time it spent blocked (:func:`account`). While ``metrics.spans`` is a list, each
+    ``next()`` call that gives an item or a not-ready marker is also appended to it as a :class:`Span`.
     """
     stack = _timing.stack
     while True:
-        frame = [0.0]
+        frame = [0.0, 0.0, 0.0]
         stack.append(frame)
+        spans = metrics.spans
+        started_ns = time.time_ns() if spans is not None else 0
         start = time.perf_counter()
         try:
             item = next(it)
@@ -209,10 +243,16 @@ def _measured(it: Iterator[Any], stats: StageStats) -> Iterator[Any]:
             elapsed = time.perf_counter() - start
             stack.pop()
             stats.time_s += elapsed - frame[0]
+            stats.wait_s += frame[WAITING]
+            stats.transfer_s += frame[TRANSFERRING]
             if stack:
                 stack[-1][0] += elapsed
-        if not isinstance(item, NextValueNotReady):
+        ready = not isinstance(item, NextValueNotReady)
+        if spans is not None:
+            spans.append(Span(stage_id, threading.get_native_id(), started_ns, time.time_ns(), ready))
+        if ready:
             stats.items += 1
+            stats.bytes += item_nbytes(item)
         yield item
 
 
@@ -294,9 +334,11 @@ class LocalIterator(Generic[T]):
         try:
             if self._built is None:
                 stats = metrics.stage_stats
-                it: Iterator[Any] = _measured(iter(self.base_iterator(self.timeout)), stats[self.stages[0].id])
+                it: Iterator[Any] = iter(self.base_iterator(self.timeout))
+                if metrics.profile:
+                    it = _measured(it, stats[self.stages[0].id], self.stages[0].id, metrics)
                 for transform, stage in zip(self.local_transforms, self.stages[1:]):
-                    it = _measured(transform(it), stats[stage.id])
+                    it = _measured(transform(it), stats[stage.id], stage.id, metrics) if metrics.profile else transform(it)
                 self._built = it
             return next(self._built)
         finally:

@@ -13,7 +13,7 @@ import collections
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from flowrl.errors import IteratorUsageError
 
@@ -76,11 +76,29 @@ class StageStats:
 
     ``time_s`` excludes the time spent pulling from the stages it reads, so the times of
     all stages add up to the time the dataflow ran (waits on actors count for the stage
-    that waited).
+    that waited). Of ``time_s``, ``wait_s`` went to waiting for input (on actors, threads,
+    queues or sibling iterators) and ``transfer_s`` to fetching results that had arrived
+    (Ray's deserialization); the rest is the stage's own work. ``bytes`` sums the sizes of the
+    items that report one (``size_bytes()``, as sample batches do).
     """
 
     items: int = 0
     time_s: float = 0.0
+    wait_s: float = 0.0
+    transfer_s: float = 0.0
+    bytes: int = 0
+
+
+class Span(NamedTuple):
+    """One ``next()`` call of a measured stage, on the wall clock (``time.time_ns()``, comparable across processes):
+    the stage's id, the native id of the thread that pulled it, when it started and ended, and whether it
+    gave an item (False: a not-ready marker)."""
+
+    stage_id: int
+    thread_id: int
+    start_ns: int
+    end_ns: int
+    ready: bool
 
 
 class MetricsContext:
@@ -90,7 +108,8 @@ class MetricsContext:
     :class:`TimerStat`, ``info`` holds anything an operator wants to report, and
     ``current_actor`` is the actor that produced the item being processed (set by the
     parallel gathers, read by ``zip_with_source_actor``); ``stage_stats`` maps a
-    :class:`~flowrl.iterators.StageNode` id to its :class:`StageStats`.
+    :class:`~flowrl.iterators.StageNode` id to its :class:`StageStats`; ``latencies`` holds
+    the gathers' request-to-arrival times per shard.
     """
 
     def __init__(self) -> None:
@@ -99,6 +118,14 @@ class MetricsContext:
         self.info: dict[str, Any] = {}
         self.current_actor: Any = None
         self.stage_stats: collections.defaultdict[int, StageStats] = collections.defaultdict(StageStats)
+        #: Whether the dataflow measures its stages (``stage_stats``, ``latencies``); read when an iterator starts.
+        self.profile = True
+        #: Seconds from a request to a shard until its item arrived, per ``"<parallel iterator>[<shard>]"``,
+        #: appended by the gathers while ``profile`` is on (a reader drains them).
+        self.latencies: collections.defaultdict[str, list[float]] = collections.defaultdict(list)
+        #: While a list (set by whoever traces an iteration; None: off), each measured stage appends a
+        #: :class:`Span` per ``next()`` call, in any thread that pulls it.
+        self.spans: list[Span] | None = None
 
     def save(self) -> tuple[dict[str, int], dict[str, Any]]:
         """Return a picklable copy of the counters and info (timers are not state)."""

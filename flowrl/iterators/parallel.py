@@ -23,7 +23,7 @@ from typing import Any, Callable, Generator, Generic, Iterable, Iterator, Sequen
 
 from flowrl.deferred import ray
 from flowrl.errors import IteratorUsageError, ShardFailedError
-from flowrl.iterators.local import LocalIterator, NextValueNotReady, StageNode
+from flowrl.iterators.local import TRANSFERRING, WAITING, LocalIterator, NextValueNotReady, StageNode, account
 from flowrl.iterators.metrics import SharedMetrics, current_metrics
 
 T = TypeVar("T")
@@ -458,7 +458,9 @@ class ParallelIterator(Generic[T]):
                 return set()
             need = max(1, math.ceil(min_fraction * len(refs)))
             deadlines = [in_flight[s][1] + s.timeout_s for s in active if s.timeout_s is not None]
+            started = time.perf_counter()
             done, pending = ray.wait(refs, num_returns=need, timeout=_next_deadline(deadlines, timeout))
+            account(WAITING, time.perf_counter() - started)
             if len(done) >= need:
                 ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
                 return set(ready)
@@ -482,20 +484,26 @@ class ParallelIterator(Generic[T]):
     ) -> list[tuple[_Shard, Any]]:
         """The arrived items of the round, in shard order; failed shards are restarted or dropped."""
         arrived = [shard for shard in active if in_flight[shard][0] in done]
+        started = time.perf_counter()
         try:
             results = ray.get([in_flight[shard][0] for shard in arrived])
         except _shard_failures():
             results = [self._fetch_one(streams, shard, in_flight[shard][0]) for shard in arrived]
+        account(TRANSFERRING, time.perf_counter() - started)
+        metrics = current_metrics()
+        now = time.monotonic()
         round_items: list[tuple[_Shard, Any]] = []
         for shard, item in zip(arrived, results):
-            sent_in = in_flight.pop(shard)[2]
+            _, sent_at, sent_in = in_flight.pop(shard)
+            if metrics.profile:
+                metrics.latencies[f"{self.name}[{shard.index}]"].append(now - sent_at)
             if item is _END:  # the shard's items ran out, or it failed and was dropped
                 active.remove(shard)
                 continue
             if item is _RESTARTED:  # its replacement is asked again next round
                 continue
             if sent_in < round_number:
-                current_metrics().counters[LATE_ITEMS_COUNTER] += 1
+                metrics.counters[LATE_ITEMS_COUNTER] += 1
             round_items.append((shard, item))
         return round_items
 
@@ -589,7 +597,9 @@ class ParallelIterator(Generic[T]):
                         heads = {q[0]: shard for shard, q in queues.items()}
                         refs = list(heads)
                         deadlines = [head_since[s] + s.timeout_s for s in queues if s.timeout_s is not None]
+                        started = time.perf_counter()
                         done, _ = ray.wait(refs, num_returns=1, timeout=_next_deadline(deadlines, timeout))
+                        account(WAITING, time.perf_counter() - started)
                         if not done:
                             if timeout is not None:
                                 yield NextValueNotReady(refs)
@@ -601,18 +611,25 @@ class ParallelIterator(Generic[T]):
                         ready = sorted((heads[r] for r in done), key=lambda shard: shard is last)
                     shard = ready.pop(0)
                     ref = queues[shard].popleft()
-                    head_since[shard] = time.monotonic()
+                    now = time.monotonic()
+                    metrics = current_metrics()
+                    if metrics.profile:  # since the actor began this request: the latency a straggler stretches
+                        metrics.latencies[f"{self.name}[{shard.index}]"].append(now - head_since[shard])
+                    head_since[shard] = now
+                    started = time.perf_counter()
                     try:
                         item = ray.get(ref)
                     except _shard_failures() as e:
                         restart(shard, e)
                         continue
+                    finally:
+                        account(TRANSFERRING, time.perf_counter() - started)
                     if item is _END:
                         if not queues[shard]:
                             del queues[shard]
                         continue
                     last = shard
-                    current_metrics().current_actor = shard.actor
+                    metrics.current_actor = shard.actor
                     yield item
                     if shard in queues:
                         queues[shard].append(streams.request(shard))

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import queue
+import time
 from typing import Any, Callable, Iterator, Sequence
 
 from flowrl.errors import FlowRLError
 from flowrl.iterators import EventQueue, LocalIterator, NextValueNotReady, SharedMetrics, StageNode, as_event_queue
+from flowrl.iterators.local import WAITING, account
 from flowrl.operators.protocol import ActorLink, HiddenOperator, Operator
 
 CONCURRENCY_MODES = ("round_robin", "async")
@@ -83,22 +85,31 @@ class Enqueue(Operator):
 
     def __init__(self, output_queue: queue.Queue[Any]) -> None:
         self.queue: EventQueue[Any] = as_event_queue(output_queue)
+        self.blocked_out_s = 0.0  # holding an item while the queue was full (back-pressure)
 
     def plan_links(self) -> list[ActorLink]:
         """Feeds the learner thread's queue."""
         return [ActorLink("LearnerThread", "enqueue")]
+
+    def plan_stats(self) -> dict[str, float]:
+        """Seconds it held an item the full queue had no room for (spent waiting elsewhere in the plan)."""
+        return {"blocked_out_s": self.blocked_out_s}
 
     def __call__(self, items: Iterator[Any]) -> Iterator[Any]:
         for item in items:
             if isinstance(item, NextValueNotReady):
                 yield item
                 continue
+            full_since: float | None = None
             while True:
                 try:
                     self.queue.put_nowait(item)
                     break
                 except queue.Full:
+                    full_since = full_since or time.perf_counter()
                     yield NextValueNotReady(events=[self.queue.not_full_event])
+            if full_since is not None:
+                self.blocked_out_s += time.perf_counter() - full_since
             yield item
 
 
@@ -124,7 +135,9 @@ def Dequeue(input_queue: queue.Queue[Any], check: Callable[[], bool] = lambda: T
             if not check():
                 raise FlowRLError("Dequeue: the queue is empty and its producer is gone (check() returned False)")
             if timeout is None:
+                started = time.perf_counter()
                 events.not_empty_event.wait(timeout=1.0)  # wake up now and then to re-run check()
+                account(WAITING, time.perf_counter() - started)
             else:
                 yield NextValueNotReady(events=[events.not_empty_event])
 

@@ -190,8 +190,34 @@ class CollectMetrics(StatefulOperator):
         for name, timer in metrics.timers.items():
             if timer.units:
                 result["timers"][f"{name}_throughput"] = round(timer.mean_throughput, 3)
+        phases = worker_phases(reports, in_driver=not self.workers.remote_workers())
+        if phases:
+            result["plan"] = {"actors": {"RolloutWorker": phases}}
         self.iteration_started = now
         return result
+
+
+def worker_phases(reports: Sequence[tuple[int, WorkerMetrics]], *, in_driver: bool) -> dict[str, Any]:
+    """The rollout workers' time since their last reports, summed, and each one's busy share (for the
+    plan's X-ray); empty when no worker measured its time (``profile`` off)."""
+    timed = [(index, report.phases) for index, report in reports if report.phases]
+    if not timed:
+        return {}
+    total = {key: sum(phases[key] for _, phases in timed) for key in ("wall_s", "sample_s", "env_s", "inference_s")}
+    wall, sample = total["wall_s"], total["sample_s"]
+    return {
+        "count": len(timed),
+        "in_driver": in_driver,
+        "env_s": round(total["env_s"], 6),
+        "inference_s": round(total["inference_s"], 6),
+        "other_s": round(max(0.0, sample - total["env_s"] - total["inference_s"]), 6),
+        "idle_s": round(max(0.0, wall - sample), 6),
+        "busy_share": round(sample / wall, 4) if wall > 0 else 0.0,
+        "per_worker": {
+            str(index): {"busy_share": round(phases["sample_s"] / phases["wall_s"], 4) if phases["wall_s"] > 0 else 0.0}
+            for index, phases in timed
+        },
+    }
 
 
 def StandardMetricsReporting(

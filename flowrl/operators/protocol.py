@@ -8,6 +8,8 @@ checkpoint must hold, says so by deriving from :class:`Operator` or :class:`Stat
   operator -> an actor class, e.g. "broadcast weights" to ``RolloutWorker``), or which actors
   feed which (``ActorFlow``, e.g. rollout workers -> aggregators), for the plan graph;
 - :meth:`Operator.plan_actor_counts` counts actors no gather shows (behind aggregators);
+- :meth:`Operator.plan_stats` adds figures of its own to the plan's X-ray (cumulative seconds
+  or counts, e.g. the time a queue it feeds was full), reported per iteration;
 - ``plan_hidden = True`` leaves plumbing (tagging, dropping Nones) out of the graph;
 - a :class:`StatefulOperator` names its state with a fixed ``state_key``: checkpoints store
   its state under that key, so renaming its class or adding methods to another operator
@@ -56,6 +58,11 @@ class Operator:
 
     def plan_actor_counts(self) -> Mapping[str, int]:
         """How many actors of each class stand behind this operator where no gather shows them."""
+        return {}
+
+    def plan_stats(self) -> Mapping[str, float]:
+        """Cumulative figures of this operator for the plan's X-ray (none by default); the plan reports
+        how much each grew in an iteration."""
         return {}
 
 

@@ -1,0 +1,106 @@
+"""The plan X-ray: where each second of a training iteration went, per operator and per actor.
+
+Each iteration the Trainer puts :meth:`XRay.report` into ``result["plan"]``:
+
+- ``operators``: per operator of the plan (``"<position>:<label>"``), what it did in the
+  iteration: items and bytes through it, its own seconds split into ``busy_s`` (its code in
+  the driver), ``wait_s`` (waiting for input: actors, threads, queues) and ``transfer_s``
+  (fetching arrived results), its ``share`` of the iteration, rates, and figures it reports
+  itself (``blocked_out_s``: back-pressure from a full learner queue);
+- ``latency_s``: per shard of each gather, request-to-arrival seconds (median, p90, max): a
+  straggler's are far above its siblings';
+- ``actors``: ``RolloutWorker`` (env steps, inference, the rest of sampling, idle time, busy
+  share, per worker), ``LearnerThread`` (learning vs waiting for batches, queue depth) and
+  ``ReplayActor`` (storing vs replaying);
+- ``driver``: the Trainer's own steps around the plan (observation filter sync, evaluation, the
+  ``on_train_result`` callback, whose seconds count into ``iteration_s``);
+- ``attributed_s`` / ``unattributed_s``: the operators' and the driver steps' seconds, and the
+  rest of ``iteration_s``, never hidden.
+
+``profile: false`` in the config turns all of it off (``result["plan"]`` then holds only
+``iteration_s`` and ``profile``). :mod:`flowrl.doctor` reads these figures back from a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from flowrl.plan import Plan
+
+
+class XRay:
+    """Builds one iteration's ``result["plan"]`` from the plan's statistics and the actors' reports."""
+
+    def __init__(self, plan: Plan, *, profile: bool = True) -> None:
+        self.plan = plan
+        self.profile = profile
+        plan.metrics.profile = profile
+        self._learner_totals: tuple[float, float] | None = None
+        self._shard_totals: list[tuple[float, float]] = []
+
+    def report(
+        self, iteration_s: float, reported: Mapping[str, Any], info: Mapping[str, Any], driver: Mapping[str, float]
+    ) -> dict[str, Any]:
+        """The iteration's X-ray. ``reported``: what the plan's own result said of the actors (the rollout
+        workers' phases from ``CollectMetrics``); ``info``: the resources' statistics (``learner_thread``,
+        ``replay_shards``); ``driver``: seconds of the Trainer's own steps."""
+        if not self.profile:
+            return {"profile": False, "iteration_s": round(iteration_s, 6)}
+        stats = self.plan.stats(iteration_s)
+        actors = dict(reported.get("actors", {}))
+        learner = info.get("learner_thread")
+        if learner is not None:
+            actors["LearnerThread"] = self._learner(learner, iteration_s)
+        shards = info.get("replay_shards")
+        if shards:
+            actors["ReplayActor"] = self._shards(shards, iteration_s)
+        attributed = sum(entry["time_s"] for entry in stats["operators"].values()) + sum(driver.values())
+        span = iteration_s if iteration_s > 0 else 1.0
+        return {
+            "profile": True,
+            "iteration_s": round(iteration_s, 6),
+            **stats,
+            "actors": actors,
+            "driver": {key: round(value, 6) for key, value in driver.items()},
+            "attributed_s": round(attributed, 6),
+            "unattributed_s": round(max(0.0, iteration_s - attributed), 6),
+            "attributed_share": round(min(1.0, attributed / span), 4),
+        }
+
+    def add_driver_time(self, report: dict[str, Any], key: str, seconds: float) -> None:
+        """Count ``seconds`` the driver spent on ``key`` after the report was made (the ``on_train_result``
+        callback) into the iteration: ``iteration_s`` grows, and the shares are of the longer iteration."""
+        if not report.get("profile"):
+            return
+        before = report["iteration_s"]
+        after = before + seconds
+        scale = before / after if after > 0 else 1.0
+        for entry in report["operators"].values():
+            entry["share"] = round(entry["share"] * scale, 4)
+        report["driver"][key] = round(seconds, 6)
+        report["iteration_s"] = round(after, 6)
+        report["attributed_s"] = round(report["attributed_s"] + seconds, 6)
+        report["attributed_share"] = round(min(1.0, report["attributed_s"] / after), 4) if after > 0 else 0.0
+
+    def _learner(self, learner: Mapping[str, Any], iteration_s: float) -> dict[str, Any]:
+        totals = (float(learner["learn_time_total_s"]), float(learner["queue_wait_total_s"]))
+        last, self._learner_totals = self._learner_totals or (0.0, 0.0), totals
+        learn_s, wait_s = max(0.0, totals[0] - last[0]), max(0.0, totals[1] - last[1])
+        return {
+            "learn_s": round(learn_s, 6),
+            "wait_s": round(wait_s, 6),
+            "busy_share": round(min(1.0, learn_s / iteration_s), 4) if iteration_s > 0 else 0.0,
+            "inqueue_size_mean": round(float(learner["inqueue_size_mean"]), 3),
+            "inqueue_capacity": learner["inqueue_capacity"],
+        }
+
+    def _shards(self, shards: list[Mapping[str, Any]], iteration_s: float) -> dict[str, Any]:
+        totals = [(float(s.get("add_time_total_s", 0.0)), float(s.get("sample_time_total_s", 0.0))) for s in shards]
+        last = self._shard_totals if len(self._shard_totals) == len(totals) else [(0.0, 0.0)] * len(totals)
+        self._shard_totals = totals
+        # A replaced shard starts its totals again: count what it did since, not a negative.
+        add_s = sum(now[0] - before[0] if now[0] >= before[0] else now[0] for now, before in zip(totals, last))
+        sample_s = sum(now[1] - before[1] if now[1] >= before[1] else now[1] for now, before in zip(totals, last))
+        busy = (add_s + sample_s) / (iteration_s * len(totals)) if iteration_s > 0 else 0.0
+        return {"count": len(totals), "add_s": round(add_s, 6), "sample_s": round(sample_s, 6), "busy_share": round(min(1.0, busy), 4)}
