@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from flowrl.checkpoint import METADATA_FILE, latest_checkpoint
+from flowrl.config import parse_iteration_window
 from flowrl.errors import (
     CheckpointError,
     CLIError,
@@ -453,11 +454,67 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    if args.run_dir is not None:
+        return _plan_of_run(args)
+    run_flags = [flag for flag, given in (("--live", args.live), ("--last", args.last is not None),
+                                          ("--interval", args.interval is not None), ("--format html", args.format == "html"))
+                 if given]
+    if run_flags:
+        raise CLIError(f"{', '.join(run_flags)}: only for a run's plan with its measured figures; give RUN_DIR "
+                       f"(a run directory of flowrl train)")
     from flowrl.dry_plan import dry_plan  # the plan over placeholder actors: no Ray, no actor starts
 
     algorithm, env, config, _ = train_settings(args, "plan")
     plan = dry_plan(algorithm.name, env, config)
     print({"text": plan.describe, "mermaid": plan.to_mermaid, "dot": plan.to_dot}[args.format]())
+    return EXIT_OK
+
+
+def _plan_of_run(args: argparse.Namespace) -> int:
+    """``flowrl plan RUN_DIR``: the run's plan coloured by its X-ray, once or (``--live``) until Ctrl-C."""
+    from flowrl.xray_view import DEFAULT_LAST, render_run, watch_run
+
+    settings = [flag for flag, given in (("--algo", args.algo), ("--env", args.env), ("--config", args.config),
+                                         ("--set", args.set), ("--num-workers", args.num_workers is not None)) if given]
+    if settings:
+        raise CLIError(f"{', '.join(settings)} cannot be used with RUN_DIR: the run's own plan is drawn "
+                       f"(leave out RUN_DIR to build a plan from settings)")
+    last = DEFAULT_LAST if args.last is None else args.last
+    if not args.live:
+        if args.interval is not None:
+            raise CLIError("--interval is the redraw interval of --live; add --live")
+        print(render_run(args.run_dir, args.format, last))
+        return EXIT_OK
+    if args.format != "text":
+        raise CLIError(f"--live redraws the text view; --format {args.format} draws once (leave out --live)")
+    try:
+        watch_run(args.run_dir, last=last, interval_s=2.0 if args.interval is None else args.interval)
+    except KeyboardInterrupt:  # how a live view ends
+        print()
+    return EXIT_OK
+
+
+def _trace(args: argparse.Namespace) -> int:
+    from flowrl.trace import write_trace
+
+    trace = write_trace(args.run_dir, args.output, args.iterations)
+    events = trace["traceEvents"]
+    operators = sum(1 for event in events if event.get("cat") == "operator")
+    samples = [event for event in events if event.get("cat") == "actor"]
+    workers = len({event["args"]["worker"] for event in samples})
+    iterations = trace["otherData"]["iterations"]
+    shown = f"iteration {iterations[0]}" if len(iterations) == 1 else f"iterations {', '.join(map(str, iterations))}"
+    print(f"{args.output}: {shown} of {args.run_dir}: {operators} operator calls, {len(samples)} samples of "
+          f"{workers} rollout worker{'s' if workers != 1 else ''}")
+    print("open it in https://ui.perfetto.dev or chrome://tracing")
+    return EXIT_OK
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from flowrl.doctor import diagnose_run
+
+    diagnosis = diagnose_run(args.run_dir, last=args.last)
+    print(json.dumps(diagnosis.to_dict(), indent=2) if args.json else diagnosis.report())
     return EXIT_OK
 
 
@@ -577,6 +634,23 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    value = _finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0 seconds")
+    return value
+
+
+def _iteration_window(text: str) -> tuple[int, int]:
+    try:
+        window = parse_iteration_window(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if window is None:
+        raise argparse.ArgumentTypeError("give A:B (iterations A to B) or N (iteration N)")
+    return window
+
+
 _ADDRESS_HELP = "Ray cluster to join (default: $RAY_ADDRESS, else start an embedded local Ray)"
 
 
@@ -660,10 +734,44 @@ def build_parser() -> argparse.ArgumentParser:
     lister.add_argument("algo", nargs="?", help="show this algorithm's config keys, defaults and docs")
     lister.set_defaults(func=_list)
 
-    plan = sub.add_parser("plan", help="print an algorithm's execution plan graph")
+    plan = sub.add_parser("plan", help="print an algorithm's execution plan graph, or a run's with its measured figures",
+                          description="Without RUN_DIR: build the plan --algo and --env would run, without Ray, and print "
+                                      "its graph. With RUN_DIR: draw that run's plan (its plan.json) with each operator "
+                                      "coloured by its share of the iteration and each edge by its rate, from the plan "
+                                      "X-ray of its last iterations (result['plan'] in progress.jsonl).")
+    plan.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run directory (flowrl train's): draw its plan with its figures")
     _add_config_flags(plan)
-    plan.add_argument("--format", choices=("text", "mermaid", "dot"), default="text", help="output format (default text)")
+    plan.add_argument("--format", choices=("text", "mermaid", "dot", "html"), default="text",
+                      help="output format (default text); html (a self-contained page) needs RUN_DIR")
+    plan.add_argument("--last", type=_int_at_least(1), metavar="N",
+                      help="with RUN_DIR: average the figures of the last N iterations (default 5; the first "
+                           "iteration is left out when there are more)")
+    plan.add_argument("--live", action="store_true",
+                      help="with RUN_DIR: redraw the text view every --interval seconds, re-reading the run, until Ctrl-C")
+    plan.add_argument("--interval", type=_positive_seconds, metavar="S", help="--live's redraw interval (default 2 s)")
     plan.set_defaults(func=_plan)
+
+    tracer = sub.add_parser("trace", help="write a run's traced iterations as a Chrome / Perfetto trace",
+                            description="Merge the spans a run recorded (trace/iteration_<n>.json, for the iterations its "
+                                        "config's trace_iterations names) into one Chrome trace file: the plan's operators "
+                                        "nested as they pull from each other, and the rollout workers' sample() calls "
+                                        "with their env and inference seconds.")
+    tracer.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (flowrl train's)")
+    tracer.add_argument("-o", "--output", default="trace.json", metavar="FILE.json",
+                        help="the trace file to write (default trace.json)")
+    tracer.add_argument("--iterations", type=_iteration_window, metavar="A:B",
+                        help="the traced iterations from A to B (or N alone) to include (default: every one recorded)")
+    tracer.set_defaults(func=_trace)
+
+    doctor = sub.add_parser("doctor", help="say which resource bounds a run (from its plan X-ray), with the numbers and the knob to turn",
+                            description="Read the plan X-ray of a run's last iterations (result['plan'] in progress.jsonl) and "
+                                        "say whether it is env-, inference-, learner-, transfer- or driver-bound, or held "
+                                        "back by a straggler worker; the numbers behind the verdict and the config keys to turn.")
+    doctor.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (flowrl train's)")
+    doctor.add_argument("--last", type=_int_at_least(1), default=5, metavar="N",
+                        help="iterations to read, from the end (default 5; the first iteration is left out when there are more)")
+    doctor.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    doctor.set_defaults(func=_doctor)
 
     evaluate = sub.add_parser("evaluate", help="run episodes with a checkpoint's policy (deterministic actions)")
     evaluate.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its latest checkpoint)")

@@ -4,6 +4,7 @@ One run directory per run::
 
     <results_dir>/<algo>_<env>_<YYYYmmdd-HHMMSS>/
         params.json        algo, env, the full validated config, stop criteria, checkpoint cadence
+        plan.json          the plan's graph: operators, actors, edges (rewritten on resume)
         progress.jsonl     one result dict per training iteration (JSON; NaN written as null)
         progress.csv       the same, one row per iteration, nested keys flattened to a/b columns
         events.out.tfevents.*  TensorBoard scalars of every numeric result key, at step timesteps_total
@@ -11,6 +12,7 @@ One run directory per run::
         checkpoints/checkpoint_<iteration>/    the newest ``keep_checkpoints`` of them
         checkpoints/best/                      with ``keep_best``: a copy of the best one so far
         videos/iteration_<iteration>.mp4       with evaluation_video: the first episode of each evaluation
+        trace/iteration_<iteration>.json       the spans of the iterations trace_iterations names (flowrl trace)
 
 On a Ray cluster, start it under a ``storage_path`` instead of ``results_dir``: an absolute path
 every node mounts (NFS, a bucket mount), checked before training starts (:func:`check_storage_path`)
@@ -74,6 +76,7 @@ from flowrl.checkpoint import (
     read_metadata,
     verify_checkpoint,
 )
+from flowrl.config import parse_iteration_window
 from flowrl.errors import CheckpointError, ConfigError, RunError
 from flowrl.results import finite_number, result_value
 from flowrl.loggers import ResultLogger, check_trackers, open_loggers
@@ -87,6 +90,8 @@ if TYPE_CHECKING:  # the Trainer imports torch: load it only when a run starts
 DEFAULT_RESULTS_DIR = "flowrl_results"
 PARAMS_FILE = "params.json"
 PROGRESS_FILE = "progress.jsonl"
+PLAN_FILE = "plan.json"  # the plan's graph (flowrl.plan.PlanGraph.to_dict), read by flowrl plan RUN_DIR
+TRACE_DIR = "trace"  # the spans of the traced iterations (flowrl.trace), read by flowrl trace
 CHECKPOINTS_DIR = "checkpoints"
 BEST_CHECKPOINT = "best"  # checkpoints/best: the copy keep_best keeps
 DEFAULT_CHECKPOINT_INTERVAL_S = 600.0
@@ -409,6 +414,11 @@ def _write_params(run_dir: Path, spec: RunSpec, storage_path: Path | None) -> No
     _write_json(run_dir / PARAMS_FILE, params)
 
 
+def _write_plan(run_dir: Path, trainer: Trainer) -> None:
+    """Write ``plan.json``: the graph of the plan ``trainer`` runs."""
+    _write_json(run_dir / PLAN_FILE, trainer.plan.graph.to_dict())
+
+
 _RUNS_SHOWN = 5  # run directories an unknown name's error lists
 
 
@@ -462,6 +472,16 @@ def _read_progress(path: Path) -> tuple[list[dict[str, Any]], bool]:
         except ValueError:
             return results, False  # a line cut short by a crash: everything after it is unreliable
     return results, text == "" or text.endswith("\n")
+
+
+def read_results(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The results a run directory's ``progress.jsonl`` holds (up to a line a crash cut short).
+
+    Raises :class:`~flowrl.errors.RunError` for a directory that is not a flowrl run directory.
+    """
+    directory = Path(run_dir)
+    read_run_spec(directory)  # a clear error for anything but a run directory
+    return _read_progress(directory / PROGRESS_FILE)[0]
 
 
 def _checkpoint_progress(checkpoint: Path) -> tuple[int, int]:
@@ -540,6 +560,8 @@ class Run:
         self._last_save_time = time.monotonic()
         self._metric_seen = False
         self._warned_metric = False
+        # The iterations whose spans are recorded (flowrl.trace): only a profiled plan measures its operators.
+        self._traced = parse_iteration_window(trainer.config.trace_iterations) if trainer.config.profile else None
 
     @property
     def best(self) -> tuple[float, int] | None:
@@ -556,7 +578,8 @@ class Run:
     def train(self, on_result: Callable[[dict[str, Any]], None] | None = None) -> RunSummary:
         """Train until a stop criterion is met (at least one iteration) or a signal; return how it ended.
 
-        Each result is appended to ``progress.jsonl``, logged by :attr:`loggers` (a logger
+        Each result is appended to ``progress.jsonl`` (and the spans of the iterations the config's
+        ``trace_iterations`` names to ``trace/``, see :mod:`flowrl.trace`), logged by :attr:`loggers` (a logger
         that raises is reported with a :class:`RunWarning`, once, and training goes on) and
         then given to ``on_result``.
         Checkpoints follow ``spec`` (see :class:`RunSpec`); each successful save is followed
@@ -584,7 +607,7 @@ class Run:
         try:
             with open(self.directory / PROGRESS_FILE, "a", encoding="utf-8") as progress:
                 while reason is None:
-                    result = self.trainer.train()
+                    result = self._train_iteration()
                     progress.write(json.dumps(json_safe(result), allow_nan=False) + "\n")
                     progress.flush()
                     self._log_result(result)
@@ -618,6 +641,19 @@ class Run:
         best_reward, best_iteration = self._best if self._best is not None else (None, None)
         return RunSummary(self.directory, reason, best_reward, best_iteration, self.checkpoint, save_interrupted,
                           interrupted_by)
+
+    def _train_iteration(self) -> dict[str, Any]:
+        """One training iteration; its spans go to ``trace/iteration_<n>.json`` when ``trace_iterations`` names it."""
+        iteration = self.trainer.iteration + 1
+        if self._traced is None or not self._traced[0] <= iteration <= self._traced[1]:
+            return self.trainer.train()
+        from flowrl.trace import trace_file, traced_iteration
+
+        result, record = traced_iteration(self.trainer)
+        path = trace_file(self.directory, iteration)
+        path.parent.mkdir(exist_ok=True)
+        _write_json(path, record)
+        return result
 
     def _unsaved(self) -> bool:
         """Whether a finished iteration is not in a checkpoint yet."""
@@ -758,7 +794,7 @@ def start_run(
     storage_path: str | os.PathLike[str] | None = None,
     address: str | None = None,
 ) -> Run:
-    """Build the Trainer for ``spec``, then create its run directory with ``params.json``.
+    """Build the Trainer for ``spec``, then create its run directory with ``params.json`` and ``plan.json``.
 
     The run directory goes under ``results_dir`` (None: ``./flowrl_results``), or under
     ``storage_path``, an absolute path every node of the cluster mounts: it is checked first
@@ -783,6 +819,7 @@ def start_run(
         spec = dataclasses.replace(spec, algo=trainer.algorithm.name, config=trainer.config.to_dict(),
                                    keep_best=_default_keep_best(spec.keep_best, trainer.config.evaluation_interval))
         _write_params(directory, spec, storage)
+        _write_plan(directory, trainer)
         loggers = open_loggers(directory, json_safe(spec.to_params()), wandb_project=spec.wandb_project,
                                mlflow_tracking_uri=spec.mlflow_tracking_uri)
     except BaseException:
@@ -894,8 +931,8 @@ def resume_run(point: ResumePoint, *, num_workers: int | None = None, address: s
 
     Results after the checkpoint are dropped from ``progress.jsonl`` (they are lost work;
     dropping them keeps iteration numbers unique), and ``params.json`` is rewritten with the
-    new stop criteria, checkpoint settings and ``num_workers``. The algorithm, env and the
-    rest of the config are the run's own. The checkpoint resumed from is never rotated away.
+    new stop criteria, checkpoint settings and ``num_workers``, and ``plan.json`` with the new
+    plan's graph. The algorithm, env and the rest of the config are the run's own. The checkpoint resumed from is never rotated away.
     A run on a storage path is first checked to be writable from this node, as
     :func:`check_storage_path` checks a new one, and keeps its storage path in ``params.json``.
     The loggers go on in the same files and tracker runs: ``progress.csv`` is rewritten from
@@ -917,6 +954,7 @@ def resume_run(point: ResumePoint, *, num_workers: int | None = None, address: s
         spec = dataclasses.replace(point.spec, config=trainer.config.to_dict(),
                                    keep_best=_default_keep_best(point.spec.keep_best, trainer.config.evaluation_interval))
         _write_params(point.directory, spec, point.storage_path)
+        _write_plan(point.directory, trainer)
         loggers = open_loggers(point.directory, json_safe(spec.to_params()), wandb_project=spec.wandb_project,
                                mlflow_tracking_uri=spec.mlflow_tracking_uri, previous_results=point.results,
                                resumed_at_step=point.timesteps_total)
