@@ -8,13 +8,18 @@ iterations and splits each iteration's seconds into what they were spent on:
 - ``env`` and ``inference``: waiting for the rollout workers' samples (or sampling in the
   driver), shared out by the workers' own split between stepping envs and the policy's forward
   pass;
-- ``transfer``: moving experience: fetching arrived fragments (Ray's deserialization), plus
-  the workers' time building and serializing fragments;
-- ``driver``: every other operator's own work in the driver, the Trainer's steps around the
+- ``transfer``: moving experience: fetching arrived fragments (Ray's deserialization),
+  concatenating them into batches in the driver, and the workers' time building fragments;
+- ``driver``: every other operator's own work in the driver (not its waits for a learner thread,
+  replay shards or sibling branches, which are reported apart), the Trainer's steps around the
   plan and what no operator accounts for.
 
+A learner thread (IMPALA, APPO, Ape-X) learns beside the driver, so in those plans the parts can
+add up to more than the iteration.
+
 The verdict is the largest part, unless one rollout worker's fragments take far longer than its
-siblings' (``straggler``: the others wait for it). Each verdict names the config keys to turn.
+siblings' (``straggler``: the others wait for it; read from the workers' own seconds per fragment,
+else from the gathers' fragment latencies). Each verdict names the config keys to turn.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ VERDICTS = ("env-bound", "inference-bound", "learner-bound", "transfer-bound", "
 
 #: Operators whose own time is the learner's (synchronous plans learn in the driver).
 LEARNING_OPERATORS = ("TrainOneStep", "ApplyGradients", "ESUpdate", "ARSUpdate", "PerturbationUpdate")
+#: Operators whose own work is moving experience: concatenating fragments into batches (copies).
+MOVING_OPERATORS = ("concat_samples", "ConcatBatches")
 #: Operators whose waiting is for the rollout workers' samples, and the driver's own sampling source.
 SAMPLING_SOURCES = ("rollout_workers", "local_worker.sample()", "local_worker.evaluate_perturbations()")
 #: One worker's median fragment latency this many times its siblings' median makes it a straggler.
@@ -104,7 +111,7 @@ class Diagnosis:
             "learner": "learner (training)",
             "env": "rollout workers stepping envs",
             "inference": "rollout workers' policy inference",
-            "transfer": "moving experience (fetch, serialize)",
+            "transfer": "moving experience (fetch, build, concatenate)",
             "driver": "driver (other operators, unattributed)",
         }
         for part, share in sorted(self.shares.items(), key=lambda kv: -kv[1]):
@@ -154,16 +161,19 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def _parts(window: Sequence[Mapping[str, Any]]) -> tuple[dict[str, float], dict[str, Any], dict[str, float]]:
-    """Shares of the iteration time per part, averaged over ``window``; figures; median latency per worker shard."""
+    """Shares of the iteration time per part, averaged over ``window``; figures; each rollout worker's median
+    seconds per fragment."""
     per_iteration: list[dict[str, float]] = []
     latencies: dict[str, list[float]] = {}
+    per_fragment: dict[str, list[float]] = {}
+    driver_waiting: list[float] = []
     busy: list[float] = []
     learner_busy: list[float] = []
     top_driver: dict[str, float] = {}
     for result in window:
         plan = result["plan"]
         span = float(plan.get("iteration_s") or 0.0) or 1e-9
-        learner = sampling = transfer = driver = 0.0
+        learner = sampling = transfer = driver = idle = 0.0
         for key, op in plan["operators"].items():
             label = key.partition(":")[2]
             if any(name in label for name in LEARNING_OPERATORS):
@@ -173,11 +183,13 @@ def _parts(window: Sequence[Mapping[str, Any]]) -> tuple[dict[str, float], dict[
                 sampling += waited
                 transfer += op["transfer_s"]
                 driver += op["time_s"] - waited - op["transfer_s"]
-            else:
+            elif any(name in label for name in MOVING_OPERATORS):
+                transfer += op["time_s"]
+            else:  # its waits are for the learner thread, replay shards or siblings: the driver idles then
                 transfer += op["transfer_s"]
-                own = op["time_s"] - op["transfer_s"]
-                driver += own
-                top_driver[label] = top_driver.get(label, 0.0) + own
+                driver += op["busy_s"]
+                idle += op["wait_s"]
+                top_driver[label] = top_driver.get(label, 0.0) + op["busy_s"]
         driver += plan.get("unattributed_s", 0.0) + sum(plan.get("driver", {}).values())
         actors = plan.get("actors", {})
         workers = actors.get("RolloutWorker")
@@ -189,6 +201,9 @@ def _parts(window: Sequence[Mapping[str, Any]]) -> tuple[dict[str, float], dict[
             inference_part = sampling * phases["inference_s"] / total
             transfer += sampling * phases["other_s"] / total
             busy.append(workers["busy_share"])
+            for index, worker in workers.get("per_worker", {}).items():
+                if worker.get("sample_s_per_fragment") is not None:
+                    per_fragment.setdefault(f"worker {index}", []).append(worker["sample_s_per_fragment"])
         else:
             env_part = sampling  # no phases reported: sampling counts as the env's
         thread = actors.get("LearnerThread")
@@ -198,11 +213,14 @@ def _parts(window: Sequence[Mapping[str, Any]]) -> tuple[dict[str, float], dict[
         per_iteration.append({part: value / span for part, value in
                               {"learner": learner, "env": env_part, "inference": inference_part,
                                "transfer": transfer, "driver": driver}.items()})
+        driver_waiting.append(idle / span)
         for shard, latency in plan.get("latency_s", {}).items():
             if shard.startswith("rollout_workers["):
                 latencies.setdefault(shard, []).append(latency["p50"])
     shares = {part: _mean([it[part] for it in per_iteration]) for part in per_iteration[0]}
     figures: dict[str, Any] = {"iteration_s (mean)": round(_mean([float(r["plan"]["iteration_s"]) for r in window]), 4)}
+    if any(driver_waiting):
+        figures["driver waiting on the learner, replay or other branches (mean share)"] = round(_mean(driver_waiting), 3)
     if busy:
         figures["rollout workers busy (mean share)"] = round(_mean(busy), 3)
     if learner_busy:
@@ -210,14 +228,17 @@ def _parts(window: Sequence[Mapping[str, Any]]) -> tuple[dict[str, float], dict[
     if top_driver:
         name, seconds = max(top_driver.items(), key=lambda kv: kv[1])
         figures["busiest driver operator"] = f"{name} ({seconds / len(window):.3f} s per iteration)"
-    return shares, figures, {shard: statistics.median(values) for shard, values in latencies.items()}
+    # A worker's own seconds per fragment tell a straggler even where a bulk-synchronous round makes every
+    # fragment arrive with the slowest; the gathers' latencies serve where workers report no phases.
+    slowness = per_fragment if len(per_fragment) >= 2 else latencies
+    return shares, figures, {name: statistics.median(values) for name, values in slowness.items()}
 
 
 def _verdict(shares: Mapping[str, float], figures: dict[str, Any], stragglers: Mapping[str, float]) -> tuple[str, str]:
     if len(stragglers) >= 2:
         shard, slowest = max(stragglers.items(), key=lambda kv: kv[1])
         others = statistics.median([p50 for name, p50 in stragglers.items() if name != shard])
-        figures["fragment latency, median per worker (s)"] = {name: round(p50, 4) for name, p50 in sorted(stragglers.items())}
+        figures["seconds per fragment, median per worker"] = {name: round(p50, 4) for name, p50 in sorted(stragglers.items())}
         if others > 0 and slowest >= STRAGGLER_RATIO * others:
             return "straggler", (f"{shard} takes {slowest / others:.1f}x its siblings' median per fragment "
                                  f"({slowest:.3f} s against {others:.3f} s), and the others wait for it")
@@ -228,7 +249,7 @@ def _verdict(shares: Mapping[str, float], figures: dict[str, Any], stragglers: M
         "learner": "training takes",
         "env": "waiting for the rollout workers' env steps takes",
         "inference": "waiting for the rollout workers' policy forward passes takes",
-        "transfer": "moving experience (fetching and serializing fragments) takes",
+        "transfer": "moving experience (fetching fragments, building and concatenating batches) takes",
         "driver": "the driver's own work (operators other than learning and sampling) takes",
     }[part]
     runner_up = sorted(shares.values())[-2] if len(shares) > 1 else 0.0

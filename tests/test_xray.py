@@ -79,6 +79,7 @@ def test_a_sampling_iteration_reports_its_workers_fragments_and_bytes() -> None:
     workers = plan["actors"]["RolloutWorker"]
     assert workers["count"] == 2 and workers["in_driver"] is False and sorted(workers["per_worker"]) == ["1", "2"]
     assert workers["env_s"] > 0 and workers["inference_s"] > 0 and 0 < workers["busy_share"] <= 1
+    assert all(w["fragments"] == 4 and w["sample_s_per_fragment"] > 0 for w in workers["per_worker"].values())
 
 
 def test_an_asynchronous_plan_reports_its_learner_thread_and_replay_shards() -> None:
@@ -144,6 +145,11 @@ def workers(env_s: float, inference_s: float, other_s: float = 0.0) -> dict[str,
         (xray({GATHER: {"wait_s": 0.8}, TRAIN: {"busy_s": 0.15}}, actors=workers(0.9, 0.1),
               latency_s={"rollout_workers[0]": {"p50": 0.01}, "rollout_workers[1]": {"p50": 0.012},
                          "rollout_workers[2]": {"p50": 0.1}}), "straggler"),
+        # Bulk-synchronous rounds: every fragment arrives with the slowest; the workers' own seconds per fragment tell.
+        (xray({GATHER: {"wait_s": 0.8}, TRAIN: {"busy_s": 0.15}},
+              actors={"RolloutWorker": {**workers(0.9, 0.1)["RolloutWorker"], "per_worker": {
+                  "1": {"sample_s_per_fragment": 0.02}, "2": {"sample_s_per_fragment": 0.2}}}},
+              latency_s={"rollout_workers[0]": {"p50": 0.2}, "rollout_workers[1]": {"p50": 0.2}}), "straggler"),
     ],
 )
 def test_the_doctor_names_the_part_that_takes_the_most_time(result: dict[str, Any], verdict: str) -> None:

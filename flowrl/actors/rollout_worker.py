@@ -65,7 +65,7 @@ def control_call(worker: Any, method: str, *args: Any) -> Any:
 class WorkerMetrics(NamedTuple):
     """What a worker reports per iteration: episodes finished and faults absorbed since its last report,
     and (with ``profile`` on) where its time went since then: ``wall_s``, of which ``sample_s`` in
-    :meth:`RolloutWorker.sample`, of which ``env_s`` stepping the envs and ``inference_s`` in the
+    its ``samples`` calls of :meth:`RolloutWorker.sample`, of which ``env_s`` stepping the envs and ``inference_s`` in the
     policies' forward passes."""
 
     episodes: list[dict[str, Any]]
@@ -192,6 +192,7 @@ class RolloutWorker(ParallelIteratorWorker):
             )
         self.sampler.timed = config.profile
         self.sample_s = 0.0  # seconds in sample() (with profile on)
+        self.num_samples = 0  # sample() calls (with profile on)
         self._sample_spans: list[SampleSpan] | None = None  # while a list: each sample() call (see trace_samples)
         self._reported = WorkerMetrics([])
         self._reported_phases = self._phase_totals()
@@ -253,6 +254,7 @@ class RolloutWorker(ParallelIteratorWorker):
             batch.compress()
         if self.config.profile:
             self.sample_s += time.perf_counter() - started
+            self.num_samples += 1
         if spans is not None:
             spans.append(SampleSpan(started_ns, time.time_ns() - started_ns, self.sampler.env_s - env_s,
                                     self.sampler.inference_s - inference_s, batch.count, os.getpid(),
@@ -333,7 +335,8 @@ class RolloutWorker(ParallelIteratorWorker):
 
     def _phase_totals(self) -> dict[str, float]:
         sampler = self.sampler
-        return {"wall_s": time.perf_counter(), "sample_s": self.sample_s, "env_s": sampler.env_s, "inference_s": sampler.inference_s}
+        return {"wall_s": time.perf_counter(), "sample_s": self.sample_s, "samples": self.num_samples,
+                "env_s": sampler.env_s, "inference_s": sampler.inference_s}
 
     def rng_stream(self, name: str) -> np.random.Generator:
         """A named random stream of this worker (e.g. ES's perturbation draws), seeded from the

@@ -198,8 +198,9 @@ class CollectMetrics(StatefulOperator):
 
 
 def worker_phases(reports: Sequence[tuple[int, WorkerMetrics]], *, in_driver: bool) -> dict[str, Any]:
-    """The rollout workers' time since their last reports, summed, and each one's busy share (for the
-    plan's X-ray); empty when no worker measured its time (``profile`` off)."""
+    """The rollout workers' time since their last reports, summed, and each one's busy share and seconds per
+    fragment (for the plan's X-ray: a straggler's are far above its siblings'); empty when no worker measured
+    its time (``profile`` off)."""
     timed = [(index, report.phases) for index, report in reports if report.phases]
     if not timed:
         return {}
@@ -214,7 +215,11 @@ def worker_phases(reports: Sequence[tuple[int, WorkerMetrics]], *, in_driver: bo
         "idle_s": round(max(0.0, wall - sample), 6),
         "busy_share": round(sample / wall, 4) if wall > 0 else 0.0,
         "per_worker": {
-            str(index): {"busy_share": round(phases["sample_s"] / phases["wall_s"], 4) if phases["wall_s"] > 0 else 0.0}
+            str(index): {
+                "busy_share": round(phases["sample_s"] / phases["wall_s"], 4) if phases["wall_s"] > 0 else 0.0,
+                "fragments": int(phases["samples"]),
+                "sample_s_per_fragment": round(phases["sample_s"] / phases["samples"], 6) if phases["samples"] else None,
+            }
             for index, phases in timed
         },
     }

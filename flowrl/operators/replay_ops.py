@@ -25,6 +25,7 @@ from flowrl.data import (
 )
 from flowrl.deferred import ray
 from flowrl.errors import FlowRLError, ReplayShardError, ShardFailedError
+from flowrl.iterators.local import WAITING, account
 from flowrl.iterators import (
     LocalIterator,
     NextValueNotReady,
@@ -97,7 +98,9 @@ class _ShardCalls:
                     f"{self.timeout_s} s (max_in_flight={self.max_in_flight}): the shards are hung or overloaded"
                 )
             refs = [call.ref for call in self.pending]
+            started = time.perf_counter()
             ray.wait(refs, num_returns=len(refs) - self.max_in_flight + 1, timeout=left)
+            account(WAITING, time.perf_counter() - started)  # the shards' back-pressure
             self.check_finished()
 
     def check_finished(self) -> None:
