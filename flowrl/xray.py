@@ -9,6 +9,9 @@ Each iteration the Trainer puts :meth:`XRay.report` into ``result["plan"]``:
   itself (``blocked_out_s``: back-pressure from a full learner queue);
 - ``latency_s``: per shard of each gather, request-to-arrival seconds (median, p90, max): a
   straggler's are far above its siblings';
+- ``policy_lag`` (asynchronous plans that send weights to each batch's source: IMPALA, APPO,
+  Ape-X): the learner updates made since the weights a batch was sampled with were sent, on
+  average over the iteration's batches;
 - ``actors``: ``RolloutWorker`` (env steps, inference, the rest of sampling, idle time, busy
   share, per worker), ``LearnerThread`` (learning vs waiting for batches, queue depth) and
   ``ReplayActor`` (storing vs replaying);
@@ -57,6 +60,10 @@ class XRay:
             actors["ReplayActor"] = self._shards(shards, iteration_s)
         attributed = sum(entry["time_s"] for entry in stats["operators"].values()) + sum(driver.values())
         span = iteration_s if iteration_s > 0 else 1.0
+        received = sum(entry.get("batches_received", 0) for entry in stats["operators"].values())
+        if received:
+            lag = sum(entry.get("policy_lag_total", 0) for entry in stats["operators"].values())
+            stats["policy_lag"] = {"mean_updates": round(lag / received, 3), "batches": int(received)}
         return {
             "profile": True,
             "iteration_s": round(iteration_s, 6),

@@ -267,6 +267,10 @@ def render_text(view: PlanView) -> str:
         if per_worker:
             lines.append("    busy per worker: " + ", ".join(f"{index} {_percent(entry.get('busy_share'))}"
                                                             for index, entry in per_worker.items()))
+    lag = figures.get("policy_lag")
+    if lag:
+        lines.append(f"  policy lag: {_number(lag.get('mean_updates')):.2f} learner updates on average "
+                     "between the weights a batch was sampled with and its arrival")
     latency = figures.get("latency_s") or {}
     if latency:
         heading = "latency per shard (request to arrival)"

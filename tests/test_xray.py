@@ -90,6 +90,9 @@ def test_an_asynchronous_plan_reports_its_learner_thread_and_replay_shards() -> 
     assert plan["actors"]["ReplayActor"]["count"] == 1 and plan["actors"]["ReplayActor"]["add_s"] > 0
     assert 0 <= plan["actors"]["LearnerThread"]["busy_share"] <= 1
     assert "blocked_out_s" in next(v for k, v in plan["operators"].items() if "Enqueue" in k)
+    sent = next(v for k, v in plan["operators"].items() if "SendWeightsToSource" in k)
+    assert plan["policy_lag"]["batches"] == sent["batches_received"] == sent["items"] > 0
+    assert plan["policy_lag"]["mean_updates"] >= 0
 
 
 def test_profile_off_measures_nothing() -> None:

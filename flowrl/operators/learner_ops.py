@@ -51,15 +51,24 @@ class SendWeightsToSource(Operator):
         self.version_sent: dict[Any, int] = {}
         self.weights: Any = None
         self.weights_version = -1
+        # Policy lag: learner updates between the weights a batch's actor was last sent and the batch's arrival.
+        self.policy_lag_total = 0
+        self.batches_received = 0
 
     def plan_links(self) -> list[ActorLink]:
         """Sends weights back to the actor each batch came from."""
         return [ActorLink(self.source_class, "send weights to the source")]
 
+    def plan_stats(self) -> dict[str, float]:
+        """The batches received and their policy lags summed (learner updates since their actor's weights were sent)."""
+        return {"batches_received": self.batches_received, "policy_lag_total": self.policy_lag_total}
+
     def __call__(self, item: FromActor[Batch]) -> Batch:
         actor, batch = item.actor, item.item
         self.steps_since[actor] = self.steps_since.get(actor, 0) + batch.env_steps()
         version = self.learner.num_batches_trained
+        self.policy_lag_total += version - self.version_sent.get(actor, 0)
+        self.batches_received += 1
         if self.steps_since[actor] >= self.min_steps and version - self.version_sent.get(actor, 0) >= self.min_learner_updates:
             if self.weights_version != version:
                 with self.learner.lock:  # not halfway through a learner step
