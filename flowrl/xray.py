@@ -15,6 +15,8 @@ Each iteration the Trainer puts :meth:`XRay.report` into ``result["plan"]``:
 - ``actors``: ``RolloutWorker`` (env steps, inference, the rest of sampling, idle time, busy
   share, per worker), ``LearnerThread`` (learning vs waiting for batches, queue depth) and
   ``ReplayActor`` (storing vs replaying);
+- ``learner``: the driver's learning split by its timers: learning on batches (``learn_s``), or
+  computing and applying gradients (A3C), and sending weights to the workers (``weight_sync_s``);
 - ``driver``: the Trainer's own steps around the plan (observation filter sync, evaluation, the
   ``on_train_result`` callback, whose seconds count into ``iteration_s``);
 - ``attributed_s`` / ``unattributed_s``: the operators' and the driver steps' seconds, and the
@@ -29,7 +31,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from flowrl.operators.names import APPLY_GRADS_TIMER, COMPUTE_GRADS_TIMER, LEARN_ON_BATCH_TIMER, WORKER_UPDATE_TIMER
 from flowrl.plan import Plan
+
+#: The driver's learning timers the X-ray splits the learner's time by: what each is reported as.
+LEARNER_TIMERS = {LEARN_ON_BATCH_TIMER: "learn_s", COMPUTE_GRADS_TIMER: "compute_grads_s",
+                  APPLY_GRADS_TIMER: "apply_grads_s", WORKER_UPDATE_TIMER: "weight_sync_s"}
 
 
 class XRay:
@@ -40,6 +47,7 @@ class XRay:
         self.profile = profile
         plan.metrics.profile = profile
         self._learner_totals: tuple[float, float] | None = None
+        self._timer_totals: dict[str, float] = {}
         self._shard_totals: list[tuple[float, float]] = []
 
     def report(
@@ -52,14 +60,17 @@ class XRay:
             return {"profile": False, "iteration_s": round(iteration_s, 6)}
         stats = self.plan.stats(iteration_s)
         actors = dict(reported.get("actors", {}))
-        learner = info.get("learner_thread")
-        if learner is not None:
-            actors["LearnerThread"] = self._learner(learner, iteration_s)
+        thread = info.get("learner_thread")
+        if thread is not None:
+            actors["LearnerThread"] = self._learner(thread, iteration_s)
         shards = info.get("replay_shards")
         if shards:
             actors["ReplayActor"] = self._shards(shards, iteration_s)
         attributed = sum(entry["time_s"] for entry in stats["operators"].values()) + sum(driver.values())
         span = iteration_s if iteration_s > 0 else 1.0
+        learner = self._driver_learner()
+        if learner:
+            stats["learner"] = learner
         received = sum(entry.get("batches_received", 0) for entry in stats["operators"].values())
         if received:
             lag = sum(entry.get("policy_lag_total", 0) for entry in stats["operators"].values())
@@ -89,6 +100,20 @@ class XRay:
         report["iteration_s"] = round(after, 6)
         report["attributed_s"] = round(report["attributed_s"] + seconds, 6)
         report["attributed_share"] = round(min(1.0, report["attributed_s"] / after), 4) if after > 0 else 0.0
+
+    def _driver_learner(self) -> dict[str, float]:
+        """The iteration's seconds of the learning timers the plan's operators keep (learning on a batch,
+        computing and applying gradients, sending weights to the workers); the ones that ran."""
+        timers = self.plan.metrics.timers
+        out: dict[str, float] = {}
+        for name, key in LEARNER_TIMERS.items():
+            if name not in timers:
+                continue
+            total = timers[name].total_s
+            grown, self._timer_totals[name] = total - self._timer_totals.get(name, 0.0), total
+            if grown > 0:
+                out[key] = round(grown, 6)
+        return out
 
     def _learner(self, learner: Mapping[str, Any], iteration_s: float) -> dict[str, Any]:
         totals = (float(learner["learn_time_total_s"]), float(learner["queue_wait_total_s"]))

@@ -267,6 +267,10 @@ def render_text(view: PlanView) -> str:
         if per_worker:
             lines.append("    busy per worker: " + ", ".join(f"{index} {_percent(entry.get('busy_share'))}"
                                                             for index, entry in per_worker.items()))
+    learner = figures.get("learner")
+    if learner:
+        lines.append("  learner in the driver: " + ", ".join(f"{key.removesuffix('_s').replace('_', ' ')} {_seconds(value)}"
+                                                           for key, value in learner.items()))
     lag = figures.get("policy_lag")
     if lag:
         lines.append(f"  policy lag: {_number(lag.get('mean_updates')):.2f} learner updates on average "

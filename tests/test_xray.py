@@ -80,6 +80,9 @@ def test_a_sampling_iteration_reports_its_workers_fragments_and_bytes() -> None:
     assert workers["count"] == 2 and workers["in_driver"] is False and sorted(workers["per_worker"]) == ["1", "2"]
     assert workers["env_s"] > 0 and workers["inference_s"] > 0 and 0 < workers["busy_share"] <= 1
     assert all(w["fragments"] == 4 and w["sample_s_per_fragment"] > 0 for w in workers["per_worker"].values())
+    train = plan["operators"]["5:for_each(TrainOneStep)"]
+    assert set(plan["learner"]) == {"learn_s", "weight_sync_s"}  # TrainOneStep's two parts, within its own time
+    assert plan["learner"]["learn_s"] + plan["learner"]["weight_sync_s"] <= train["time_s"] + 1e-4
 
 
 def test_an_asynchronous_plan_reports_its_learner_thread_and_replay_shards() -> None:
