@@ -46,9 +46,8 @@ class XRay:
         self.plan = plan
         self.profile = profile
         plan.metrics.profile = profile
-        self._learner_totals: tuple[float, float] | None = None
-        self._timer_totals: dict[str, float] = {}
-        self._shard_totals: list[tuple[float, float]] = []
+        # Cumulative totals (timers, the learner thread's, the replay shards') as last read, by name.
+        self._totals: dict[str, float] = {}
 
     def report(
         self, iteration_s: float, reported: Mapping[str, Any], info: Mapping[str, Any], driver: Mapping[str, float]
@@ -101,24 +100,22 @@ class XRay:
         report["attributed_s"] = round(report["attributed_s"] + seconds, 6)
         report["attributed_share"] = round(min(1.0, report["attributed_s"] / after), 4) if after > 0 else 0.0
 
+    def _grown(self, name: str, total: float) -> float:
+        """How much the cumulative ``total`` called ``name`` grew since it was last read; a total that
+        starts again (a replaced replay shard) counts from 0, never as a negative."""
+        last, self._totals[name] = self._totals.get(name, 0.0), total
+        return total - last if total >= last else total
+
     def _driver_learner(self) -> dict[str, float]:
         """The iteration's seconds of the learning timers the plan's operators keep (learning on a batch,
         computing and applying gradients, sending weights to the workers); the ones that ran."""
         timers = self.plan.metrics.timers
-        out: dict[str, float] = {}
-        for name, key in LEARNER_TIMERS.items():
-            if name not in timers:
-                continue
-            total = timers[name].total_s
-            grown, self._timer_totals[name] = total - self._timer_totals.get(name, 0.0), total
-            if grown > 0:
-                out[key] = round(grown, 6)
-        return out
+        grown = {key: self._grown(name, timers[name].total_s) for name, key in LEARNER_TIMERS.items() if name in timers}
+        return {key: round(seconds, 6) for key, seconds in grown.items() if seconds > 0}
 
     def _learner(self, learner: Mapping[str, Any], iteration_s: float) -> dict[str, Any]:
-        totals = (float(learner["learn_time_total_s"]), float(learner["queue_wait_total_s"]))
-        last, self._learner_totals = self._learner_totals or (0.0, 0.0), totals
-        learn_s, wait_s = max(0.0, totals[0] - last[0]), max(0.0, totals[1] - last[1])
+        learn_s = self._grown("learner_thread.learn", float(learner["learn_time_total_s"]))
+        wait_s = self._grown("learner_thread.wait", float(learner["queue_wait_total_s"]))
         return {
             "learn_s": round(learn_s, 6),
             "wait_s": round(wait_s, 6),
@@ -128,11 +125,8 @@ class XRay:
         }
 
     def _shards(self, shards: list[Mapping[str, Any]], iteration_s: float) -> dict[str, Any]:
-        totals = [(float(s.get("add_time_total_s", 0.0)), float(s.get("sample_time_total_s", 0.0))) for s in shards]
-        last = self._shard_totals if len(self._shard_totals) == len(totals) else [(0.0, 0.0)] * len(totals)
-        self._shard_totals = totals
-        # A replaced shard starts its totals again: count what it did since, not a negative.
-        add_s = sum(now[0] - before[0] if now[0] >= before[0] else now[0] for now, before in zip(totals, last))
-        sample_s = sum(now[1] - before[1] if now[1] >= before[1] else now[1] for now, before in zip(totals, last))
-        busy = (add_s + sample_s) / (iteration_s * len(totals)) if iteration_s > 0 else 0.0
-        return {"count": len(totals), "add_s": round(add_s, 6), "sample_s": round(sample_s, 6), "busy_share": round(min(1.0, busy), 4)}
+        add_s = sum(self._grown(f"replay_shard[{i}].add", float(s.get("add_time_total_s", 0.0))) for i, s in enumerate(shards))
+        sample_s = sum(self._grown(f"replay_shard[{i}].sample", float(s.get("sample_time_total_s", 0.0)))
+                       for i, s in enumerate(shards))
+        busy = (add_s + sample_s) / (iteration_s * len(shards)) if iteration_s > 0 else 0.0
+        return {"count": len(shards), "add_s": round(add_s, 6), "sample_s": round(sample_s, 6), "busy_share": round(min(1.0, busy), 4)}
