@@ -414,9 +414,30 @@ def _write_params(run_dir: Path, spec: RunSpec, storage_path: Path | None) -> No
     _write_json(run_dir / PARAMS_FILE, params)
 
 
-def _write_plan(run_dir: Path, trainer: Trainer) -> None:
-    """Write ``plan.json``: the graph of the plan ``trainer`` runs."""
-    _write_json(run_dir / PLAN_FILE, trainer.plan.graph.to_dict())
+def write_plan(run_dir: str | os.PathLike[str], trainer: Trainer) -> None:
+    """Write ``plan.json`` into ``run_dir``: the graph of the plan ``trainer`` runs (read by ``flowrl plan RUN_DIR``)."""
+    _write_json(Path(run_dir) / PLAN_FILE, trainer.plan.graph.to_dict())
+
+
+def traced_window(trainer: Trainer) -> tuple[int, int] | None:
+    """The iterations whose spans a run of ``trainer`` records (its config's ``trace_iterations``): None when
+    ``profile`` is off, which measures no operator."""
+    return parse_iteration_window(trainer.config.trace_iterations) if trainer.config.profile else None
+
+
+def train_iteration(trainer: Trainer, run_dir: str | os.PathLike[str], traced: tuple[int, int] | None) -> dict[str, Any]:
+    """One training iteration of ``trainer``; when ``traced`` (first, last) holds it, its spans are recorded and
+    written to ``<run_dir>/trace/iteration_<n>.json`` (see :mod:`flowrl.trace`)."""
+    iteration = trainer.iteration + 1
+    if traced is None or not traced[0] <= iteration <= traced[1]:
+        return trainer.train()
+    from flowrl.trace import trace_file, traced_iteration
+
+    result, record = traced_iteration(trainer)
+    path = trace_file(run_dir, iteration)
+    path.parent.mkdir(exist_ok=True)
+    _write_json(path, record)
+    return result
 
 
 _RUNS_SHOWN = 5  # run directories an unknown name's error lists
@@ -560,8 +581,7 @@ class Run:
         self._last_save_time = time.monotonic()
         self._metric_seen = False
         self._warned_metric = False
-        # The iterations whose spans are recorded (flowrl.trace): only a profiled plan measures its operators.
-        self._traced = parse_iteration_window(trainer.config.trace_iterations) if trainer.config.profile else None
+        self._traced = traced_window(trainer)
 
     @property
     def best(self) -> tuple[float, int] | None:
@@ -607,7 +627,7 @@ class Run:
         try:
             with open(self.directory / PROGRESS_FILE, "a", encoding="utf-8") as progress:
                 while reason is None:
-                    result = self._train_iteration()
+                    result = train_iteration(self.trainer, self.directory, self._traced)
                     progress.write(json.dumps(json_safe(result), allow_nan=False) + "\n")
                     progress.flush()
                     self._log_result(result)
@@ -641,19 +661,6 @@ class Run:
         best_reward, best_iteration = self._best if self._best is not None else (None, None)
         return RunSummary(self.directory, reason, best_reward, best_iteration, self.checkpoint, save_interrupted,
                           interrupted_by)
-
-    def _train_iteration(self) -> dict[str, Any]:
-        """One training iteration; its spans go to ``trace/iteration_<n>.json`` when ``trace_iterations`` names it."""
-        iteration = self.trainer.iteration + 1
-        if self._traced is None or not self._traced[0] <= iteration <= self._traced[1]:
-            return self.trainer.train()
-        from flowrl.trace import trace_file, traced_iteration
-
-        result, record = traced_iteration(self.trainer)
-        path = trace_file(self.directory, iteration)
-        path.parent.mkdir(exist_ok=True)
-        _write_json(path, record)
-        return result
 
     def _unsaved(self) -> bool:
         """Whether a finished iteration is not in a checkpoint yet."""
@@ -819,7 +826,7 @@ def start_run(
         spec = dataclasses.replace(spec, algo=trainer.algorithm.name, config=trainer.config.to_dict(),
                                    keep_best=_default_keep_best(spec.keep_best, trainer.config.evaluation_interval))
         _write_params(directory, spec, storage)
-        _write_plan(directory, trainer)
+        write_plan(directory, trainer)
         loggers = open_loggers(directory, json_safe(spec.to_params()), wandb_project=spec.wandb_project,
                                mlflow_tracking_uri=spec.mlflow_tracking_uri)
     except BaseException:
@@ -954,7 +961,7 @@ def resume_run(point: ResumePoint, *, num_workers: int | None = None, address: s
         spec = dataclasses.replace(point.spec, config=trainer.config.to_dict(),
                                    keep_best=_default_keep_best(point.spec.keep_best, trainer.config.evaluation_interval))
         _write_params(point.directory, spec, point.storage_path)
-        _write_plan(point.directory, trainer)
+        write_plan(point.directory, trainer)
         loggers = open_loggers(point.directory, json_safe(spec.to_params()), wandb_project=spec.wandb_project,
                                mlflow_tracking_uri=spec.mlflow_tracking_uri, previous_results=point.results,
                                resumed_at_step=point.timesteps_total)

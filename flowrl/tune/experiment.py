@@ -258,6 +258,8 @@ def _new_tuner(spec: TuneSpec, directory: Path, verbose: bool, extra_callbacks: 
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=spec.checkpoint_freq, checkpoint_at_end=True,
                                                     num_to_keep=spec.keep_checkpoints),
             progress_reporter=reporter, verbose=1 if verbose else 0,
+            # What a trial writes beside its results (plan.json, trace/) reaches its trial directory.
+            sync_config=tune.SyncConfig(sync_artifacts=True),
         ),
     )
 

@@ -2,9 +2,11 @@
 
 A trial is a :class:`~flowrl.Trainer`: ``step`` is one ``Trainer.train()`` and returns its result
 dict, checkpoints are flowrl checkpoints, and the trial asks Tune for its plan's placement group
-(:func:`trial_resources`), which the Trainer's reservation then adopts. With
-:class:`RunDirectoryLogger` among a Tuner's callbacks, each trial directory holds flowrl's
-``params.json`` and ``progress.jsonl`` beside Tune's files and checkpoints.
+(:func:`trial_resources`), which the Trainer's reservation then adopts. Each trial directory
+holds the plan's ``plan.json`` and the traces of the iterations ``trace_iterations`` names (as a
+run directory does), and with :class:`RunDirectoryLogger` among a Tuner's callbacks flowrl's
+``params.json`` and ``progress.jsonl`` beside Tune's files and checkpoints: ``flowrl plan``,
+``flowrl doctor`` and ``flowrl trace`` read a trial directory as they read a run directory.
 
 PBT: when a trial exploits another's checkpoint with mutated hyperparameters, keys the algorithm
 can change live (:func:`live_keys`) are applied to the running trainer; any other change
@@ -28,7 +30,7 @@ from flowrl.actors.placement import trial_bundles, worker_request
 from flowrl.algorithms import get_algorithm
 from flowrl.checkpoint import list_checkpoints
 from flowrl.errors import CheckpointError, FlowRLError
-from flowrl.run import PARAMS_FILE, PROGRESS_FILE, RunSpec, json_safe
+from flowrl.run import PARAMS_FILE, PROGRESS_FILE, RunSpec, json_safe, traced_window, train_iteration, write_plan
 from flowrl.trainer import Trainer, plan_bundles
 
 #: CPUs a trial's trainable (the driver: local worker and learner) gets when ``num_cpus_for_driver`` is 0:
@@ -69,6 +71,8 @@ class FlowRLTrainable(tune.Trainable):
 
     def setup(self, config: dict[str, Any]) -> None:
         self.trainer = Trainer(self.algo, self.env, dict(config))
+        write_plan(self.logdir, self.trainer)
+        self._traced = traced_window(self.trainer)
         self._trial = self.trial_id
         self._config_change = "initial"
         # Set when this actor takes over another trial: unless Tune restores that trial's
@@ -78,7 +82,7 @@ class FlowRLTrainable(tune.Trainable):
     def step(self) -> dict[str, Any]:
         if self._needs_fresh_trainer:
             self._rebuild(self.config)
-        result: dict[str, Any] = json_safe(self.trainer.train())
+        result: dict[str, Any] = json_safe(train_iteration(self.trainer, self.logdir, self._traced))
         # The trial's hyperparameters as they are now: PBT's mutations show in every result.
         result["config"] = json_safe(dict(self.config))
         result.setdefault("info", {})["tune"] = {"config_change": self._config_change}

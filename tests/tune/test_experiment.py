@@ -73,6 +73,10 @@ def test_a_grid_runs_its_trials_side_by_side_and_reports_the_best(tmp_path: Path
     for trial in summary.trials:  # each trial directory is a flowrl run directory
         assert trial.directory is not None and iterations(trial.directory) == list(range(1, 11))
         assert json.loads((trial.directory / "params.json").read_text())["algo"] == "ppo"
+        # ... whose plan, X-ray and traced iteration (trace_iterations "2:2") the plan, doctor and trace commands read
+        assert main(["plan", str(trial.directory)]) == 0 and main(["doctor", str(trial.directory)]) == 0
+        assert main(["trace", str(trial.directory), "-o", str(tmp_path / f"{trial.trial_id}.json")]) == 0
+        assert json.loads((tmp_path / f"{trial.trial_id}.json").read_text())["otherData"]["iterations"] == [2]
     assert json.loads((summary.directory / "spec.json").read_text())["algo"] == "ppo"
 
 
