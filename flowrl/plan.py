@@ -220,9 +220,11 @@ class Plan:
         and the request-to-arrival latencies of the gathers' shards.
 
         ``operators`` is keyed ``"<position in dataflow order>:<label>"``; each entry has the items and
-        bytes through the operator, its own seconds (``time_s`` = ``busy_s`` + ``wait_s`` +
-        ``transfer_s``), its ``share`` of the iteration, rates per second, the items since the plan
-        started (``items_total``) and the growth of what the operator reports itself
+        bytes through the operator, its own seconds (``time_s`` = ``busy_s`` + ``wait_s`` for input +
+        ``transfer_s`` + ``blocked_out_s``, blocked until what consumes its output had room), the
+        seconds it held an item back while other operators ran (``held_out_s``: back-pressure that
+        overlaps their time), its ``share`` of the iteration, rates per second, the items since the
+        plan started (``items_total``) and the growth of what the operator reports itself
         (:meth:`~flowrl.operators.protocol.Operator.plan_stats`). ``latency_s`` maps
         ``"<parallel iterator>[<shard>]"`` to the count, median, 90th percentile and maximum.
         """
@@ -233,14 +235,17 @@ class Plan:
             now = dataclasses.replace(stage_stats.get(stage_id) or StageStats())
             last, self._last[stage_id] = self._last.get(stage_id, StageStats()), now
             time_s, wait_s, transfer_s = now.time_s - last.time_s, now.wait_s - last.wait_s, now.transfer_s - last.transfer_s
+            blocked_s, held_s = now.blocked_s - last.blocked_s, now.held_s - last.held_s
             items, nbytes = now.items - last.items, now.bytes - last.bytes
             entry = {
                 "items": items,
                 "bytes": nbytes,
                 "time_s": round(time_s, 6),
-                "busy_s": round(max(0.0, time_s - wait_s - transfer_s), 6),
+                "busy_s": round(max(0.0, time_s - wait_s - transfer_s - blocked_s), 6),
                 "wait_s": round(wait_s, 6),
                 "transfer_s": round(transfer_s, 6),
+                "blocked_out_s": round(blocked_s, 6),
+                "held_out_s": round(held_s, 6),
                 "share": round(time_s / span, 4),
                 "items_per_s": round(items / span, 3),
                 "bytes_per_s": round(nbytes / span, 1),

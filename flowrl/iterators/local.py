@@ -188,8 +188,8 @@ class _ThreadTiming(threading.local):
     """Per thread: one frame per measured stage being pulled, innermost last.
 
     A frame holds the seconds the stage spent pulling from measured stages below it, then
-    the seconds of its own time spent waiting for input and fetching arrived results (added
-    by :func:`account`).
+    the seconds of its own time spent waiting for input, fetching arrived results and blocked on
+    output, and the seconds it held an item back (added by :func:`account`).
     """
 
     def __init__(self) -> None:
@@ -198,13 +198,16 @@ class _ThreadTiming(threading.local):
 
 _timing = _ThreadTiming()
 
-#: What :func:`account` attributes a blocked interval to (positions in a timing frame).
-WAITING, TRANSFERRING = 1, 2
+#: What :func:`account` attributes an interval to (positions in a timing frame): part of the stage's own
+#: time spent waiting for input (``WAITING``), fetching arrived results (``TRANSFERRING``) or blocked on
+#: output in place (``BLOCKED``: what consumes its output has no room), or, outside its own time, how long it
+#: held an item back while the dataflow ran other branches (``HELD``: a full queue, a sibling behind).
+WAITING, TRANSFERRING, BLOCKED, HELD = 1, 2, 3, 4
 
 
 def account(kind: int, seconds: float) -> None:
-    """Attribute ``seconds`` of the stage being pulled in this thread to ``kind`` (:data:`WAITING`
-    or :data:`TRANSFERRING`); outside a measured stage it is dropped."""
+    """Attribute ``seconds`` of the stage being pulled in this thread to ``kind`` (:data:`WAITING`,
+    :data:`TRANSFERRING`, :data:`BLOCKED` or :data:`HELD`); outside a measured stage it is dropped."""
     stack = _timing.stack
     if stack:
         stack[-1][kind] += seconds
@@ -230,7 +233,7 @@ def _measured(it: Iterator[Any], stats: StageStats, stage_id: int, metrics: Metr
     """
     stack = _timing.stack
     while True:
-        frame = [0.0, 0.0, 0.0]
+        frame = [0.0, 0.0, 0.0, 0.0, 0.0]
         stack.append(frame)
         spans = metrics.spans
         started_ns = time.time_ns() if spans is not None else 0
@@ -245,6 +248,8 @@ def _measured(it: Iterator[Any], stats: StageStats, stage_id: int, metrics: Metr
             stats.time_s += elapsed - frame[0]
             stats.wait_s += frame[WAITING]
             stats.transfer_s += frame[TRANSFERRING]
+            stats.blocked_s += frame[BLOCKED]
+            stats.held_s += frame[HELD]
             if stack:
                 stack[-1][0] += elapsed
         ready = not isinstance(item, NextValueNotReady)
@@ -508,6 +513,7 @@ class LocalIterator(Generic[T]):
             def base(timeout: float | None) -> Iterator[Any]:
                 own = queues[index]
                 waiter = _Waiter()
+                held_since: float | None = None  # since when it is ahead of a sibling that has not consumed
                 while True:
                     if own:
                         progress.count += 1
@@ -515,8 +521,12 @@ class LocalIterator(Generic[T]):
                         continue
                     lead = max((len(q) for j, q in enumerate(queues) if j != index), default=0)
                     if lead > 0 and timeout is not None:
+                        held_since = held_since or time.perf_counter()
                         yield NextValueNotReady(waits_on_siblings=True, progress=[progress])
                         continue
+                    if held_since is not None:  # back-pressure from the slower sibling
+                        account(HELD, time.perf_counter() - held_since)
+                        held_since = None
                     try:
                         item = next(source)
                     except StopIteration:

@@ -77,15 +77,20 @@ class StageStats:
     ``time_s`` excludes the time spent pulling from the stages it reads, so the times of
     all stages add up to the time the dataflow ran (waits on actors count for the stage
     that waited). Of ``time_s``, ``wait_s`` went to waiting for input (on actors, threads,
-    queues or sibling iterators) and ``transfer_s`` to fetching results that had arrived
-    (Ray's deserialization); the rest is the stage's own work. ``bytes`` sums the sizes of the
-    items that report one (``size_bytes()``, as sample batches do).
+    queues or sibling iterators), ``transfer_s`` to fetching results that had arrived
+    (Ray's deserialization) and ``blocked_s`` to waiting, blocked on output, until what
+    consumes it had room (replay shards at their limit of calls in flight); the rest is the
+    stage's own work. ``held_s`` is not part of ``time_s``: the seconds it held an item back
+    while the dataflow ran other branches (a full queue, a sibling iterator behind it).
+    ``bytes`` sums the sizes of the items that report one (``size_bytes()``, as sample batches do).
     """
 
     items: int = 0
     time_s: float = 0.0
     wait_s: float = 0.0
     transfer_s: float = 0.0
+    blocked_s: float = 0.0
+    held_s: float = 0.0
     bytes: int = 0
 
 

@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from flowrl.errors import FlowRLError
 from flowrl.iterators import EventQueue, LocalIterator, NextValueNotReady, SharedMetrics, StageNode, as_event_queue
-from flowrl.iterators.local import WAITING, account
+from flowrl.iterators.local import HELD, WAITING, account
 from flowrl.operators.protocol import ActorLink, HiddenOperator, Operator
 
 CONCURRENCY_MODES = ("round_robin", "async")
@@ -85,15 +85,10 @@ class Enqueue(Operator):
 
     def __init__(self, output_queue: queue.Queue[Any]) -> None:
         self.queue: EventQueue[Any] = as_event_queue(output_queue)
-        self.blocked_out_s = 0.0  # holding an item while the queue was full (back-pressure)
 
     def plan_links(self) -> list[ActorLink]:
         """Feeds the learner thread's queue."""
         return [ActorLink("LearnerThread", "enqueue")]
-
-    def plan_stats(self) -> dict[str, float]:
-        """Seconds it held an item the full queue had no room for (spent waiting elsewhere in the plan)."""
-        return {"blocked_out_s": self.blocked_out_s}
 
     def __call__(self, items: Iterator[Any]) -> Iterator[Any]:
         for item in items:
@@ -108,8 +103,8 @@ class Enqueue(Operator):
                 except queue.Full:
                     full_since = full_since or time.perf_counter()
                     yield NextValueNotReady(events=[self.queue.not_full_event])
-            if full_since is not None:
-                self.blocked_out_s += time.perf_counter() - full_since
+            if full_since is not None:  # held while the plan ran other branches: back-pressure
+                account(HELD, time.perf_counter() - full_since)
             yield item
 
 

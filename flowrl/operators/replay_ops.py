@@ -25,7 +25,7 @@ from flowrl.data import (
 )
 from flowrl.deferred import ray
 from flowrl.errors import FlowRLError, ReplayShardError, ShardFailedError
-from flowrl.iterators.local import WAITING, account
+from flowrl.iterators.local import BLOCKED, HELD, account
 from flowrl.iterators import (
     LocalIterator,
     NextValueNotReady,
@@ -100,7 +100,7 @@ class _ShardCalls:
             refs = [call.ref for call in self.pending]
             started = time.perf_counter()
             ray.wait(refs, num_returns=len(refs) - self.max_in_flight + 1, timeout=left)
-            account(WAITING, time.perf_counter() - started)  # the shards' back-pressure
+            account(BLOCKED, time.perf_counter() - started)  # the shards' back-pressure
             self.check_finished()
 
     def check_finished(self) -> None:
@@ -388,13 +388,18 @@ class ThrottleSampling:
         self.replay_shards = replay_shards
 
     def __call__(self, upstream: Iterator[Any]) -> Iterator[Any]:
+        held_since: float | None = None
         while True:
             counters = LocalIterator.get_metrics().counters
             refill = self.replay_shards.refill_steps if isinstance(self.replay_shards, ReplayShards) else 0
             allowed = self.start_after + refill + counters[STEPS_TRAINED_COUNTER] / self.training_intensity
             if counters[STEPS_SAMPLED_COUNTER] > allowed:
+                held_since = held_since or time.perf_counter()
                 yield NextValueNotReady(waits_on_siblings=True)
                 continue
+            if held_since is not None:  # sampling was held back for training to catch up: back-pressure
+                account(HELD, time.perf_counter() - held_since)
+                held_since = None
             try:
                 item = next(upstream)
             except StopIteration:

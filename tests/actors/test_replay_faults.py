@@ -256,11 +256,19 @@ def test_writes_in_flight_never_exceed_the_bound() -> None:
     store = StoreToReplayBuffer(actors=[shard], max_in_flight=3)
     try:
         seen = []
-        for _ in range(20):
-            store(rows(2))
+
+        def stored(batch: SampleBatch) -> SampleBatch:
+            store(batch)
             seen.append(store.pending_writes)
+            return batch
+
+        flow = LocalIterator(lambda timeout: (rows(2) for _ in range(20))).for_each(stored)
+        assert len(list(flow)) == 20
         assert max(seen) == 3  # the driver got ahead of the shard, and was held at the bound
         assert ray.get(shard.num_added.remote()) == 20
+        # Held at the bound is back-pressure: blocked on output (17 writes waited for one of 0.05 s to finish).
+        stats = flow.shared_metrics.get().stage_stats[flow.stage.id]
+        assert stats.blocked_s >= 0.5 and stats.wait_s == 0 and stats.blocked_s <= stats.time_s
     finally:
         ray.kill(shard)
 

@@ -344,3 +344,21 @@ def test_stage_stats_count_items_and_attribute_time_to_the_stage_that_spent_it()
     assert (source.items, mapped.items, kept.items) == (5, 5, 3)
     assert mapped.time_s >= 0.05  # five sleeps happened inside for_each
     assert source.time_s < mapped.time_s / 2 and kept.time_s < mapped.time_s / 2
+
+
+def test_a_duplicate_branch_ahead_of_its_sibling_counts_the_time_it_was_held_back() -> None:
+    import time as _time
+
+    def slow(x: int) -> int:
+        _time.sleep(0.01)
+        return x
+
+    ahead, behind = local(list(range(6))).duplicate(2)
+    merged = ahead.batch(3).union(behind.for_each(slow))  # the batching branch wants 3 items per output
+    assert sorted(merged.take(8), key=str) == sorted([[0, 1, 2], [3, 4, 5], *range(6)], key=str)
+    stats = merged.shared_metrics.get().stage_stats
+    ahead_stats, behind_stats = stats[ahead.stage.id], stats[behind.stage.id]
+    # The batching branch waited for the sleeping one to take each item it had already passed on
+    # (back-pressure), outside its own time; the slow branch was never ahead; nothing blocked in place.
+    assert ahead_stats.held_s >= 0.03 and ahead_stats.held_s > ahead_stats.time_s
+    assert behind_stats.held_s == 0 and ahead_stats.blocked_s == behind_stats.blocked_s == 0

@@ -193,6 +193,9 @@ def test_enqueue_on_a_full_queue_yields_not_ready_and_drops_nothing() -> None:
     consumer.join(timeout=10)
     assert passed == [2, 3, 4, 5]
     assert consumed == [0, 1, 2, 3, 4, 5]
+    # The seconds it held items the full queue had no room for: back-pressure, outside its own time.
+    enqueue = flow.shared_metrics.get().stage_stats[flow.stage.id]
+    assert enqueue.held_s >= 0.02 and enqueue.blocked_s == 0
 
 
 def test_enqueue_and_dequeue_need_a_queue_they_can_wait_on() -> None:

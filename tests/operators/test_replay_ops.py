@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterator
 
 import numpy as np
@@ -92,9 +93,12 @@ def test_throttle_holds_sampling_until_training_catches_up() -> None:
     assert items[:3] == [0, 1, 2] and all(isinstance(x, NextValueNotReady) for x in items[3:])
     assert len(pulled) == 3  # sampled 30 > 20 allowed: nothing more is pulled
     metrics = throttled.shared_metrics.get()
+    assert metrics.stage_stats[throttled.stage.id].held_s == 0
+    time.sleep(0.02)
     metrics.counters[STEPS_TRAINED_COUNTER] = 40  # allows pulling while sampled <= 20 + 40 / 2
     assert [next(throttled), next(throttled)] == [3, 4]  # at 30 and 40 sampled
     assert isinstance(next(throttled), NextValueNotReady)  # 50 > 40
+    assert metrics.stage_stats[throttled.stage.id].held_s >= 0.02  # sampling held back: back-pressure
 
 
 # --- MixInReplay ---
