@@ -111,17 +111,20 @@ class LearnerActor:
     def learn(
         self, batch: Batch, policies: Sequence[str], coeffs: Mapping[str, Mapping[str, float]], num_sgd_iter: int,
         sgd_minibatch_size: int, seed: int | list[int] | None, sequence_length: int,
-    ) -> tuple[dict[str, dict[str, float]], dict[str, tuple[np.ndarray, np.ndarray]]]:
+    ) -> tuple[dict[str, dict[str, float]], dict[str, tuple[np.ndarray, np.ndarray]], dict[str, tuple[float, float]]]:
         """Learn on this replica's shard of ``batch`` with the driver's loss ``coeffs``: per policy its
-        statistics, and the new priorities of its shard's replayed rows (a single step whose loss gives TD errors)."""
+        statistics, the new priorities of its shard's replayed rows (a single step whose loss gives TD errors),
+        and the seconds it spent getting data ready and updating (:class:`~flowrl.policy.policy.LearnTimes`)."""
         for pid, replica in self._torch(list(coeffs)):
             replica.coeffs = dict(coeffs[pid])
         info: dict[str, dict[str, float]] = {}
         priorities: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        times: dict[str, tuple[float, float]] = {}
         for pid, policy_batch in as_policy_batches(batch).items():
             if pid not in policies:
                 continue
             policy = self.policies[pid]
+            before = (policy.learn_times.load_s, policy.learn_times.update_s)
             if num_sgd_iter == 1 and sgd_minibatch_size == 0:
                 rows = self.shard.rows(policy_batch, sequence_length)
                 out = policy.learn(rows)
@@ -132,7 +135,8 @@ class LearnerActor:
                 info[pid] = minibatch_sgd(
                     policy, policy_batch, num_sgd_iter, sgd_minibatch_size, seed, sequence_length, shard=self.shard
                 )
-        return info, priorities
+            times[pid] = (policy.learn_times.load_s - before[0], policy.learn_times.update_s - before[1])
+        return info, priorities, times
 
 
 @functools.cache
@@ -304,9 +308,11 @@ class LearnerGroup:
             if isinstance(policy, TorchPolicy):
                 policy.load_optimizer_state(optimizer)
                 policy.coeffs = learned_coeffs
-        info = {pid: _mean_stats([stats[pid] for stats, _ in results]) for pid in results[0][0]}
+        for pid, (load_s, update_s) in results[0][2].items():  # rank 0's, as the X-ray's learner phases
+            local.get_policy(pid).learn_times.add(load_s, update_s)
+        info = {pid: _mean_stats([stats[pid] for stats, _, _ in results]) for pid in results[0][0]}
         priorities = {
-            pid: (np.concatenate([p[pid][0] for _, p in results]), np.concatenate([p[pid][1] for _, p in results]))
+            pid: (np.concatenate([p[pid][0] for _, p, _ in results]), np.concatenate([p[pid][1] for _, p, _ in results]))
             for pid in results[0][1]
         }
         return Learned(None, info, batch.env_steps(), priorities)

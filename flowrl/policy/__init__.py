@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from flowrl.policy.exploration import EpsilonGreedy, Exploration, GaussianNoise, LinearSchedule, StochasticSampling
     from flowrl.policy.model_options import model_config
     from flowrl.policy.models import ActorCriticModel, CNNEncoder, MLPEncoder
-    from flowrl.policy.policy import LearnOutput, Policy, PolicyConfig, PolicySpec
+    from flowrl.policy.policy import LearnOutput, LearnTimes, Policy, PolicyConfig, PolicySpec
     from flowrl.policy.postprocessing import (
         actor_critic_postprocess,
         adjust_nstep,
@@ -44,6 +44,7 @@ __all__ = [
     "Exploration",
     "GaussianNoise",
     "LearnOutput",
+    "LearnTimes",
     "LinearSchedule",
     "LossOutput",
     "MLPEncoder",
@@ -70,7 +71,7 @@ __getattr__ = deferred_attributes(
         "flowrl.policy.exploration": ["EpsilonGreedy", "Exploration", "GaussianNoise", "LinearSchedule", "StochasticSampling"],
         "flowrl.policy.model_options": ["model_config"],
         "flowrl.policy.models": ["ActorCriticModel", "CNNEncoder", "MLPEncoder"],
-        "flowrl.policy.policy": ["LearnOutput", "Policy", "PolicyConfig", "PolicySpec"],
+        "flowrl.policy.policy": ["LearnOutput", "LearnTimes", "Policy", "PolicyConfig", "PolicySpec"],
         "flowrl.policy.postprocessing": ["actor_critic_postprocess", "adjust_nstep", "bootstrap_value", "compute_advantages", "discount_cumsum", "nstep_postprocess"],
         "flowrl.policy.torch_policy": ["LossOutput", "TorchPolicy"],
     },

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
@@ -68,6 +70,42 @@ class LearnOutput(NamedTuple):
     td_error: np.ndarray | None = None
 
 
+class LearnTimes:
+    """Seconds a policy spent learning since it was built, by phase: ``load_s`` getting batches ready
+    (minibatch shuffles and slices, decompression, conversion to tensors on the device) and ``update_s``
+    updating on them (the loss's forward pass, backpropagation, gradient clipping and checks, the
+    optimizer step). The plan's X-ray reports their growth per iteration."""
+
+    __slots__ = ("load_s", "update_s")
+
+    def __init__(self) -> None:
+        self.load_s = 0.0
+        self.update_s = 0.0
+
+    def add(self, load_s: float, update_s: float) -> None:
+        """Count phases measured elsewhere (a learner group's rank 0 learning for this policy)."""
+        self.load_s += load_s
+        self.update_s += update_s
+
+    @contextmanager
+    def loading(self) -> Iterator[None]:
+        """Time a block that gets a batch ready."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.load_s += time.perf_counter() - started
+
+    @contextmanager
+    def updating(self) -> Iterator[None]:
+        """Time a block that learns: its seconds outside :meth:`loading` blocks are updating."""
+        started, loaded = time.perf_counter(), self.load_s
+        try:
+            yield
+        finally:
+            self.update_s += time.perf_counter() - started - (self.load_s - loaded)
+
+
 def check_policy_config(config: Any) -> None:
     """Raise :class:`~flowrl.errors.ConfigError` unless ``config`` is a config object (not a dict)."""
     if isinstance(config, Mapping):
@@ -129,6 +167,8 @@ class Policy(abc.ABC, Generic[ConfigT]):
         self.global_timestep = 0
         self.num_nonfinite_updates = 0
         self._nonfinite_in_a_row = 0
+        #: Where its learning time went (see :class:`LearnTimes`).
+        self.learn_times = LearnTimes()
 
     @abc.abstractmethod
     def compute_actions(

@@ -49,14 +49,18 @@ def minibatch_sgd(
     skipped: list[dict[str, float]] = []
     size = sgd_minibatch_size if 0 < sgd_minibatch_size < batch.count else batch.count
     size = max(sequence_length, size - size % sequence_length)
+    loading = policy.learn_times.loading
     for _ in range(num_sgd_iter):
-        epoch = _shuffle_sequences(batch, sequence_length, rng) if size < batch.count else batch
+        with loading():
+            epoch = _shuffle_sequences(batch, sequence_length, rng) if size < batch.count else batch
         for start in range(0, batch.count, size):
-            minibatch = epoch.slice(start, min(start + size, batch.count))
+            with loading():
+                minibatch = epoch.slice(start, min(start + size, batch.count))
             if minibatch.count < max(1, size // 2):
                 continue
             if shard is not None:
-                minibatch = shard.rows(minibatch, sequence_length)
+                with loading():
+                    minibatch = shard.rows(minibatch, sequence_length)
             stats = policy.learn_on_batch(minibatch)
             (skipped if stats.get(NONFINITE_UPDATE) else applied).append(stats)
     averaged = applied or skipped

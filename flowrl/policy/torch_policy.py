@@ -230,7 +230,9 @@ class TorchPolicy(Policy[ConfigT]):
         """
         if not self.model.training:  # train() walks every submodule: not on every minibatch
             self.model.train()
-        out = LossOutput(*self.loss_fn(self, self.model, self.dist_class, self.to_tensors(batch)))
+        with self.learn_times.loading():
+            tensors = self.to_tensors(batch)
+        out = LossOutput(*self.loss_fn(self, self.model, self.dist_class, tensors))
         self.optimizer.zero_grad()
         out.loss.backward()
         loss = float(out.loss.detach())
@@ -259,13 +261,14 @@ class TorchPolicy(Policy[ConfigT]):
         A skipped update's statistics hold ``nonfinite_update: 1.0``, and it gives no TD
         errors (replay priorities stay as they were).
         """
-        out, nonfinite = self._loss(batch)
-        self.record_update(nonfinite)
-        if nonfinite is not None:
-            self.optimizer.zero_grad()
-            return LearnOutput({**out.stats, NONFINITE_UPDATE: 1.0})
-        self.optimizer.step()
-        return out
+        with self.learn_times.updating():
+            out, nonfinite = self._loss(batch)
+            self.record_update(nonfinite)
+            if nonfinite is not None:
+                self.optimizer.zero_grad()
+                return LearnOutput({**out.stats, NONFINITE_UPDATE: 1.0})
+            self.optimizer.step()
+            return out
 
     def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, float]]:
         """Gradients of the loss on ``batch``, not applied, and the learner statistics.
@@ -274,11 +277,12 @@ class TorchPolicy(Policy[ConfigT]):
         them skips the update, even when only the loss was not finite) and the statistics hold
         ``nonfinite_update: 1.0``.
         """
-        out, nonfinite = self._loss(batch)
-        grads = [
-            p.grad.detach().cpu().numpy().copy() if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
-            for p in self.model.parameters()
-        ]
+        with self.learn_times.updating():
+            out, nonfinite = self._loss(batch)
+            grads = [
+                p.grad.detach().cpu().numpy().copy() if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
+                for p in self.model.parameters()
+            ]
         if nonfinite is None:
             return grads, out.stats
         return [np.full_like(g, np.nan) for g in grads], {**out.stats, NONFINITE_UPDATE: 1.0}
@@ -292,9 +296,10 @@ class TorchPolicy(Policy[ConfigT]):
         self.record_update(None if bad is None else f"a non-finite gradient of {named[bad][0]} given to apply_gradients")
         if bad is not None:
             return
-        for (_, p), g in zip(named, gradients):
-            p.grad = torch.tensor(g, device=self.device).reshape(p.shape)  # a copy: Ray hands out read-only arrays
-        self.optimizer.step()
+        with self.learn_times.updating():
+            for (_, p), g in zip(named, gradients):
+                p.grad = torch.tensor(g, device=self.device).reshape(p.shape)  # a copy: Ray hands out read-only arrays
+            self.optimizer.step()
 
     def update_target(self, tau: float = 1.0) -> None:
         """Move the target network towards the model: copy it (``tau=1``) or blend by ``tau``."""
