@@ -9,7 +9,8 @@ iterations and splits each iteration's seconds into what they were spent on:
   driver), shared out by the workers' own split between stepping envs and the policy's forward
   pass;
 - ``transfer``: moving experience: fetching arrived fragments (Ray's deserialization),
-  concatenating them into batches in the driver, and the workers' time building fragments;
+  concatenating them into batches in the driver, and the workers' time building fragments and
+  handing them to Ray (serialization);
 - ``driver``: every other operator's own work in the driver (not its waits for a learner thread,
   replay shards or sibling branches, which are reported apart), the Trainer's steps around the
   plan and what no operator accounts for.
@@ -111,7 +112,7 @@ class Diagnosis:
             "learner": "learner (training)",
             "env": "rollout workers stepping envs",
             "inference": "rollout workers' policy inference",
-            "transfer": "moving experience (fetch, build, concatenate)",
+            "transfer": "moving experience (serialize, fetch, build, concatenate)",
             "driver": "driver (other operators, unattributed)",
         }
         for part, share in sorted(self.shares.items(), key=lambda kv: -kv[1]):
@@ -188,18 +189,19 @@ def _parts(window: Sequence[Mapping[str, Any]]) -> tuple[dict[str, float], dict[
             else:  # its waits are for the learner thread, replay shards or siblings: the driver idles then
                 transfer += op["transfer_s"]
                 driver += op["busy_s"]
-                idle += op["wait_s"]
+                idle += op["wait_s"] + op.get("blocked_out_s", 0.0)  # runs before the X-ray split out back-pressure lack it
                 top_driver[label] = top_driver.get(label, 0.0) + op["busy_s"]
         driver += plan.get("unattributed_s", 0.0) + sum(plan.get("driver", {}).values())
         actors = plan.get("actors", {})
         workers = actors.get("RolloutWorker")
         env_part = inference_part = 0.0
         if workers:
-            phases = {k: workers[k] for k in ("env_s", "inference_s", "other_s")}
+            # Ray serializing the fragments in the workers is part of what the driver waits for (older runs lack it).
+            phases = {k: workers.get(k, 0.0) for k in ("env_s", "inference_s", "other_s", "serialize_s")}
             total = sum(phases.values()) or 1e-9
             env_part = sampling * phases["env_s"] / total
             inference_part = sampling * phases["inference_s"] / total
-            transfer += sampling * phases["other_s"] / total
+            transfer += sampling * (phases["other_s"] + phases["serialize_s"]) / total
             busy.append(workers["busy_share"])
             for index, worker in workers.get("per_worker", {}).items():
                 if worker.get("sample_s_per_fragment") is not None:
@@ -249,7 +251,7 @@ def _verdict(shares: Mapping[str, float], figures: dict[str, Any], stragglers: M
         "learner": "training takes",
         "env": "waiting for the rollout workers' env steps takes",
         "inference": "waiting for the rollout workers' policy forward passes takes",
-        "transfer": "moving experience (fetching fragments, building and concatenating batches) takes",
+        "transfer": "moving experience (serializing and fetching fragments, building and concatenating batches) takes",
         "driver": "the driver's own work (operators other than learning and sampling) takes",
     }[part]
     runner_up = sorted(shares.values())[-2] if len(shares) > 1 else 0.0

@@ -5,7 +5,8 @@ Recording. A run (:class:`flowrl.run.Run`) traces the training iterations its co
 :func:`traced_iteration`: while the iteration runs, every measured stage of the plan records
 each ``next()`` call (:class:`~flowrl.iterators.metrics.Span`, through the plan's metrics
 context) and every rollout worker each :meth:`~flowrl.actors.RolloutWorker.sample` call
-(:class:`~flowrl.actors.rollout_worker.SampleSpan`). The run writes one file per traced
+(:class:`~flowrl.actors.rollout_worker.SampleSpan`) and Ray's hand-off of each fragment it returned
+(:class:`~flowrl.iterators.HandOffSpan`: serializing and storing it). The run writes one file per traced
 iteration, ``<run_dir>/trace/iteration_<n>.json``::
 
     {"iteration": 2, "start_ns": ..., "end_ns": ...,          # the training iteration, wall clock
@@ -14,6 +15,8 @@ iteration, ``<run_dir>/trace/iteration_<n>.json``::
                     "end_ns": ..., "ready": true}, ...],      # each next() call, keyed as in result["plan"]
      "samples": [{"worker": 1, "pid": ..., "thread_id": ..., "start_ns": ..., "duration_ns": ...,
                   "env_s": ..., "inference_s": ..., "steps": 64}, ...],
+     "handoffs": [{"worker": 1, "pid": ..., "thread_id": ..., "start_ns": ..., "duration_ns": ...}, ...],
+                                                              # Ray serializing and storing each returned fragment
      "workers_unreported": []}                                # rollout workers that did not answer
 
 Times are ``time.time_ns()`` of the process that recorded them: the wall clock, so that spans of
@@ -43,6 +46,7 @@ from flowrl.run import TRACE_DIR, read_run_spec
 
 if TYPE_CHECKING:  # the Trainer imports torch: load it only when a run starts
     from flowrl.actors import WorkerSet
+    from flowrl.actors.rollout_worker import TracedWork
     from flowrl.trainer import Trainer
 
 #: Longest wait for the rollout workers to start or stop recording their samples (their control
@@ -79,7 +83,7 @@ def traced_iteration(trainer: Trainer) -> tuple[dict[str, Any], dict[str, Any]]:
         raise
     end_ns = time.time_ns()
     spans, metrics.spans = metrics.spans, None
-    samples, unreported_at_end = _tell_workers(trainer.workers, False)
+    work, unreported_at_end = _tell_workers(trainer.workers, False)
     keys = trainer.plan.graph.operator_keys()  # stages hidden from the graph (plumbing) are left out
     record = {
         "iteration": trainer.iteration,
@@ -88,18 +92,19 @@ def traced_iteration(trainer: Trainer) -> tuple[dict[str, Any], dict[str, Any]]:
         "driver": {"pid": os.getpid(), "thread_id": threading.get_native_id()},
         "operators": [{"operator": keys[span.stage_id], "thread_id": span.thread_id, "start_ns": span.start_ns,
                        "end_ns": span.end_ns, "ready": span.ready} for span in spans if span.stage_id in keys],
-        "samples": [{"worker": index, **span._asdict()} for index, span in samples],
+        "samples": [{"worker": index, **span._asdict()} for index, traced in work for span in traced.samples],
+        "handoffs": [{"worker": index, "pid": traced.pid, **span._asdict()} for index, traced in work for span in traced.handoffs],
         "workers_unreported": sorted(set(unreported) | set(unreported_at_end)),
     }
     return result, record
 
 
-def _tell_workers(workers: WorkerSet, on: bool, *, wait: bool = True) -> tuple[list[tuple[int, Any]], list[int]]:
-    """Switch the sample recording of every rollout worker on or off: ``(worker index, span)`` of what
-    they recorded, and the indices of the remote workers that did not answer within the timeout."""
+def _tell_workers(workers: WorkerSet, on: bool, *, wait: bool = True) -> tuple[list[tuple[int, TracedWork]], list[int]]:
+    """Switch the recording of every rollout worker on or off: ``(worker index, what it recorded)``, and the
+    indices of the remote workers that did not answer within the timeout."""
     from flowrl.actors.rollout_worker import control_call
 
-    spans = [(0, span) for span in workers.local_worker().trace_samples(on)]
+    spans = [(0, workers.local_worker().trace_samples(on))]
     remote = workers.remote_workers()
     if not remote:
         return spans, []
@@ -110,7 +115,7 @@ def _tell_workers(workers: WorkerSet, on: bool, *, wait: bool = True) -> tuple[l
     unreported = [refs[ref] for ref in pending]
     for ref in ready:
         try:
-            spans.extend((refs[ref], span) for span in ray.get(ref))
+            spans.append((refs[ref], ray.get(ref)))
         except ray.exceptions.RayError:  # a dead worker: its replacement records from the next iteration
             unreported.append(refs[ref])
     return spans, sorted(unreported)
@@ -166,10 +171,11 @@ def _read_record(path: Path) -> dict[str, Any]:
 def chrome_trace(records: Sequence[Mapping[str, Any]], *, run_dir: str = "") -> dict[str, Any]:
     """Trace records (:func:`traced_iteration`'s) as one Chrome trace: an ``iteration <n>`` span on the
     driver's thread, a span per operator ``next()`` call named by the operator's label (``args``: its
-    key, whether it gave an item) and a ``RolloutWorker.sample()`` span per sample (``args``: worker,
-    env steps, env, inference and other seconds), on each recording process and thread."""
+    key, whether it gave an item), a ``RolloutWorker.sample()`` span per sample (``args``: worker,
+    env steps, env, inference and other seconds) and a hand-off span per fragment Ray serialized and
+    stored after it, on each recording process and thread."""
     origin = min(int(entry["start_ns"]) for record in records
-                 for entry in (record, *record.get("operators", ()), *record.get("samples", ())))
+                 for entry in (record, *record.get("operators", ()), *record.get("samples", ()), *record.get("handoffs", ())))
     events: list[dict[str, Any]] = []
     processes: dict[int, str] = {}
     threads: dict[tuple[int, int], str] = {}
@@ -199,6 +205,12 @@ def chrome_trace(records: Sequence[Mapping[str, Any]], *, run_dir: str = "") -> 
             span("RolloutWorker.sample()", "actor", worker_pid, tid, start, start + int(sample["duration_ns"]),
                  {"worker": sample["worker"], "steps": sample["steps"], "env_s": env_s, "inference_s": inference_s,
                   "other_s": round(max(0.0, duration_s - env_s - inference_s), 9), "iteration": iteration})
+        for handoff in record.get("handoffs", ()):
+            worker_pid, tid, start = int(handoff["pid"]), int(handoff["thread_id"]), int(handoff["start_ns"])
+            processes.setdefault(worker_pid, f"RolloutWorker {handoff['worker']} (pid {worker_pid})")
+            threads.setdefault((worker_pid, tid), "sample")
+            span("Ray hand-off (serialize + store)", "actor", worker_pid, tid, start, start + int(handoff["duration_ns"]),
+                 {"worker": handoff["worker"], "iteration": iteration})
     metadata = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "ts": 0, "args": {"name": name}}
                 for pid, name in processes.items()]
     metadata += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "ts": 0, "args": {"name": name}}

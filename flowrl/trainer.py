@@ -157,7 +157,8 @@ class Trainer:
         result.update(training_iteration=self.iteration, time_this_iter_s=elapsed, time_total_s=self.time_total_s, timestamp=time.time())
         result.setdefault("info", {}).update(self.resources.stats())  # may replace a dead replay shard: first
         driver = {"sync_filters_s": synced - planned, "evaluation_s": evaluation_s}
-        result["plan"] = self.xray.report(elapsed, result.get("plan", {}), result["info"], driver)
+        learn_times = [self.workers.local_worker().get_policy(pid).learn_times for pid in self.workers.trainable_policies()]
+        result["plan"] = self.xray.report(elapsed, result.get("plan", {}), result["info"], driver, learn_times)
         if self.workers.remote_workers():
             result["info"]["placement"] = self.workers.placement()
         result.update(self.resources.fault_counters())

@@ -12,11 +12,15 @@ Each iteration the Trainer puts :meth:`XRay.report` into ``result["plan"]``:
 - ``policy_lag`` (asynchronous plans that send weights to each batch's source: IMPALA, APPO,
   Ape-X): the learner updates made since the weights a batch was sampled with were sent, on
   average over the iteration's batches;
-- ``actors``: ``RolloutWorker`` (env steps, inference, the rest of sampling, idle time, busy
-  share, per worker), ``LearnerThread`` (learning vs waiting for batches, queue depth) and
-  ``ReplayActor`` (storing vs replaying);
+- ``actors``: ``RolloutWorker`` (env steps, inference, the rest of sampling, Ray's serialization
+  of the fragments returned, idle time, busy share, per worker), ``LearnerThread`` (learning vs
+  waiting for batches, queue depth) and ``ReplayActor`` (storing vs replaying vs serializing the
+  replayed batches);
 - ``learner``: the driver's learning split by its timers: learning on batches (``learn_s``), or
   computing and applying gradients (A3C), and sending weights to the workers (``weight_sync_s``);
+  and the trained policies' own split of their learning (in the driver, a learner thread, or a
+  learner group's rank 0): getting batches ready (``load_s``: minibatch slices, decompression,
+  tensors) and updating (``update_s``: forward pass, backpropagation, optimizer step);
 - ``driver``: the Trainer's own steps around the plan (observation filter sync, evaluation, the
   ``on_train_result`` callback, whose seconds count into ``iteration_s``);
 - ``attributed_s`` / ``unattributed_s``: the operators' and the driver steps' seconds, and the
@@ -28,11 +32,12 @@ Each iteration the Trainer puts :meth:`XRay.report` into ``result["plan"]``:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flowrl.operators.names import APPLY_GRADS_TIMER, COMPUTE_GRADS_TIMER, LEARN_ON_BATCH_TIMER, WORKER_UPDATE_TIMER
 from flowrl.plan import Plan
+from flowrl.policy import LearnTimes
 
 #: The driver's learning timers the X-ray splits the learner's time by: what each is reported as.
 LEARNER_TIMERS = {LEARN_ON_BATCH_TIMER: "learn_s", COMPUTE_GRADS_TIMER: "compute_grads_s",
@@ -50,11 +55,13 @@ class XRay:
         self._totals: dict[str, float] = {}
 
     def report(
-        self, iteration_s: float, reported: Mapping[str, Any], info: Mapping[str, Any], driver: Mapping[str, float]
+        self, iteration_s: float, reported: Mapping[str, Any], info: Mapping[str, Any], driver: Mapping[str, float],
+        learn_times: Sequence[LearnTimes] = (),
     ) -> dict[str, Any]:
         """The iteration's X-ray. ``reported``: what the plan's own result said of the actors (the rollout
         workers' phases from ``CollectMetrics``); ``info``: the resources' statistics (``learner_thread``,
-        ``replay_shards``); ``driver``: seconds of the Trainer's own steps."""
+        ``replay_shards``); ``driver``: seconds of the Trainer's own steps; ``learn_times``: the trained
+        policies' learning phases (cumulative)."""
         if not self.profile:
             return {"profile": False, "iteration_s": round(iteration_s, 6)}
         stats = self.plan.stats(iteration_s)
@@ -67,7 +74,7 @@ class XRay:
             actors["ReplayActor"] = self._shards(shards, iteration_s)
         attributed = sum(entry["time_s"] for entry in stats["operators"].values()) + sum(driver.values())
         span = iteration_s if iteration_s > 0 else 1.0
-        learner = self._driver_learner()
+        learner = self._driver_learner() | self._learn_phases(learn_times)
         if learner:
             stats["learner"] = learner
         received = sum(entry.get("batches_received", 0) for entry in stats["operators"].values())
@@ -113,6 +120,13 @@ class XRay:
         grown = {key: self._grown(name, timers[name].total_s) for name, key in LEARNER_TIMERS.items() if name in timers}
         return {key: round(seconds, 6) for key, seconds in grown.items() if seconds > 0}
 
+    def _learn_phases(self, learn_times: Sequence[LearnTimes]) -> dict[str, float]:
+        """The iteration's seconds of the policies' learning phases (wherever they learned: in the driver, a
+        learner thread or, for a learner group, its rank 0), the ones that ran."""
+        grown = {"load_s": self._grown("policies.load", sum(times.load_s for times in learn_times)),
+                 "update_s": self._grown("policies.update", sum(times.update_s for times in learn_times))}
+        return {key: round(seconds, 6) for key, seconds in grown.items() if seconds > 0}
+
     def _learner(self, learner: Mapping[str, Any], iteration_s: float) -> dict[str, Any]:
         learn_s = self._grown("learner_thread.learn", float(learner["learn_time_total_s"]))
         wait_s = self._grown("learner_thread.wait", float(learner["queue_wait_total_s"]))
@@ -125,8 +139,11 @@ class XRay:
         }
 
     def _shards(self, shards: list[Mapping[str, Any]], iteration_s: float) -> dict[str, Any]:
-        add_s = sum(self._grown(f"replay_shard[{i}].add", float(s.get("add_time_total_s", 0.0))) for i, s in enumerate(shards))
-        sample_s = sum(self._grown(f"replay_shard[{i}].sample", float(s.get("sample_time_total_s", 0.0)))
+        def grown(phase: str) -> float:
+            return sum(self._grown(f"replay_shard[{i}].{phase}", float(s.get(f"{phase}_time_total_s", 0.0)))
                        for i, s in enumerate(shards))
-        busy = (add_s + sample_s) / (iteration_s * len(shards)) if iteration_s > 0 else 0.0
-        return {"count": len(shards), "add_s": round(add_s, 6), "sample_s": round(sample_s, 6), "busy_share": round(min(1.0, busy), 4)}
+
+        add_s, sample_s, serialize_s = grown("add"), grown("sample"), grown("serialize")
+        busy = (add_s + sample_s + serialize_s) / (iteration_s * len(shards)) if iteration_s > 0 else 0.0
+        return {"count": len(shards), "add_s": round(add_s, 6), "sample_s": round(sample_s, 6),
+                "serialize_s": round(serialize_s, 6), "busy_share": round(min(1.0, busy), 4)}

@@ -209,12 +209,14 @@ def actor_summary(actor_class: str, figures: Mapping[str, Any]) -> str:
     if actor_class == "RolloutWorker":
         where = " (sampling in the driver)" if figures.get("in_driver") else ""
         return (f"{busy}{where}; env {_seconds(figures.get('env_s'))}, inference {_seconds(figures.get('inference_s'))}, "
-                f"other {_seconds(figures.get('other_s'))}, idle {_seconds(figures.get('idle_s'))}")
+                f"other {_seconds(figures.get('other_s'))}, serializing {_seconds(figures.get('serialize_s'))}, "
+                f"idle {_seconds(figures.get('idle_s'))}")
     if actor_class == "LearnerThread":
         return (f"{busy}; learning {_seconds(figures.get('learn_s'))}, waiting for batches {_seconds(figures.get('wait_s'))}; "
                 f"in-queue {_number(figures.get('inqueue_size_mean')):.1f} of {figures.get('inqueue_capacity')}")
     if actor_class == "ReplayActor":
-        return f"{busy}; adding {_seconds(figures.get('add_s'))}, replaying {_seconds(figures.get('sample_s'))}"
+        return (f"{busy}; adding {_seconds(figures.get('add_s'))}, replaying {_seconds(figures.get('sample_s'))}, "
+                f"serializing {_seconds(figures.get('serialize_s'))}")
     return busy + "; " + ", ".join(f"{key} {value}" for key, value in figures.items() if key != "busy_share")
 
 
@@ -245,14 +247,16 @@ def render_text(view: PlanView) -> str:
     names = [f"  [{position}] {stage.label}" for position, stage in enumerate(graph.operators.values())]
     width = max(len(name) for name in [*names, "operators (dataflow order)"]) + 2
     lines = [f"plan {view.name} of {view.run_dir}: {_iterations(view)}", "",
-             f"{'operators (dataflow order)':<{width}} {'share':>7} {'busy':>11} {'wait':>11} {'transfer':>11}   rates"]
+             f"{'operators (dataflow order)':<{width}} {'share':>7} {'busy':>11} {'wait':>11} {'transfer':>11} "
+             f"{'blocked':>11} {'held':>11}   rates"]
     for name, stage in zip(names, graph.operators.values()):
         entry = view.operator(stage.id)
         if not entry:
             lines.append(f"{name:<{width}} {'n/a':>7}   (no figures in the results)")
             continue
         lines.append(f"{name:<{width}} {_percent(entry.get('share')):>7} {_seconds(entry.get('busy_s')):>11} "
-                     f"{_seconds(entry.get('wait_s')):>11} {_seconds(entry.get('transfer_s')):>11}   {_rate(entry)}")
+                     f"{_seconds(entry.get('wait_s')):>11} {_seconds(entry.get('transfer_s')):>11} "
+                     f"{_seconds(entry.get('blocked_out_s')):>11} {_seconds(entry.get('held_out_s')):>11}   {_rate(entry)}")
     lines.append("driver (the Trainer's steps around the plan)")
     for key, share in figures.get("driver_share", {}).items():
         lines.append(f"{'  ' + key.removesuffix('_s'):<{width}} {_percent(share):>7} {_seconds(figures['driver'].get(key)):>11}")
@@ -269,7 +273,7 @@ def render_text(view: PlanView) -> str:
                                                             for index, entry in per_worker.items()))
     learner = figures.get("learner")
     if learner:
-        lines.append("  learner in the driver: " + ", ".join(f"{key.removesuffix('_s').replace('_', ' ')} {_seconds(value)}"
+        lines.append("  learner: " + ", ".join(f"{key.removesuffix('_s').replace('_', ' ')} {_seconds(value)}"
                                                            for key, value in learner.items()))
     lag = figures.get("policy_lag")
     if lag:
@@ -448,16 +452,16 @@ def render_html(view: PlanView) -> str:
         entry = view.operator(stage.id)
         share = _number(entry.get("share"))
         rows.append("<tr>" + _cell(str(position)) + _cell(stage.label) + _cell(_percent(share), share)
-                    + "".join(_cell(_seconds(entry.get(key))) for key in ("busy_s", "wait_s", "transfer_s"))
+                    + "".join(_cell(_seconds(entry.get(key))) for key in ("busy_s", "wait_s", "transfer_s", "blocked_out_s", "held_out_s"))
                     + _cell(_rate(entry) if entry else "no figures") + "</tr>")
     for key, share in figures.get("driver_share", {}).items():
         rows.append("<tr>" + _cell("") + _cell(f"driver: {key.removesuffix('_s')}") + _cell(_percent(share), share)
-                    + _cell(_seconds(figures["driver"].get(key))) + _cell("") * 3 + "</tr>")
+                    + _cell(_seconds(figures["driver"].get(key))) + _cell("") * 5 + "</tr>")
     unattributed = _number(figures.get("unattributed_share"))
     rows.append("<tr>" + _cell("") + _cell("unattributed") + _cell(_percent(unattributed), unattributed)
-                + _cell(_seconds(figures.get("unattributed_s"))) + _cell("") * 3 + "</tr>")
+                + _cell(_seconds(figures.get("unattributed_s"))) + _cell("") * 5 + "</tr>")
     rows.append("<tr class=total>" + _cell("") + _cell("total") + _cell(_percent(view.total_share()))
-                + _cell(_seconds(figures.get("iteration_s"))) + _cell("") * 3 + "</tr>")
+                + _cell(_seconds(figures.get("iteration_s"))) + _cell("") * 5 + "</tr>")
     actors = []
     for actor_class in dict.fromkeys([*graph.actors, *figures.get("actors", {})]):
         found = view.actor(actor_class)
@@ -490,7 +494,7 @@ tr.total td {{ font-weight: bold; }}
 they were: 0% <span class="scale"></span> 100%. Edges into an operator carry the rate of what flows along them.</p>
 {_svg(view)}
 <h2>Operators, driver steps and unattributed time</h2>
-<table><tr><th>#</th><th>operator</th><th>share</th><th>busy</th><th>wait</th><th>transfer</th><th>rates</th></tr>
+<table><tr><th>#</th><th>operator</th><th>share</th><th>busy</th><th>wait</th><th>transfer</th><th>blocked on output</th><th>held back</th><th>rates</th></tr>
 {chr(10).join(rows)}
 </table>
 <h2>Actors</h2>

@@ -93,6 +93,10 @@ def test_flowrl_trace_writes_operator_and_rollout_worker_spans(
     assert samples and all(event["pid"] != driver and event["args"]["worker"] == 1 for event in samples)
     assert all(event["args"]["env_s"] > 0 and event["args"]["inference_s"] > 0 and event["args"]["other_s"] >= 0
                for event in samples)
+    # Each fragment Ray serialized after a sample() follows it on the same worker thread.
+    handoffs = [event for event in spans if event["name"] == "Ray hand-off (serialize + store)"]
+    assert handoffs and all(event["pid"] == samples[0]["pid"] and event["dur"] > 0 for event in handoffs)
+    assert all(any(s["tid"] == h["tid"] and s["ts"] + s["dur"] <= h["ts"] for s in samples) for h in handoffs)
     names = {(event["pid"], event["args"]["name"]) for event in trace["traceEvents"] if event["name"] == "process_name"}
     assert (driver, f"driver (pid {driver})") in names and any(name.startswith("RolloutWorker 1 (pid") for _, name in names)
 

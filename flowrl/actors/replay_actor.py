@@ -29,10 +29,12 @@ class ReplayActor(ParallelIteratorWorker):
     def __init__(self, *, empty_wait_s: float = 0.01, **buffer_args: Any) -> None:
         self.buffer = LocalReplayBuffer(**buffer_args)
         self.empty_wait_s = empty_wait_s
-        # Seconds spent storing and replaying (the X-ray's busy time of a shard).
+        # Seconds spent storing and replaying (the X-ray's busy time of a shard), and Ray's serializing of the
+        # replayed batches its shard returned (handoff_s).
         self.add_s = 0.0
         self.sample_s = 0.0
         super().__init__(self._replay_forever)
+        self.time_handoffs = True
 
     def _replay_forever(self) -> Iterator[Batch | None]:
         while True:
@@ -60,10 +62,10 @@ class ReplayActor(ParallelIteratorWorker):
         self.buffer.update_priorities(prio_dict)
 
     def stats(self) -> dict[str, Any]:
-        """The buffer's statistics, the seconds spent storing and replaying so far, and the Ray node
-        this shard runs on (``node_id``)."""
+        """The buffer's statistics, the seconds spent storing, replaying and serializing replayed batches
+        so far, and the Ray node this shard runs on (``node_id``)."""
         return {**self.buffer.stats(), "add_time_total_s": self.add_s, "sample_time_total_s": self.sample_s,
-                "node_id": ray.get_runtime_context().get_node_id()}
+                "serialize_time_total_s": self.handoff_s, "node_id": ray.get_runtime_context().get_node_id()}
 
     def get_state(self, include_contents: bool = False) -> dict[str, Any]:
         """The buffer's state (optionally with its contents)."""

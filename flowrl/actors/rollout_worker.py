@@ -24,7 +24,7 @@ from flowrl.envs.context import EnvContext
 from flowrl.envs.envpool_backend import make_pool_envs, pool_env_id
 from flowrl.envs.registry import EnvCreator
 from flowrl.errors import FlowRLError
-from flowrl.iterators import ParallelIteratorWorker
+from flowrl.iterators import HandOffSpan, ParallelIteratorWorker
 from flowrl.policy import Policy, PolicySpec
 from flowrl.policy.filters import MeanStdFilter, RunningStats, make_observation_filter
 from flowrl.policy.mapping import policy_mapping
@@ -66,7 +66,8 @@ class WorkerMetrics(NamedTuple):
     """What a worker reports per iteration: episodes finished and faults absorbed since its last report,
     and (with ``profile`` on) where its time went since then: ``wall_s``, of which ``sample_s`` in
     its ``samples`` calls of :meth:`RolloutWorker.sample`, of which ``env_s`` stepping the envs and ``inference_s`` in the
-    policies' forward passes."""
+    policies' forward passes, and ``serialize_s`` in Ray's hand-off of the ``handoffs`` fragments it returned to a
+    gather (serializing and storing them, after ``sample()``: see :class:`~flowrl.iterators.ParallelIteratorWorker`)."""
 
     episodes: list[dict[str, Any]]
     num_faulty_episodes: int = 0
@@ -87,6 +88,15 @@ class SampleSpan(NamedTuple):
     steps: int
     pid: int
     thread_id: int
+
+
+class TracedWork(NamedTuple):
+    """What a worker recorded while traced: its :meth:`RolloutWorker.sample` calls, and Ray's hand-off of each
+    fragment it returned to a gather (serialization and storing, after the call), in process ``pid``."""
+
+    samples: list[SampleSpan]
+    handoffs: list[HandOffSpan]
+    pid: int
 
 
 class RolloutWorker(ParallelIteratorWorker):
@@ -195,9 +205,10 @@ class RolloutWorker(ParallelIteratorWorker):
         self.num_samples = 0  # sample() calls (with profile on)
         self._sample_spans: list[SampleSpan] | None = None  # while a list: each sample() call (see trace_samples)
         self._reported = WorkerMetrics([])
-        self._reported_phases = self._phase_totals()
         self._rng_streams: dict[str, np.random.Generator] = {}
         super().__init__(self._sample_forever)
+        self.time_handoffs = config.profile
+        self._reported_phases = self._phase_totals()
         global _global_worker
         _global_worker = self
 
@@ -261,11 +272,13 @@ class RolloutWorker(ParallelIteratorWorker):
                                     threading.get_native_id()))
         return batch
 
-    def trace_samples(self, on: bool) -> list[SampleSpan]:
-        """Start (``on``) or stop recording a :class:`SampleSpan` per :meth:`sample` call; returns the spans
-        recorded since the last call. Ask a remote worker with :func:`control_call`: it answers mid-sample."""
-        recorded = self._sample_spans or []
+    def trace_samples(self, on: bool) -> TracedWork:
+        """Start (``on``) or stop recording a :class:`SampleSpan` per :meth:`sample` call and a
+        :class:`~flowrl.iterators.parallel.HandOffSpan` per fragment handed to Ray; returns what was recorded
+        since the last call. Ask a remote worker with :func:`control_call`: it answers mid-sample."""
+        recorded = TracedWork(self._sample_spans or [], self.handoff_spans or [], os.getpid())
         self._sample_spans = [] if on else None
+        self.handoff_spans = [] if on else None
         return recorded
 
     def get_policy(self, policy_id: str = DEFAULT_POLICY_ID) -> Policy[Any]:
@@ -336,7 +349,8 @@ class RolloutWorker(ParallelIteratorWorker):
     def _phase_totals(self) -> dict[str, float]:
         sampler = self.sampler
         return {"wall_s": time.perf_counter(), "sample_s": self.sample_s, "samples": self.num_samples,
-                "env_s": sampler.env_s, "inference_s": sampler.inference_s}
+                "env_s": sampler.env_s, "inference_s": sampler.inference_s, "serialize_s": self.handoff_s,
+                "handoffs": self.handoffs}
 
     def rng_stream(self, name: str) -> np.random.Generator:
         """A named random stream of this worker (e.g. ES's perturbation draws), seeded from the

@@ -7,6 +7,7 @@ from flowrl.iterators.local import FromActor, LocalIterator, NextValueNotReady, 
 from flowrl.iterators.metrics import MetricsContext, SharedMetrics, StageStats, TimerStat
 from flowrl.iterators.parallel import (
     LATE_ITEMS_COUNTER,
+    HandOffSpan,
     ParallelIterator,
     ParallelIteratorWorker,
     from_actors,
@@ -20,6 +21,7 @@ __all__ = [
     "LATE_ITEMS_COUNTER",
     "EventQueue",
     "FromActor",
+    "HandOffSpan",
     "LocalIterator",
     "MetricsContext",
     "NextValueNotReady",

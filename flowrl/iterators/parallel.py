@@ -16,10 +16,11 @@ import collections
 import functools
 import inspect
 import math
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Generic, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Generator, Generic, Iterable, Iterator, NamedTuple, Sequence, TypeVar
 
 from flowrl.deferred import ray
 from flowrl.errors import IteratorUsageError, ShardFailedError
@@ -73,6 +74,38 @@ def _check_item_source(source: Any, repeat: bool) -> None:
 _FAST_SLOTS = 4
 
 
+def _unwrapped(item: Any) -> Any:
+    return item
+
+
+class _TimedHandOff:
+    """A returned item on its way out of a shard actor: pickles as the item itself, and tells the actor,
+    when Ray drops it (serialized and stored), how long that took."""
+
+    __slots__ = ("item", "worker", "returned")
+
+    def __init__(self, item: Any, worker: "ParallelIteratorWorker") -> None:
+        self.item = item
+        self.worker = worker
+        self.returned = time.perf_counter()
+
+    def __reduce__(self) -> tuple[Callable[[Any], Any], tuple[Any]]:
+        return _unwrapped, (self.item,)
+
+    def __del__(self) -> None:
+        self.worker._handed_off(time.perf_counter() - self.returned)
+
+
+class HandOffSpan(NamedTuple):
+    """One item a shard actor returned, from the moment its method returned it until Ray let go of it
+    (serialized and stored: in the reply, or in the object store), on the wall clock (``time.time_ns()``),
+    and the native thread that did it."""
+
+    start_ns: int
+    duration_ns: int
+    thread_id: int
+
+
 class ParallelIteratorWorker:
     """Mixin that lets a Ray actor serve shards of parallel iterators.
 
@@ -85,6 +118,11 @@ class ParallelIteratorWorker:
     (``par_iter_next_<slot>``): Ray charges tens of microseconds per call argument,
     which is a sizeable share of a small item's round trip. Slots are never reused, so a
     late request can never reach another gather's stream.
+
+    With :attr:`time_handoffs` on, the actor also times how long Ray takes to hand each
+    returned item over (serialize it and store it, in the reply or the object store): the item
+    goes out in a small wrapper that only Ray holds, which unpickles as the item itself and
+    counts the seconds from the return until Ray drops it.
     """
 
     def __init__(self, item_generator: ItemSource, repeat: bool = False) -> None:
@@ -94,6 +132,13 @@ class ParallelIteratorWorker:
         self._par_iters: dict[str, Iterator[Any]] = {}
         self._par_iters_closed: set[str] = set()
         self._par_iter_slots: list[str] = []
+        #: Whether to time the hand-off of returned items (:attr:`handoff_s`, :attr:`handoffs`).
+        self.time_handoffs = False
+        #: Seconds Ray took to serialize and store the returned items that were timed, and how many.
+        self.handoff_s = 0.0
+        self.handoffs = 0
+        #: While a list: a :class:`HandOffSpan` per timed item (whoever traces the actor sets and drains it).
+        self.handoff_spans: list[HandOffSpan] | None = None
 
     def _items(self) -> Iterator[Any]:
         while True:
@@ -124,10 +169,19 @@ class ParallelIteratorWorker:
                 return _END  # a request that was in flight when the stream ended
             raise IteratorUsageError(f"stream {key} was never opened on this actor")
         try:
-            return next(it)
+            item = next(it)
         except StopIteration:
             self.par_iter_close(key)
             return _END
+        return _TimedHandOff(item, self) if self.time_handoffs else item
+
+    def _handed_off(self, seconds: float) -> None:
+        """Count an item Ray finished handing over, ``seconds`` after it was returned."""
+        self.handoff_s += seconds
+        self.handoffs += 1
+        if self.handoff_spans is not None:
+            duration_ns = int(seconds * 1e9)
+            self.handoff_spans.append(HandOffSpan(time.time_ns() - duration_ns, duration_ns, threading.get_native_id()))
 
     def par_iter_close(self, key: str) -> None:
         """Drop stream ``key``; later requests for it get the end-of-shard marker."""

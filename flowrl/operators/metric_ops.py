@@ -198,25 +198,30 @@ class CollectMetrics(StatefulOperator):
 
 
 def worker_phases(reports: Sequence[tuple[int, WorkerMetrics]], *, in_driver: bool) -> dict[str, Any]:
-    """The rollout workers' time since their last reports, summed, and each one's busy share and seconds per
-    fragment (for the plan's X-ray: a straggler's are far above its siblings'); empty when no worker measured
-    its time (``profile`` off)."""
+    """The rollout workers' time since their last reports, summed: stepping envs, inference, the rest of
+    sampling, Ray's serialization of the fragments they returned (``serialize_s``, over ``fragments_serialized``)
+    and idle time; and each one's busy share and seconds per fragment (for the plan's X-ray: a straggler's are
+    far above its siblings'). Empty when no worker measured its time (``profile`` off)."""
     timed = [(index, report.phases) for index, report in reports if report.phases]
     if not timed:
         return {}
-    total = {key: sum(phases[key] for _, phases in timed) for key in ("wall_s", "sample_s", "env_s", "inference_s")}
-    wall, sample = total["wall_s"], total["sample_s"]
+    keys = ("wall_s", "sample_s", "env_s", "inference_s", "serialize_s", "handoffs")
+    total = {key: sum(phases[key] for _, phases in timed) for key in keys}
+    wall, sample, serialize = total["wall_s"], total["sample_s"], total["serialize_s"]
     return {
         "count": len(timed),
         "in_driver": in_driver,
         "env_s": round(total["env_s"], 6),
         "inference_s": round(total["inference_s"], 6),
         "other_s": round(max(0.0, sample - total["env_s"] - total["inference_s"]), 6),
-        "idle_s": round(max(0.0, wall - sample), 6),
-        "busy_share": round(sample / wall, 4) if wall > 0 else 0.0,
+        "serialize_s": round(serialize, 6),
+        "fragments_serialized": int(total["handoffs"]),
+        "idle_s": round(max(0.0, wall - sample - serialize), 6),
+        "busy_share": round(min(1.0, (sample + serialize) / wall), 4) if wall > 0 else 0.0,
         "per_worker": {
             str(index): {
-                "busy_share": round(phases["sample_s"] / phases["wall_s"], 4) if phases["wall_s"] > 0 else 0.0,
+                "busy_share": round(min(1.0, (phases["sample_s"] + phases["serialize_s"]) / phases["wall_s"]), 4)
+                if phases["wall_s"] > 0 else 0.0,
                 "fragments": int(phases["samples"]),
                 "sample_s_per_fragment": round(phases["sample_s"] / phases["samples"], 6) if phases["samples"] else None,
             }
