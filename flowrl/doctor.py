@@ -189,7 +189,7 @@ def _parts(window: Sequence[Mapping[str, Any]]) -> tuple[dict[str, float], dict[
             else:  # its waits are for the learner thread, replay shards or siblings: the driver idles then
                 transfer += op["transfer_s"]
                 driver += op["busy_s"]
-                idle += op["wait_s"] + op.get("blocked_out_s", 0.0)  # runs before the X-ray split out back-pressure lack it
+                idle += op["wait_s"] + op.get("blocked_out_s", 0.0)  # older runs have no blocked_out_s
                 top_driver[label] = top_driver.get(label, 0.0) + op["busy_s"]
         driver += plan.get("unattributed_s", 0.0) + sum(plan.get("driver", {}).values())
         actors = plan.get("actors", {})

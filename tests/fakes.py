@@ -26,7 +26,7 @@ from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
 from flowrl.envs import EnvContext
 from flowrl.iterators import LocalIterator
 from flowrl.operators import STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER
-from flowrl.policy import LearnOutput, LearnTimes, TorchPolicy
+from flowrl.policy import LearnOutput, TorchPolicy
 
 if TYPE_CHECKING:
     from flowrl import Trainer
@@ -86,7 +86,6 @@ class FakePolicy:
         self.grads_applied: list[Any] = []
         self.target_updates = 0
         self.num_nonfinite_updates = 0
-        self.learn_times = LearnTimes()
 
     def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
         self.calls.append(np.array(batch["id"]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from flowrl.data import SampleBatch
@@ -49,7 +51,8 @@ def minibatch_sgd(
     skipped: list[dict[str, float]] = []
     size = sgd_minibatch_size if 0 < sgd_minibatch_size < batch.count else batch.count
     size = max(sequence_length, size - size % sequence_length)
-    loading = policy.learn_times.loading
+    # A Policy counts the seconds spent getting minibatches ready; a stand-in with only learn_on_batch need not.
+    loading = policy.learn_times.loading if isinstance(policy, Policy) else contextlib.nullcontext
     for _ in range(num_sgd_iter):
         with loading():
             epoch = _shuffle_sequences(batch, sequence_length, rng) if size < batch.count else batch

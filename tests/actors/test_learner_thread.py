@@ -18,7 +18,7 @@ from flowrl.envs import get_env_creator
 from flowrl.errors import FlowRLError, LearnerThreadError
 from flowrl.iterators import EventQueue, FromActor, NextValueNotReady
 from flowrl.operators import Concurrently, Dequeue, Enqueue
-from flowrl.policy import LearnOutput, LearnTimes, PolicySpec, TorchPolicy
+from flowrl.policy import LearnOutput, PolicySpec, TorchPolicy
 
 from fakes import bc_loss, from_list
 
@@ -369,7 +369,6 @@ class RecordingPolicy:
 
     def __init__(self) -> None:
         self.calls: list[np.ndarray] = []
-        self.learn_times = LearnTimes()
 
     def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
         self.calls.append(np.asarray(batch[SampleBatch.OBS][:, 0]))

@@ -15,7 +15,7 @@ from flowrl.config import TrainerConfig
 from flowrl.data import SampleBatch
 from flowrl.errors import NonFiniteUpdateError
 from flowrl.policy import LossOutput, TorchPolicy
-from flowrl.policy.policy import NONFINITE_UPDATE, LearnOutput, LearnTimes
+from flowrl.policy.policy import NONFINITE_UPDATE, LearnOutput
 from flowrl.policy.postprocessing import DISCOUNTS
 from flowrl.policy.sgd import minibatch_sgd
 
@@ -157,7 +157,6 @@ class ScriptedPolicy:
 
     def __init__(self, stats: list[dict[str, float]]) -> None:
         self.stats = list(stats)
-        self.learn_times = LearnTimes()
 
     def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
         return self.stats.pop(0)
