@@ -500,12 +500,13 @@ def _trace(args: argparse.Namespace) -> int:
     trace = write_trace(args.run_dir, args.output, args.iterations)
     events = trace["traceEvents"]
     operators = sum(1 for event in events if event.get("cat") == "operator")
-    samples = [event for event in events if event.get("cat") == "actor"]
-    workers = len({event["args"]["worker"] for event in samples})
+    actor_spans = [event for event in events if event.get("cat") == "actor"]
+    samples = sum(1 for event in actor_spans if event["name"] == "RolloutWorker.sample()")
+    workers = len({event["args"]["worker"] for event in actor_spans})
     iterations = trace["otherData"]["iterations"]
     shown = f"iteration {iterations[0]}" if len(iterations) == 1 else f"iterations {', '.join(map(str, iterations))}"
-    print(f"{args.output}: {shown} of {args.run_dir}: {operators} operator calls, {len(samples)} samples of "
-          f"{workers} rollout worker{'s' if workers != 1 else ''}")
+    print(f"{args.output}: {shown} of {args.run_dir}: {operators} operator calls, {samples} samples "
+          f"and {len(actor_spans) - samples} hand-offs of {workers} rollout worker{'s' if workers != 1 else ''}")
     print("open it in https://ui.perfetto.dev or chrome://tracing")
     return EXIT_OK
 

@@ -115,8 +115,9 @@ class Diagnosis:
             "transfer": "moving experience (serialize, fetch, build, concatenate)",
             "driver": "driver (other operators, unattributed)",
         }
+        width = max(len(names.get(part, part)) for part in self.shares) + 2
         for part, share in sorted(self.shares.items(), key=lambda kv: -kv[1]):
-            lines.append(f"  {names.get(part, part):<42}{100 * share:6.1f}%")
+            lines.append(f"  {names.get(part, part):<{width}}{100 * share:6.1f}%")
         for key, value in self.figures.items():
             lines.append(f"  {key}: {value}")
         lines.append("what to turn:")

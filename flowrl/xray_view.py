@@ -208,9 +208,10 @@ def actor_summary(actor_class: str, figures: Mapping[str, Any]) -> str:
     busy = f"busy {_percent(figures.get('busy_share'))}"
     if actor_class == "RolloutWorker":
         where = " (sampling in the driver)" if figures.get("in_driver") else ""
+        # A worker in the driver hands its fragments to no one: there is no serialization to show.
+        serializing = "" if figures.get("in_driver") else f"serializing {_seconds(figures.get('serialize_s'))}, "
         return (f"{busy}{where}; env {_seconds(figures.get('env_s'))}, inference {_seconds(figures.get('inference_s'))}, "
-                f"other {_seconds(figures.get('other_s'))}, serializing {_seconds(figures.get('serialize_s'))}, "
-                f"idle {_seconds(figures.get('idle_s'))}")
+                f"other {_seconds(figures.get('other_s'))}, {serializing}idle {_seconds(figures.get('idle_s'))}")
     if actor_class == "LearnerThread":
         return (f"{busy}; learning {_seconds(figures.get('learn_s'))}, waiting for batches {_seconds(figures.get('wait_s'))}; "
                 f"in-queue {_number(figures.get('inqueue_size_mean')):.1f} of {figures.get('inqueue_capacity')}")

@@ -75,7 +75,8 @@ def test_flowrl_trace_writes_operator_and_rollout_worker_spans(
 ) -> None:
     out = tmp_path / "trace.json"
     assert cli.main(["trace", str(remote_run), "-o", str(out)]) == 0
-    assert f"{out}: iterations 2, 3 of {remote_run}" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"{out}: iterations 2, 3 of {remote_run}" in printed and "hand-offs of 1 rollout worker" in printed
     trace = json.loads(out.read_text())
     spans = check_chrome_trace(trace)
     assert trace["otherData"]["iterations"] == [2, 3]

@@ -134,8 +134,11 @@ def test_text_shows_every_operator_and_shares_that_add_up_with_unattributed_to_1
     assert sum(shares) == pytest.approx(100.0, abs=0.1 * len(shares))
     assert re.search(r"^total\s+(99\.\d|100\.\d)%", table, re.MULTILINE)
     assert "RolloutWorker: busy " in text and "(sampling in the driver)" in text
+    actors = text.split("\nactors\n")[1]
     for phase in ("env ", "inference ", "other ", "idle "):
-        assert phase in text.split("\nactors\n")[1]
+        assert phase in actors
+    assert "serializing" not in actors  # a worker in the driver hands its fragments to no Ray call
+    assert re.search(r"learner: learn [\d.]+ ms, weight sync [\d.]+ ms, load [\d.]+ ms, update [\d.]+ ms", actors)
     assert "local_worker.sample() -> for_each(count_steps_sampled): " in text and "items/s" in text
 
 
