@@ -18,17 +18,21 @@
    env steps evaluated per second (perturbed and unperturbed episodes) and 2 / 1.
 
 4. What the plan X-ray costs (``--profile-overhead`` runs this part alone): IMPALA at its tuned
-   settings and the tuned PPO example (which samples in the driver), each with ``profile: true``
-   (the default) and ``profile: false``, alternating; median env steps sampled per second and
-   on / off (goal: >= 0.98, i.e. the X-ray costs at most 2%).
+   settings and the tuned PPO example (which samples in the driver), each as two trainers built
+   side by side, one with ``profile: true`` (the default) and one with ``profile: false``, that
+   take turns of ``--turn-seconds`` (0.5 s) for ``--seconds`` each, ``--reps`` times anew. Each
+   round's on / off ratio of env steps sampled per second compares two measurements a second
+   apart, which cancels the machine's drift in speed (on a shared machine, far larger than the
+   X-ray's cost); their median and its 95% bootstrap interval are reported (goal: >= 0.98, i.e.
+   the X-ray costs at most 2%).
 
-The 1-minute load average is saved before every measurement: on a shared 2-core machine it
-explains noisy figures. Run from the repository root::
+Parts 1-3 save the 1-minute load average before every measurement: on a shared 2-core machine
+it explains noisy figures. Run from the repository root::
 
-    python benchmarks/throughput.py                 # about four minutes
+    python benchmarks/throughput.py                 # about six minutes
     python benchmarks/throughput.py --quick         # a smoke test (~1 minute)
     python benchmarks/throughput.py --reps 5 --seconds 15 --out /tmp/throughput.json
-    python benchmarks/throughput.py --profile-overhead --reps 5   # the X-ray's cost alone (~4 minutes)
+    python benchmarks/throughput.py --profile-overhead --reps 4 --seconds 40   # the X-ray's cost alone (~13 minutes)
 
 It prints tables and writes the figures as JSON to ``--out`` (default
 ``benchmarks/results/throughput.json``).
@@ -41,6 +45,7 @@ import json
 import logging
 import os
 import platform
+import random
 import statistics
 import time
 from pathlib import Path
@@ -142,22 +147,59 @@ def es_scaling(reps: int, seconds: float) -> dict[str, Any]:
             "two_over_one": medians[2] / medians[1]}
 
 
-def profile_overhead(reps: int, seconds: float) -> dict[str, Any]:
-    """Env steps sampled per second with the plan X-ray on and off, alternating, per tuned example."""
-    examples = {"impala": {**tuned_config("impala"), "num_cpus_per_worker": 1.0}, "ppo": tuned_config("ppo")}
-    runs: dict[str, dict[str, list[dict[str, float]]]] = {algo: {"on": [], "off": []} for algo in examples}
-    for rep in range(reps):
-        for algo, config in examples.items():
-            for setting in ("on", "off") if rep % 2 == 0 else ("off", "on"):
-                runs[algo][setting].append(measure(algo, {**config, "profile": setting == "on"}, seconds))
-                print(f"  rep {rep + 1}/{reps} {algo:6s} profile {setting:3s} sampled {runs[algo][setting][-1]['sampled_per_s']:9.0f}/s",
-                      flush=True)
-    medians = {algo: {setting: median_of(r, "sampled_per_s") for setting, r in by_setting.items()} for algo, by_setting in runs.items()}
-    ratios = {algo: m["on"] / m["off"] for algo, m in medians.items()}
-    print("\nexample   profile on /s   profile off /s   on / off   (medians; goal on / off >= 0.98)")
-    for algo, m in medians.items():
-        print(f"{algo:8s}  {m['on']:13.0f}   {m['off']:14.0f}   {ratios[algo]:8.3f}")
-    return {"configs": examples, "runs": runs, "medians": medians, "on_over_off": ratios, "goal": 0.98}
+def interleaved_rates(trainers: dict[str, Trainer], turns: int, turn_s: float) -> list[dict[str, float]]:
+    """Env steps each of ``trainers`` samples per second of its own ``train()`` calls, in ``turns``
+    rounds: in each round every trainer trains for about ``turn_s`` in turn (the order reversed every
+    other round), so the trainers of a round meet the same load on the machine."""
+    totals = {name: trainer.train()["timesteps_total"] for name, trainer in trainers.items()}
+    rounds = []
+    for n in range(turns):
+        rates: dict[str, float] = {}
+        for name in list(trainers) if n % 2 == 0 else list(trainers)[::-1]:
+            start = time.perf_counter()
+            while time.perf_counter() - start < turn_s:
+                total = trainers[name].train()["timesteps_total"]
+            rates[name] = (total - totals[name]) / (time.perf_counter() - start)
+            totals[name] = total
+        rounds.append(rates)
+    return rounds
+
+
+def bootstrap_median(values: list[float], draws: int = 2000) -> tuple[float, float]:
+    """A 95% bootstrap interval of the median of ``values`` (fixed seed)."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
+
+
+def profile_overhead(reps: int, seconds: float, turn_s: float) -> dict[str, Any]:
+    """Env steps sampled per second with the plan X-ray on and off, per tuned example: a trainer of each
+    setting built side by side, taking turns of ``turn_s`` for ``seconds`` each, ``reps`` times anew.
+    The ratio of each round (on / off, measured seconds apart) cancels the machine's drift in speed,
+    which on a shared machine is far larger than the X-ray's cost."""
+    # Half a Ray CPU per worker lets both trainers' workers live at once; they take turns at the cores.
+    examples = {"impala": {**tuned_config("impala"), "num_cpus_per_worker": 0.5}, "ppo": tuned_config("ppo")}
+    report: dict[str, Any] = {"configs": examples, "turn_s": turn_s, "goal": 0.98, "examples": {}}
+    print("\nexample   profile on /s   profile off /s   on / off: median of rounds [95% interval]   rounds")
+    for algo, config in examples.items():
+        rounds: list[dict[str, float]] = []
+        for _ in range(reps):
+            trainers = {setting: Trainer(algo, "CartPole-v1", {**config, "seed": 0, "profile": setting == "on"})
+                        for setting in ("on", "off")}
+            try:
+                rounds += interleaved_rates(trainers, max(1, round(seconds / turn_s)), turn_s)
+            finally:
+                for trainer in trainers.values():
+                    trainer.stop()
+        ratios = [r["on"] / r["off"] for r in rounds]
+        low, high = bootstrap_median(ratios)
+        medians = {setting: statistics.median(r[setting] for r in rounds) for setting in ("on", "off")}
+        ratio = statistics.median(ratios)
+        print(f"{algo:8s}  {medians['on']:13.0f}   {medians['off']:14.0f}   {ratio:8.3f} [{low:.3f}, {high:.3f}]"
+              f"{'':22s}{len(rounds):4d}", flush=True)
+        report["examples"][algo] = {"rounds": rounds, "medians": medians, "on_over_off": ratio,
+                                    "on_over_off_95": [low, high]}
+    return report
 
 
 def main() -> None:
@@ -167,6 +209,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 repetition of 4 s: a smoke test")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON figures")
     parser.add_argument("--profile-overhead", action="store_true", help="measure only what the plan X-ray costs (part 4)")
+    parser.add_argument("--turn-seconds", type=float, default=0.5,
+                        help="part 4: seconds each trainer trains before the other takes its turn")
     args = parser.parse_args()
     reps, seconds = (1, 4.0) if args.quick else (args.reps, args.seconds)
 
@@ -183,8 +227,9 @@ def main() -> None:
             report["algorithms"] = compare_algorithms(reps, seconds)
             print(f"\nES evaluation throughput, {reps} x {seconds:.0f} s each", flush=True)
             report["es"] = es_scaling(reps, seconds)
-        print(f"\nThe plan X-ray's cost: tuned IMPALA and PPO with profile on and off, {reps} x {seconds:.0f} s each", flush=True)
-        report["profile_overhead"] = profile_overhead(reps, seconds)
+        print(f"\nThe plan X-ray's cost: tuned IMPALA and PPO with profile on and off, {reps} x {seconds:.0f} s each "
+              f"in turns of {args.turn_seconds:g} s", flush=True)
+        report["profile_overhead"] = profile_overhead(reps, seconds, args.turn_seconds)
     finally:
         ray.shutdown()
     args.out.parent.mkdir(parents=True, exist_ok=True)
