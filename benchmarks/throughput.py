@@ -149,14 +149,15 @@ def es_scaling(reps: int, seconds: float) -> dict[str, Any]:
 
 def interleaved_rates(trainers: dict[str, Trainer], turns: int, turn_s: float) -> list[dict[str, float]]:
     """Env steps each of ``trainers`` samples per second of its own ``train()`` calls, in ``turns``
-    rounds: in each round every trainer trains for about ``turn_s`` in turn (the order reversed every
-    other round), so the trainers of a round meet the same load on the machine."""
+    rounds: in each round every trainer trains in turn for ``turn_s`` (at least one iteration), the
+    order reversed every other round, so the trainers of a round meet the same load on the machine."""
     totals = {name: trainer.train()["timesteps_total"] for name, trainer in trainers.items()}
     rounds = []
     for n in range(turns):
         rates: dict[str, float] = {}
         for name in list(trainers) if n % 2 == 0 else list(trainers)[::-1]:
             start = time.perf_counter()
+            total = trainers[name].train()["timesteps_total"]
             while time.perf_counter() - start < turn_s:
                 total = trainers[name].train()["timesteps_total"]
             rates[name] = (total - totals[name]) / (time.perf_counter() - start)
