@@ -83,6 +83,8 @@ def test_a_trainer_with_two_learners_trains_through_them_and_rebuilds_a_killed_o
         first = trainer.train()
         assert first["num_learner_restarts"] == 0
         assert {"policy_loss", "kl"} <= set(first["info"]["learner"]["default_policy"])  # the replicas' statistics
+        learner = first["plan"]["learner"]  # the driver learns nothing itself: rank 0 reports its phases
+        assert learner["load_s"] > 0 and learner["update_s"] > 0
         assert_replicas_equal_the_driver(trainer)
 
         ray.kill(group.actors[1])
