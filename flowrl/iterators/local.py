@@ -515,18 +515,18 @@ class LocalIterator(Generic[T]):
                 waiter = _Waiter()
                 held_since: float | None = None  # since when it is ahead of a sibling that has not consumed
                 while True:
-                    if own:
-                        progress.count += 1
-                        yield own.popleft()
-                        continue
-                    lead = max((len(q) for j, q in enumerate(queues) if j != index), default=0)
+                    lead = 0 if own else max((len(q) for j, q in enumerate(queues) if j != index), default=0)
                     if lead > 0 and timeout is not None:
                         held_since = held_since or time.perf_counter()
                         yield NextValueNotReady(waits_on_siblings=True, progress=[progress])
                         continue
-                    if held_since is not None:  # back-pressure from the slower sibling
+                    if held_since is not None:  # back-pressure from the slower sibling, over once it moves on
                         account(HELD, time.perf_counter() - held_since)
                         held_since = None
+                    if own:
+                        progress.count += 1
+                        yield own.popleft()
+                        continue
                     try:
                         item = next(source)
                     except StopIteration:

@@ -362,3 +362,20 @@ def test_a_duplicate_branch_ahead_of_its_sibling_counts_the_time_it_was_held_bac
     # (back-pressure), outside its own time; the slow branch was never ahead; nothing blocked in place.
     assert ahead_stats.held_s >= 0.03 and ahead_stats.held_s > ahead_stats.time_s
     assert behind_stats.held_s == 0 and ahead_stats.blocked_s == behind_stats.blocked_s == 0
+
+
+def test_a_duplicate_branch_is_held_only_until_it_gets_its_next_item() -> None:
+    import time as _time
+
+    def slow(batch: list[int]) -> list[int]:
+        _time.sleep(0.2)
+        return batch
+
+    first, second = local(list(range(8))).duplicate(2)
+    merged = first.batch(2).for_each(slow).union(second.batch(2))
+    assert sorted(merged.take(4)) == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    stats = merged.shared_metrics.get().stage_stats
+    # The first branch waits briefly for the second to take item 0 and pull item 1 for it; the second then
+    # waits through the first's slow step for item 3. Time after the first got its item is not a hold.
+    assert stats[first.stage.id].held_s < 0.1
+    assert stats[second.stage.id].held_s >= 0.2
