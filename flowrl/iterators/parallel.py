@@ -179,9 +179,10 @@ class ParallelIteratorWorker:
         """Count an item Ray finished handing over, ``seconds`` after it was returned."""
         self.handoff_s += seconds
         self.handoffs += 1
-        if self.handoff_spans is not None:
+        spans = self.handoff_spans  # read once: a trace may end (set it to None) in another thread
+        if spans is not None:
             duration_ns = int(seconds * 1e9)
-            self.handoff_spans.append(HandOffSpan(time.time_ns() - duration_ns, duration_ns, threading.get_native_id()))
+            spans.append(HandOffSpan(time.time_ns() - duration_ns, duration_ns, threading.get_native_id()))
 
     def par_iter_close(self, key: str) -> None:
         """Drop stream ``key``; later requests for it get the end-of-shard marker."""
