@@ -106,12 +106,18 @@ def test_an_asynchronous_plan_reports_its_learner_thread_and_replay_shards() -> 
     assert plan["policy_lag"]["mean_updates"] >= 0
 
 
-def test_profile_off_measures_nothing() -> None:
-    env, config = ALGORITHMS["ppo"]
-    with Trainer("ppo", env, {**config, "seed": 0, "profile": False}) as trainer:
-        result = trainer.train()
+@pytest.mark.parametrize("algo", ["ppo", "apex"])
+def test_profile_off_measures_nothing(algo: str) -> None:
+    env, config = ALGORITHMS[algo]
+    with Trainer(algo, env, {**config, "seed": 0, "profile": False}) as trainer:
+        results = [trainer.train() for _ in range(2)]
         assert not trainer.plan.metrics.stage_stats and not trainer.plan.metrics.latencies
-    assert result["plan"] == {"profile": False, "iteration_s": pytest.approx(result["time_this_iter_s"], abs=1e-3)}
+        learn_times = trainer.workers.local_worker().get_policy("default_policy").learn_times
+        assert results[-1]["timesteps_trained"] > 0 and learn_times.load_s == learn_times.update_s == 0
+    for result in results:
+        assert result["plan"] == {"profile": False, "iteration_s": pytest.approx(result["time_this_iter_s"], abs=1e-3)}
+    for shard in results[-1]["info"].get("replay_shards", []):  # Ape-X's shards did not time their hand-offs either
+        assert shard["num_steps_replayed"] > 0 and shard["serialize_time_total_s"] == 0
 
 
 def test_a_callback_after_the_iteration_counts_as_driver_time() -> None:

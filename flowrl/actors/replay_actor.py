@@ -18,7 +18,8 @@ class ReplayActor(ParallelIteratorWorker):
     """A :class:`~flowrl.data.LocalReplayBuffer` as a Ray actor: ``ReplayActor.remote(capacity=..., ...)``.
 
     Takes the buffer's arguments (``capacity``, ``learning_starts``, ``replay_batch_size``,
-    the ``prioritized_replay_*`` settings, ``prioritized``, ``seed``) for this shard alone;
+    the ``prioritized_replay_*`` settings, ``prioritized``, ``seed``) for this shard alone, and
+    ``time_handoffs`` (the X-ray's timing of Ray's serialization of replayed batches, ``profile``);
     :func:`create_replay_actors` splits a whole replay tier over several. As a
     :class:`~flowrl.iterators.ParallelIteratorWorker` its shard yields replayed batches
     forever; while it has fewer than ``learning_starts`` steps it waits ``empty_wait_s`` and
@@ -26,7 +27,7 @@ class ReplayActor(ParallelIteratorWorker):
     costs a few calls per second, not a spin.
     """
 
-    def __init__(self, *, empty_wait_s: float = 0.01, **buffer_args: Any) -> None:
+    def __init__(self, *, empty_wait_s: float = 0.01, time_handoffs: bool = True, **buffer_args: Any) -> None:
         self.buffer = LocalReplayBuffer(**buffer_args)
         self.empty_wait_s = empty_wait_s
         # Seconds spent storing and replaying (the X-ray's busy time of a shard), and Ray's serializing of the
@@ -34,7 +35,7 @@ class ReplayActor(ParallelIteratorWorker):
         self.add_s = 0.0
         self.sample_s = 0.0
         super().__init__(self._replay_forever)
-        self.time_handoffs = True
+        self.time_handoffs = time_handoffs
 
     def _replay_forever(self) -> Iterator[Batch | None]:
         while True:

@@ -167,12 +167,14 @@ def create_replay_actors(
     seed: int | None = None,
     placement: str = "driver_node",
     reservation: Reservation | None = None,
+    time_handoffs: bool = True,
     **buffer_args: Any,
 ) -> ReplayShards:
     """``num_shards`` :class:`ReplayActor` shards splitting ``capacity`` and ``learning_starts`` between them.
 
     ``buffer_args``: the other arguments of :class:`~flowrl.data.LocalReplayBuffer`; shard
-    ``i`` samples with ``seed + i``. The shards come as :class:`ReplayShards` (placed by
+    ``i`` samples with ``seed + i``; ``time_handoffs``: the shards time Ray's serialization of
+    their replayed batches for the X-ray. The shards come as :class:`ReplayShards` (placed by
     ``placement``, in ``reservation``'s bundles if it holds some), which recreates a failed one.
     """
     if num_shards < 1:
@@ -182,6 +184,7 @@ def create_replay_actors(
             "capacity": max(1, capacity // num_shards),
             "learning_starts": learning_starts // num_shards,
             "seed": None if seed is None else seed + shard,
+            "time_handoffs": time_handoffs,
             **buffer_args,
         }
         for shard in range(num_shards)

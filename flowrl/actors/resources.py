@@ -46,6 +46,7 @@ class ReplayConfig(Protocol):
     prioritized_replay_beta: float
     prioritized_replay_eps: float
     seed: int | None
+    profile: bool
 
 
 def replay_buffer_args(config: ReplayConfig) -> dict[str, Any]:
@@ -234,4 +235,5 @@ def replay_shards(
 ) -> ReplayShards:
     """``num_shards`` replay shard actors of ``num_cpus`` CPUs each, splitting ``config``'s replay capacity
     and ``learning_starts`` (a dead one is recreated empty), placed as :class:`~flowrl.actors.ReplayShards` says."""
-    return create_replay_actors(num_shards, num_cpus=num_cpus, placement=placement, reservation=reservation, **replay_buffer_args(config))
+    return create_replay_actors(num_shards, num_cpus=num_cpus, placement=placement, reservation=reservation,
+                                time_handoffs=config.profile, **replay_buffer_args(config))

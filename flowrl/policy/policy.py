@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
@@ -52,6 +52,8 @@ class PolicyConfig(Protocol):
     def num_workers(self) -> int: ...
     @property
     def max_consecutive_nonfinite_updates(self) -> int: ...
+    @property
+    def profile(self) -> bool: ...
 
     def replace(self: C, **changes: Any) -> C:
         """A copy with ``changes`` applied, validated."""
@@ -74,22 +76,31 @@ class LearnTimes:
     """Seconds a policy spent learning since it was built, by phase: ``load_s`` getting batches ready
     (minibatch shuffles and slices, decompression, conversion to tensors on the device) and ``update_s``
     updating on them (the loss's forward pass, backpropagation, gradient clipping and checks, the
-    optimizer step). The plan's X-ray reports their growth per iteration."""
+    optimizer step). The plan's X-ray reports their growth per iteration; with ``timed`` off
+    (``profile: false``) the blocks run untimed and both stay 0."""
 
-    __slots__ = ("load_s", "update_s")
+    __slots__ = ("load_s", "update_s", "timed")
 
-    def __init__(self) -> None:
+    def __init__(self, timed: bool = True) -> None:
         self.load_s = 0.0
         self.update_s = 0.0
+        self.timed = timed
 
     def add(self, load_s: float, update_s: float) -> None:
         """Count phases measured elsewhere (a learner group's rank 0 learning for this policy)."""
         self.load_s += load_s
         self.update_s += update_s
 
-    @contextmanager
-    def loading(self) -> Iterator[None]:
+    def loading(self) -> AbstractContextManager[None]:
         """Time a block that gets a batch ready."""
+        return self._loading() if self.timed else _UNTIMED
+
+    def updating(self) -> AbstractContextManager[None]:
+        """Time a block that learns: its seconds outside :meth:`loading` blocks are updating."""
+        return self._updating() if self.timed else _UNTIMED
+
+    @contextmanager
+    def _loading(self) -> Iterator[None]:
         started = time.perf_counter()
         try:
             yield
@@ -97,13 +108,15 @@ class LearnTimes:
             self.load_s += time.perf_counter() - started
 
     @contextmanager
-    def updating(self) -> Iterator[None]:
-        """Time a block that learns: its seconds outside :meth:`loading` blocks are updating."""
+    def _updating(self) -> Iterator[None]:
         started, loaded = time.perf_counter(), self.load_s
         try:
             yield
         finally:
             self.update_s += time.perf_counter() - started - (self.load_s - loaded)
+
+
+_UNTIMED = nullcontext()
 
 
 def check_policy_config(config: Any) -> None:
@@ -168,7 +181,7 @@ class Policy(abc.ABC, Generic[ConfigT]):
         self.num_nonfinite_updates = 0
         self._nonfinite_in_a_row = 0
         #: Where its learning time went (see :class:`LearnTimes`).
-        self.learn_times = LearnTimes()
+        self.learn_times = LearnTimes(timed=config.profile)
 
     @abc.abstractmethod
     def compute_actions(
