@@ -126,7 +126,8 @@ class LearnerActor:
             policy = self.policies[pid]
             before = (policy.learn_times.load_s, policy.learn_times.update_s)
             if num_sgd_iter == 1 and sgd_minibatch_size == 0:
-                rows = self.shard.rows(policy_batch, sequence_length)
+                with policy.learn_times.loading():
+                    rows = self.shard.rows(policy_batch, sequence_length)
                 out = policy.learn(rows)
                 info[pid] = out.stats
                 if out.td_error is not None and BATCH_INDEXES in rows:
