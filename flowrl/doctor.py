@@ -190,7 +190,8 @@ def _parts(window: Sequence[Mapping[str, Any]]) -> tuple[dict[str, float], dict[
             else:  # its waits are for the learner thread, replay shards or siblings: the driver idles then
                 transfer += op["transfer_s"]
                 driver += op["busy_s"]
-                idle += op["wait_s"] + op.get("blocked_out_s", 0.0)  # older runs have no blocked_out_s
+                # Blocked in place is part of time_s; runs from before held_out_s had only a queue's held time there.
+                idle += op["wait_s"] + (op["blocked_out_s"] if "held_out_s" in op else 0.0)
                 top_driver[label] = top_driver.get(label, 0.0) + op["busy_s"]
         driver += plan.get("unattributed_s", 0.0) + sum(plan.get("driver", {}).values())
         actors = plan.get("actors", {})

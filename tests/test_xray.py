@@ -179,6 +179,18 @@ def test_the_doctor_names_the_part_that_takes_the_most_time(result: dict[str, An
     assert math.isclose(sum(diagnosis.shares.values()), 1.0, abs_tol=0.01)
 
 
+def test_the_doctor_counts_blocking_in_place_as_waiting_but_not_an_older_runs_held_queue() -> None:
+    waiting = "driver waiting on the learner, replay or other branches (mean share)"
+    priorities = "5:for_each(UpdatePriorities)"
+    blocked = xray({GATHER: {"wait_s": 0.3}, TRAIN: {"busy_s": 0.2},
+                    priorities: {"time_s": 0.4, "blocked_out_s": 0.4, "held_out_s": 0.0}}, actors=workers(0.5, 0.5))
+    assert diagnose([blocked]).figures[waiting] == pytest.approx(0.4)
+    # Before held_out_s, a full learner queue's held time (outside time_s) was reported as blocked_out_s.
+    older = xray({GATHER: {"wait_s": 0.3}, TRAIN: {"busy_s": 0.6}, "5:transform(Enqueue)": {"blocked_out_s": 5.0}},
+                 actors=workers(0.5, 0.5))
+    assert waiting not in diagnose([older]).figures
+
+
 def test_the_doctor_reads_a_run_directory(tmp_path: Path) -> None:
     from flowrl.cli import main as cli
 
