@@ -41,6 +41,7 @@ It prints tables and writes the figures as JSON to ``--out`` (default
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -176,8 +177,9 @@ def bootstrap_median(values: list[float], draws: int = 2000) -> tuple[float, flo
 def profile_overhead(reps: int, seconds: float, turn_s: float) -> dict[str, Any]:
     """Env steps sampled per second with the plan X-ray on and off, per tuned example: a trainer of each
     setting built side by side, taking turns of ``turn_s`` for ``seconds`` each, ``reps`` times anew.
-    The ratio of each round (on / off, measured seconds apart) cancels the machine's drift in speed,
-    which on a shared machine is far larger than the X-ray's cost."""
+    The ratio of each round (on / off, measured a second apart) cancels the machine's drift in speed,
+    which on a shared machine is far larger than the X-ray's cost. While one trainer has its turn, the
+    other's workers finish the requests it has in flight: the same for both settings."""
     # Half a Ray CPU per worker lets both trainers' workers live at once; they take turns at the cores.
     examples = {"impala": {**tuned_config("impala"), "num_cpus_per_worker": 0.5}, "ppo": tuned_config("ppo")}
     report: dict[str, Any] = {"configs": examples, "turn_s": turn_s, "goal": 0.98, "examples": {}}
@@ -185,13 +187,10 @@ def profile_overhead(reps: int, seconds: float, turn_s: float) -> dict[str, Any]
     for algo, config in examples.items():
         rounds: list[dict[str, float]] = []
         for _ in range(reps):
-            trainers = {setting: Trainer(algo, "CartPole-v1", {**config, "seed": 0, "profile": setting == "on"})
-                        for setting in ("on", "off")}
-            try:
+            with contextlib.ExitStack() as stack:
+                trainers = {setting: stack.enter_context(Trainer(algo, "CartPole-v1", {**config, "seed": 0, "profile": setting == "on"}))
+                            for setting in ("on", "off")}
                 rounds += interleaved_rates(trainers, max(1, round(seconds / turn_s)), turn_s)
-            finally:
-                for trainer in trainers.values():
-                    trainer.stop()
         ratios = [r["on"] / r["off"] for r in rounds]
         low, high = bootstrap_median(ratios)
         medians = {setting: statistics.median(r[setting] for r in rounds) for setting in ("on", "off")}

@@ -4,9 +4,11 @@ Each iteration the Trainer puts :meth:`XRay.report` into ``result["plan"]``:
 
 - ``operators``: per operator of the plan (``"<position>:<label>"``), what it did in the
   iteration: items and bytes through it, its own seconds split into ``busy_s`` (its code in
-  the driver), ``wait_s`` (waiting for input: actors, threads, queues) and ``transfer_s``
-  (fetching arrived results), its ``share`` of the iteration, rates, and figures it reports
-  itself (``blocked_out_s``: back-pressure from a full learner queue);
+  the driver), ``wait_s`` (waiting for input: actors, threads, queues), ``transfer_s``
+  (fetching arrived results) and ``blocked_out_s`` (blocked on its output in place: replay
+  shards at ``max_in_flight``); ``held_out_s``, outside its own seconds (back-pressure while the
+  plan ran other branches: a full learner queue, a sibling behind); its ``share`` of the
+  iteration, rates, and figures it reports itself (``plan_stats``, e.g. policy lag);
 - ``latency_s``: per shard of each gather, request-to-arrival seconds (median, p90, max): a
   straggler's are far above its siblings';
 - ``policy_lag`` (asynchronous plans that send weights to each batch's source: IMPALA, APPO,
@@ -20,7 +22,8 @@ Each iteration the Trainer puts :meth:`XRay.report` into ``result["plan"]``:
   computing and applying gradients (A3C), and sending weights to the workers (``weight_sync_s``);
   and the trained policies' own split of their learning (in the driver, a learner thread, or a
   learner group's rank 0): getting batches ready (``load_s``: minibatch slices, decompression,
-  tensors) and updating (``update_s``: forward pass, backpropagation, optimizer step);
+  tensors) and updating (``update_s``: forward pass, backpropagation, optimizer step; for A3C,
+  whose workers compute the gradients, only the driver's applying them);
 - ``driver``: the Trainer's own steps around the plan (observation filter sync, evaluation, the
   ``on_train_result`` callback, whose seconds count into ``iteration_s``);
 - ``attributed_s`` / ``unattributed_s``: the operators' and the driver steps' seconds, and the

@@ -199,8 +199,8 @@ class CollectMetrics(StatefulOperator):
 
 def worker_phases(reports: Sequence[tuple[int, WorkerMetrics]], *, in_driver: bool) -> dict[str, Any]:
     """The rollout workers' time since their last reports, summed: stepping envs, inference, the rest of
-    sampling, Ray's serialization of the fragments they returned (``serialize_s``, over ``fragments_serialized``)
-    and idle time; and each one's busy share and seconds per fragment (for the plan's X-ray: a straggler's are
+    sampling, Ray's serialization of the fragments (or, for A3C, gradients) they returned (``serialize_s``, over
+    ``fragments_serialized``) and idle time; and each one's busy share and seconds per fragment (for the plan's X-ray: a straggler's are
     far above its siblings'). Empty when no worker measured its time (``profile`` off)."""
     timed = [(index, report.phases) for index, report in reports if report.phases]
     if not timed:

@@ -9,7 +9,7 @@ checkpoint must hold, says so by deriving from :class:`Operator` or :class:`Stat
   feed which (``ActorFlow``, e.g. rollout workers -> aggregators), for the plan graph;
 - :meth:`Operator.plan_actor_counts` counts actors no gather shows (behind aggregators);
 - :meth:`Operator.plan_stats` adds figures of its own to the plan's X-ray (cumulative seconds
-  or counts, e.g. the time a queue it feeds was full), reported per iteration;
+  or counts, e.g. the batches it received and their policy lag), reported per iteration;
 - ``plan_hidden = True`` leaves plumbing (tagging, dropping Nones) out of the graph;
 - a :class:`StatefulOperator` names its state with a fixed ``state_key``: checkpoints store
   its state under that key, so renaming its class or adding methods to another operator

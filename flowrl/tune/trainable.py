@@ -114,6 +114,7 @@ class FlowRLTrainable(tune.Trainable):
             self._rebuild(new_config)
             return True
         self.trainer.update_config(changes)
+        write_plan(self.logdir, self.trainer)  # Tune has made the (new) trial's directory
         self._config_change = "live"
         self._needs_fresh_trainer = self.trial_id != self._trial
         self._trial = self.trial_id
