@@ -86,7 +86,7 @@ SB3_ZOO_TD3: dict[str, Any] = {
 
 def tuned_config(algo: str) -> dict[str, Any]:
     """The tuned example's config, as ``flowrl train --config FILE`` reads it."""
-    from flowrl.experiment import load_experiment_file
+    from flowrl.runs.experiment import load_experiment_file
 
     return dict(load_experiment_file(str(ROOT / TUNED_EXAMPLES[algo]))["config"])
 
@@ -107,8 +107,8 @@ def flowrl_trial(algo: str, seed: int, args: argparse.Namespace) -> dict[str, An
     """Train flowrl ``algo`` (tuned example) until -250 is reached (or the budget) and the steady window is long enough."""
     load_start = loadavg()
     from flowrl.algorithms import get_algorithm
-    from flowrl.cli import build_config
-    from flowrl.trainer import Trainer
+    from flowrl.cli.main import build_config
+    from flowrl.engine.trainer import Trainer
 
     overrides: dict[str, Any] = {"learner_threads": args.torch_threads}
     if args.zoo_sizes:

@@ -42,9 +42,9 @@ import torch
 from torch import nn
 
 from flowrl.callbacks import Callbacks
-from flowrl.doctor import diagnose_run
+from flowrl.plan.doctor import diagnose_run
 from flowrl.envs import FaultInjectEnv, register_env
-from flowrl.run import RunSpec, start_run
+from flowrl.runs.run import RunSpec, start_run
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "doctor.json"

@@ -1,6 +1,6 @@
 """Benchmark the cost of the samplers' bad-data checks (finite, shape, dtype, bounds of every observation and reward).
 
-1. :class:`flowrl.actors.sampler.VectorSampler` on CartPole-v1, 8 envs, fragments of 100 steps,
+1. :class:`flowrl.actors.sampling.vector.VectorSampler` on CartPole-v1, 8 envs, fragments of 100 steps,
    the default MLP actor-critic TorchPolicy (acting on its NumPy path, one torch thread as in a
    rollout actor), with the checks on (the default) and off (the sampler's private
    ``_check_data = False``, which skips every check and nothing else). Two setups: the stepping
@@ -9,7 +9,7 @@
    (less moved by other load than wall time; wall time is saved too). Two samplers, one per
    setting, alternate (A B A B ...) after a warm-up; medians, and on / off (goal: >= 0.95).
 
-2. The same on :class:`flowrl.actors.multi_agent_sampler.MultiAgentSampler` (MultiAgentCartPole,
+2. The same on :class:`flowrl.actors.sampling.multi_agent.MultiAgentSampler` (MultiAgentCartPole,
    4 agents, 4 envs, one policy), which checks each policy's stacked observations once per step:
    agent steps per CPU second, on / off (reported, no goal).
 
@@ -39,8 +39,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from flowrl.actors.multi_agent_sampler import MultiAgentSampler
-from flowrl.actors.sampler import VectorSampler
+from flowrl.actors.sampling.multi_agent import MultiAgentSampler
+from flowrl.actors.sampling.vector import VectorSampler
 from flowrl.config import TrainerConfig
 from flowrl.data import SampleBatch
 from flowrl.envs import MultiAgentCartPole

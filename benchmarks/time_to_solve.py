@@ -164,9 +164,9 @@ def flowrl_trial(algo: str, seed: int, target: float, max_steps: int, config_fil
     load_start = loadavg()
     cpu_start = time.process_time()
     from flowrl.algorithms import get_algorithm
-    from flowrl.cli import build_config
-    from flowrl.experiment import load_experiment_file
-    from flowrl.trainer import Trainer
+    from flowrl.cli.main import build_config
+    from flowrl.runs.experiment import load_experiment_file
+    from flowrl.engine.trainer import Trainer
 
     experiment = load_experiment_file(config_file)
     # What `flowrl train --config FILE --seed S` builds.

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from flowrl._version import __version__
 from flowrl.deferred import deferred_attributes
 
 if TYPE_CHECKING:
-    from flowrl.inference import load_policy
-    from flowrl.trainer import Trainer
+    from flowrl.serve.inference import load_policy
+    from flowrl.engine.trainer import Trainer
 
-__version__ = "0.1.0"
 
 __all__ = ["Trainer", "__version__", "load_policy"]
 
-__getattr__ = deferred_attributes(__name__, {"flowrl.trainer": ["Trainer"], "flowrl.inference": ["load_policy"]})
+__getattr__ = deferred_attributes(__name__, {"flowrl.engine.trainer": ["Trainer"], "flowrl.serve.inference": ["load_policy"]})

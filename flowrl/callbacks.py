@@ -29,7 +29,7 @@ from flowrl.importing import import_callable
 if TYPE_CHECKING:  # for annotations only: the trainer and workers sit above this module
     from flowrl.actors.rollout_worker import RolloutWorker
     from flowrl.data import MultiAgentBatch, SampleBatch
-    from flowrl.trainer import Trainer
+    from flowrl.engine.trainer import Trainer
 
 #: The hooks that run for every episode; a sampler tracks episodes only when one is overridden.
 EPISODE_HOOKS = ("on_episode_start", "on_episode_step", "on_episode_end")

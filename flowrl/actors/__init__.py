@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from flowrl.actors.replay_shards import ReplayShards, create_replay_actors
     from flowrl.actors.resources import PlanResources, learner_resources
     from flowrl.actors.rollout_worker import RolloutWorker, WorkerMetrics, get_global_worker
-    from flowrl.actors.sampler import EpisodeStats, VectorSampler
+    from flowrl.actors.sampling.vector import EpisodeStats, VectorSampler
     from flowrl.actors.worker_set import WorkerSet
 
 __all__ = [
@@ -54,7 +54,7 @@ __getattr__ = deferred_attributes(
         "flowrl.actors.replay_shards": ["ReplayShards", "create_replay_actors"],
         "flowrl.actors.resources": ["PlanResources", "learner_resources"],
         "flowrl.actors.rollout_worker": ["RolloutWorker", "WorkerMetrics", "get_global_worker"],
-        "flowrl.actors.sampler": ["EpisodeStats", "VectorSampler"],
+        "flowrl.actors.sampling.vector": ["EpisodeStats", "VectorSampler"],
         "flowrl.actors.worker_set": ["WorkerSet"],
     },
 )

@@ -11,10 +11,10 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, TypeVar, cast
 import gymnasium as gym
 import numpy as np
 
-from flowrl.actors.episode_hooks import EpisodeHooks
-from flowrl.actors.multi_agent_sampler import MultiAgentSampler
+from flowrl.actors.sampling.episode_hooks import EpisodeHooks
+from flowrl.actors.sampling.multi_agent import MultiAgentSampler
 from flowrl.actors.rng import process_rng_state, set_process_rng_state
-from flowrl.actors.sampler import EpisodeStats, VectorSampler
+from flowrl.actors.sampling.vector import EpisodeStats, VectorSampler
 from flowrl.callbacks import EPISODE_HOOKS, make_callbacks, overrides, run_hook
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
@@ -385,7 +385,7 @@ class RolloutWorker(ParallelIteratorWorker):
         """Restore :meth:`get_state`'s output (of this worker or another of as many envs).
 
         Returns the vector indices of the envs whose episodes could not be restored and
-        started anew (see :meth:`~flowrl.actors.sampler.FaultTolerantSampler.set_state`).
+        started anew (see :meth:`~flowrl.actors.sampling.vector.FaultTolerantSampler.set_state`).
         """
         for pid, policy_state in state.get("policies", {}).items():
             self.policy_map[pid].set_state(policy_state)

@@ -30,9 +30,9 @@ from flowrl.policy.postprocessing import DISCOUNTS
 from flowrl.policy.torch_policy import adam
 
 if TYPE_CHECKING:
-    from flowrl.algorithms import networks
+    from flowrl.policy import networks
 else:
-    networks = DeferredModule("flowrl.algorithms.networks")  # torch modules: imported when a policy is built
+    networks = DeferredModule("flowrl.policy.networks")  # torch modules: imported when a policy is built
 
 ACTOR_STEPS = "actor_steps"
 #: What a custom model of DDPG and TD3 provides (see :mod:`flowrl.policy.custom_model`).
@@ -54,7 +54,7 @@ class DDPGConfig(DQNConfig):
     """
 
     #: RLlib's default exploration for this algorithm, into which an RLlib ``exploration_config``
-    #: without a type is merged (see :mod:`flowrl.rllib_compat`).
+    #: without a type is merged (see :mod:`flowrl.config.rllib`).
     rllib_exploration: ClassVar[Mapping[str, Any]] = {
         "type": "OrnsteinUhlenbeckNoise", "random_timesteps": 1000, "ou_base_scale": 0.1, "ou_theta": 0.15,
         "ou_sigma": 0.2, "initial_scale": 1.0, "final_scale": 0.02, "scale_timesteps": 10000,
@@ -198,19 +198,24 @@ def _l2(module: nn.Module, coeff: float) -> torch.Tensor | float:
     return coeff * 0.5 * sum(p.pow(2).sum() for name, p in module.named_parameters() if not name.endswith("bias"))
 
 
+def _sizes(config: DDPGConfig) -> dict[str, Any]:
+    """The network sizes :class:`~flowrl.policy.networks.ActorCritics` takes, read from the config."""
+    return {"actor_hiddens": config.actor_hiddens, "critic_hiddens": config.critic_hiddens, "twin_q": config.twin_q}
+
+
 class _ModelFactory:
-    """Builds :class:`~flowrl.algorithms.networks.ActorCritics` with the policy's sizes (picklable, unlike a closure)."""
+    """Builds :class:`~flowrl.policy.networks.ActorCritics` with the policy's sizes (picklable, unlike a closure)."""
 
     def __init__(self, config: DDPGConfig) -> None:
         self.config = config
 
     def __call__(self, obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Mapping[str, Any]) -> nn.Module:
         assert isinstance(action_space, gym.spaces.Box)  # make_ddpg_policy refuses other action spaces
-        return networks.ActorCritics(obs_space, action_space, self.config)
+        return networks.ActorCritics(obs_space, action_space, **_sizes(self.config))
 
 
 class _CustomActorCritics:
-    """Builds :class:`~flowrl.algorithms.networks.ActorCritics` around a custom model's ``actor`` and ``critics`` (the DDPG model interface),
+    """Builds :class:`~flowrl.policy.networks.ActorCritics` around a custom model's ``actor`` and ``critics`` (the DDPG model interface),
     checking their outputs on a probe batch."""
 
     def __init__(self, config: DDPGConfig) -> None:
@@ -227,7 +232,7 @@ class _CustomActorCritics:
                  f"({DETERMINISTIC_ACTOR_CRITIC.contract}): it needs an nn.Module attribute actor and an "
                  f"nn.ModuleList critics of {wanted} (twin_q={self.config.twin_q})"]
             )
-        model = networks.ActorCritics(obs_space, action_space, self.config, actor=actor, critics=critics)
+        model = networks.ActorCritics(obs_space, action_space, **_sizes(self.config), actor=actor, critics=critics)
         batch, act_dim = 2, int(np.prod(action_space.shape))
         try:
             with torch.random.fork_rng(devices=[]), torch.no_grad():

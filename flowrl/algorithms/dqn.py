@@ -37,9 +37,9 @@ from flowrl.policy.custom_model import Q_VALUES
 from flowrl.policy.postprocessing import DISCOUNTS
 
 if TYPE_CHECKING:
-    from flowrl.algorithms import networks
+    from flowrl.policy import networks
 else:
-    networks = DeferredModule("flowrl.algorithms.networks")  # torch modules: imported when a policy is built
+    networks = DeferredModule("flowrl.policy.networks")  # torch modules: imported when a policy is built
 
 
 @dataclass(kw_only=True)

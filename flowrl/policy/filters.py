@@ -11,7 +11,7 @@
   observations the policy acted on.
 
 Sample batches hold filtered observations, so a policy learns from what it acted on, and the
-filter travels with checkpoints and the portable policy files (:mod:`flowrl.inference`), so
+filter travels with checkpoints and the portable policy files (:mod:`flowrl.serve.inference`), so
 evaluation and inference normalize as training did.
 """
 

@@ -1,6 +1,6 @@
 """Experiment specs for ``flowrl tune``: a tuned example with search spaces, checked and turned into Tune's objects.
 
-The file is a tuned example (:mod:`flowrl.experiment`: ``algo`` or ``run``, ``env``, ``stop``,
+The file is a tuned example (:mod:`flowrl.runs.experiment`: ``algo`` or ``run``, ``env``, ``stop``,
 ``config``; optionally under one experiment name) plus Tune's keys::
 
     cartpole-ppo-asha:                    # the experiment's name (optional)
@@ -48,8 +48,8 @@ from ray.tune.search import Searcher
 from flowrl.algorithms import get_algorithm
 from flowrl.config import TrainerConfig
 from flowrl.errors import ConfigError, FlowRLError, RunError
-from flowrl.experiment import EXPERIMENT_KEYS, parse_experiment, read_experiment_data
-from flowrl.run import DEFAULT_KEEP_CHECKPOINTS, RunWarning, json_safe, parse_stop
+from flowrl.runs.experiment import EXPERIMENT_KEYS, parse_experiment, read_experiment_data
+from flowrl.runs.run import DEFAULT_KEEP_CHECKPOINTS, RunWarning, json_safe, parse_stop
 
 #: The search spaces a config value may be, and what each takes.
 SEARCH_SPACES = {
@@ -66,7 +66,7 @@ DEFAULT_METRIC = "episode_reward_mean"
 DEFAULT_CHECKPOINT_FREQ = 10
 #: The extra that installs Optuna for ``search_alg: {type: optuna}``.
 OPTUNA_EXTRA = "tune-optuna"
-#: Top-level keys of an experiment file besides the tuned example's (:data:`flowrl.experiment.EXPERIMENT_KEYS`).
+#: Top-level keys of an experiment file besides the tuned example's (:data:`flowrl.runs.experiment.EXPERIMENT_KEYS`).
 TUNE_KEYS = ("num_samples", "metric", "mode", "max_concurrent_trials", "checkpoint_freq", "keep_checkpoints",
              "scheduler", "search_alg")
 
@@ -122,7 +122,7 @@ def parse_spec(data: Any, *, source: str = "the experiment") -> TuneSpec:
     Raises :class:`~flowrl.errors.ConfigError` listing every problem, each naming the key, the
     value seen and what is valid. PBT mutating a key the algorithm cannot change on a running
     trainer is allowed (an exploit then rebuilds the trial's trainer from the checkpoint, which
-    is slower) and warned about with a :class:`~flowrl.run.RunWarning`.
+    is slower) and warned about with a :class:`~flowrl.runs.run.RunWarning`.
     """
     if data is None:
         data = {}

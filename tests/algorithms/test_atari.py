@@ -9,7 +9,7 @@ import pytest
 
 from flowrl import Trainer
 from flowrl.algorithms import get_algorithm
-from flowrl.experiment import load_experiment_file
+from flowrl.runs.experiment import load_experiment_file
 from flowrl.policy.models import CNNEncoder
 
 TUNED_EXAMPLES = Path(__file__).resolve().parents[2] / "tuned_examples"

@@ -18,7 +18,7 @@ from flowrl.operators.perturbation_ops import (
     EVAL_STEPS_COUNTER,
     PERTURBED_EPISODES_COUNTER,
 )
-from flowrl.trainer import evaluate_checkpoint
+from flowrl.engine.trainer import evaluate_checkpoint
 from tests.algorithms.test_learning import train_until
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]

@@ -240,7 +240,7 @@ def test_a_plan_that_fails_to_build_leaves_no_actors_behind(monkeypatch: pytest.
 
 
 def test_a_checkpoint_keeps_a_lambda_mapping_and_restores(tmp_path: Any) -> None:
-    from flowrl.trainer import evaluate_checkpoint
+    from flowrl.engine.trainer import evaluate_checkpoint
 
     config = {**SMALL, "train_batch_size": 80, "sgd_minibatch_size": 40, "num_sgd_iter": 1,
               "policies": {"even": None, "odd": None}, "policy_mapping_fn": lambda agent: ["even", "odd"][agent % 2]}

@@ -15,7 +15,7 @@ IMPORTED_BY = textwrap.dedent(
     """
     import io, json, sys
     from contextlib import redirect_stdout
-    from flowrl.cli import main
+    from flowrl.cli.main import main
     with redirect_stdout(io.StringIO()) as shown:
         status = main(["list"])
     print(json.dumps({"status": status, "listed": shown.getvalue().count("\\n"),

@@ -16,7 +16,7 @@ from gymnasium import spaces
 import flowrl
 from flowrl import Trainer
 from flowrl.actors import VectorSampler
-from flowrl.actors.sampler import ObservationCheck
+from flowrl.actors.sampling.vector import ObservationCheck
 from flowrl.data import SampleBatch
 from flowrl.envs import CooperativeMatching, check_env, check_multi_agent_env
 from flowrl.errors import BadObservationError

@@ -22,7 +22,7 @@ from flowrl.algorithms import get_algorithm
 from flowrl.config import TrainerConfig
 from flowrl.envs import get_env_creator
 from flowrl.errors import ConfigError
-from flowrl.trainer import policy_specs
+from flowrl.engine.trainer import policy_specs
 
 from fakes import train_to_reward
 

@@ -18,7 +18,7 @@ import pytest
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
-from flowrl.cli import main
+from flowrl.cli.main import main
 from flowrl.errors import RunError
 from flowrl.tune import run
 

@@ -17,7 +17,7 @@ from ray.tune.search.sample import Categorical, Float, Integer, LogUniform, Quan
 
 from flowrl.algorithms import get_algorithm, list_algorithms
 from flowrl.errors import ConfigError, RunError
-from flowrl.run import RunWarning
+from flowrl.runs.run import RunWarning
 from flowrl.tune import TuneSpec, load_spec, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]

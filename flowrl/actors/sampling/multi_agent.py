@@ -1,0 +1,394 @@
+"""Stepping multi-agent envs (PettingZoo's Parallel API) with one batched forward pass per policy per step.
+
+Each agent is mapped to a policy once per episode by ``policy_mapping_fn(agent_id)``. At
+every vector step, the live agents of all envs are grouped by policy and each policy acts
+on its group's stacked observations. Every agent's transitions form its own trajectory;
+a piece ends when the agent terminates or truncates, or when the fragment ends (then its
+policy's postprocessing bootstraps from the last next-observation), and is postprocessed
+by that agent's policy. A fragment is a :class:`~flowrl.data.MultiAgentBatch` of
+``fragment_length x num_envs`` env steps, less the steps of episodes dropped for a fault
+(see :class:`~flowrl.actors.sampling.vector.FaultTolerantSampler`).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from flowrl.actors.sampling.episode_hooks import EpisodeHooks
+from flowrl.actors.sampling.vector import EnvMaker, EpisodeStats, FaultTolerantSampler, ObservationCheck, no_clock, reward_problem
+from flowrl.data import MultiAgentBatch, SampleBatch, concat_samples
+from flowrl.errors import EnvError, FlowRLError
+from flowrl.policy import Policy
+from flowrl.policy.mapping import PolicyMappingFn
+
+
+class _Trajectory:
+    """The rows of one agent's current trajectory piece."""
+
+    def __init__(self, policy_id: str, agent_index: int, env_index: int, eps_id: int) -> None:
+        self.policy_id = policy_id
+        self.agent_index = agent_index
+        self.env_index = env_index
+        self.eps_id = eps_id
+        self.columns: dict[str, list[Any]] = collections.defaultdict(list)
+        self.total_reward = 0.0
+        # Rewards the env gave the agent on steps it did not act in (e.g. the step it joined):
+        # they go into its next row.
+        self.pending_reward = 0.0
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.total_reward += float(row[SampleBatch.REWARDS])
+        row[SampleBatch.REWARDS] += self.pending_reward
+        self.pending_reward = 0.0
+        for key, value in row.items():
+            self.columns[key].append(value)
+
+    def reward_without_acting(self, reward: float) -> None:
+        self.total_reward += reward
+        self.pending_reward += reward
+
+    def cut(self) -> SampleBatch | None:
+        """The rows so far as a batch (None if there are none); the piece starts afresh."""
+        if not self.columns:
+            return None
+        n = len(self.columns[SampleBatch.REWARDS])
+        batch = SampleBatch({k: np.asarray(v) for k, v in self.columns.items()})
+        batch[SampleBatch.REWARDS] = batch[SampleBatch.REWARDS].astype(np.float32)
+        batch[SampleBatch.EPS_ID] = np.full(n, self.eps_id, dtype=np.int64)
+        batch[SampleBatch.ENV_ID] = np.full(n, self.env_index, dtype=np.int64)
+        batch[SampleBatch.AGENT_INDEX] = np.full(n, self.agent_index, dtype=np.int64)
+        self.columns = collections.defaultdict(list)
+        return batch
+
+
+@dataclass
+class _Fragment:
+    """What one :meth:`MultiAgentSampler.sample` call gathered: postprocessed pieces and the episodes dropped."""
+
+    #: Per policy id: ``(episode id, piece)``, so that a piece of an episode dropped later can be left out.
+    pieces: dict[str, list[tuple[int, SampleBatch]]] = field(default_factory=lambda: collections.defaultdict(list))
+    dropped: set[int] = field(default_factory=set)
+    dropped_env_steps: int = 0
+
+
+class MultiAgentSampler(FaultTolerantSampler):
+    """Samples :class:`~flowrl.data.MultiAgentBatch` fragments from multi-agent ``envs``.
+
+    ``policy_map`` holds the policies by id; ``policy_mapping_fn(agent_id)`` picks one for
+    each agent at the start of its episode, and an id that is not in ``policy_map`` raises
+    a :class:`~flowrl.errors.FlowRLError` naming the agent. Only ``truncate_episodes``
+    sampling: each :meth:`sample` steps every env ``fragment_length`` times.
+
+    Faults are handled per env as in :class:`~flowrl.actors.sampling.vector.FaultTolerantSampler`
+    (an episode is dropped for all of its agents). Each agent's observations are checked
+    against ``observation_space(agent)``; the live agents' ones as each policy's stacked
+    batch, in a few vectorized passes (agents that share a policy share its space), and a
+    leaving agent's last one alone. Rewards are checked per env step. An agent's Dict or Tuple
+    observations are flattened (see :mod:`flowrl.envs.flatten`) before they are checked and stacked.
+
+    ``hooks`` runs the callbacks' episode hooks as in
+    :class:`~flowrl.actors.sampling.vector.FaultTolerantSampler`; an episode ends, and is published, at
+    the step its last agent is done.
+    """
+
+    def __init__(
+        self,
+        envs: list[Any],
+        policy_map: Mapping[str, Policy],
+        policy_mapping_fn: PolicyMappingFn,
+        *,
+        fragment_length: int,
+        seed: int | None = None,
+        episode_id_base: int = 0,
+        clip_actions: bool = True,
+        env_maker: EnvMaker | None = None,
+        on_bad_observation: str = "raise",
+        worker_index: int = 0,
+        hooks: EpisodeHooks | None = None,
+    ) -> None:
+        super().__init__(
+            envs, env_maker=env_maker, on_bad_observation=on_bad_observation, worker_index=worker_index, seed=seed,
+            hooks=hooks,
+        )
+        self.policy_map = policy_map
+        self.policy_mapping_fn = policy_mapping_fn
+        self.fragment_length = fragment_length
+        self._clip = {
+            pid: (p.action_space.low, p.action_space.high)
+            for pid, p in policy_map.items()
+            if clip_actions and isinstance(p.action_space, gym.spaces.Box)
+        }
+        self._agent_index = {agent: i for i, agent in enumerate(envs[0].possible_agents)}
+        self._obs_checks: dict[Hashable, ObservationCheck] = {}
+        # Only envs with an agent of a Dict or Tuple space pay for a look at every observation.
+        self._structured = any(self._obs_check(0, agent).flatten is not None for agent in envs[0].possible_agents)
+        #: Checks on (the default); benchmarks/sampler_checks.py turns them off to measure their cost.
+        self._check_data = True
+        self._next_episode_id = episode_id_base
+        n = len(envs)
+        self.steps_sampled = 0
+        self.obs: list[dict[Hashable, Any]] = [{} for _ in envs]
+        self.ts = np.zeros(n, dtype=np.int64)
+        self.eps_ids = np.zeros(n, dtype=np.int64)
+        self.trajectories: list[dict[Hashable, _Trajectory]] = [{} for _ in range(n)]
+        for i in range(n):
+            self._start_episode(i, None if seed is None else seed + i)
+        # The live agents grouped by policy with their stacked, checked observations: what acts next.
+        self._groups: dict[str, tuple[list[tuple[int, Hashable]], np.ndarray]] = {}
+        self._prepare_groups(_Fragment(), -1)
+
+    STATE_ATTRS = FaultTolerantSampler.STATE_ATTRS + (
+        "_next_episode_id", "steps_sampled", "obs", "ts", "eps_ids", "trajectories",
+    )
+
+    def set_state(self, state: Mapping[str, Any]) -> list[int]:
+        fresh = super().set_state(state)
+        self._prepare_groups(_Fragment(), -1)  # what acts next: the restored observations
+        return fresh
+
+    def _restart_episode(self, index: int) -> None:
+        self._start_episode(index, None if self._reseed is None else int(self._reseed.integers(2**31)))
+
+    def _start_episode(self, i: int, seed: int | None = None) -> None:
+        while True:
+            try:
+                obs, info = self.envs[i].reset(seed=seed)
+                break
+            except Exception as error:
+                if self.env_maker is None:
+                    raise
+                seed = self._recreate_env(i, "env.reset()", error)
+        self.obs[i] = self._flattened(i, obs)
+        self.ts[i] = 0
+        self._next_episode_id += 1
+        self.eps_ids[i] = self._next_episode_id
+        self.trajectories[i] = {}
+        if self.hooks is not None:
+            self.hooks.start(i, int(self.eps_ids[i]), obs, info)
+
+    def _flattened(self, i: int, obs: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
+        """Env ``i``'s observations by agent, those of Dict or Tuple spaces flattened."""
+        if not self._structured:
+            return dict(obs)
+        flat = {}
+        for agent, agent_obs in obs.items():
+            flatten = self._obs_check(i, agent).flatten
+            flat[agent] = agent_obs if flatten is None else flatten(agent_obs)
+        return flat
+
+    def _trajectory(self, i: int, agent: Hashable) -> _Trajectory:
+        trajectory = self.trajectories[i].get(agent)
+        if trajectory is None:
+            policy_id = self.policy_mapping_fn(agent)
+            if policy_id not in self.policy_map:
+                raise FlowRLError(
+                    f"policy_mapping_fn({agent!r}) returned {policy_id!r}, which is not a policy; "
+                    f"the policies are {sorted(self.policy_map)}"
+                )
+            if agent not in self._agent_index:
+                raise EnvError(f"agent {agent!r} is not one of the env's possible_agents {list(self._agent_index)}")
+            trajectory = _Trajectory(policy_id, self._agent_index[agent], i, int(self.eps_ids[i]))
+            self.trajectories[i][agent] = trajectory
+        return trajectory
+
+    def sample(self) -> MultiAgentBatch:
+        """One fragment: ``fragment_length`` steps of every env, postprocessed per agent trajectory."""
+        fragment = _Fragment()
+        clock = time.perf_counter if self.timed else no_clock
+        for step in range(self.fragment_length):
+            started, inference = clock(), self.inference_s
+            self._step(fragment, step)
+            self.env_s += clock() - started - (self.inference_s - inference)
+        for env_trajectories in self.trajectories:
+            for trajectory in env_trajectories.values():
+                self._close(fragment, trajectory)
+        env_steps = self.fragment_length * len(self.envs)
+        self.steps_sampled += env_steps
+        batches: dict[str, SampleBatch] = {}
+        for pid, pieces in fragment.pieces.items():
+            kept = [piece for eps_id, piece in pieces if eps_id not in fragment.dropped]
+            if kept:
+                batches[pid] = concat_samples(kept) if len(kept) > 1 else kept[0]
+        return MultiAgentBatch(batches, env_steps - fragment.dropped_env_steps)
+
+    def _close(self, fragment: _Fragment, trajectory: _Trajectory) -> None:
+        piece = trajectory.cut()
+        if piece is not None:
+            policy = self.policy_map[trajectory.policy_id]
+            fragment.pieces[trajectory.policy_id].append((trajectory.eps_id, policy.postprocess_trajectory(piece)))
+
+    def _step(self, fragment: _Fragment, step: int) -> None:
+        actions: list[dict[Hashable, Any]] = [{} for _ in self.envs]
+        rows: dict[tuple[int, Hashable], dict[str, Any]] = {}
+        started = time.perf_counter() if self.timed else 0.0
+        for policy_id, (members, obs_batch) in self._groups.items():
+            policy_actions, extra = self.policy_map[policy_id].compute_actions(obs_batch)
+            clip = self._clip.get(policy_id)
+            for k, (i, agent) in enumerate(members):
+                action = policy_actions[k]
+                actions[i][agent] = np.clip(action, *clip) if clip is not None else action
+                rows[(i, agent)] = {SampleBatch.OBS: obs_batch[k], SampleBatch.ACTIONS: action, **{key: v[k] for key, v in extra.items()}}
+        if self.timed:
+            self.inference_s += time.perf_counter() - started
+        for i, env in enumerate(self.envs):
+            try:
+                raw_obs, rewards, terminateds, truncateds, infos = env.step(actions[i])
+            except Exception as error:
+                if self.env_maker is None:
+                    raise
+                seed = self._recreate_env(i, "env.step()", error)
+                self._drop_episode(fragment, i, int(self.ts[i]) + 1, step)
+                self._start_episode(i, seed)
+                continue
+            new_obs = self._flattened(i, raw_obs)
+            live = list(env.agents)
+            if self._check_data:
+                problem = self._step_problem(i, new_obs, rewards, live)
+                if problem is not None:
+                    self._bad_data(i, self._step_where(i, step), problem)
+                    self._drop_episode(fragment, i, int(self.ts[i]) + 1, step)
+                    self._start_episode(i)
+                    continue
+            t = int(self.ts[i])
+            for agent in actions[i]:
+                row = rows[(i, agent)]
+                terminated, truncated = bool(terminateds.get(agent, False)), bool(truncateds.get(agent, False))
+                row.update({
+                    SampleBatch.REWARDS: float(rewards.get(agent, 0.0)),
+                    SampleBatch.NEW_OBS: np.asarray(new_obs.get(agent, row[SampleBatch.OBS])),
+                    SampleBatch.TERMINATEDS: terminated,
+                    SampleBatch.TRUNCATEDS: truncated,
+                    SampleBatch.T: t,
+                })
+                trajectory = self.trajectories[i][agent]
+                trajectory.add(row)
+                if terminated or truncated:
+                    self._close(fragment, trajectory)
+            for agent, reward in rewards.items():
+                if agent not in actions[i]:
+                    self._trajectory(i, agent).reward_without_acting(float(reward))
+            self.ts[i] += 1
+            if self.hooks is not None:
+                self.hooks.step(i, raw_obs, float(sum(rewards.values())), infos)
+            if live:
+                missing = [agent for agent in live if agent not in new_obs]
+                if missing:
+                    raise EnvError(f"{type(env).__name__}.step() returned no observation for live agent(s) {missing}")
+                self.obs[i] = {agent: new_obs[agent] for agent in live}
+                continue
+            # Every agent is done: the episode is over.
+            for trajectory in self.trajectories[i].values():
+                if trajectory.columns:  # an agent the env dropped without a done flag: its piece ends here
+                    trajectory.columns[SampleBatch.TRUNCATEDS][-1] = True
+                    trajectory.columns[SampleBatch.REWARDS][-1] += trajectory.pending_reward
+                    self._close(fragment, trajectory)
+            self._record_episode(i)
+            self._episode_kept(i)
+            self._start_episode(i)
+        self._prepare_groups(fragment, step)
+
+    def _step_where(self, i: int, step: int) -> str:
+        vector_step = self.steps_sampled // len(self.envs) + step
+        return f"env.step() at step {int(self.ts[i])} of its episode (vector step {vector_step})"
+
+    def _obs_check(self, i: int, agent: Hashable) -> ObservationCheck:
+        check = self._obs_checks.get(agent)
+        if check is None:
+            space = self.envs[i].observation_space(agent)
+            check = self._obs_checks[agent] = ObservationCheck(space, f"observation_space({agent!r})")
+        return check
+
+    def _step_problem(
+        self, i: int, new_obs: Mapping[Hashable, Any], rewards: Mapping[Hashable, Any], live: list[Hashable]
+    ) -> str | None:
+        """What is wrong with a step's rewards, or with the last observation of an agent that left; or None.
+
+        (The live agents' observations are checked stacked, by :meth:`_prepare_groups`.)
+        """
+        try:
+            finite = math.isfinite(sum(rewards.values()))  # one sum: finite only if every reward is
+        except TypeError:
+            finite = False
+        if not finite:
+            for agent, reward in rewards.items():
+                problem = reward_problem(reward, f"reward[{agent!r}]")
+                if problem is not None:
+                    return problem
+        for agent, obs in new_obs.items():
+            if agent not in live:
+                problem = self._obs_check(i, agent).problem(obs, f"new_obs[{agent!r}]")
+                if problem is not None:
+                    return problem
+        return None
+
+    def _prepare_groups(self, fragment: _Fragment, step: int) -> None:
+        """Group the live agents of every env by policy, stack and check their observations (after vector ``step``).
+
+        An env with a bad observation has its episode dropped (or raises) and is reset, and
+        the groups are made again.
+        """
+        while True:
+            groups: dict[str, list[tuple[int, Hashable]]] = collections.defaultdict(list)
+            for i, env_obs in enumerate(self.obs):
+                for agent in env_obs:
+                    groups[self._trajectory(i, agent).policy_id].append((i, agent))
+            self._groups = {}
+            for policy_id, members in groups.items():
+                bad = None
+                try:
+                    obs_batch = np.stack([np.asarray(self.obs[i][agent]) for i, agent in members])
+                except ValueError:  # observations of different shapes
+                    if not self._check_data or (bad := self._first_bad_observation(members)) is None:
+                        raise
+                else:
+                    if self._check_data and not self._obs_check(*members[0]).rows_ok(obs_batch):
+                        bad = self._first_bad_observation(members)  # None: a sum overflowed, all is well
+                if bad is not None:
+                    self._drop_for_observation(fragment, step, *bad)
+                    break
+                self._groups[policy_id] = (members, obs_batch)
+            else:
+                return
+
+    def _first_bad_observation(self, members: list[tuple[int, Hashable]]) -> tuple[int, Hashable, str] | None:
+        for i, agent in members:
+            field = f"{'obs' if self.ts[i] == 0 else 'new_obs'}[{agent!r}]"
+            problem = self._obs_check(i, agent).problem(self.obs[i][agent], field)
+            if problem is not None:
+                return i, agent, problem
+        return None
+
+    def _drop_for_observation(self, fragment: _Fragment, step: int, i: int, agent: Hashable, problem: str) -> None:
+        """Raise for, or drop the episode of, env ``i`` whose agent's next observation is bad; start another."""
+        vector_step = self.steps_sampled // len(self.envs) + step
+        if self.ts[i] == 0:  # from a reset, for the next vector step
+            where = f"env.reset() (vector step {vector_step + 1})"
+        else:
+            where = f"env.step() at step {int(self.ts[i]) - 1} of its episode (vector step {vector_step})"
+        self._bad_data(i, where, problem)
+        self._drop_episode(fragment, i, int(self.ts[i]), step)
+        self._start_episode(i)
+
+    def _drop_episode(self, fragment: _Fragment, i: int, steps_taken: int, step: int) -> None:
+        """Leave env ``i``'s episode (``steps_taken`` steps so far) out of the fragment: its pieces and env steps."""
+        fragment.dropped.add(int(self.eps_ids[i]))
+        fragment.dropped_env_steps += min(steps_taken, step + 1)
+
+    def _record_episode(self, i: int) -> None:
+        policy_rewards: dict[str, list[float]] = collections.defaultdict(list)
+        for trajectory in self.trajectories[i].values():  # one per agent of the episode: its return so far
+            policy_rewards[trajectory.policy_id].append(trajectory.total_reward)
+        total_reward = sum(sum(returns) for returns in policy_rewards.values())
+        stats = EpisodeStats(float(total_reward), int(self.ts[i]), dict(policy_rewards))
+        if self.hooks is not None:
+            self.hooks.end(i)
+            [stats.custom_metrics] = self.hooks.publish([int(self.eps_ids[i])])
+        self.finished.append(stats)

@@ -1,0 +1,1 @@
+"""The ``flowrl`` command: one module per subcommand; :func:`flowrl.cli.main.main` builds the parser."""

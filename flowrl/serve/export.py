@@ -1,0 +1,471 @@
+"""Policies exported for serving: a TorchScript or ONNX model from a checkpoint, loadable without flowrl.
+
+:func:`export_policy` rebuilds one policy from a checkpoint's portable files (``policies.json`` and
+``policies.safetensors``, through :func:`flowrl.load_policy`; ``state.pkl`` is never opened) and
+writes a model that maps a batch of observations to the greedy actions
+:meth:`~flowrl.serve.inference.InferencePolicy.compute_actions` gives, followed by what the action was
+chosen from:
+
+- categorical policies (PG, A2C, A3C, PPO, IMPALA, APPO; ES and ARS on Discrete actions):
+  ``actions`` (the argmax), ``logits``;
+- Q-networks (DQN, Ape-X, dueling or not): ``actions`` (the argmax), ``q_values``;
+- diagonal Gaussians (the policy-gradient family on Box actions): ``actions`` (the mean,
+  clipped to the bounds), ``mean``, ``log_std``;
+- deterministic actors (DDPG, TD3, Ape-X DDPG; ES and ARS on Box actions): ``actions``
+  (clipped to the bounds).
+
+Loading it needs only ``torch`` (TorchScript: ``torch.jit.load``) or only ``onnxruntime`` (ONNX);
+the batch dimension is dynamic. The run's observation filter is inside the model, and
+observations of a Dict or Tuple space go in flattened. Beside the model, ``<model file>.json``
+describes its input (name, dtype, shape), its outputs and the spaces, so a server can check
+what it is handed::
+
+    path = export_policy("flowrl_results/ppo_CartPole-v1_20240101-120000", format="onnx")
+    # .../exports/checkpoint_000010/default_policy.onnx (+ default_policy.onnx.json)
+
+ONNX export needs the ``export`` extra (``pip install 'flowrl-ray[export]'``: onnx, onnxscript for
+PyTorch's exporter, and onnxruntime, with which every export is checked before it is kept).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import json
+import logging
+import os
+import re
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.spaces.utils import flatdim
+from torch import nn
+
+from flowrl._version import __version__
+from flowrl.storage.checkpoints import list_checkpoints
+from flowrl.data import DEFAULT_POLICY_ID
+from flowrl.errors import CheckpointError, RunError
+from flowrl.envs.flatten import flatten_observation, is_structured
+from flowrl.serve.inference import POLICIES_JSON, InferencePolicy, load_policy, space_to_json
+from flowrl.policy import TorchPolicy
+from flowrl.policy.distributions import Categorical, Deterministic, DiagGaussian, SquashedGaussian
+from flowrl.policy.exploration import EpsilonGreedy
+from flowrl.policy.filters import MeanStdFilter
+from flowrl.policy.model_options import is_image_space
+from flowrl.runs.run import CHECKPOINTS_DIR, PARAMS_FILE
+
+FORMATS = ("torchscript", "onnx")
+EXPORT_EXTRA = "export"
+DESCRIPTION_FORMAT = "flowrl-export"
+DESCRIPTION_VERSION = 1
+EXPORTS_DIR = "exports"
+INPUT_NAME = "obs"
+BATCH = "batch"  # the name of the dynamic batch dimension, in the description and the ONNX graph
+_SUFFIXES = {"torchscript": ".pt", "onnx": ".onnx"}
+# The batch the model is traced with: neither 0 nor 1, which torch.export would treat as fixed sizes.
+_TRACE_BATCH = 3
+_CHECK_BATCH = 17
+
+
+@dataclasses.dataclass(frozen=True)
+class _Output:
+    """One output of an exported model."""
+
+    name: str
+    dtype: str
+    shape: list[int | str]
+    description: str
+
+
+class GreedyPolicyModule(nn.Module):
+    """A policy's model with its greedy action choice: ``forward(obs)`` -> ``(actions, *distribution inputs)``.
+
+    ``kind`` is ``"categorical"`` or ``"q_values"`` (argmax), ``"gaussian"`` (the mean),
+    ``"squashed"`` (the mean squashed into the bounds) or ``"deterministic"`` (the model's
+    output). ``bounds`` (low, high) clip Box actions as the samplers clip what reaches the env.
+    ``normalization`` (shift, scale of flattened observations) is the run's observation filter,
+    applied first. Observations of a Dict or Tuple space come in flattened.
+    """
+
+    # Registered buffers: nn.Module's __getattr__ types them as ``Tensor | Module``.
+    low: torch.Tensor
+    high: torch.Tensor
+    squash_low: torch.Tensor
+    squash_high: torch.Tensor
+    obs_shift: torch.Tensor
+    obs_scale: torch.Tensor
+
+    def __init__(self, model: nn.Module, observation_space: gym.Space[Any], kind: str,
+                 bounds: tuple[np.ndarray, np.ndarray] | None, squash: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 normalization: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.kind = kind
+        self.normalize = normalization is not None
+        shift, scale = normalization if normalization is not None else (np.zeros(0), np.ones(0))
+        self.register_buffer("obs_shift", torch.as_tensor(shift, dtype=torch.float64))
+        self.register_buffer("obs_scale", torch.as_tensor(scale, dtype=torch.float64))
+        self.one_hot_size = int(observation_space.n) if isinstance(observation_space, gym.spaces.Discrete) else 0
+        self.keep_uint8 = is_image_space(observation_space)
+        self.clip = bounds is not None
+        low, high = bounds if bounds is not None else (np.zeros(0), np.zeros(0))
+        self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32))
+        squash_low, squash_high = squash if squash is not None else (torch.zeros(0), torch.zeros(0))
+        self.register_buffer("squash_low", torch.as_tensor(squash_low, dtype=torch.float32))
+        self.register_buffer("squash_high", torch.as_tensor(squash_high, dtype=torch.float32))
+
+    def _preprocess(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.normalize:
+            # MeanStdFilter's arithmetic (flowrl.policy.filters): flattened rows in float64, float32 out.
+            obs = ((obs.flatten(1).double() - self.obs_shift) / self.obs_scale).float().reshape_as(obs)
+        # What flowrl.policy.models.obs_to_tensor does, written with traceable tensor operations
+        # (it starts from torch.as_tensor, which a trace would record as a constant).
+        if self.one_hot_size:
+            return nn.functional.one_hot(obs.long(), self.one_hot_size).float()
+        if self.keep_uint8 and obs.dtype == torch.uint8:
+            return obs
+        return obs.float()
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self.model(self._preprocess(obs))
+        inputs = out[0] if isinstance(out, (tuple, list)) else out
+        if self.kind in ("categorical", "q_values"):
+            # Categorical.deterministic_sample's argmax of the log-probabilities, so ties resolve alike.
+            return torch.argmax(nn.functional.log_softmax(inputs, dim=-1), dim=-1), inputs
+        if self.kind == "deterministic":
+            return (self._clip(inputs),)
+        mean, log_std = torch.chunk(inputs, 2, dim=-1)
+        if self.kind == "squashed":
+            actions = self.squash_low + (torch.tanh(mean) + 1.0) * 0.5 * (self.squash_high - self.squash_low)
+            return self._clip(torch.clamp(actions, self.squash_low, self.squash_high)), mean, log_std
+        return self._clip(mean), mean, log_std
+
+    def _clip(self, actions: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(actions, self.low, self.high) if self.clip else actions
+
+
+def export_policy(
+    path: str | os.PathLike[str],
+    format: str = "torchscript",
+    out: str | os.PathLike[str] | None = None,
+    policy_id: str | None = None,
+    checkpoint: int | None = None,
+) -> Path:
+    """Export one policy of a checkpoint as a TorchScript (``.pt``) or ONNX (``.onnx``) model; returns its path.
+
+    ``path``: a run directory (its latest checkpoint, or ``checkpoint_<checkpoint>`` when
+    ``checkpoint`` is given) or a checkpoint directory. ``format``: ``"torchscript"`` or
+    ``"onnx"``. ``out``: the directory to write into (default ``exports/<checkpoint name>`` in the
+    run directory; for a checkpoint outside a run directory, in the current directory).
+    ``policy_id``: which policy (needed when the checkpoint holds several). The model is written
+    as ``<policy_id>.pt`` or ``.onnx``, with its description in ``<model file>.json``.
+
+    Raises :class:`~flowrl.errors.CheckpointError` for a checkpoint that is missing, damaged or
+    lacks the policy, and :class:`~flowrl.errors.RunError` for an unknown format, a missing
+    optional dependency, or a policy whose model or spaces cannot be exported (saying why).
+    """
+    if format not in FORMATS:
+        raise RunError(f"export format {format!r} is not one of {', '.join(FORMATS)}")
+    if format == "onnx":
+        _check_onnx_dependencies()
+    directory = find_checkpoint(path, checkpoint)
+    policy_id = _choose_policy(directory, policy_id)
+    inference = load_policy(directory, policy_id)
+    policy = inference.policy
+    what = f"policy {policy_id!r} of {str(directory)!r} ({inference.algo})"
+    if not isinstance(policy, TorchPolicy):
+        raise RunError(f"{what} is a {type(policy).__name__}, not a TorchPolicy: only PyTorch models can be exported")
+    module, outputs = _greedy_module(policy, inference.observation_filter, what)
+    example = _observations(policy.observation_space, _TRACE_BATCH)
+    target = Path(out) if out is not None else _default_out(directory)
+    target.mkdir(parents=True, exist_ok=True)
+    model_file = target / f"{_file_stem(policy_id)}{_SUFFIXES[format]}"
+    with _quiet_exporters():
+        if format == "torchscript":
+            _write_torchscript(module, example, model_file, what)
+        else:
+            _write_onnx(module, example, [output.name for output in outputs], model_file, what)
+    _check_export(module, model_file, format, policy.observation_space, outputs, what)
+    description = _describe(inference, directory, format, model_file, outputs)
+    description_file = model_file.with_name(model_file.name + ".json")
+    description_file.write_text(json.dumps(description, indent=2) + "\n", encoding="utf-8")
+    return model_file
+
+
+def find_checkpoint(path: str | os.PathLike[str], checkpoint: int | None = None) -> Path:
+    """The checkpoint directory ``path`` names: itself, or a run directory's latest (or ``checkpoint_<checkpoint>``).
+
+    A run directory keeps its checkpoints in ``checkpoints/`` (a Tune trial directory: beside
+    its files). Raises :class:`~flowrl.errors.CheckpointError` naming what exists instead.
+    """
+    path = Path(path)
+    if (path / POLICIES_JSON).is_file():
+        if checkpoint is not None:
+            raise CheckpointError(f"{str(path)!r} is a checkpoint directory; checkpoint {checkpoint} picks one of "
+                                  "a run directory's checkpoints: give the run directory")
+        return path
+    if not path.is_dir():
+        raise CheckpointError(f"{str(path)!r} does not exist or is not a directory")
+    found = next((f for f in (list_checkpoints(path / CHECKPOINTS_DIR), list_checkpoints(path)) if f), [])
+    if not found:
+        return path  # load_policy says what is wrong with it
+    if checkpoint is None:
+        return found[-1]
+    numbered = {int(p.name.rpartition("_")[2]): p for p in found}  # list_checkpoints gives checkpoint_<iteration> only
+    if checkpoint not in numbered:
+        raise CheckpointError(f"run directory {str(path)!r} has no complete checkpoint {checkpoint}; "
+                              f"its checkpoints are {sorted(numbered)}")
+    return numbered[checkpoint]
+
+
+def _choose_policy(directory: Path, policy_id: str | None) -> str:
+    if policy_id is not None:
+        return policy_id
+    try:
+        ids = sorted(json.loads((directory / POLICIES_JSON).read_text(encoding="utf-8"))["policies"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return DEFAULT_POLICY_ID  # load_policy reports what is wrong with the file
+    if len(ids) > 1:
+        raise RunError(f"checkpoint {str(directory)!r} holds the policies {ids}: choose the one to export "
+                       "(policy_id=..., flowrl export --policy ID)")
+    return ids[0] if ids else DEFAULT_POLICY_ID
+
+
+def _greedy_module(
+    policy: TorchPolicy[Any], obs_filter: MeanStdFilter | None, what: str
+) -> tuple[GreedyPolicyModule, list[_Output]]:
+    """The module acting as ``policy`` (behind ``obs_filter``) acts greedily, and its outputs."""
+    obs_space, action_space = policy.observation_space, policy.action_space
+    if not isinstance(obs_space, (gym.spaces.Box, gym.spaces.Discrete)) and not is_structured(obs_space):
+        raise RunError(f"{what} takes observations of {obs_space}, which the exporter cannot describe as one array; "
+                       "it exports policies of Box, Discrete, Dict and Tuple observation spaces")
+    dist = policy.dist_class
+    bounds = None
+    if isinstance(action_space, gym.spaces.Box) and bool(getattr(policy.config, "clip_actions", True)):
+        bounds = (action_space.low, action_space.high)
+    n = _dims(action_space)
+    actions_shape: list[int | str] = [BATCH] if isinstance(action_space, gym.spaces.Discrete) else [BATCH, *n]
+    squash = None
+    if dist is Categorical:
+        values = isinstance(policy.exploration, EpsilonGreedy)
+        kind, name = ("q_values", "q_values") if values else ("categorical", "logits")
+        outputs = [
+            _Output("actions", "int64", actions_shape, f"the action with the highest {'Q-value' if values else 'logit'}"),
+            _Output(name, "float32", [BATCH, *n], "each action's Q-value" if values else
+                    "each action's unnormalized log-probability (softmax gives the probabilities)"),
+        ]
+    elif dist is Deterministic:
+        kind = "deterministic"
+        outputs = [_Output("actions", "float32", actions_shape, "the actor's action" + _clipped(bounds))]
+    elif issubclass(dist, DiagGaussian):
+        squashed = issubclass(dist, SquashedGaussian)
+        kind = "squashed" if squashed else "gaussian"
+        if issubclass(dist, SquashedGaussian):
+            squash = (torch.as_tensor(dist.low, dtype=torch.float32), torch.as_tensor(dist.high, dtype=torch.float32))
+        shown = "tanh(mean) scaled into the bounds" if squashed else "the Gaussian's mean"
+        outputs = [
+            _Output("actions", "float32", actions_shape, shown + _clipped(bounds)),
+            _Output("mean", "float32", [BATCH, *n], "the Gaussian's mean" + (" (before the tanh)" if squashed else "")),
+            _Output("log_std", "float32", [BATCH, *n], "the Gaussian's log standard deviation"),
+        ]
+    else:
+        raise RunError(f"{what} acts through a {dist.__name__} distribution, which the exporter does not know; "
+                       "it exports Categorical, DiagGaussian, SquashedGaussian and Deterministic policies")
+    normalization = None
+    if obs_filter is not None:
+        stats = obs_filter.stats()
+        size = int(flatdim(obs_space))  # what the filter sees: flattened observations
+        # No statistics yet: the filter only casts to float32.
+        normalization = stats.normalization() if stats is not None else (np.zeros(size), np.ones(size))
+    model = copy.deepcopy(policy.model).cpu().eval()
+    return GreedyPolicyModule(model, obs_space, kind, bounds, squash, normalization).eval(), outputs
+
+
+def _dims(space: gym.Space[Any]) -> list[int | str]:
+    if isinstance(space, gym.spaces.Discrete):
+        return [int(space.n)]
+    return [int(d) for d in space.shape or ()]
+
+
+def _clipped(bounds: tuple[np.ndarray, np.ndarray] | None) -> str:
+    return ", clipped to the action space's bounds" if bounds is not None else " (clip_actions=False: not clipped)"
+
+
+def _input_shape(space: gym.Space[Any]) -> list[int | str]:
+    """The exported model's input shape: Discrete indices, flattened Dict/Tuple observations, or the Box's shape."""
+    if isinstance(space, gym.spaces.Discrete):
+        return [BATCH]
+    if is_structured(space):
+        return [BATCH, int(flatdim(space))]
+    return [BATCH, *_dims(space)]
+
+
+def _input_dtype(space: gym.Space[Any]) -> np.dtype[Any]:
+    if isinstance(space, gym.spaces.Discrete):
+        return np.dtype(np.int64)
+    if is_image_space(space) and space.dtype == np.uint8:
+        return np.dtype(np.uint8)
+    return np.dtype(np.float32)
+
+
+def _observations(space: gym.Space[Any], n: int, seed: int = 0) -> torch.Tensor:
+    """``n`` observations drawn from ``space`` (seeded, from a copy: the policy's space keeps its RNG)."""
+    space = copy.deepcopy(space)
+    space.seed(seed)
+    rows = [np.asarray(flatten_observation(space, space.sample())) for _ in range(n)]
+    return torch.as_tensor(np.stack(rows).astype(_input_dtype(space)))
+
+
+def _check_onnx_dependencies() -> None:
+    for package in ("onnx", "onnxscript", "onnxruntime"):
+        try:
+            __import__(package)
+        except ImportError as e:
+            raise RunError(f"exporting to ONNX needs the optional dependency {package} ({e}): "
+                           f"pip install 'flowrl-ray[{EXPORT_EXTRA}]'") from None
+
+
+@contextlib.contextmanager
+def _quiet_exporters() -> Iterator[None]:
+    """Hold back what PyTorch's exporters print that says nothing about this export: TorchScript's
+    deprecation, and the ONNX exporter's notes on optional packages it skips."""
+    loggers = [logging.getLogger("torch.onnx"), logging.getLogger("torch.export")]
+    levels = [logger.level for logger in loggers]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.")
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        for logger in loggers:
+            logger.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for logger, level in zip(loggers, levels):
+                logger.setLevel(level)
+
+
+def _write_torchscript(module: GreedyPolicyModule, example: torch.Tensor, file: Path, what: str) -> None:
+    try:
+        with torch.no_grad():
+            traced = torch.jit.trace(module, (example,))
+        traced.save(str(file))
+    except Exception as e:  # noqa: BLE001 - tracing a user's model can fail in many ways; say which model
+        raise RunError(f"{what}: its model cannot be traced to TorchScript: {type(e).__name__}: {e}") from e
+
+
+def _write_onnx(module: GreedyPolicyModule, example: torch.Tensor, names: Sequence[str], file: Path, what: str) -> None:
+    try:
+        torch.onnx.export(
+            module, (example,), str(file), input_names=[INPUT_NAME], output_names=list(names),
+            dynamic_shapes=({0: torch.export.Dim(BATCH)},), dynamo=True, external_data=False, verbose=False,
+        )
+    except Exception as e:  # noqa: BLE001 - as for TorchScript: the exporter raises many error types
+        raise RunError(f"{what}: its model cannot be exported to ONNX: {type(e).__name__}: {e}") from e
+
+
+def _run_exported(file: Path, format: str, obs: torch.Tensor) -> list[np.ndarray]:
+    if format == "torchscript":
+        with _quiet_exporters(), torch.no_grad():
+            loaded = torch.jit.load(str(file))
+            return [t.numpy() for t in loaded(obs)]
+    import onnxruntime  # type: ignore[import-untyped]
+
+    session = onnxruntime.InferenceSession(str(file), providers=["CPUExecutionProvider"])
+    return list(session.run(None, {INPUT_NAME: obs.numpy()}))
+
+
+def _check_export(module: GreedyPolicyModule, file: Path, format: str, obs_space: gym.Space[Any],
+                  outputs: Sequence[_Output], what: str) -> None:
+    """Run the written model on a batch of another size than the traced one; it must give what ``module`` gives.
+
+    Catches a model whose trace fixed the batch size or followed one branch of a data-dependent
+    condition; the file is removed and a :class:`~flowrl.errors.RunError` says how it differed.
+    """
+    obs = _observations(obs_space, _CHECK_BATCH, seed=1)
+    with torch.no_grad():
+        expected = [t.numpy() for t in module(obs)]
+    try:
+        problems = _differences(outputs, expected, _run_exported(file, format, obs), module.kind)
+    except Exception as e:  # noqa: BLE001 - a model traced for one batch size fails in its runtime's own ways
+        problems = [f"running it raised {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"]
+    if problems:
+        file.unlink(missing_ok=True)
+        raise RunError(f"{what}: the exported {format} model does not compute what the policy does on a batch of "
+                       f"{_CHECK_BATCH} observations ({'; '.join(problems)}); a model whose computation depends on "
+                       "the batch size or branches on values cannot be exported")
+
+
+def _differences(outputs: Sequence[_Output], expected: Sequence[np.ndarray], got: Sequence[np.ndarray], kind: str) -> list[str]:
+    """How the exported model's outputs differ from the module's; actions chosen by argmax count only where the
+    best two scores are not tied."""
+    problems = []
+    if len(got) != len(expected):
+        problems.append(f"{len(got)} outputs instead of {len(expected)}")
+    for output, want, have in zip(outputs, expected, got):
+        if have.shape != want.shape or have.dtype != want.dtype:
+            problems.append(f"{output.name}: {have.dtype}{list(have.shape)} instead of {want.dtype}{list(want.shape)}")
+        elif want.dtype.kind == "f" and not np.allclose(have, want, rtol=1e-3, atol=1e-3 * max(1.0, float(np.abs(want).max()))):
+            problems.append(f"{output.name}: values differ by up to {float(np.abs(have - want).max()):.3g}")
+    if kind in ("categorical", "q_values") and not problems:
+        scores = np.sort(expected[1], axis=-1)
+        clear = (scores[:, -1] - scores[:, -2]) > 1e-4 if scores.shape[-1] > 1 else np.ones(len(scores), bool)
+        if not np.array_equal(got[0][clear], expected[0][clear]):
+            problems.append("actions: the exported model picks other actions")
+    return problems
+
+
+def _describe(inference: InferencePolicy, checkpoint: Path, format: str, model_file: Path,
+              outputs: Sequence[_Output]) -> dict[str, Any]:
+    policy, policy_id, obs_filter = inference.policy, inference.policy_id, inference.observation_filter
+    obs_space = policy.observation_space
+    dtype = _input_dtype(obs_space)
+    if isinstance(obs_space, gym.spaces.Discrete):
+        meaning = "observation indices (the model one-hot encodes them)"
+    elif is_structured(obs_space):
+        meaning = ("observations flattened with gymnasium.spaces.utils.flatten(observation_space, obs): the parts in "
+                   "the space's order (a Dict's keys as it lists them), Box parts flattened, Discrete parts one-hot")
+    else:
+        cast = "" if np.dtype(obs_space.dtype) == dtype else f" (the observation space's {obs_space.dtype} cast to {dtype})"
+        meaning = "observations as the env returns them" + cast
+    if obs_filter is not None:
+        meaning += "; the model normalizes them with the run's observation filter (observation_filter below)"
+    loading = ("torch.jit.load(path); model(obs) returns the outputs as a tuple, in this order" if format == "torchscript"
+               else "onnxruntime.InferenceSession(path).run(None, {'obs': obs}) returns the outputs in this order")
+    return {
+        "format": DESCRIPTION_FORMAT,
+        "format_version": DESCRIPTION_VERSION,
+        "flowrl_version": __version__,
+        "model_format": format,
+        "model_file": model_file.name,
+        "loading": loading,
+        "algo": inference.algo,
+        "policy_id": policy_id,
+        "checkpoint": str(checkpoint.resolve()),
+        "global_timestep": int(policy.global_timestep),
+        "input": {"name": INPUT_NAME, "dtype": dtype.name, "shape": _input_shape(obs_space), "description": meaning},
+        "outputs": [dataclasses.asdict(output) for output in outputs],
+        "observation_filter": None if obs_filter is None else obs_filter.to_json(),
+        "observation_space": space_to_json(obs_space, f"policy {policy_id!r}: its observation space"),
+        "action_space": space_to_json(policy.action_space, f"policy {policy_id!r}: its action space"),
+    }
+
+
+def _default_out(checkpoint: Path) -> Path:
+    """``exports/<checkpoint name>`` in the checkpoint's run directory, else in the current directory."""
+    parent = checkpoint.resolve().parent
+    if parent.name == CHECKPOINTS_DIR:
+        return parent.parent / EXPORTS_DIR / checkpoint.name
+    if (parent / PARAMS_FILE).is_file():  # a Tune trial directory keeps its checkpoints beside params.json
+        return parent / EXPORTS_DIR / checkpoint.name
+    return Path(EXPORTS_DIR) / checkpoint.name
+
+
+def _file_stem(policy_id: str) -> str:
+    # A policy id is any string; a file name must not hold separators.
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", policy_id).strip(".") or "policy"

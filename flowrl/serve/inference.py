@@ -1,0 +1,473 @@
+"""Policies for inference, loaded from a checkpoint without Ray, a Trainer or unpickling.
+
+Beside its pickled state a checkpoint holds two files anyone can read:
+
+- ``policies.safetensors``: every policy's weights, one tensor per parameter, keyed
+  ``"<policy_id>/<parameter name>"`` (safetensors stores raw arrays and a JSON header; loading
+  it runs no code);
+- ``policies.json``: what rebuilds each policy, laid out as::
+
+    {"format": "flowrl-policies", "format_version": 1, "flowrl_version": "0.1.0",
+     "algo": "ppo", "weights_file": "policies.safetensors",
+     "policies": {"<policy_id>": {
+         "observation_space": {"type": "Box", "dtype": "float32", "shape": [4], "low": [...], "high": [...]},
+         "action_space": {"type": "Discrete", "n": 2, "start": 0, "dtype": "int64"},
+         "config": {...the algorithm's config keys, as the policy's builder gets them...},
+         "global_timestep": 12000,
+         "observation_filter": {"type": "MeanStdFilter", "count": 12000, "mean": [...], "std": [...]},
+         "tensors": {"<parameter name>": {"key": "<policy_id>/<parameter name>",
+                                          "dtype": "float32", "shape": [64, 4]}}}}}
+
+Spaces are Box (bounds as one number when all equal, else nested lists; infinities as the
+strings ``"inf"`` / ``"-inf"``), Discrete, MultiDiscrete, MultiBinary, and Tuple / Dict of
+these (a Dict as ``[key, space]`` pairs, in its order). :func:`policy_files` writes both files'
+contents; :func:`load_policy` rebuilds one policy from them with its algorithm's own builder.
+``observation_filter`` is there only for a run with ``observation_filter: MeanStdFilter``: the
+statistics (of flattened observations) the policy's inputs are normalized with, which
+:class:`InferencePolicy` applies too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import safetensors.numpy
+
+from flowrl.deferred import torch
+from flowrl._version import __version__
+from flowrl.storage.checkpoints import latest_checkpoint
+from flowrl.config import TrainerConfig
+from flowrl.data import DEFAULT_POLICY_ID
+from flowrl.envs.flatten import flatten_observation, is_structured
+from flowrl.errors import CheckpointError, FlowRLError
+from flowrl.policy import Policy
+from flowrl.policy.filters import MeanStdFilter
+
+POLICIES_JSON = "policies.json"
+POLICIES_WEIGHTS = "policies.safetensors"
+FORMAT = "flowrl-policies"
+FORMAT_VERSION = 1
+#: Config keys that describe the run, not a policy: not written (they may hold functions or
+#: env objects that JSON cannot carry), so a rebuilt policy's config has their defaults.
+_RUN_ONLY_KEYS = ("policy_mapping_fn", "env_config", "callbacks", "evaluation_config")
+_SUPPORTED_SPACES = "Box, Discrete, MultiDiscrete, MultiBinary, and Tuple or Dict (string keys) of them"
+_NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+# -- writing -------------------------------------------------------------------------------
+
+
+def policy_files(
+    policy_map: Mapping[str, Policy[Any]], algo: str, config: TrainerConfig, observation_filter: MeanStdFilter | None = None
+) -> dict[str, bytes]:
+    """The contents of ``policies.safetensors`` and ``policies.json`` for a checkpoint of ``policy_map``.
+
+    ``algo`` is the algorithm's registered name and ``config`` the Trainer's config; each
+    policy's entry records the config its builder got (with its ``policies[pid]["config"]``
+    overrides applied), and ``observation_filter`` (the run's, if any) its statistics. Returns
+    ``{file name: bytes}``. A space or config value JSON cannot
+    describe raises :class:`~flowrl.errors.CheckpointError` naming it. Call it where no other
+    thread changes the weights (under the local worker's ``lock`` while a learner thread runs).
+    """
+    from flowrl.algorithms import get_algorithm
+
+    algorithm = get_algorithm(algo)
+    tensors: dict[str, np.ndarray] = {}
+    entries: dict[str, Any] = {}
+    for pid, policy in policy_map.items():
+        listing: dict[str, Any] = {}
+        for name, value in policy.get_weights().items():
+            array = np.require(value, requirements="C")  # not ascontiguousarray: it makes scalars 1-d
+            key = f"{pid}/{name}"
+            tensors[key] = array
+            listing[name] = {"key": key, "dtype": array.dtype.name, "shape": list(array.shape)}
+        entries[pid] = {
+            "observation_space": space_to_json(policy.observation_space, f"policy {pid!r}: its observation space"),
+            "action_space": space_to_json(policy.action_space, f"policy {pid!r}: its action space"),
+            "config": _config_to_json(_policy_config(algorithm.make_policies is not None, config, pid)),
+            "global_timestep": int(policy.global_timestep),
+            "tensors": listing,
+        }
+        if observation_filter is not None:
+            entries[pid]["observation_filter"] = observation_filter.to_json()
+    document = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "flowrl_version": __version__,
+        "algo": algorithm.name,
+        "weights_file": POLICIES_WEIGHTS,
+        "policies": entries,
+    }
+    try:
+        text = json.dumps(document, indent=2, allow_nan=True)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"cannot write {POLICIES_JSON}: {e}") from None
+    return {POLICIES_WEIGHTS: safetensors.numpy.save(tensors), POLICIES_JSON: text.encode()}
+
+
+def _policy_config(shared_builder: bool, config: TrainerConfig, pid: str) -> TrainerConfig:
+    """The config a policy's builder gets: the whole config for an algorithm that builds all
+    its policies together (``make_policies``), else the config with the policy's overrides
+    (as :func:`flowrl.engine.trainer.policy_specs` applies them)."""
+    return config if shared_builder else config.for_policy(pid)
+
+
+def _config_to_json(config: TrainerConfig) -> dict[str, Any]:
+    values = config.to_dict()
+    for key in _RUN_ONLY_KEYS:
+        values.pop(key, None)
+    if "policies" in values:
+        # The ids only: spaces are written per policy, and the overrides are already applied.
+        values["policies"] = {pid: None for pid in values["policies"]}
+    for key, value in values.items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(
+                f"cannot write {POLICIES_JSON}: config key {key!r}={value!r} is not JSON ({e})"
+            ) from None
+    return values
+
+
+def space_to_json(space: gym.Space[Any], what: str = "space") -> dict[str, Any]:
+    """A JSON-able description of ``space`` (see the module doc); :func:`space_from_json` inverts it.
+
+    Raises :class:`~flowrl.errors.CheckpointError`, its message starting with ``what``, for a
+    space of another kind.
+    """
+    kind = type(space)
+    if kind is gym.spaces.Box:
+        box: gym.spaces.Box = space  # type: ignore[assignment]
+        return {
+            "type": "Box",
+            "dtype": box.dtype.name,
+            "shape": list(box.shape),
+            "low": _bound_to_json(box.low),
+            "high": _bound_to_json(box.high),
+        }
+    if kind is gym.spaces.Discrete:
+        discrete: gym.spaces.Discrete = space  # type: ignore[assignment]
+        dtype = np.dtype(discrete.dtype).name
+        return {"type": "Discrete", "n": int(discrete.n), "start": int(discrete.start), "dtype": dtype}
+    if kind is gym.spaces.MultiDiscrete:
+        multi: gym.spaces.MultiDiscrete = space  # type: ignore[assignment]
+        dtype = np.dtype(multi.dtype).name
+        return {"type": "MultiDiscrete", "nvec": multi.nvec.tolist(), "start": multi.start.tolist(), "dtype": dtype}
+    if kind is gym.spaces.MultiBinary:
+        n = space.n  # type: ignore[attr-defined]
+        return {"type": "MultiBinary", "n": int(n) if np.ndim(n) == 0 else np.asarray(n).tolist()}
+    if kind is gym.spaces.Tuple:
+        parts = space.spaces  # type: ignore[attr-defined]
+        return {"type": "Tuple", "spaces": [space_to_json(part, f"{what} [{i}]") for i, part in enumerate(parts)]}
+    if kind is gym.spaces.Dict:
+        items = space.spaces.items()  # type: ignore[attr-defined]
+        for key, _ in items:
+            if not isinstance(key, str):
+                raise CheckpointError(f"{what} {space} has the key {key!r}: a Dict space needs string keys here")
+        return {"type": "Dict", "spaces": [[key, space_to_json(part, f"{what} [{key!r}]")] for key, part in items]}
+    raise CheckpointError(
+        f"{what} {space} is a {kind.__name__}, which {POLICIES_JSON} cannot describe; supported: {_SUPPORTED_SPACES}"
+    )
+
+
+def _bound_to_json(bound: np.ndarray) -> Any:
+    # One number when every element agrees (image spaces: 0 and 255), else nested lists.
+    flat = bound.reshape(-1)
+    if flat.size and (flat == flat[0]).all():
+        return _finite_or_name(flat[0].item())
+    return _finite_or_name(bound.tolist())
+
+
+def _finite_or_name(value: Any) -> Any:
+    # Standard JSON has no infinity; name it so any reader can parse the file.
+    if isinstance(value, list):
+        return [_finite_or_name(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+# -- reading -------------------------------------------------------------------------------
+
+
+def space_from_json(description: Mapping[str, Any]) -> gym.Space[Any]:
+    """The space :func:`space_to_json` described (``KeyError``/``TypeError``/``ValueError`` if malformed)."""
+    kind = description["type"]
+    if kind == "Box":
+        dtype = np.dtype(description["dtype"])
+        shape = tuple(int(d) for d in description["shape"])
+        # The stored numbers came from arrays of this dtype, so converting back is exact.
+        low, high = (
+            np.broadcast_to(np.asarray(_named_to_float(description[k]), dtype=dtype), shape).copy() for k in ("low", "high")
+        )
+        return gym.spaces.Box(low=low, high=high, shape=shape, dtype=dtype)
+    if kind == "Discrete":
+        dtype = np.dtype(description.get("dtype", "int64"))
+        # Only when needed: gymnasium 1.0's Discrete takes no dtype.
+        extra: dict[str, Any] = {} if dtype == np.int64 else {"dtype": dtype.type}
+        return gym.spaces.Discrete(int(description["n"]), start=int(description.get("start", 0)), **extra)
+    if kind == "MultiDiscrete":
+        return gym.spaces.MultiDiscrete(
+            np.asarray(description["nvec"], dtype=np.int64),
+            dtype=np.dtype(description.get("dtype", "int64")).type,
+            start=description.get("start"),
+        )
+    if kind == "MultiBinary":
+        n = description["n"]
+        return gym.spaces.MultiBinary(int(n) if isinstance(n, int) else [int(d) for d in n])
+    if kind == "Tuple":
+        return gym.spaces.Tuple([space_from_json(part) for part in description["spaces"]])
+    if kind == "Dict":
+        return gym.spaces.Dict([(str(key), space_from_json(part)) for key, part in description["spaces"]])
+    raise ValueError(f"unknown space type {kind!r}")
+
+
+def _named_to_float(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_named_to_float(v) for v in value]
+    if isinstance(value, str):
+        return _NON_FINITE[value]
+    return value
+
+
+class InferencePolicy:
+    """A trained policy ready to act: observations in, actions as the env takes them out.
+
+    Built by :func:`load_policy`. Actions of a Box action space are clipped to its bounds when
+    the policy's config has ``clip_actions`` (as the samplers clip what they send to the env).
+    ``explore=True`` acts as the policy did while sampling at the checkpoint's timestep
+    (stochastic sampling, epsilon-greedy or action noise); the default acts greedily.
+    ``observation_filter``: the run's filter (MeanStdFilter), applied to observations before the
+    policy sees them, its statistics frozen.
+    """
+
+    def __init__(self, policy: Policy[Any], policy_id: str, algo: str, observation_filter: MeanStdFilter | None = None) -> None:
+        self._policy = policy
+        self._policy_id = policy_id
+        self._algo = algo
+        self._filter = observation_filter
+        space = policy.action_space
+        clip = bool(getattr(policy.config, "clip_actions", True))
+        self._clip = (space.low, space.high) if clip and isinstance(space, gym.spaces.Box) else None
+
+    @property
+    def policy(self) -> Policy[Any]:
+        """The underlying flowrl policy (a TorchPolicy's ``policy.model`` is its PyTorch module, in eval mode)."""
+        return self._policy
+
+    @property
+    def policy_id(self) -> str:
+        """The id of the policy in its checkpoint (``"default_policy"`` for a single-agent env)."""
+        return self._policy_id
+
+    @property
+    def algo(self) -> str:
+        """The name of the algorithm that trained it."""
+        return self._algo
+
+    @property
+    def observation_space(self) -> gym.Space[Any]:
+        """The space of the observations it takes."""
+        return self._policy.observation_space
+
+    @property
+    def observation_filter(self) -> MeanStdFilter | None:
+        """The filter its observations go through first (``normalization()`` of its ``stats()``), or None."""
+        return self._filter
+
+    @property
+    def action_space(self) -> gym.Space[Any]:
+        """The space of the actions it gives."""
+        return self._policy.action_space
+
+    def compute_actions(self, obs_batch: Any, explore: bool = False) -> np.ndarray:
+        """Actions for a batch of observations (first axis: the batch), one row each.
+
+        For a Dict or Tuple observation space, a sequence of observations as the env returns them.
+        """
+        space = self.observation_space
+        if is_structured(space):
+            obs_batch = [flatten_observation(space, obs) for obs in obs_batch]
+        obs = np.asarray(obs_batch)
+        if self._filter is not None:
+            obs = self._filter(obs, update=False)
+        with torch.no_grad():
+            actions, _ = self._policy.compute_actions(obs, explore=explore)
+        if self._clip is not None:
+            actions = np.clip(actions, *self._clip)
+        return actions
+
+    def compute_action(self, obs: Any, explore: bool = False) -> Any:
+        """The action for one observation (for a Discrete action space, a NumPy integer)."""
+        batch = [obs] if is_structured(self.observation_space) else np.asarray(obs)[None]
+        return self.compute_actions(batch, explore=explore)[0]
+
+    def __repr__(self) -> str:
+        return (
+            f"InferencePolicy(algo={self._algo!r}, policy_id={self._policy_id!r}, "
+            f"observation_space={self.observation_space}, action_space={self.action_space})"
+        )
+
+
+def load_policy(checkpoint: str | os.PathLike[str], policy_id: str = DEFAULT_POLICY_ID) -> InferencePolicy:
+    """The policy ``policy_id`` of a checkpoint, rebuilt for inference from its ``policies.json`` and
+    ``policies.safetensors`` alone: no Ray, no Trainer, nothing unpickled (``state.pkl`` is never opened).
+
+    ``checkpoint`` is a checkpoint directory or a run directory (its latest checkpoint is used).
+    Raises :class:`~flowrl.errors.CheckpointError` if the files are missing or damaged, the
+    policy id is not among the checkpoint's, or a weight does not fit the rebuilt model. A
+    config naming a custom model by ``"module:name"`` imports that module.
+    """
+    path = _checkpoint_dir(Path(checkpoint))
+    document = _read_document(path)
+    policies = document["policies"]
+    if policy_id not in policies:
+        known = sorted(policies)
+        raise CheckpointError(f"checkpoint {str(path)!r} has no policy {policy_id!r}; its policies are {known}")
+    algo = document["algo"]
+    policy = _build_policy(path, algo, policies, policy_id)
+    _load_weights(path, document, policy, policy_id)
+    observation_filter = _read_filter(path, policies[policy_id])
+    for module in (getattr(policy, "model", None), getattr(policy, "target_model", None)):
+        if isinstance(module, torch.nn.Module):
+            module.eval()  # dropout and batch norm in inference behaviour
+            module.requires_grad_(False)
+    return InferencePolicy(policy, policy_id, algo, observation_filter)
+
+
+def _read_filter(path: Path, entry: Mapping[str, Any]) -> MeanStdFilter | None:
+    """The observation filter a policy's entry describes (None when it has none)."""
+    description = entry.get("observation_filter")
+    if description is None:
+        return None
+    try:
+        return MeanStdFilter.from_json(description)
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{str(path / POLICIES_JSON)!r} is corrupt: its observation_filter: {type(e).__name__}: {e}") from None
+
+
+def _checkpoint_dir(path: Path) -> Path:
+    """The checkpoint directory ``path`` names: itself, or the latest checkpoint of a run directory."""
+    if (path / POLICIES_JSON).is_file():
+        return path
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist or is not a directory")
+    if (path / "checkpoints").is_dir():
+        latest = latest_checkpoint(path / "checkpoints")
+        if latest is None:
+            where = str(path / "checkpoints")
+            raise CheckpointError(f"run directory {str(path)!r} has no complete checkpoint under {where!r}")
+        return latest
+    old = (
+        " (it holds state.pkl: written by a flowrl older than policies.json; "
+        "restore it with Trainer.from_checkpoint and save it again)"
+    )
+    raise CheckpointError(
+        f"checkpoint {str(path)!r} has no {POLICIES_JSON}{old if (path / 'state.pkl').is_file() else ''}; "
+        "give a checkpoint directory or a run directory with a checkpoints/ folder"
+    )
+
+
+def _read_document(path: Path) -> dict[str, Any]:
+    file = path / POLICIES_JSON
+    if not file.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} has no {POLICIES_JSON}")
+    try:
+        document = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{str(file)!r} is corrupt: {type(e).__name__}: {e}") from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise CheckpointError(f"{str(file)!r} is corrupt: not a {FORMAT} document")
+    version = document.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{str(file)!r} has format_version {version!r}; this flowrl reads version {FORMAT_VERSION}"
+        )
+    if not isinstance(document.get("algo"), str) or not isinstance(document.get("policies"), dict):
+        raise CheckpointError(f"{str(file)!r} is corrupt: it needs 'algo' (a string) and 'policies' (an object)")
+    return document
+
+
+def _build_policy(path: Path, algo: str, policies: Mapping[str, Any], policy_id: str) -> Policy[Any]:
+    """The policy built by the algorithm's own builder from the spaces and config in ``policies.json``."""
+    from flowrl.algorithms import get_algorithm
+
+    where = f"{str(path / POLICIES_JSON)!r}"
+    try:
+        algorithm = get_algorithm(algo)
+    except FlowRLError as e:
+        raise CheckpointError(
+            f"{where} was written by algorithm {algo!r}, which this process does not know ({e}); "
+            "register it with flowrl.algorithms.register_algorithm first"
+        ) from None
+    try:
+        spaces = {
+            pid: (space_from_json(entry["observation_space"]), space_from_json(entry["action_space"]))
+            for pid, entry in policies.items()
+        }
+        config_values = policies[policy_id]["config"]
+        global_timestep = int(policies[policy_id].get("global_timestep", 0))
+    except (KeyError, TypeError, ValueError, AttributeError, AssertionError) as e:
+        raise CheckpointError(f"{where} is corrupt: {type(e).__name__}: {e}") from None
+    try:
+        config = algorithm.config_class.from_dict(config_values)
+        if algorithm.make_policies is not None:
+            spec = algorithm.make_policies(spaces, config)[policy_id]
+        else:
+            spec = algorithm.make_policy(*spaces[policy_id], config)
+        policy = spec.build()
+    except FlowRLError as e:
+        raise CheckpointError(f"{where}: policy {policy_id!r} of algorithm {algo!r} cannot be rebuilt: {e}") from e
+    # Explorations that follow a schedule (epsilon-greedy, action noise) go on from where training left them.
+    policy.global_timestep = global_timestep
+    return policy
+
+
+def _load_weights(path: Path, document: Mapping[str, Any], policy: Policy[Any], policy_id: str) -> None:
+    """Set the policy's weights from the safetensors file, after checking every name and shape."""
+    weights_file = document.get("weights_file", POLICIES_WEIGHTS)
+    if not isinstance(weights_file, str) or Path(weights_file).name != weights_file:  # beside policies.json only
+        raise CheckpointError(f"{str(path / POLICIES_JSON)!r} is corrupt: weights_file={weights_file!r} is not a file name")
+    file = path / weights_file
+    if not file.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} has no {file.name}")
+    try:
+        stored = safetensors.numpy.load_file(file)
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for a damaged file
+        raise CheckpointError(f"{str(file)!r} is corrupt: {type(e).__name__}: {e}") from None
+    try:
+        entries = document["policies"][policy_id]["tensors"].items()
+        listing = {name: str(entry["key"]) for name, entry in entries}
+    except (KeyError, TypeError, AttributeError) as e:
+        where = str(path / POLICIES_JSON)
+        raise CheckpointError(f"{where!r} is corrupt: policy {policy_id!r} has no valid 'tensors' ({e})") from None
+    expected = {name: value.shape for name, value in policy.get_weights().items()}
+    problems = []
+    weights: dict[str, np.ndarray] = {}
+    for name, shape in expected.items():
+        if name not in listing:
+            problems.append(f"the rebuilt model's weight {name!r} {tuple(shape)} is not in the checkpoint")
+        elif listing[name] not in stored:
+            problems.append(f"weight {name!r} is listed as {listing[name]!r}, which {file.name} does not hold")
+        elif stored[listing[name]].shape != shape:
+            problems.append(
+                f"weight {name!r} has shape {tuple(stored[listing[name]].shape)} in {file.name}, "
+                f"but the model rebuilt from {POLICIES_JSON} has {tuple(shape)}"
+            )
+        else:
+            weights[name] = stored[listing[name]]
+    unknown = [name for name in listing if name not in expected]
+    problems += [f"the checkpoint's weight {name!r} is not in the rebuilt model" for name in unknown]
+    if problems:
+        details = "\n".join(f"  - {p}" for p in problems)
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: the weights of policy {policy_id!r} do not fit its model:\n{details}"
+        )
+    policy.set_weights(weights)
