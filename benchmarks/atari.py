@@ -60,7 +60,7 @@ from flowrl.algorithms import get_algorithm
 from flowrl.data import LocalReplayBuffer, SampleBatch, concat_samples
 from flowrl.data.compression import CompressedColumn, decompress_array
 from flowrl.envs import get_env_creator, make_atari_env
-from flowrl.engine.trainer import policy_specs
+from flowrl.engine.build import policy_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "atari.json"

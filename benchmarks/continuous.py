@@ -107,7 +107,7 @@ def flowrl_trial(algo: str, seed: int, args: argparse.Namespace) -> dict[str, An
     """Train flowrl ``algo`` (tuned example) until -250 is reached (or the budget) and the steady window is long enough."""
     load_start = loadavg()
     from flowrl.algorithms import get_algorithm
-    from flowrl.cli.main import build_config
+    from flowrl.cli.args import build_config
     from flowrl.engine.trainer import Trainer
 
     overrides: dict[str, Any] = {"learner_threads": args.torch_threads}

@@ -44,7 +44,8 @@ from torch import nn
 from flowrl.callbacks import Callbacks
 from flowrl.plan.doctor import diagnose_run
 from flowrl.envs import FaultInjectEnv, register_env
-from flowrl.runs.run import RunSpec, start_run
+from flowrl.runs.run import start_run
+from flowrl.storage.rundir import RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "doctor.json"

@@ -99,7 +99,7 @@ from flowrl.operators import (
     ThrottleSampling,
     UpdatePriorities,
 )
-from flowrl.engine.trainer import policy_specs
+from flowrl.engine.build import policy_specs
 
 ENV_ID = "CartPole-v1"
 CPUS_PER_WORKER = 0.2

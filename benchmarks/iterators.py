@@ -28,6 +28,7 @@ Run from the repository root::
     python benchmarks/iterators.py                  # full run, about a minute
     python benchmarks/iterators.py --quick          # smaller sizes, a smoke test
     python benchmarks/iterators.py --reps 7 --out /tmp/iterators.json
+    python benchmarks/iterators.py --demo           # only a small dataflow, checked: a check that Ray works
 
 It starts its own local Ray instance (2 CPUs, no dashboard), prints a table and writes the
 figures as JSON to ``--out`` (default ``benchmarks/results/iterators.json``).
@@ -49,7 +50,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import ray
 
-from flowrl.iterators import LocalIterator, ParallelIteratorWorker, from_actors
+from flowrl.iterators import LocalIterator, ParallelIteratorWorker, from_actors, from_range
 
 NUM_SHARDS = 2
 SLOW_PERIOD_S = 0.5
@@ -306,6 +307,35 @@ def print_report(machine: dict[str, Any], throughput: list[ThroughputResult], cp
         print(f"{c.case:<34}{c.items:>6}{c.wall_s:>8.2f}{c.cpu_s:>8.3f}{c.cpu_per_wall:>10.4f}  {met}")
 
 
+def run_demo(items: int = 100_000, num_shards: int = 2, batch_size: int = 1000) -> bool:
+    """Run a small dataflow over shard actors and check its answer; whether it was right.
+
+    ``items`` numbers are squared inside ``num_shards`` shard actors, sent ``batch_size`` at a
+    time, and summed in the driver. Needs a Ray instance.
+    """
+
+    def count_items(batch: list[int]) -> int:
+        metrics = LocalIterator.get_metrics()
+        metrics.counters["items"] += len(batch)
+        return sum(batch)
+
+    plan = (
+        from_range(items, num_shards=num_shards)
+        .for_each(lambda x: x * x)  # runs inside the shard actors
+        .batch(batch_size)
+        .gather_async()
+        .for_each(count_items)  # runs here, in the driver
+    )
+    print(f"plan: {plan!r}")
+    start = time.perf_counter()
+    total = sum(plan)
+    elapsed = time.perf_counter() - start
+    expected = sum(x * x for x in range(items))
+    print(f"sum of squares below {items}: {total} (expected {expected})")
+    print(f"{items} items through {num_shards} shard actors in {elapsed:.2f}s ({items / elapsed:,.0f} items/s)")
+    return total == expected
+
+
 def main() -> None:
     """Parse options, run both benchmarks in a fresh local Ray instance, print and save the figures."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -314,7 +344,16 @@ def main() -> None:
     parser.add_argument("--rep-seconds", type=float, help="target seconds per repetition (default 1.5, quick 0.3)")
     parser.add_argument("--slow-items", type=int, help="slow items consumed per CPU case (default 6, quick 2)")
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    parser.add_argument("--demo", action="store_true",
+                        help="instead, only run a small dataflow over shard actors and check its answer (a check that Ray works)")
     args = parser.parse_args()
+    if args.demo:
+        ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR)
+        try:
+            right = run_demo()
+        finally:
+            ray.shutdown()
+        raise SystemExit(0 if right else 1)
     reps = args.reps or (2 if args.quick else 5)
     rep_seconds = args.rep_seconds or (0.3 if args.quick else 1.5)
     slow_items = args.slow_items or (2 if args.quick else 6)

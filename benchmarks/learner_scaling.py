@@ -46,7 +46,7 @@ from flowrl.actors.placement import learner_request
 from flowrl.algorithms import get_algorithm
 from flowrl.data import SampleBatch, concat_samples
 from flowrl.envs import get_env_creator
-from flowrl.engine.trainer import policy_specs, validated_config
+from flowrl.engine.build import policy_specs, validated_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "learner_scaling.json"

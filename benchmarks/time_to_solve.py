@@ -164,7 +164,7 @@ def flowrl_trial(algo: str, seed: int, target: float, max_steps: int, config_fil
     load_start = loadavg()
     cpu_start = time.process_time()
     from flowrl.algorithms import get_algorithm
-    from flowrl.cli.main import build_config
+    from flowrl.cli.args import build_config
     from flowrl.runs.experiment import load_experiment_file
     from flowrl.engine.trainer import Trainer
 

@@ -21,15 +21,36 @@ config can check a ``callbacks`` value and rollout workers can run the hooks.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flowrl.errors import CallbackError, FlowRLError
 from flowrl.importing import import_callable
 
-if TYPE_CHECKING:  # for annotations only: the trainer and workers sit above this module
-    from flowrl.actors.rollout_worker import RolloutWorker
+if TYPE_CHECKING:  # for annotations only
     from flowrl.data import MultiAgentBatch, SampleBatch
-    from flowrl.engine.trainer import Trainer
+
+class RolloutWorkerView(Protocol):
+    """What a hook sees of the rollout worker it runs in (a :class:`~flowrl.actors.RolloutWorker`).
+
+    A Protocol, because the workers sit in a layer above this module; the worker passed is the
+    whole RolloutWorker, this names the part a hook can count on.
+    """
+
+    worker_index: int  # 0: the driver's local worker
+    policy_map: dict[str, Any]  # policy id -> Policy
+
+    def get_weights(self) -> Any: ...
+
+
+class TrainerView(Protocol):
+    """What a driver hook sees of the :class:`~flowrl.Trainer` that runs it (the whole Trainer is
+    passed; this names the part a hook can count on, since the Trainer sits in a layer above)."""
+
+    iteration: int  # training iterations done
+    config: Any  # the validated, frozen config (a TrainerConfig)
+
+    def save(self, checkpoint_dir: Any, metadata: Any = None) -> str: ...
+
 
 #: The hooks that run for every episode; a sampler tracks episodes only when one is overridden.
 EPISODE_HOOKS = ("on_episode_start", "on_episode_step", "on_episode_end")
@@ -82,13 +103,13 @@ class Callbacks:
         checks: with several envs per worker, possibly after the next episode of the same env started.
         """
 
-    def on_sample_end(self, batch: SampleBatch | MultiAgentBatch, worker: RolloutWorker) -> None:
+    def on_sample_end(self, batch: SampleBatch | MultiAgentBatch, worker: RolloutWorkerView) -> None:
         """After ``worker`` sampled ``batch`` (which the hook may change in place), before it is returned."""
 
-    def on_train_result(self, trainer: Trainer, result: dict[str, Any]) -> None:
+    def on_train_result(self, trainer: TrainerView, result: dict[str, Any]) -> None:
         """In the driver, after each training iteration; keys added to ``result`` are reported with it."""
 
-    def on_checkpoint(self, trainer: Trainer, path: str) -> None:
+    def on_checkpoint(self, trainer: TrainerView, path: str) -> None:
         """In the driver, after ``trainer`` saved a complete checkpoint at ``path``."""
 
 

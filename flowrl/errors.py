@@ -3,6 +3,7 @@
 Every error that bad input, misuse or a failed actor can produce derives from
 :class:`FlowRLError`, so ``except FlowRLError`` catches all of flowrl's own errors
 while programming bugs inside flowrl still surface as ordinary Python errors.
+:class:`RunWarning` is the warning a run gives about what does not stop it.
 """
 
 from __future__ import annotations
@@ -156,3 +157,7 @@ class CallbackError(FlowRLError):
     a rollout worker whose callback raised is not restarted, since its replacement would run
     the same code.
     """
+
+
+class RunWarning(UserWarning):
+    """Something about a run a user should know, that does not stop it (a skipped checkpoint, a metric never seen)."""

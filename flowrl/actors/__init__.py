@@ -13,13 +13,15 @@ from flowrl.deferred import deferred_attributes
 
 if TYPE_CHECKING:
     from flowrl.actors.aggregator import Aggregated, AggregatorSet, AggregatorWorker
+    from flowrl.actors.learned import Learned, LearnerInfo, Priorities
     from flowrl.actors.learner_group import LearnerGroup
-    from flowrl.actors.learner_thread import Learned, LearnerThread, Priorities, learn_on_local_worker
+    from flowrl.actors.learner_thread import LearnerThread, learn_on_local_worker
     from flowrl.actors.replay_actor import ReplayActor
     from flowrl.actors.replay_shards import ReplayShards, create_replay_actors
     from flowrl.actors.resources import PlanResources, learner_resources
     from flowrl.actors.rollout_worker import RolloutWorker, WorkerMetrics, get_global_worker
-    from flowrl.actors.sampling.vector import EpisodeStats, VectorSampler
+    from flowrl.actors.sampling.recovery import EpisodeStats
+    from flowrl.actors.sampling.vector import VectorSampler
     from flowrl.actors.worker_set import WorkerSet
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "EpisodeStats",
     "Learned",
     "LearnerGroup",
+    "LearnerInfo",
     "LearnerThread",
     "PlanResources",
     "Priorities",
@@ -48,13 +51,15 @@ __getattr__ = deferred_attributes(
     __name__,
     {
         "flowrl.actors.aggregator": ["Aggregated", "AggregatorSet", "AggregatorWorker"],
+        "flowrl.actors.learned": ["Learned", "LearnerInfo", "Priorities"],
         "flowrl.actors.learner_group": ["LearnerGroup"],
-        "flowrl.actors.learner_thread": ["Learned", "LearnerThread", "Priorities", "learn_on_local_worker"],
+        "flowrl.actors.learner_thread": ["LearnerThread", "learn_on_local_worker"],
         "flowrl.actors.replay_actor": ["ReplayActor"],
         "flowrl.actors.replay_shards": ["ReplayShards", "create_replay_actors"],
         "flowrl.actors.resources": ["PlanResources", "learner_resources"],
         "flowrl.actors.rollout_worker": ["RolloutWorker", "WorkerMetrics", "get_global_worker"],
-        "flowrl.actors.sampling.vector": ["EpisodeStats", "VectorSampler"],
+        "flowrl.actors.sampling.recovery": ["EpisodeStats"],
+        "flowrl.actors.sampling.vector": ["VectorSampler"],
         "flowrl.actors.worker_set": ["WorkerSet"],
     },
 )

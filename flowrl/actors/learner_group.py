@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flowrl.actors.learner_thread import Learned
+from flowrl.actors.learned import Learned
 from flowrl.actors.placeholders import PlaceholderActor, placeholders_active
 from flowrl.actors.placement import LEARNER
 from flowrl.data import MultiAgentBatch, SampleBatch, as_policy_batches

@@ -2,7 +2,7 @@
 
 In those architectures sampling and replay never wait for gradient steps: the driver
 hands batches to a learner thread through a bounded queue and collects what the
-thread learned, as :class:`Learned` items, from a second queue. The plan writes
+thread learned, as :class:`~flowrl.actors.Learned` items, from a second queue. The plan writes
 ``Enqueue(learner.inqueue)`` on one side and ``Dequeue(learner.outqueue, check=learner.check)``
 on the other; ``check`` carries a failure of the thread into the driver's thread as a
 :class:`~flowrl.errors.LearnerThreadError`.
@@ -16,11 +16,12 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from flowrl.actors.learned import Learned
 from flowrl.data import (
     MultiAgentBatch,
     SampleBatch,
@@ -32,30 +33,30 @@ from flowrl.iterators import EventQueue, FromActor, TimerStat
 from flowrl.policy.sgd import minibatch_sgd
 
 if TYPE_CHECKING:
-    from flowrl.actors.learner_group import LearnerGroup
     from flowrl.actors.rollout_worker import RolloutWorker
 
 logger = logging.getLogger(__name__)
 
 Batch = SampleBatch | MultiAgentBatch
-#: Per policy id, the replayed rows' indexes and their new TD errors (what replay buffers take).
-Priorities = Mapping[str, tuple[np.ndarray, np.ndarray]]
 
 
-class Learned(NamedTuple):
-    """What learning on one batch produced.
+class GroupLearner(Protocol):
+    """What a learner thread asks of the learner group it learns in: a :class:`~flowrl.actors.LearnerGroup`,
+    named by this Protocol so that the two modules do not import each other."""
 
-    ``source``: the actor the batch came from (a replay shard), or None.
-    ``info``: per policy id, its learner statistics.
-    ``steps``: env steps in the batch.
-    ``priorities``: new priorities of the replayed rows, per policy id (empty unless the
-    batch was replayed and the loss gave TD errors).
-    """
+    @property
+    def size(self) -> int:
+        """How many learners the group has."""
 
-    source: Any
-    info: dict[str, dict[str, float]]
-    steps: int
-    priorities: Priorities = {}
+    @property
+    def update_limit_s(self) -> float:
+        """The longest one :meth:`learn` can take."""
+
+    def learn(
+        self, batch: Batch, *, policies: Sequence[str] | None = None, num_sgd_iter: int = 1, sgd_minibatch_size: int = 0,
+        seed: int | list[int] | None = None, sequence_length: int = 1,
+    ) -> Learned:
+        """Learn on ``batch`` across the group; the local worker's policies take the result."""
 
 
 LearnFn = Callable[["RolloutWorker", Batch], Learned]
@@ -97,7 +98,7 @@ def learn_on_local_worker(
 
 
 def learn_in_group(
-    learners: LearnerGroup, worker: RolloutWorker, batch: Batch, *, policies: Sequence[str] | None = None, **settings: Any
+    learners: GroupLearner, worker: RolloutWorker, batch: Batch, *, policies: Sequence[str] | None = None, **settings: Any
 ) -> Learned:
     """:func:`learn_on_local_worker` done by a learner group: it learns data-parallel and ``worker``'s
     policies take rank 0's weights (see :meth:`~flowrl.actors.LearnerGroup.learn`)."""
@@ -139,7 +140,7 @@ class LearnerThread(threading.Thread):
         sequence_length: int = 1,
         timeout_s: float | None = None,
         name: str = "learner",
-        learners: LearnerGroup | None = None,
+        learners: GroupLearner | None = None,
     ) -> None:
         if inqueue_size < 0 or outqueue_size < 0:
             raise FlowRLError(

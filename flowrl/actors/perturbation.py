@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flowrl.actors.rollout_worker import RolloutWorker, get_global_worker
-from flowrl.actors.sampling.vector import EpisodeStats
+from flowrl.actors.sampling.recovery import EpisodeStats
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.deferred import DeferredModule, ray
 from flowrl.envs.episodes import run_episode

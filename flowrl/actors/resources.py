@@ -74,6 +74,10 @@ class PlanResources:
     tree aggregation). ``learners``: a learner group training the policies data-parallel
     (``num_learners >= 2``), which ``TrainOneStep`` or the learner thread drives. With
     ``checkpoint_replay_contents`` the replay contents go into checkpoints, not only their counters.
+
+    Operators that use these pieces take the resources and read them here (``TrainOneStep``
+    learns in ``learners``; ``UpdateTargetNetwork`` also holds ``learner.lock``), so a plan
+    passes no learner group or lock by itself.
     """
 
     replay_buffer: LocalReplayBuffer | None = None

@@ -14,7 +14,8 @@ import numpy as np
 from flowrl.actors.sampling.episode_hooks import EpisodeHooks
 from flowrl.actors.sampling.multi_agent import MultiAgentSampler
 from flowrl.actors.rng import process_rng_state, set_process_rng_state
-from flowrl.actors.sampling.vector import EpisodeStats, VectorSampler
+from flowrl.actors.sampling.recovery import EpisodeStats
+from flowrl.actors.sampling.vector import VectorSampler
 from flowrl.callbacks import EPISODE_HOOKS, make_callbacks, overrides, run_hook
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
@@ -274,7 +275,7 @@ class RolloutWorker(ParallelIteratorWorker):
 
     def trace_samples(self, on: bool) -> TracedWork:
         """Start (``on``) or stop recording a :class:`SampleSpan` per :meth:`sample` call and a
-        :class:`~flowrl.iterators.parallel.HandOffSpan` per fragment handed to Ray; returns what was recorded
+        :class:`~flowrl.iterators.shards.HandOffSpan` per fragment handed to Ray; returns what was recorded
         since the last call. Ask a remote worker with :func:`control_call`: it answers mid-sample."""
         recorded = TracedWork(self._sample_spans or [], self.handoff_spans or [], os.getpid())
         self._sample_spans = [] if on else None
@@ -385,7 +386,7 @@ class RolloutWorker(ParallelIteratorWorker):
         """Restore :meth:`get_state`'s output (of this worker or another of as many envs).
 
         Returns the vector indices of the envs whose episodes could not be restored and
-        started anew (see :meth:`~flowrl.actors.sampling.vector.FaultTolerantSampler.set_state`).
+        started anew (see :meth:`~flowrl.actors.sampling.recovery.FaultTolerantSampler.set_state`).
         """
         for pid, policy_state in state.get("policies", {}).items():
             self.policy_map[pid].set_state(policy_state)

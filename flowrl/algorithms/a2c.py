@@ -98,7 +98,7 @@ def execution_plan(workers: WorkerSet, config: A2CConfig, resources: PlanResourc
     """Rollouts -> ConcatBatches -> TrainOneStep (or microbatched gradient accumulation) -> metrics."""
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
     if config.microbatch_size is None:
-        train_op = rollouts.combine(ConcatBatches(config.train_batch_size)).for_each(TrainOneStep(workers, learners=resources.learners))
+        train_op = rollouts.combine(ConcatBatches(config.train_batch_size)).for_each(TrainOneStep(workers, resources=resources))
     else:
         if workers.trainable_policies() != [DEFAULT_POLICY_ID]:
             raise ConfigError(

@@ -13,7 +13,7 @@ The replay shards and the learner thread are plan resources (created and owned b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from flowrl.actors import LearnerThread, PlanResources, WorkerSet
 from flowrl.actors.learner_group import learner_group
@@ -25,6 +25,7 @@ from flowrl.algorithms.registry import Algorithm
 from flowrl.config import cfg_field
 from flowrl.iterators import LocalIterator
 from flowrl.operators import (
+    STEPS_TRAINED_COUNTER,
     Concurrently,
     LearnInThread,
     ParallelRollouts,
@@ -58,6 +59,7 @@ class ApexConfig(DQNConfig):
         "model": {"fcnet_hiddens": [128, 128], "fcnet_activation": "relu"},
         "exploration_config": {"type": "PerWorkerEpsilonGreedy"},
     }
+    target_update_counter: ClassVar[str] = STEPS_TRAINED_COUNTER  # the learner's steps, not the workers'
     # RLlib 1.13's Ape-X DQN (rllib/agents/dqn/apex.py over DQN's), whose optimizer keys RLlib's Ape-X
     # tuned example uses; its 32 workers and 4 replay shards size the run to a machine and are not taken.
     rllib_defaults = {
@@ -132,12 +134,7 @@ def execution_plan(workers: WorkerSet, config: ApexConfig, resources: PlanResour
         .for_each(SendWeightsToSource(learner, workers, min_steps=config.max_weight_sync_delay))
     )
     replay_op, learned = LearnInThread(Replay(actors=shards, num_async=4).zip_with_source_actor(), learner)
-    update_op = learned.for_each(UpdatePriorities(actors=shards)).for_each(
-        UpdateTargetNetwork(
-            workers, config.target_network_update_freq, by_steps_trained=True, tau=config.tau, lock=learner.lock,
-            learners=resources.learners,
-        )
-    )
+    update_op = learned.for_each(UpdatePriorities(actors=shards)).for_each(UpdateTargetNetwork(workers, config, resources=resources))
     merged = Concurrently([store_op, replay_op, update_op], mode="async", output_indexes=[2])
     # Episode statistics from the lowest-epsilon third of the workers (the highest indices): what the policy can do.
     n = config.num_workers

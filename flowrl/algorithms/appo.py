@@ -10,7 +10,7 @@ the adaptive KL coefficient.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 
@@ -58,6 +58,19 @@ class APPOConfig(impala.ImpalaConfig):
     kl_coeff: float = cfg_field(1.0, "Initial weight of the KL penalty (with use_kl_loss).", min=0, per_policy=True)
     kl_target: float = cfg_field(0.01, "KL the coefficient is adapted towards.", min=0, min_exclusive=True, per_policy=True)
 
+    #: What ``target_update_frequency`` counts, for ``UpdateTargetNetwork``: train batches learned.
+    target_update_counter: ClassVar[str] = NUM_LEARNER_UPDATES
+
+    @property
+    def target_network_update_freq(self) -> int:
+        """``target_update_frequency``, under the name ``UpdateTargetNetwork`` reads."""
+        return self.target_update_frequency
+
+    @property
+    def tau(self) -> float:
+        """APPO's target network is a copy of the network (``UpdateTargetNetwork`` reads this)."""
+        return 1.0
+
 
 def appo_loss(
     policy: TorchPolicy[APPOConfig], model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]
@@ -100,10 +113,7 @@ def make_appo_policy(obs_space: gym.Space, action_space: gym.Space, config: APPO
 def execution_plan(workers: WorkerSet, config: APPOConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """IMPALA's train batches -> learner queue || learner results -> target sync -> KL update -> metrics."""
     enqueue_op, learned = impala.learning_flows(workers, config, resources)
-    lock = resources.need_learner().lock
-    sync_target = UpdateTargetNetwork(
-        workers, config.target_update_frequency, counter=NUM_LEARNER_UPDATES, lock=lock, learners=resources.learners
-    )
+    sync_target = UpdateTargetNetwork(workers, config, resources=resources)
     merged = Concurrently([enqueue_op, learned.for_each(sync_target).for_each(UpdateKL(workers))], mode="async", output_indexes=[1])
     return StandardMetricsReporting(merged, workers, config)
 

@@ -9,19 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import gymnasium as gym
 
-from flowrl.actors import LearnerGroup, PlanResources, WorkerSet
+from flowrl.actors import PlanResources, WorkerSet
 from flowrl.actors.learner_group import learner_group
 from flowrl.actors.resources import local_replay_buffer
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import TrainerConfig, cfg_field
-from flowrl.data import LocalReplayBuffer, SampleBatch
+from flowrl.data import SampleBatch
 from flowrl.deferred import DeferredModule, nn, torch
 from flowrl.iterators import LocalIterator
 from flowrl.operators import (
+    STEPS_SAMPLED_COUNTER,
     Concurrently,
     ParallelRollouts,
     Replay,
@@ -45,6 +46,9 @@ else:
 @dataclass(kw_only=True)
 class DQNConfig(TrainerConfig):
     """DQN settings (shared keys: see :class:`~flowrl.config.TrainerConfig`)."""
+
+    #: What ``target_network_update_freq`` counts, for ``UpdateTargetNetwork``.
+    target_update_counter: ClassVar[str] = STEPS_SAMPLED_COUNTER
 
     defaults = {
         "num_workers": 0,
@@ -165,19 +169,20 @@ def training_flow(
     rollouts: LocalIterator[Any],
     workers: WorkerSet,
     config: DQNConfig,
-    buffer: LocalReplayBuffer,
+    resources: PlanResources,
     policies: Sequence[str] | None = None,
-    learners: LearnerGroup | None = None,
 ) -> LocalIterator[Any]:
-    """DQN's learning from a stream of rollouts through ``buffer``: store them || (Replay ->
-    TrainOneStep -> UpdatePriorities -> UpdateTargetNetwork), round robin; only ``policies``
-    (default all trainable) train, in ``learners`` if given. A building block of composed plans (``ppo_dqn``)."""
+    """DQN's learning from a stream of rollouts through the replay buffer of ``resources``: store
+    them || (Replay -> TrainOneStep -> UpdatePriorities -> UpdateTargetNetwork), round robin; only
+    ``policies`` (default all trainable) train, in the learner group of ``resources`` if they hold
+    one. A building block of composed plans (``ppo_dqn``)."""
+    buffer = resources.need_replay_buffer()
     store_op = rollouts.for_each(StoreToReplayBuffer(local_buffer=buffer))
     replay_op = (
         Replay(local_buffer=buffer)
-        .for_each(TrainOneStep(workers, policies, learners=learners))
+        .for_each(TrainOneStep(workers, policies, resources=resources))
         .for_each(UpdatePriorities(local_buffer=buffer))
-        .for_each(UpdateTargetNetwork(workers, config.target_network_update_freq, policies=policies, tau=config.tau, learners=learners))
+        .for_each(UpdateTargetNetwork(workers, config, policies=policies, resources=resources))
     )
     return Concurrently(
         [store_op, replay_op], mode="round_robin", output_indexes=[1], round_robin_weights=round_robin_weights(config)
@@ -190,7 +195,7 @@ def execution_plan(workers: WorkerSet, config: DQNConfig, resources: PlanResourc
     DDPG and TD3 run this same plan with their own policy (soft target updates via ``tau``).
     """
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
-    learning = training_flow(rollouts, workers, config, resources.need_replay_buffer(), learners=resources.learners)
+    learning = training_flow(rollouts, workers, config, resources)
     return StandardMetricsReporting(learning, workers, config)
 
 

@@ -65,7 +65,7 @@ def make_pg_policy(obs_space: gym.Space, action_space: gym.Space, config: PGConf
 def execution_plan(workers: WorkerSet, config: PGConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """Rollouts -> ConcatBatches -> TrainOneStep -> metrics."""
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
-    train_op = rollouts.combine(ConcatBatches(config.train_batch_size)).for_each(TrainOneStep(workers, learners=resources.learners))
+    train_op = rollouts.combine(ConcatBatches(config.train_batch_size)).for_each(TrainOneStep(workers, resources=resources))
     return StandardMetricsReporting(train_op, workers, config)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from flowrl.actors import LearnerGroup, PlanResources, WorkerSet
+from flowrl.actors import PlanResources, WorkerSet
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import TrainerConfig, cfg_field
 from flowrl.data import SampleBatch
@@ -119,20 +119,16 @@ def training_flow(
     rollouts: LocalIterator[Any],
     workers: WorkerSet,
     config: PPOConfig,
+    resources: PlanResources,
     policies: Sequence[str] | None = None,
-    learners: LearnerGroup | None = None,
 ) -> LocalIterator[Any]:
     """PPO's learning from a stream of rollouts: ConcatBatches -> StandardizeFields -> TrainOneStep
-    (minibatch epochs, in ``learners`` if given; only ``policies``, default all trainable) -> UpdateKL.
-    A building block of composed plans (``ppo_dqn``)."""
-    train_step = TrainOneStep(
-        workers, policies, num_sgd_iter=config.num_sgd_iter, sgd_minibatch_size=config.sgd_minibatch_size, seed=config.seed,
-        learners=learners,
-    )
+    (the config's minibatch epochs, in the learner group of ``resources`` if they hold one; only
+    ``policies``, default all trainable) -> UpdateKL. A building block of composed plans (``ppo_dqn``)."""
     return (
         rollouts.combine(ConcatBatches(config.train_batch_size))
         .for_each(StandardizeFields([SampleBatch.ADVANTAGES]))
-        .for_each(train_step)
+        .for_each(TrainOneStep(workers, policies, config, resources=resources))
         .for_each(UpdateKL(workers))
     )
 
@@ -140,7 +136,7 @@ def training_flow(
 def execution_plan(workers: WorkerSet, config: PPOConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """Rollouts -> ConcatBatches -> StandardizeFields -> TrainOneStep (minibatch epochs) -> UpdateKL -> metrics."""
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
-    return StandardMetricsReporting(training_flow(rollouts, workers, config, learners=resources.learners), workers, config)
+    return StandardMetricsReporting(training_flow(rollouts, workers, config, resources), workers, config)
 
 
 ALGORITHM = Algorithm(

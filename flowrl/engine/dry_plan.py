@@ -17,7 +17,7 @@ from flowrl.algorithms import get_algorithm
 from flowrl.config import TrainerConfig
 from flowrl.envs import get_env_creator
 from flowrl.plan.graph import Plan
-from flowrl.engine.trainer import EnvSpec, build_plan, make_workers, plan_bundles, validated_config
+from flowrl.engine.build import EnvSpec, build_plan, make_workers, plan_bundles, validated_config
 
 
 def dry_plan(algo: str, env: EnvSpec, config: Mapping[str, Any] | TrainerConfig | None = None) -> Plan:

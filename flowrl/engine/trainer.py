@@ -6,43 +6,30 @@ import logging
 import random
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-import gymnasium as gym
 import numpy as np
 
-from flowrl.algorithms import Algorithm, get_algorithm, list_algorithms
-from flowrl.actors import PlanResources, WorkerSet
-from flowrl.actors.evaluation import evaluation_request
-from flowrl.actors.placement import BundleRequest, asks_for_actors, learner_request
-from flowrl.actors.rng import process_rng_state, set_process_rng_state
+from flowrl.algorithms import Algorithm, get_algorithm
+from flowrl.actors import PlanResources
+from flowrl.actors.placement import asks_for_actors
 from flowrl.callbacks import Callbacks, run_hook
-from flowrl.storage.checkpoints import read_checkpoint, write_checkpoint
+from flowrl.storage.checkpoints import read_checkpoint
 from flowrl.config import TrainerConfig
-from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.deferred import torch
-from flowrl.envs import get_env_creator, is_multi_agent_env
-from flowrl.envs.context import EnvContext
-from flowrl.envs.registry import EnvCreator, close_env
-from flowrl.serve.inference import policy_files
+from flowrl.envs import get_env_creator
 from flowrl.errors import CheckpointError, ConfigError, FlowRLError, PlanStoppedError
+from flowrl.engine.build import EnvSpec, build_plan, make_workers, plan_bundles, validated_config
 from flowrl.engine.evaluator import Evaluator, evaluate_policies
-from flowrl.operators import STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER
-from flowrl.plan.graph import Plan
-from flowrl.policy import PolicySpec
-from flowrl.policy.filters import MeanStdFilter
-from flowrl.policy.mapping import policy_mapping
+from flowrl.engine.state import TrainerState
+from flowrl.operators import STEPS_SAMPLED_COUNTER
 from flowrl.engine.ray_runtime import start_ray, stop_ray
-from flowrl.engine.restore import Layout, check_restore, state_layout
 from flowrl.plan.xray import XRay
-
-EnvSpec = str | Callable[[dict[str, Any]], gym.Env]
-CHECKPOINT_VERSION = 3
 
 logger = logging.getLogger(__name__)
 
 
-class Trainer:
+class Trainer(TrainerState):
     """Trains one algorithm on one env: ``train()`` runs one iteration of its execution plan.
 
     ``config`` is a dict of the algorithm's config keys (or its config object); every
@@ -199,169 +186,7 @@ class Trainer:
         local = self.workers.local_worker()
         return evaluate_policies(local.policy_map, self.env, self.config, num_episodes, seed, obs_filter=local.obs_filter)
 
-    # -- checkpoints -----------------------------------------------------------------
-
-    def get_state(self) -> dict[str, Any]:
-        """Everything needed to resume: config, spaces, weights, optimizer and exploration state,
-        counters, RNGs, the envs' episodes in progress in every rollout worker, and the plan's
-        resources (replay buffers).
-
-        A learner thread is paused while the state is read, so weights and counters agree.
-        """
-        remote = self.workers.get_remote_states()  # first: they may wait for samples in flight
-        local = self.workers.local_worker()
-        with local.lock:  # not halfway through a learner thread's step; it waits until we are done
-            return {
-                "version": CHECKPOINT_VERSION,
-                "algo": self.algorithm.name,
-                "env": self.env,
-                "config": self.config.to_dict(jsonable=False),
-                "iteration": self.iteration,
-                "time_total_s": self.time_total_s,
-                "spaces": {pid: (p.observation_space, p.action_space) for pid, p in local.policy_map.items()},
-                "worker": local.get_state(),
-                "remote_workers": remote,
-                "num_worker_restarts": self.workers.num_worker_restarts,
-                "plan": {**self.plan.get_state(), "metrics": self._checkpoint_metrics()},
-                "resources": self.resources.get_state(),
-                "evaluation": self.evaluator.get_state(),
-                "rng": process_rng_state(),
-            }
-
-    def _checkpoint_metrics(self) -> tuple[dict[str, int], dict[str, Any]]:
-        # The counters of the last finished iteration, plus the steps a learner thread trained
-        # since (their results wait in its outqueue): those are in the weights being saved.
-        counters, info = self._finished_metrics
-        learner = self.resources.learner
-        if learner is None:
-            return dict(counters), dict(info)
-        extra = learner.num_steps_trained - self._learner_steps_taken
-        return {**counters, STEPS_TRAINED_COUNTER: counters.get(STEPS_TRAINED_COUNTER, 0) + extra}, dict(info)
-
-    def layout(self) -> Layout:
-        """What a checkpoint restored into this trainer must match (see :mod:`flowrl.engine.restore`)."""
-        local = self.workers.local_worker()
-        return Layout(
-            algo=self.algorithm.name,
-            env=self.env if isinstance(self.env, str) else None,
-            spaces={pid: (p.observation_space, p.action_space) for pid, p in local.policy_map.items()},
-            weight_shapes={pid: {k: tuple(v.shape) for k, v in p.get_weights().items()} for pid, p in local.policy_map.items()},
-            target_networks=frozenset(pid for pid, p in local.policy_map.items() if getattr(p, "target_model", None) is not None),
-            operators=self.plan.state_keys(),
-            replay_shards=len(self.resources.replay_actors),
-            replay_buffer=self.resources.replay_buffer is not None,
-        )
-
-    def set_state(self, state: Mapping[str, Any], *, allow_partial: bool = False, source: str = "the checkpoint") -> None:
-        """Restore :meth:`get_state`'s output into this trainer; older layouts are upgraded.
-
-        Everything is checked first (see :mod:`flowrl.engine.restore`): a checkpoint of another
-        algorithm, env, spaces or model shapes raises :class:`~flowrl.errors.CheckpointError`
-        naming both sides, and so does a partial restore unless ``allow_partial`` (then it
-        is logged and reported); in either case the trainer is left as it was. This
-        trainer's config wins over the checkpoint's: the optimizers keep its learning rates
-        and loss coefficients named in it take its values. What the restore found is kept
-        in :attr:`restore_report` and reported in every later result under ``"restore"``.
-        """
-        state = upgraded_state(state)
-        check = check_restore(state_layout(state), self.layout(), state["config"], self.config.to_dict(jsonable=False))
-        if check.mismatches:
-            raise CheckpointError(f"{source} does not fit this trainer:\n" + "\n".join(f"  - {m}" for m in check.mismatches))
-        if check.partial and not allow_partial:
-            raise CheckpointError(
-                f"{source} can only be restored in part (pass allow_partial=True to accept that):\n"
-                + "\n".join(f"  - {p}" for p in check.partial)
-            )
-        for problem in check.partial:
-            logger.warning("partial restore from %s: %s", source, problem)
-        local = self.workers.local_worker()
-        with local.lock:
-            fresh = {0: local.set_state(state["worker"])}
-            self._apply_overrides(check.overrides)
-        self.plan.set_state(state["plan"])
-        self.resources.set_state(state["resources"], allow_partial=allow_partial)
-        if self.resources.learners is not None:  # the replicas learn from the restored policies
-            with local.lock:
-                self.resources.learners.sync()
-        self.evaluator.set_state(state.get("evaluation", {}))
-        self._finished_metrics = self.plan.metrics.save()
-        learner = self.resources.learner
-        self._learner_steps_taken = learner.num_steps_trained - learner.steps_not_delivered() if learner is not None else 0
-        self.iteration = int(state["iteration"])
-        self.time_total_s = float(state["time_total_s"])
-        # The whole run's restarts: max_worker_restarts caps them across resumed sessions too.
-        self.workers.num_worker_restarts = int(state.get("num_worker_restarts", 0))
-        set_process_rng_state(state["rng"])
-        timestep = self.plan.metrics.counters[STEPS_SAMPLED_COUNTER]
-        self.workers.sync_weights(global_vars={"timestep": timestep})
-        fresh.update(self.workers.set_remote_states(state.get("remote_workers", {})))
-        restarted = {index: envs for index, envs in fresh.items() if envs}
-        self.restore_report = {
-            "checkpoint": source,
-            "iteration": self.iteration,
-            "config_overrides": check.overrides,
-            "partial": check.partial,
-            "envs_restarted": restarted,
-        }
-        if restarted:
-            logger.warning("restored from %s, but these envs (worker index: vector indices) could not be saved "
-                           "mid-episode and started new episodes: %s", source, restarted)
-
-    def _apply_overrides(self, overrides: Mapping[str, Any]) -> None:
-        # Loss coefficients an algorithm adapts (PPO's kl_coeff) are saved state; a value the
-        # caller gives in the config at restore replaces the saved one.
-        for policy in self.workers.local_worker().policy_map.values():
-            coeffs = getattr(policy, "coeffs", {})
-            for key in overrides:
-                if key in coeffs:
-                    coeffs[key] = float(getattr(policy.config, key))
-
-    def save(self, checkpoint_dir: str | Path, metadata: Mapping[str, Any] | None = None) -> str:
-        """Write a checkpoint under ``checkpoint_dir`` (atomically) and return its path.
-
-        ``metadata`` adds keys to the checkpoint's ``metadata.json`` (e.g. the metric a run
-        keeps its best checkpoint by).
-        """
-        path = Path(checkpoint_dir) / f"checkpoint_{self.iteration:06d}"
-        metadata = {
-            **(metadata or {}),
-            "algo": self.algorithm.name,
-            "env": self.env if isinstance(self.env, str) else repr(self.env),
-            "iteration": self.iteration,
-            "timesteps_total": self._finished_metrics[0].get(STEPS_SAMPLED_COUNTER, 0),
-            "config": self.config.to_dict(),
-        }
-        local = self.workers.local_worker()
-        with local.lock:  # the portable weights are the same moment's as the state's
-            state = self.get_state()
-            try:
-                files = policy_files(local.policy_map, self.algorithm.name, self.config, local.obs_filter)
-            except CheckpointError as e:  # an exotic space JSON cannot describe: the full checkpoint still counts
-                logger.warning("checkpoint %s: no portable policy files (load_policy cannot read it): %s", path, e)
-                files = {}
-        saved = str(write_checkpoint(path, state, metadata, files=files))
-        run_hook(self.callbacks, "on_checkpoint", self, saved, where=f"driver, iteration {self.iteration}")
-        return saved
-
-    def state_problem(self) -> str | None:
-        """Why this trainer's state is not worth saving (a policy weight that is not finite), or None.
-
-        A run that ends with an error saves an emergency checkpoint only when this is None.
-        """
-        for pid, policy in self.workers.local_worker().policy_map.items():
-            for name, value in policy.get_weights().items():
-                if not np.isfinite(value).all():
-                    return f"policy {pid!r} has non-finite weights in {name!r}"
-        return None
-
-    def restore(self, checkpoint_path: str | Path, *, allow_partial: bool = False) -> None:
-        """Load a checkpoint written by :meth:`save` into this trainer (checked first: see :meth:`set_state`).
-
-        A checkpoint is a pickle, and loading a pickle can run code: restore only checkpoints
-        you trust (:func:`flowrl.load_policy` reads a policy from anyone without unpickling).
-        """
-        state, _ = read_checkpoint(checkpoint_path)
-        self.set_state(state, allow_partial=allow_partial, source=f"checkpoint {str(checkpoint_path)!r}")
+    # -- checkpoints (saving and restoring: TrainerState, in flowrl.engine.state) -----
 
     @classmethod
     def from_checkpoint(
@@ -426,176 +251,3 @@ class Trainer:
 
     def __repr__(self) -> str:
         return f"Trainer(algo={self.algorithm.name!r}, env={self.env!r}, iteration={self.iteration})"
-
-
-# Version 1 keyed operator state by "<position>:<label>" and kept the replay buffers' state
-# there; version 2 keys operators by their state_key and keeps replay state under "resources";
-# version 3 adds the spaces, the remote workers' and the samplers' states (read where present).
-_V1_OPERATOR_KEYS = {"CollectMetrics": "collect_metrics", "MixInReplay": "mix_in_replay"}
-
-
-def upgraded_state(state: Mapping[str, Any]) -> dict[str, Any]:
-    """A Trainer state (``get_state``'s output) in this version's layout.
-
-    A version-1 state (written before plans got their resources) keeps everything: its
-    replay buffers' state moves to ``resources`` and its operators' state to their keys.
-    Raises :class:`~flowrl.errors.CheckpointError` for a version this flowrl cannot read.
-    """
-    version = state.get("version", 1)
-    if version not in (1, 2, CHECKPOINT_VERSION):
-        raise CheckpointError(f"the checkpoint's layout is version {version!r}; this flowrl reads versions 1 to {CHECKPOINT_VERSION}")
-    if version != 1:
-        return {**state, "version": CHECKPOINT_VERSION, "upgraded_from": version}
-    operators: dict[str, Any] = {}
-    resources: dict[str, Any] = {}
-    for key, op_state in state["plan"].get("operators", {}).items():
-        label = key.partition(":")[2]
-        if "StoreToReplayBuffer" in label:
-            resources.update({"replay_buffer": op_state["buffer"]} if "buffer" in op_state else {"replay_shards": op_state["shards"]})
-        for name, state_key in _V1_OPERATOR_KEYS.items():
-            if name in label:  # numbered as Plan numbers repeated keys, in dataflow order
-                repeats = sum(1 for k in operators if k.partition("#")[0] == state_key)
-                operators[f"{state_key}#{repeats}" if repeats else state_key] = op_state
-    return {**state, "version": CHECKPOINT_VERSION, "upgraded_from": 1, "plan": {**state["plan"], "operators": operators},
-            "resources": resources}
-
-
-def validated_config(algorithm: Algorithm, config: Mapping[str, Any] | TrainerConfig | None) -> TrainerConfig:
-    """``config`` as ``algorithm``'s frozen config (every problem in one :class:`~flowrl.errors.ConfigError`)."""
-    if isinstance(config, TrainerConfig):
-        config = config.to_dict(jsonable=False)
-    settings = algorithm.config_class.from_dict(config).frozen()
-    if settings.num_learners >= 2 and not algorithm.learner_group:
-        able = [name for name in list_algorithms() if get_algorithm(name).learner_group]
-        raise ConfigError([f"num_learners={settings.num_learners}: {algorithm.name!r} does not train in a learner group "
-                           f"(its plan learns in the driver or on the rollout workers); algorithms that do: {', '.join(able)}"])
-    return settings
-
-
-def plan_bundles(algorithm: Algorithm, config: TrainerConfig) -> list[BundleRequest]:
-    """What the plan's actors besides the rollout workers ask Ray for: the algorithm's (replay shards,
-    aggregators), the learner group's and the evaluation workers'."""
-    return [*algorithm.bundles(config), learner_request(config), evaluation_request(config)]
-
-
-def make_workers(algorithm: Algorithm, config: TrainerConfig, env_creator: EnvCreator, bundles: list[BundleRequest]) -> WorkerSet:
-    """The run's rollout workers: a local one and ``config.num_workers`` remote ones, reserved with ``bundles``."""
-    return WorkerSet(
-        env_creator=env_creator,
-        policy_specs=policy_specs(algorithm, config, env_creator),
-        config=config,
-        num_workers=config.num_workers,
-        num_cpus_per_worker=config.num_cpus_per_worker,
-        recreate_failed_workers=config.recreate_failed_workers,
-        check_env=config.check_env,
-        bundles=bundles,
-    )
-
-
-def build_plan(algorithm: Algorithm, workers: WorkerSet, config: TrainerConfig, resources: PlanResources) -> Plan:
-    """``algorithm``'s execution plan over ``workers`` and ``resources``, with its graph recorded."""
-    return Plan(algorithm.execution_plan(workers, config, resources), name=algorithm.name)
-
-
-def policy_specs(algorithm: Algorithm, config: TrainerConfig, env_creator: Callable[[dict[str, Any]], Any]) -> dict[str, PolicySpec]:
-    """The policies to build for ``env_creator``'s env: ``default_policy`` for a Gymnasium env; for
-    a multi-agent env, ``config.policies`` with spaces from the agents mapped to each.
-
-    Problems a user can cause (a mapping to an unknown policy, agents of one policy with
-    different spaces, ``policies`` on a single-agent env) raise one :class:`~flowrl.errors.ConfigError`.
-    """
-    probe = env_creator(EnvContext(config.env_config, num_workers=config.num_workers))
-    try:
-        if not is_multi_agent_env(probe):
-            if config.policies:
-                raise ConfigError(
-                    [f"policies={sorted(config.policies)} needs a multi-agent env, but {type(probe).__name__} is a single-agent Gymnasium env"]
-                )
-            return {DEFAULT_POLICY_ID: algorithm.make_policy(probe.observation_space, probe.action_space, config)}
-        if not algorithm.multi_agent:
-            able = [name for name in list_algorithms() if get_algorithm(name).multi_agent]
-            raise ConfigError(
-                [f"algorithm {algorithm.name!r} trains single-agent envs, but {type(probe).__name__} is multi-agent; "
-                 f"algorithms for multi-agent envs: {', '.join(able)}"]
-            )
-        spaces = multi_agent_policy_spaces(probe, config)
-    finally:
-        close_env(probe)
-    if algorithm.make_policies is not None:
-        return algorithm.make_policies(spaces, config)
-    policy_keys = config.per_policy_keys()
-    problems = [
-        f"policies[{pid!r}]['config'] sets {key!r}, which is not a policy key; per-policy keys are {sorted(policy_keys)}"
-        for pid, spec in config.policies.items()
-        for key in (spec or {}).get("config", {})
-        if key not in policy_keys
-    ]
-    if problems:
-        raise ConfigError(problems)
-    specs = {}
-    for pid, (observation_space, action_space) in spaces.items():
-        specs[pid] = algorithm.make_policy(observation_space, action_space, config.for_policy(pid))
-    return specs
-
-
-def multi_agent_policy_spaces(env: Any, config: TrainerConfig) -> dict[str, tuple[gym.Space, gym.Space]]:
-    """Each policy's (observation space, action space): given in ``config.policies``, else those of
-    the agents ``config.policy_mapping_fn`` maps to it, which must all agree."""
-    policy_ids = list(config.policies) or [DEFAULT_POLICY_ID]
-    problems: list[str] = []
-    try:
-        mapping = policy_mapping(config.policy_mapping_fn, policy_ids)
-    except FlowRLError as e:
-        raise ConfigError([str(e)]) from None
-    found: dict[str, tuple[gym.Space, gym.Space, Any]] = {}
-    for pid in policy_ids:
-        given = config.policies.get(pid) or {}
-        if "observation_space" in given and "action_space" in given:
-            found[pid] = (given["observation_space"], given["action_space"], "its policies entry")
-    for agent in env.possible_agents:
-        pid = mapping(agent)
-        if pid not in policy_ids:
-            problems.append(f"policy_mapping_fn({agent!r}) returned {pid!r}, which is not a policy; the policies are {policy_ids}")
-            continue
-        agent_spaces = (env.observation_space(agent), env.action_space(agent))
-        if pid not in found:
-            found[pid] = (*agent_spaces, f"agent {agent!r}")
-            continue
-        for kind, mine, theirs in (("observation", agent_spaces[0], found[pid][0]), ("action", agent_spaces[1], found[pid][1])):
-            if mine != theirs:
-                problems.append(
-                    f"the {kind} space of agent {agent!r}, {mine}, does not match that of policy {pid!r}, {theirs} (from {found[pid][2]})"
-                )
-    mapping_failed = bool(problems)
-    for pid in policy_ids:
-        if pid not in found and not mapping_failed:  # after a bad mapping this would only add noise
-            problems.append(f"no agent maps to policy {pid!r}: give its 'observation_space' and 'action_space' in policies[{pid!r}]")
-    if problems:
-        raise ConfigError(problems)
-    return {pid: (found[pid][0], found[pid][1]) for pid in policy_ids}
-
-
-def evaluate_checkpoint(
-    checkpoint_path: str | Path, num_episodes: int = 10, seed: int | None = None, *, video_dir: str | Path | None = None
-) -> dict[str, Any]:
-    """Evaluate a Trainer checkpoint's policy without Ray or rollout workers (deterministic actions).
-
-    Returns the episode statistics plus the checkpoint's ``algo``, ``env`` and ``iteration``.
-    With ``video_dir``, each episode is recorded there as an MP4 file (``pip install 'flowrl-ray[video]'``).
-    """
-    state, _ = read_checkpoint(checkpoint_path)
-    for key in ("algo", "env", "config", "worker"):
-        if key not in state:
-            raise CheckpointError(f"checkpoint {str(checkpoint_path)!r} has no {key!r}: not a flowrl Trainer checkpoint")
-    algorithm = get_algorithm(state["algo"])
-    config = algorithm.config_class.from_dict(state["config"])
-    policy_map = {}
-    for pid, spec in policy_specs(algorithm, config, get_env_creator(state["env"])).items():
-        policy_map[pid] = spec.build()
-        policy_map[pid].set_state(state["worker"]["policies"][pid])
-    obs_filter = None
-    if state["worker"].get("obs_filter") is not None:  # the run filtered observations: so does its evaluation
-        obs_filter = MeanStdFilter()
-        obs_filter.set_state(state["worker"]["obs_filter"])
-    stats = evaluate_policies(policy_map, state["env"], config, num_episodes, seed, video_dir=video_dir, obs_filter=obs_filter)
-    return {**stats, "algo": state["algo"], "env": state["env"], "iteration": state["iteration"]}

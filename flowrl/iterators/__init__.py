@@ -3,19 +3,19 @@
 Knows nothing about reinforcement learning. See ``docs/iterators.md``.
 """
 
-from flowrl.iterators.local import FromActor, LocalIterator, NextValueNotReady, StageNode, callable_name
+from flowrl.iterators.local import FromActor, LocalIterator, StageNode, StreamTransform, callable_name
 from flowrl.iterators.metrics import MetricsContext, SharedMetrics, StageStats, TimerStat
 from flowrl.iterators.parallel import (
     LATE_ITEMS_COUNTER,
-    HandOffSpan,
     ParallelIterator,
-    ParallelIteratorWorker,
     from_actors,
     from_items,
     from_iterators,
     from_range,
 )
 from flowrl.iterators.queues import EventQueue, as_event_queue
+from flowrl.iterators.shards import HandOffSpan, ParallelIteratorWorker
+from flowrl.iterators.union import NextValueNotReady
 
 __all__ = [
     "LATE_ITEMS_COUNTER",
@@ -30,6 +30,7 @@ __all__ = [
     "SharedMetrics",
     "StageNode",
     "StageStats",
+    "StreamTransform",
     "TimerStat",
     "as_event_queue",
     "callable_name",

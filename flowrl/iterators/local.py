@@ -5,10 +5,8 @@ A :class:`LocalIterator` is a *definition* until its first item is pulled: a bas
 combinator returns a new definition, so a plan can be built, printed and shipped to a Ray
 task before anything runs.
 
-Sources that must not block (the children of a union) are built with ``timeout=0`` and
-yield a :class:`NextValueNotReady` marker when they have nothing yet. The marker carries
-what the source waits on (Ray object refs, threading events), so a union that finds all
-of its children idle blocks on exactly those instead of polling.
+Sources that must not block (the children of a union) yield a :class:`NextValueNotReady`
+marker when they have nothing yet (see :mod:`flowrl.iterators.union`, which merges them).
 """
 
 from __future__ import annotations
@@ -24,137 +22,35 @@ from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
 # typing.NamedTuple accepts Generic only from Python 3.11; this backport accepts it on 3.10 too.
 from typing_extensions import NamedTuple
 
-from flowrl.deferred import ray
 from flowrl.errors import IteratorUsageError
-from flowrl.iterators.metrics import MetricsContext, SharedMetrics, Span, StageStats, current_metrics, swap_current_metrics
+from flowrl.iterators.metrics import (
+    BLOCKED,
+    HELD,
+    TRANSFERRING,
+    WAITING,
+    MetricsContext,
+    SharedMetrics,
+    Span,
+    StageStats,
+    _timing,
+    account,
+    current_metrics,
+    swap_current_metrics,
+)
+from flowrl.iterators.union import (
+    NextValueNotReady,
+    SiblingProgress,
+    _async_base,
+    _check_weights,
+    _round_robin_base,
+    _Waiter,
+)
 
 T = TypeVar("T")
 U = TypeVar("U")
 
 Transform = Callable[[Iterator[Any]], Iterator[Any]]
 BaseIterator = Callable[[float | None], Iterable[Any]]
-
-
-class SiblingProgress:
-    """How many items a ``duplicate``'s children have taken or fetched so far: sibling iterators
-    can make progress that no union sees (an item a filter drops, a batch still being
-    concatenated), and a count that moved between two idle passes tells a wait from a deadlock."""
-
-    __slots__ = ("count",)
-
-    def __init__(self) -> None:
-        self.count = 0
-
-
-class NextValueNotReady:
-    """Marker yielded (never raised) by a non-blocking source that has no item yet.
-
-    ``object_refs`` are Ray object refs, one of which must complete before the source can
-    make progress; ``events`` are :class:`threading.Event` objects set when it may have
-    an item. A marker with neither ("bare") names nothing to wait on; with
-    ``waits_on_siblings`` it says the source waits for other iterators of the same
-    dataflow to consume (a ``duplicate`` child that is ahead of the others), whose
-    ``progress`` counters show whether those siblings moved.
-    """
-
-    __slots__ = ("object_refs", "events", "waits_on_siblings", "progress")
-
-    def __init__(
-        self,
-        object_refs: Sequence[ray.ObjectRef[Any]] = (),
-        events: Sequence[threading.Event] = (),
-        waits_on_siblings: bool = False,
-        progress: Sequence[SiblingProgress] = (),
-    ) -> None:
-        self.object_refs = tuple(object_refs)
-        self.events = tuple(events)
-        self.waits_on_siblings = waits_on_siblings
-        self.progress = tuple(progress)
-
-    @property
-    def is_bare(self) -> bool:
-        """True when the marker names nothing to wait on."""
-        return not self.object_refs and not self.events
-
-    @staticmethod
-    def merge(markers: Iterable["NextValueNotReady"]) -> "NextValueNotReady":
-        """One marker that waits on everything the given markers wait on."""
-        markers = list(markers)
-        refs: dict[ray.ObjectRef[Any], None] = {}
-        events: dict[threading.Event, None] = {}
-        progress: dict[SiblingProgress, None] = {}
-        for marker in markers:
-            refs.update(dict.fromkeys(marker.object_refs))
-            events.update(dict.fromkeys(marker.events))
-            progress.update(dict.fromkeys(marker.progress))
-        on_siblings = bool(markers) and all(m.waits_on_siblings for m in markers)
-        return NextValueNotReady(list(refs), list(events), on_siblings, list(progress))
-
-    def __repr__(self) -> str:
-        return f"NextValueNotReady(refs={len(self.object_refs)}, events={len(self.events)})"
-
-
-class _Waiter:
-    """Blocks until one of a set of not-ready sources may have an item.
-
-    Ray refs alone: one ``ray.wait``; one event alone: ``Event.wait`` (each for at most a
-    second at a time).
-    Mixed handles, several events, or only bare markers cannot be waited on as one, so
-    those poll with a capped exponential backoff (1 ms doubling to 20 ms), which keeps an
-    idle driver under ~1% of a core.
-    """
-
-    _MIN_DELAY_S = 0.001
-    _MAX_DELAY_S = 0.02
-    _RECHECK_S = 1.0
-
-    def __init__(self) -> None:
-        self._delay = self._MIN_DELAY_S
-        self._sibling_counts: list[int] | None = None
-
-    def reset(self) -> None:
-        """Forget the backoff after a source made progress."""
-        self._delay = self._MIN_DELAY_S
-        self._sibling_counts = None
-
-    def wait(self, markers: Sequence[NextValueNotReady]) -> None:
-        """Return once progress may be possible for one of ``markers`` (time the stage spent waiting for input)."""
-        start = time.perf_counter()
-        try:
-            self._block(markers)
-        finally:
-            account(WAITING, time.perf_counter() - start)
-
-    def _block(self, markers: Sequence[NextValueNotReady]) -> None:
-        merged = NextValueNotReady.merge(markers)
-        if merged.waits_on_siblings:
-            # Siblings that moved since the last idle pass (or a first idle pass) may have
-            # made an item ready out of the caller's sight: pass again before calling it a deadlock.
-            counts = [p.count for p in merged.progress]
-            if counts != self._sibling_counts:
-                self._sibling_counts = counts
-                return
-            raise IteratorUsageError(
-                "deadlock: every source of this iterator waits for a sibling duplicate() iterator "
-                "to consume, and none of those siblings is pulled here; put all children of a "
-                "duplicate() into the same union (or Concurrently)."
-            )
-        refs, events = list(merged.object_refs), merged.events
-        # Both waits are bounded, so a source waiting on an actor gets to check its deadline
-        # (a shard timeout) and one waiting on a thread to re-check that the thread is alive.
-        if refs and not events:
-            ray.wait(refs, num_returns=1, timeout=self._RECHECK_S)
-            return
-        if len(events) == 1 and not refs:
-            events[0].wait(timeout=self._RECHECK_S)
-            return
-        if any(event.is_set() for event in events):
-            return
-        if refs:
-            ray.wait(refs, num_returns=1, timeout=self._delay)
-        else:
-            time.sleep(self._delay)
-        self._delay = min(2 * self._delay, self._MAX_DELAY_S)
 
 
 _stage_ids = itertools.count(1)
@@ -182,35 +78,6 @@ def callable_name(fn: Any) -> str:
     """A short name for a function or callable object (its class name for operators)."""
     name = getattr(fn, "__name__", None)
     return name if isinstance(name, str) else type(fn).__name__
-
-
-class _ThreadTiming(threading.local):
-    """Per thread: one frame per measured stage being pulled, innermost last.
-
-    A frame holds the seconds the stage spent pulling from measured stages below it, then
-    the seconds of its own time spent waiting for input, fetching arrived results and blocked on
-    output, and the seconds it held an item back (added by :func:`account`).
-    """
-
-    def __init__(self) -> None:
-        self.stack: list[list[float]] = []
-
-
-_timing = _ThreadTiming()
-
-#: What :func:`account` attributes an interval to (positions in a timing frame): part of the stage's own
-#: time spent waiting for input (``WAITING``), fetching arrived results (``TRANSFERRING``) or blocked on
-#: output in place (``BLOCKED``: what consumes its output has no room), or, outside its own time, how long it
-#: held an item back while the dataflow ran other branches (``HELD``: a full queue, a sibling behind).
-WAITING, TRANSFERRING, BLOCKED, HELD = 1, 2, 3, 4
-
-
-def account(kind: int, seconds: float) -> None:
-    """Attribute ``seconds`` of the stage being pulled in this thread to ``kind`` (:data:`WAITING`,
-    :data:`TRANSFERRING`, :data:`BLOCKED` or :data:`HELD`); outside a measured stage it is dropped."""
-    stack = _timing.stack
-    if stack:
-        stack[-1][kind] += seconds
 
 
 def item_nbytes(item: Any) -> int:
@@ -269,6 +136,16 @@ def _skip_markers(fn: Callable[[Any], Any]) -> Transform:
             yield item if isinstance(item, NextValueNotReady) else fn(item)
 
     return apply
+
+
+class StreamTransform:
+    """Base of callables that map the whole item stream (``Iterator -> Iterator``, passing
+    :class:`NextValueNotReady` on), such as a hand-off to a bounded queue: ``for_each`` of one
+    applies it as :meth:`LocalIterator.transform`, since mapping each item through it would
+    only make generators that nothing runs."""
+
+    def __call__(self, items: Iterator[Any]) -> Iterator[Any]:
+        raise NotImplementedError
 
 
 class FromActor(NamedTuple, Generic[T]):
@@ -405,7 +282,9 @@ class LocalIterator(Generic[T]):
         return self._chain(fn, ".transform()", fn)
 
     def for_each(self, fn: Callable[[T], U]) -> "LocalIterator[U]":
-        """Map each item through ``fn``."""
+        """Map each item through ``fn`` (a :class:`StreamTransform` is applied as :meth:`transform`)."""
+        if isinstance(fn, StreamTransform):
+            return self.transform(fn)
         return self._chain(_skip_markers(fn), ".for_each()", fn)
 
     def filter(self, fn: Callable[[T], bool]) -> "LocalIterator[T]":
@@ -615,91 +494,3 @@ class LocalIterator(Generic[T]):
 
     def __repr__(self) -> str:
         return f"LocalIterator[{self.name}]"
-
-
-def _check_weights(weights: Sequence[int | str] | None, n: int) -> list[int | None] | None:
-    """Validate ``round_robin_weights``; ``"*"`` comes back as None (take all that is ready)."""
-    if weights is None:
-        return None
-    weights = list(weights)
-    if len(weights) != n:
-        raise IteratorUsageError(f"round_robin_weights={weights} has {len(weights)} entries for {n} iterators")
-    checked: list[int | None] = []
-    for w in weights:
-        if w == "*":
-            checked.append(None)
-        elif isinstance(w, int) and w >= 1:
-            checked.append(w)
-        else:
-            raise IteratorUsageError(f"round_robin_weights={weights}: each weight must be an int >= 1 or '*', got {w!r}")
-    return checked
-
-
-def _async_base(children: list[LocalIterator[Any]]) -> BaseIterator:
-    def base(timeout: float | None) -> Iterator[Any]:
-        active = list(children)
-        waiter = _Waiter()
-        while active:
-            markers: list[NextValueNotReady] = []
-            progressed = False
-            for child in list(active):
-                try:
-                    item = next(child)
-                except StopIteration:
-                    active.remove(child)
-                    progressed = True
-                    continue
-                if isinstance(item, NextValueNotReady):
-                    markers.append(item)
-                else:
-                    progressed = True
-                    yield item
-            if progressed or not active:
-                waiter.reset()
-            elif timeout is not None:
-                yield NextValueNotReady.merge(markers)
-            else:
-                waiter.wait(markers)
-
-    return base
-
-
-def _round_robin_base(children: list[LocalIterator[Any]], weights: Sequence[int | None]) -> BaseIterator:
-    """Round robin taking ``weights[i]`` items per turn from child ``i`` (None: all it has ready)."""
-
-    def base(timeout: float | None) -> Iterator[Any]:
-        active = list(zip(children, weights))
-        waiter = _Waiter()
-        while active:
-            markers: list[NextValueNotReady] = []
-            progressed = False
-            for entry in list(active):
-                child, weight = entry
-                taken = 0
-                while weight is None or taken < weight:
-                    try:
-                        item = next(child)
-                    except StopIteration:
-                        active.remove(entry)
-                        progressed = True
-                        break
-                    if not isinstance(item, NextValueNotReady):
-                        taken += 1
-                        progressed = True
-                        yield item
-                    elif weight is None or item.is_bare:
-                        # "*" (None) takes only what is ready; a bare marker waits on a sibling.
-                        markers.append(item)
-                        break
-                    elif timeout is not None:
-                        yield item  # keep the order: retry this child when resumed
-                    else:
-                        waiter.wait([item])
-            if progressed or not active:
-                waiter.reset()
-            elif timeout is not None:
-                yield NextValueNotReady.merge(markers)
-            else:
-                waiter.wait(markers)
-
-    return base

@@ -4,7 +4,8 @@ One :class:`MetricsContext` belongs to a whole plan. Iterators hold it through a
 :class:`SharedMetrics` holder, so that a union can point all of its children at one
 context after they were built separately. While an iterator computes its next item the
 context is installed for the current thread, which is how operators reach it through
-:meth:`flowrl.iterators.LocalIterator.get_metrics`.
+:meth:`flowrl.iterators.LocalIterator.get_metrics`. Stages measure their own time in a per-thread
+stack of frames, and :func:`account` attributes parts of it (waiting, transferring, blocked, held).
 """
 
 from __future__ import annotations
@@ -205,3 +206,32 @@ def swap_current_metrics(metrics: MetricsContext | None) -> MetricsContext | Non
     previous = _local.metrics
     _local.metrics = metrics
     return previous
+
+
+class _ThreadTiming(threading.local):
+    """Per thread: one frame per measured stage being pulled, innermost last.
+
+    A frame holds the seconds the stage spent pulling from measured stages below it, then
+    the seconds of its own time spent waiting for input, fetching arrived results and blocked on
+    output, and the seconds it held an item back (added by :func:`account`).
+    """
+
+    def __init__(self) -> None:
+        self.stack: list[list[float]] = []
+
+
+_timing = _ThreadTiming()
+
+#: What :func:`account` attributes an interval to (positions in a timing frame): part of the stage's own
+#: time spent waiting for input (``WAITING``), fetching arrived results (``TRANSFERRING``) or blocked on
+#: output in place (``BLOCKED``: what consumes its output has no room), or, outside its own time, how long it
+#: held an item back while the dataflow ran other branches (``HELD``: a full queue, a sibling behind).
+WAITING, TRANSFERRING, BLOCKED, HELD = 1, 2, 3, 4
+
+
+def account(kind: int, seconds: float) -> None:
+    """Attribute ``seconds`` of the stage being pulled in this thread to ``kind`` (:data:`WAITING`,
+    :data:`TRANSFERRING`, :data:`BLOCKED` or :data:`HELD`); outside a measured stage it is dropped."""
+    stack = _timing.stack
+    if stack:
+        stack[-1][kind] += seconds

@@ -4,7 +4,10 @@ Each operator is a small callable (or a function returning an iterator) that can
 tested without a cluster. What the plan graph and checkpoints read from an operator is
 declared through :mod:`flowrl.operators.protocol`; the items flowing between operators
 are named tuples (:class:`Trained`, :class:`~flowrl.actors.Learned`,
-:class:`ComputedGradients`, :class:`~flowrl.iterators.FromActor`).
+:class:`ComputedGradients`, :class:`~flowrl.iterators.FromActor`). The settings an operator may
+read from an algorithm's config are small Protocols (:class:`SGDConfig`,
+:class:`TargetNetworkConfig`); what it uses of the plan's stateful pieces it reads from the
+:class:`~flowrl.actors.PlanResources` it is given.
 """
 
 from flowrl.operators.concurrency_ops import Concurrently, Dequeue, Enqueue
@@ -62,6 +65,8 @@ from flowrl.operators.train_ops import (
     AverageGradients,
     ComputedGradients,
     ComputeGradients,
+    SGDConfig,
+    TargetNetworkConfig,
     Trained,
     TrainOneStep,
     UpdateKL,
@@ -106,12 +111,14 @@ __all__ = [
     "PerturbationUpdate",
     "RecordLearnerResults",
     "Replay",
+    "SGDConfig",
     "SelectExperiences",
     "SendWeightsToSource",
     "StandardMetricsReporting",
     "StandardizeFields",
     "StatefulOperator",
     "StoreToReplayBuffer",
+    "TargetNetworkConfig",
     "ThrottleSampling",
     "TrainOneStep",
     "Trained",

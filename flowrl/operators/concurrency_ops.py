@@ -8,7 +8,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from flowrl.errors import FlowRLError
 from flowrl.iterators import EventQueue, LocalIterator, NextValueNotReady, SharedMetrics, StageNode, as_event_queue
-from flowrl.iterators.local import HELD, WAITING, account
+from flowrl.iterators.local import StreamTransform
+from flowrl.iterators.metrics import HELD, WAITING, account
 from flowrl.operators.protocol import ActorLink, HiddenOperator, Operator
 
 CONCURRENCY_MODES = ("round_robin", "async")
@@ -72,15 +73,15 @@ def Concurrently(
     return merged.filter(_KeepOutputs(output_indexes)).for_each(_Untag())
 
 
-class Enqueue(Operator):
+class Enqueue(StreamTransform, Operator):
     """Put each item on a bounded :class:`~flowrl.iterators.EventQueue` (or a standard
-    ``queue.Queue``, which becomes one in place: see :func:`~flowrl.iterators.as_event_queue`);
-    use with ``transform``.
+    ``queue.Queue``, which becomes one in place: see :func:`~flowrl.iterators.as_event_queue`).
 
-    ``flow.transform(Enqueue(q))`` yields each item once it is on the queue. While the
-    queue is full it yields a not-ready marker that waits on the queue's ``not_full_event``
-    and keeps the item, so nothing is dropped and a union meanwhile serves its other
-    sub-flows (back-pressure instead of loss).
+    ``flow.transform(Enqueue(q))`` yields each item once it is on the queue, and so does
+    ``flow.for_each(Enqueue(q))`` as RLlib Flow plans write it (a stream transform, which
+    ``for_each`` applies as ``transform``). While the queue is full it yields a not-ready
+    marker that waits on the queue's ``not_full_event`` and keeps the item, so nothing is
+    dropped and a union meanwhile serves its other sub-flows (back-pressure instead of loss).
     """
 
     def __init__(self, output_queue: queue.Queue[Any]) -> None:

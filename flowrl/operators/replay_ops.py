@@ -25,7 +25,8 @@ from flowrl.data import (
 )
 from flowrl.deferred import ray
 from flowrl.errors import FlowRLError, ReplayShardError, ShardFailedError
-from flowrl.iterators.local import BLOCKED, HELD, account
+from flowrl.iterators.local import StreamTransform
+from flowrl.iterators.metrics import BLOCKED, HELD, account
 from flowrl.iterators import (
     LocalIterator,
     NextValueNotReady,
@@ -302,9 +303,10 @@ class UpdatePriorities(Operator):
     """Set the replayed rows' new priorities where they were replayed from (pass-through).
 
     Consumes :class:`~flowrl.operators.train_ops.Trained` (TrainOneStep's, replayed from
-    ``local_buffer``) or :class:`~flowrl.actors.Learned` (a learner thread's, replayed from
-    the replay shard that is its ``source``) and hands their ``priorities`` (replayed rows'
-    indexes and TD errors) to that buffer.
+    ``local_buffer``; its priorities travel in ``info.priorities``) or
+    :class:`~flowrl.actors.Learned` (a learner thread's, replayed from the replay shard that
+    is its ``source``) and hands their ``priorities`` (replayed rows' indexes and TD errors)
+    to that buffer.
 
     Updates sent to shards are bounded and checked as :class:`StoreToReplayBuffer`'s
     writes are (``max_in_flight``: default :data:`CALLS_IN_FLIGHT_PER_SHARD` per shard of
@@ -365,8 +367,8 @@ class UpdatePriorities(Operator):
         self._updates.add(shard.update_priorities.remote(priorities), shard, index)
 
 
-class ThrottleSampling:
-    """Hold back sampling so that training keeps up: a transform for the sampling sub-flow.
+class ThrottleSampling(StreamTransform):
+    """Hold back sampling so that training keeps up: a stream transform for the sampling sub-flow.
 
     Once ``start_after`` steps were sampled, the next batch is pulled only while
     ``steps_sampled <= start_after + steps_trained / training_intensity``; otherwise it

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any, ContextManager, NamedTuple, Protocol, cast, runtime_checkable
+from typing import Any, ClassVar, ContextManager, NamedTuple, Protocol, cast, runtime_checkable
 
 import numpy as np
 
-from flowrl.actors import Learned, LearnerGroup, Priorities, WorkerSet
+from flowrl.actors import Learned, LearnerInfo, PlanResources, Priorities, WorkerSet
 from flowrl.actors.learner_group import LEARNER_ACTOR
-from flowrl.actors.learner_thread import learn_on_local_worker
+from flowrl.actors.learner_thread import GroupLearner, learn_on_local_worker
 from flowrl.data import (
     DEFAULT_POLICY_ID,
     MultiAgentBatch,
@@ -36,19 +36,24 @@ from flowrl.operators.weight_sync import broadcast_weights, send_weights
 
 Batch = SampleBatch | MultiAgentBatch
 Gradients = list[np.ndarray]
-LearnerInfo = dict[str, dict[str, float]]
+LearnerStats = dict[str, dict[str, float]]
 
 #: The ``policy.coeffs`` entry holding the weight of a KL penalty (PPO, APPO).
 KL_COEFF = "kl_coeff"
 
 
 class Trained(NamedTuple):
-    """What :class:`TrainOneStep` yields: the batch it learned on, each policy's learner stats,
-    and the new priorities of replayed rows (empty unless the batch was replayed)."""
+    """What :class:`TrainOneStep` yields, RLlib Flow's ``batch, info``: the batch it learned on and
+    a :class:`~flowrl.actors.LearnerInfo`, each policy's learner stats with, in ``info.priorities``,
+    the new priorities of replayed rows (empty unless the batch was replayed)."""
 
     batch: Batch
     info: LearnerInfo
-    priorities: Priorities = {}
+
+    @property
+    def priorities(self) -> Priorities:
+        """``info.priorities`` (none when ``info`` is a plain mapping of stats)."""
+        return self.info.priorities if isinstance(self.info, LearnerInfo) else {}
 
 
 class ComputedGradients(NamedTuple):
@@ -56,6 +61,30 @@ class ComputedGradients(NamedTuple):
 
     gradients: Gradients
     steps: int
+
+
+class SGDConfig(Protocol):
+    """The keys :class:`TrainOneStep` reads from a config given as its ``num_sgd_iter`` (PPO's)."""
+
+    num_sgd_iter: int
+    sgd_minibatch_size: int
+    seed: int | None
+
+
+class TargetNetworkConfig(Protocol):
+    """The keys :class:`UpdateTargetNetwork` reads from a config given as its ``target_update_freq``
+    (DQN's family, APPO's)."""
+
+    #: The metrics counter that ``target_network_update_freq`` counts in (e.g. steps sampled).
+    target_update_counter: ClassVar[str]
+
+    @property
+    def target_network_update_freq(self) -> int:
+        """Units of ``target_update_counter`` between target updates (0: after every item)."""
+
+    @property
+    def tau(self) -> float:
+        """How far each update moves a target: 1 copies the network, less blends it in."""
 
 
 @runtime_checkable
@@ -73,7 +102,7 @@ class CoefficientPolicy(Protocol):
     config: Any
 
 
-def learner_group_links(learners: LearnerGroup | None, driven_by: str | None = None) -> list[PlanLink]:
+def learner_group_links(learners: GroupLearner | None, driven_by: str | None = None) -> list[PlanLink]:
     """How ``learners`` shows in the plan graph (nothing without a group): the operator that learns through
     it, or the actor ``driven_by`` (a learner thread), sends it batches; its actors all-reduce gradients."""
     if learners is None:
@@ -83,7 +112,7 @@ def learner_group_links(learners: LearnerGroup | None, driven_by: str | None = N
     return [to_group, ActorFlow(LEARNER_ACTOR, LEARNER_ACTOR, "all-reduce gradients")]
 
 
-def learner_group_counts(learners: LearnerGroup | None) -> dict[str, int]:
+def learner_group_counts(learners: GroupLearner | None) -> dict[str, int]:
     """The learner group's actors, for an operator's :meth:`~flowrl.operators.Operator.plan_actor_counts`."""
     return {} if learners is None else {LEARNER_ACTOR: learners.size}
 
@@ -94,33 +123,40 @@ def _needs(operator: str, kind: str, policy_id: str, policy: Any) -> FlowRLError
 
 
 class TrainOneStep(Operator):
-    """Learn on a batch with the local worker's policies, then broadcast the new weights.
+    """Learn on a batch with the local worker's policies (only ``policies``, default all
+    trainable), then broadcast the new weights.
 
     Consumes a batch and yields :class:`Trained`. With ``num_sgd_iter`` > 1 or
-    ``sgd_minibatch_size`` > 0 it runs that many epochs of shuffled minibatches, shuffled
-    reproducibly when ``seed`` is given. Counts ``num_steps_trained`` and keeps the
-    per-policy learner stats in ``info["learner"]``. With ``learners`` (a
-    :class:`~flowrl.actors.LearnerGroup`) the group learns, data-parallel, and the local
-    policies take rank 0's weights before the broadcast.
+    ``sgd_minibatch_size`` > 0 it runs that many epochs of shuffled minibatches. Given the
+    algorithm's config as ``num_sgd_iter`` (an :class:`SGDConfig`), it takes both settings
+    from there, and its ``seed`` shuffles reproducibly. Counts ``num_steps_trained`` and keeps
+    the per-policy learner stats in ``info["learner"]``. When ``resources`` (the plan's
+    :class:`~flowrl.actors.PlanResources`) hold a learner group, the group learns,
+    data-parallel, and the local policies take rank 0's weights before the broadcast.
     """
 
     def __init__(
         self,
         workers: WorkerSet,
         policies: Sequence[str] | None = None,
-        num_sgd_iter: int = 1,
+        num_sgd_iter: int | SGDConfig = 1,
         sgd_minibatch_size: int = 0,
-        seed: int | None = None,
-        learners: LearnerGroup | None = None,
+        *,
+        resources: PlanResources | None = None,
     ) -> None:
+        self.seed: int | None = None
+        if not isinstance(num_sgd_iter, int):
+            if sgd_minibatch_size:
+                raise FlowRLError("TrainOneStep: a config given as num_sgd_iter sets sgd_minibatch_size too; drop the argument")
+            config = num_sgd_iter
+            num_sgd_iter, sgd_minibatch_size, self.seed = config.num_sgd_iter, config.sgd_minibatch_size, config.seed
         if num_sgd_iter < 1:
             raise FlowRLError(f"TrainOneStep(num_sgd_iter={num_sgd_iter}): must be >= 1")
         self.workers = workers
         self.policies = list(policies) if policies is not None else workers.trainable_policies()
         self.num_sgd_iter = num_sgd_iter
         self.sgd_minibatch_size = sgd_minibatch_size
-        self.seed = seed
-        self.learners = learners
+        self.learners = resources.learners if resources is not None else None
 
     def plan_links(self) -> list[PlanLink]:
         """Broadcasts to the rollout workers, naming the policies unless it is only the default one; the learner group."""
@@ -148,7 +184,7 @@ class TrainOneStep(Operator):
         metrics.counters[AGENT_STEPS_TRAINED_COUNTER] += batch.agent_steps()
         record_learner_info(learned.info)
         broadcast_weights(self.workers, self.policies)
-        return Trained(batch, learned.info, learned.priorities)
+        return Trained(batch, LearnerInfo(learned.info, learned.priorities))
 
 
 class ComputeGradients:
@@ -197,7 +233,7 @@ class ApplyGradients(Operator):
         target = "all" if self.update_all else "the source worker"
         return [ActorLink("RolloutWorker", f"send weights to {target}")]
 
-    def __call__(self, item: ComputedGradients) -> LearnerInfo:
+    def __call__(self, item: ComputedGradients) -> LearnerStats:
         metrics = LocalIterator.get_metrics()
         local = self.workers.local_worker()
         with metrics.timers[APPLY_GRADS_TIMER]:
@@ -211,39 +247,46 @@ class ApplyGradients(Operator):
             if actor is None:
                 raise FlowRLError("ApplyGradients(update_all=False) needs the source actor; use it right after AsyncGradients")
             send_weights(self.workers, actor, local.get_weights([self.policy_id]))
-        info: LearnerInfo = metrics.info.get(LEARNER_INFO, {})
+        info: LearnerStats = metrics.info.get(LEARNER_INFO, {})
         return info
 
 
 class UpdateTargetNetwork(Operator):
-    """Every ``target_update_freq`` steps, move each policy's target network to its network.
+    """Every ``target_update_freq`` steps, move each policy's target network to its network
+    (only ``policies``, default all trainable).
 
     Pass-through. Counts steps sampled, or steps trained with ``by_steps_trained``; a
-    frequency of 0 updates on every item. ``tau`` < 1 blends instead of copying (soft
-    updates). The policies must have an ``update_target(tau)`` method. ``lock`` (e.g. a
-    :class:`~flowrl.actors.LearnerThread`'s) is held while the target moves, so a learner
-    training in another thread never reads a half-copied target. ``counter`` paces the
-    updates by another metrics counter (e.g. ``NUM_LEARNER_UPDATES``: train batches learned).
-    With ``learners`` the replicas of a learner group move their targets the same way.
+    frequency of 0 updates on every item. Given the algorithm's config as
+    ``target_update_freq`` (a :class:`TargetNetworkConfig`), it takes the frequency, the
+    counter it is in (e.g. ``NUM_LEARNER_UPDATES``: train batches learned) and ``tau`` from
+    there; ``tau`` < 1 blends instead of copying (soft updates). The policies must have an
+    ``update_target(tau)`` method. From ``resources`` (the plan's
+    :class:`~flowrl.actors.PlanResources`): the lock of their learner thread is held while the
+    targets move, so a learner training in another thread never reads a half-copied target,
+    and the replicas of their learner group move their targets the same way.
     """
 
     def __init__(
         self,
         workers: WorkerSet,
-        target_update_freq: int,
+        target_update_freq: int | TargetNetworkConfig,
         by_steps_trained: bool = False,
+        *,
         policies: Sequence[str] | None = None,
-        tau: float = 1.0,
-        lock: ContextManager[Any] | None = None,
-        counter: str | None = None,
-        learners: LearnerGroup | None = None,
+        resources: PlanResources | None = None,
     ) -> None:
         self.workers = workers
-        self.learners = learners
+        self.tau = 1.0
+        self.counter = STEPS_TRAINED_COUNTER if by_steps_trained else STEPS_SAMPLED_COUNTER
+        if not isinstance(target_update_freq, int):
+            if by_steps_trained:
+                raise FlowRLError("UpdateTargetNetwork: a config given as target_update_freq names the counter; drop by_steps_trained")
+            config = target_update_freq
+            target_update_freq, self.tau, self.counter = config.target_network_update_freq, config.tau, config.target_update_counter
         self.target_update_freq = target_update_freq
-        self.tau = tau
-        self.lock: ContextManager[Any] = lock if lock is not None else contextlib.nullcontext()
-        self.counter = counter or (STEPS_TRAINED_COUNTER if by_steps_trained else STEPS_SAMPLED_COUNTER)
+        learner = resources.learner if resources is not None else None
+        self.lock: ContextManager[Any] = learner.lock if learner is not None else contextlib.nullcontext()
+        self.learners = resources.learners if resources is not None else None
         self.policies = list(policies) if policies is not None else workers.trainable_policies()
         # Checked by class when the plan is built (a plan declared over placeholders builds no policy);
         # the policies themselves are taken on the first update: the local worker keeps them for good.

@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from flowrl.errors import RunError
+from flowrl.errors import RunError, RunWarning
 from flowrl.storage.results import finite_number, flatten_result, result_value
-from flowrl.runs.run import PARAMS_FILE, PROGRESS_FILE, RunWarning, read_run_spec
+from flowrl.storage.rundir import PARAMS_FILE, PROGRESS_FILE, read_run_spec
 
 PLOT_EXTRA = "plot"
 DEFAULT_X = "timesteps_total"
@@ -97,7 +97,7 @@ def plot_runs(
 
     ``x`` and ``y`` are result keys (nested keys joined by ``/``). The image format follows
     ``out``'s suffix (``.png``, ``.svg``, ``.pdf``, ...). Runs that have results but no value
-    of ``x`` or ``y`` are left out with a :class:`~flowrl.runs.run.RunWarning`.
+    of ``x`` or ``y`` are left out with a :class:`~flowrl.errors.RunWarning`.
 
     Raises :class:`~flowrl.errors.RunError` for a path that is neither a run nor an experiment
     directory, runs without results, a key no result holds (naming the keys close to it), an

@@ -9,16 +9,19 @@ Verbosity ``"quiet"`` shows nothing per iteration; ``"verbose"`` adds, under eac
 line, the learner statistics per policy, the health counters and any evaluation or custom
 metrics (:func:`format_details`)::
 
-    with ProgressDisplay.for_run(run, format_line=my_line) as display:
+    with ProgressDisplay.for_run(run, format_line=format_iteration) as display:
         run.train(on_result=display.update)
+
+:func:`format_iteration` makes the plain line ``flowrl train`` writes per iteration.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from rich.console import Console, Group, RenderableType
 from rich.progress_bar import ProgressBar
@@ -32,8 +35,6 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from typing_extensions import Self
-
-    from flowrl.runs.run import Run
 
 Verbosity = Literal["quiet", "normal", "verbose"]
 VERBOSITIES: tuple[Verbosity, ...] = ("quiet", "normal", "verbose")
@@ -49,6 +50,53 @@ _DETAIL_GROUPS = ("evaluation", "custom_metrics")  # result keys verbose output 
 def _fmt(value: Any, spec: str = ".1f") -> str:
     number = finite_number(value)
     return "n/a" if number is None else format(number, spec)
+
+
+def format_number(value: Any, spec: str = ".1f") -> str:
+    """``value`` formatted with ``spec`` if it is a finite Python int or float (not a bool), else ``"n/a"``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return format(value, spec)
+    return "n/a"
+
+
+def format_iteration(result: Mapping[str, Any], steps_this_iter: int) -> str:
+    """One line per iteration: iteration, timesteps, reward mean (min/max), steps/s, total time,
+    each policy's mean return per agent in multi-agent runs, the evaluation's mean reward on
+    iterations that evaluate, and the faults absorbed so far (if any)."""
+    elapsed = result.get("time_this_iter_s") or 0.0
+    rate = steps_this_iter / elapsed if elapsed > 0 else float("nan")
+    line = (
+        f"iter {result.get('training_iteration', 0):>4}  "
+        f"timesteps {result.get('timesteps_total', 0):>9}  "
+        f"reward {format_number(result.get('episode_reward_mean')):>8} "
+        f"(min {format_number(result.get('episode_reward_min'))}, max {format_number(result.get('episode_reward_max'))})  "
+        f"steps/s {format_number(rate, ',.0f'):>7}  "
+        f"time {format_number(result.get('time_total_s'), '.2f'):>8}s"
+    )
+    per_policy = result.get("policy_reward_mean") or {}
+    if per_policy:
+        line += "  " + " ".join(f"{pid} {format_number(value)}" for pid, value in sorted(per_policy.items()))
+    evaluation = result.get("evaluation")
+    if isinstance(evaluation, Mapping):
+        line += f"  evaluation {format_number(evaluation.get('episode_reward_mean'))}"
+    faults = [f"{label} {result[key]}" for key, label in _FAULTS_SHOWN if result.get(key)]
+    if faults:
+        line += "  " + ", ".join(faults)
+    return line
+
+
+# Fault counters the iteration line shows once they are non-zero, with their labels.
+_FAULTS_SHOWN = (
+    ("num_worker_restarts", "restarts"),
+    ("num_replay_shard_restarts", "replay shard restarts"),
+    ("num_lost_replay_calls", "lost replay calls"),
+    ("num_aggregator_restarts", "aggregator restarts"),
+    ("num_evaluation_worker_restarts", "evaluation worker restarts"),
+    ("num_faulty_episodes", "faulty episodes"),
+    ("num_bad_observations", "bad observations"),
+    ("num_nonfinite_updates", "non-finite updates"),
+    ("num_late_fragments", "late fragments"),
+)
 
 
 def _duration(seconds: float) -> str:
@@ -99,6 +147,42 @@ def format_details(result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+class _RunSpecView(Protocol):
+    """What a display reads of a run's spec (:class:`~flowrl.storage.rundir.RunSpec`)."""
+
+    @property
+    def algo(self) -> str: ...
+
+    @property
+    def env(self) -> str: ...
+
+    @property
+    def stop(self) -> Mapping[str, float]: ...
+
+
+class _TrainerView(Protocol):
+    """What a display reads of a run's trainer (:class:`~flowrl.engine.trainer.Trainer`)."""
+
+    @property
+    def iteration(self) -> int: ...
+
+
+class RunView(Protocol):
+    """What :meth:`ProgressDisplay.for_run` reads of a run (:class:`~flowrl.runs.run.Run`)."""
+
+    @property
+    def spec(self) -> _RunSpecView: ...
+
+    @property
+    def trainer(self) -> _TrainerView: ...
+
+    @property
+    def timesteps_total(self) -> int: ...
+
+    @property
+    def best(self) -> tuple[float, int] | None: ...
+
+
 class ProgressDisplay:
     """Shows each result of a run as it comes (:meth:`update`, an ``on_result`` callback); use it as a context manager.
 
@@ -143,7 +227,7 @@ class ProgressDisplay:
         self._live: Any = None  # rich.live.Live while the display is on
 
     @classmethod
-    def for_run(cls, run: Run, *, format_line: Callable[[Mapping[str, Any], int], str], verbosity: Verbosity = "normal",
+    def for_run(cls, run: RunView, *, format_line: Callable[[Mapping[str, Any], int], str], verbosity: Verbosity = "normal",
                 console: Console | None = None) -> Self:
         """A display of ``run`` from where it stands (a resumed run's iteration, timesteps and best reward)."""
         return cls(run.spec.stop, format_line=format_line, verbosity=verbosity, console=console,

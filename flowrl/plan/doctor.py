@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from flowrl.errors import FlowRLError
-from flowrl.runs.run import read_results, read_run_spec
+from flowrl.storage.rundir import read_results, read_run_spec
 
 #: What the doctor can say bounds a run.
 VERDICTS = ("env-bound", "inference-bound", "learner-bound", "transfer-bound", "driver-bound", "straggler")

@@ -6,7 +6,7 @@ nodes come from the actors that gathers pull from and from what operators declar
 through the operator protocol (:mod:`flowrl.operators.protocol`): links to actors,
 actors feeding actors, actor counts, hidden plumbing. Stateful operators' state goes
 into checkpoints under their declared ``state_key``. Per-stage statistics come from the
-plan's metrics context.
+plan's metrics context. :mod:`flowrl.plan.render` draws the graph.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from flowrl.actors.placeholders import PlaceholderActor
 from flowrl.errors import FlowRLError
 from flowrl.iterators import LocalIterator, MetricsContext, StageNode, StageStats
 from flowrl.operators.protocol import ActorFlow, Operator, StatefulOperator
+from flowrl.plan.render import PlanView, render_dot, render_mermaid, render_text
 
 
 def _actor_class(actor: Any) -> str:
@@ -266,57 +267,24 @@ class Plan:
         latencies.clear()
         return {"operators": operators, "latency_s": latency}
 
+    def _view(self) -> PlanView:
+        """The graph as the renderers draw it: bare, without measured figures."""
+        return PlanView(None, self.name, self.graph)
+
     def describe(self) -> str:
         """The graph as indented text: each operator, what it reads from, and the actors it touches."""
-        g = self.graph
-        lines = [f"plan {self.name}:", "  operators (in dataflow order):"]
-        labels = {PlanGraph.op_id(s): s.label for s in g.operators.values()}
-        labels.update({PlanGraph.actor_id(a): g.actor_label(a) for a in g.actors})
-        for stage in g.operators.values():
-            sources = [labels[src] for src, dst, _ in g.edges if dst == PlanGraph.op_id(stage)]
-            reads = f"  <- {', '.join(sources)}" if sources else ""
-            lines.append(f"    [{stage.id}] {stage.label}{reads}")
-        lines.append("  actors:")
-        for actor_class in g.actors:
-            lines.append(f"    {g.actor_label(actor_class)}")
-        links = [(labels[s], labels[d], lbl) for s, d, lbl in g.edges if lbl and d.startswith("actor_")]
-        if links:
-            lines.append("  links to actors:")
-            lines.extend(f"    {src} --{lbl}--> {dst}" for src, dst, lbl in links)
-        return "\n".join(lines)
+        return render_text(self._view())
 
     def to_mermaid(self) -> str:
         """The graph as a Mermaid flowchart (operators as boxes, actors as stadiums)."""
-        g = self.graph
-        lines = ["flowchart TD"]
-        for stage in g.operators.values():
-            lines.append(f'    {PlanGraph.op_id(stage)}["{_escape(stage.label)}"]')
-        for actor_class in g.actors:
-            lines.append(f'    {PlanGraph.actor_id(actor_class)}(["{_escape(g.actor_label(actor_class))}"])')
-        for src, dst, label in g.edges:
-            arrow = f' -->|"{_escape(label)}"| ' if label else " --> "
-            lines.append(f"    {src}{arrow}{dst}")
-        return "\n".join(lines)
+        return render_mermaid(self._view())
 
     def to_dot(self) -> str:
         """The graph in Graphviz DOT."""
-        g = self.graph
-        lines = [f'digraph "{_escape(self.name)}" {{', "    rankdir=TB;"]
-        for stage in g.operators.values():
-            lines.append(f'    {PlanGraph.op_id(stage)} [shape=box, label="{_escape(stage.label)}"];')
-        for actor_class in g.actors:
-            lines.append(f'    {PlanGraph.actor_id(actor_class)} [shape=ellipse, label="{_escape(g.actor_label(actor_class))}"];')
-        for src, dst, label in g.edges:
-            attrs = f' [label="{_escape(label)}"]' if label else ""
-            lines.append(f"    {src} -> {dst}{attrs};")
-        lines.append("}")
-        return "\n".join(lines)
+        return render_dot(self._view())
 
 
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return round(ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], 6)
 
-
-def _escape(text: str) -> str:
-    return text.replace('"', "'")

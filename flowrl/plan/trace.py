@@ -19,6 +19,9 @@ iteration, ``<run_dir>/trace/iteration_<n>.json``::
                                                               # Ray serializing and storing each returned fragment
      "workers_unreported": []}                                # rollout workers that did not answer
 
+A run calls :func:`train_iteration` for each iteration (with :func:`traced_window`'s iterations) and
+:func:`write_plan` for its ``plan.json``; each takes a :class:`TracedTrainer`, the part of the Trainer they use.
+
 Times are ``time.time_ns()`` of the process that recorded them: the wall clock, so that spans of
 the driver and of the workers line up (as well as the nodes' clocks agree).
 
@@ -38,22 +41,42 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from flowrl.config import parse_iteration_window
 from flowrl.deferred import ray
 from flowrl.errors import RunError
-from flowrl.runs.run import TRACE_DIR, read_run_spec
+from flowrl.storage.rundir import PLAN_FILE, TRACE_DIR, _write_json, read_run_spec
 
-if TYPE_CHECKING:  # the Trainer imports torch: load it only when a run starts
+if TYPE_CHECKING:  # the actors import torch: load them only when a run starts
     from flowrl.actors import WorkerSet
     from flowrl.actors.rollout_worker import TracedWork
-    from flowrl.engine.trainer import Trainer
+    from flowrl.config import TrainerConfig
+    from flowrl.plan.graph import Plan
 
 #: Longest wait for the rollout workers to start or stop recording their samples (their control
 #: threads answer even mid-sample); a worker that does not answer in time is listed as unreported.
 WORKER_CALL_TIMEOUT_S = 10.0
 
 _FILE_PREFIX, _FILE_SUFFIX = "iteration_", ".json"
+
+
+class TracedTrainer(Protocol):
+    """What recording a run's iterations uses of a :class:`~flowrl.engine.trainer.Trainer`."""
+
+    @property
+    def config(self) -> TrainerConfig: ...
+
+    @property
+    def plan(self) -> Plan: ...
+
+    @property
+    def workers(self) -> WorkerSet: ...
+
+    @property
+    def iteration(self) -> int: ...
+
+    def train(self) -> dict[str, Any]: ...
 
 
 def trace_file(run_dir: str | os.PathLike[str], iteration: int) -> Path:
@@ -64,7 +87,31 @@ def trace_file(run_dir: str | os.PathLike[str], iteration: int) -> Path:
 # --- recording ---------------------------------------------------------------------------------------
 
 
-def traced_iteration(trainer: Trainer) -> tuple[dict[str, Any], dict[str, Any]]:
+def write_plan(run_dir: str | os.PathLike[str], trainer: TracedTrainer) -> None:
+    """Write ``plan.json`` into ``run_dir``: the graph of the plan ``trainer`` runs (read by ``flowrl plan RUN_DIR``)."""
+    _write_json(Path(run_dir) / PLAN_FILE, trainer.plan.graph.to_dict())
+
+
+def traced_window(trainer: TracedTrainer) -> tuple[int, int] | None:
+    """The iterations whose spans a run of ``trainer`` records (its config's ``trace_iterations``): None when
+    ``profile`` is off, which measures no operator."""
+    return parse_iteration_window(trainer.config.trace_iterations) if trainer.config.profile else None
+
+
+def train_iteration(trainer: TracedTrainer, run_dir: str | os.PathLike[str], traced: tuple[int, int] | None) -> dict[str, Any]:
+    """One training iteration of ``trainer``; when ``traced`` (first, last) holds it, its spans are recorded and
+    written to ``<run_dir>/trace/iteration_<n>.json`` (see :mod:`flowrl.plan.trace`)."""
+    iteration = trainer.iteration + 1
+    if traced is None or not traced[0] <= iteration <= traced[1]:
+        return trainer.train()
+    result, record = traced_iteration(trainer)
+    path = trace_file(run_dir, iteration)
+    path.parent.mkdir(exist_ok=True)
+    _write_json(path, record)
+    return result
+
+
+def traced_iteration(trainer: TracedTrainer) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run one training iteration (``trainer.train()``) with its spans recorded: its result, and its
     trace record (the contents of its ``trace/iteration_<n>.json``, see the module docstring).
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping, TypedDict
 
 from flowrl.errors import RunError
-from flowrl.runs.run import parse_stop
+from flowrl.storage.rundir import parse_stop
 
 # Top-level keys of an experiment file besides flat config keys ("run" is RLlib's name for "algo").
 EXPERIMENT_KEYS = ("algo", "run", "env", "stop", "config")
@@ -30,7 +30,7 @@ EXPERIMENT_KEYS = ("algo", "run", "env", "stop", "config")
 
 class Experiment(TypedDict):
     """An experiment file's contents: ``algo`` and ``env`` (None when the file leaves them to the
-    caller), ``stop`` criteria (see :data:`flowrl.runs.run.STOP_KEYS`) and ``config`` keys."""
+    caller), ``stop`` criteria (see :data:`flowrl.storage.rundir.STOP_KEYS`) and ``config`` keys."""
 
     algo: str | None
     env: str | None

@@ -58,7 +58,7 @@ from flowrl.policy.distributions import Categorical, Deterministic, DiagGaussian
 from flowrl.policy.exploration import EpsilonGreedy
 from flowrl.policy.filters import MeanStdFilter
 from flowrl.policy.model_options import is_image_space
-from flowrl.runs.run import CHECKPOINTS_DIR, PARAMS_FILE
+from flowrl.storage.rundir import CHECKPOINTS_DIR, PARAMS_FILE
 
 FORMATS = ("torchscript", "onnx")
 EXPORT_EXTRA = "export"

@@ -115,7 +115,7 @@ def policy_files(
 def _policy_config(shared_builder: bool, config: TrainerConfig, pid: str) -> TrainerConfig:
     """The config a policy's builder gets: the whole config for an algorithm that builds all
     its policies together (``make_policies``), else the config with the policy's overrides
-    (as :func:`flowrl.engine.trainer.policy_specs` applies them)."""
+    (as :func:`flowrl.engine.build.policy_specs` applies them)."""
     return config if shared_builder else config.for_policy(pid)
 
 

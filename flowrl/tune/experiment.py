@@ -33,10 +33,11 @@ from ray.tune import Callback, CLIReporter
 from ray.tune.experiment import Trial
 from ray.tune.search.sample import Categorical, Domain, Float, Integer
 
-from flowrl.errors import ResourceUnavailableError, RunError
+from flowrl.errors import ResourceUnavailableError, RunError, RunWarning
 from flowrl.engine.ray_runtime import start_ray, stop_ray
 from flowrl.storage.results import finite_number, result_value
-from flowrl.runs.run import DEFAULT_RESULTS_DIR, HANDLED_SIGNALS, RunWarning, SignalInterrupt, json_safe
+from flowrl.runs.signals import HANDLED_SIGNALS, SignalInterrupt
+from flowrl.storage.rundir import DEFAULT_RESULTS_DIR, json_safe
 from flowrl.tune.spec import TuneSpec, load_spec, parse_spec
 from flowrl.tune.trainable import RunDirectoryLogger, trainable_for, trial_resources
 
@@ -311,7 +312,7 @@ def _signals_to_tune() -> Iterator[list[signal.Signals]]:
 
     Tune handles SIGINT while it runs (it stops the trials and saves the experiment's state), so
     these signals become a SIGINT then; before and after, they raise
-    :class:`~flowrl.runs.run.SignalInterrupt` as ``flowrl train``'s do. Only in the main thread.
+    :class:`~flowrl.runs.signals.SignalInterrupt` as ``flowrl train``'s do. Only in the main thread.
     """
     received: list[signal.Signals] = []
     if threading.current_thread() is not threading.main_thread():
@@ -360,7 +361,7 @@ def _check_trial_fits(spec: TuneSpec, can_grow: bool) -> None:
     """Check that Ray has the resources one trial asks for (its placement group), with its first searched values.
 
     Tune would otherwise wait for them forever: :class:`~flowrl.errors.ResourceUnavailableError`,
-    or a :class:`~flowrl.runs.run.RunWarning` for a Ray that ``can_grow`` (an autoscaler may add nodes).
+    or a :class:`~flowrl.errors.RunWarning` for a Ray that ``can_grow`` (an autoscaler may add nodes).
     """
     bundles = trial_resources(spec.algo, _first_value(spec.param_space)).bundles
     needed: dict[str, float] = {}

@@ -30,8 +30,10 @@ from flowrl.actors.placement import trial_bundles, worker_request
 from flowrl.algorithms import get_algorithm
 from flowrl.storage.checkpoints import list_checkpoints
 from flowrl.errors import CheckpointError, FlowRLError
-from flowrl.runs.run import PARAMS_FILE, PROGRESS_FILE, RunSpec, json_safe, traced_window, train_iteration, write_plan
-from flowrl.engine.trainer import Trainer, plan_bundles
+from flowrl.plan.trace import traced_window, train_iteration, write_plan
+from flowrl.storage.rundir import PARAMS_FILE, PROGRESS_FILE, RunSpec, json_safe
+from flowrl.engine.build import plan_bundles
+from flowrl.engine.trainer import Trainer
 
 #: CPUs a trial's trainable (the driver: local worker and learner) gets when ``num_cpus_for_driver`` is 0:
 #: Tune runs it as an actor in the trial's first bundle, which must ask for something.

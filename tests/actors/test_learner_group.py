@@ -16,7 +16,7 @@ from flowrl.actors.learner_thread import learn_on_local_worker
 from flowrl.data import SampleBatch
 from flowrl.errors import ConfigError, NonFiniteUpdateError
 
-pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240)]
 
 PPO = {"num_workers": 0, "seed": 0, "train_batch_size": 128, "rollout_fragment_length": 128, "model": {"fcnet_hiddens": [16, 16]}}
 SGD = {"num_sgd_iter": 2, "sgd_minibatch_size": 64, "seed": 5}

@@ -22,6 +22,8 @@ from flowrl.policy import LearnOutput, PolicySpec, TorchPolicy
 
 from fakes import bc_loss, from_list
 
+pytestmark = pytest.mark.unit
+
 
 def make_batch(n: int) -> SampleBatch:
     """``n`` rows, replayed from rows 100.. of a buffer (``batch_indexes``)."""

@@ -26,7 +26,7 @@ from fakes import bc_loss, is_dead
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the env below travels to the worker actors
 
-pytestmark = pytest.mark.usefixtures("ray_session")
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session")]
 
 
 class RecordingCartPole(gym.Wrapper):
@@ -155,11 +155,11 @@ def test_checkpoints_restore_the_filter_and_load_policy_applies_it(tmp_path: Pat
     np.testing.assert_array_equal(loaded.compute_actions(obs), expected)
 
     # flowrl evaluate (evaluate_checkpoint) plays its episodes through the same filter.
-    from flowrl import trainer as trainer_module
+    from flowrl.engine import build as build_module
 
     given: list[MeanStdFilter | None] = []
-    monkeypatch.setattr(trainer_module, "evaluate_policies", lambda *args, obs_filter=None, **kw: given.append(obs_filter) or {})
-    trainer_module.evaluate_checkpoint(path, num_episodes=1)
+    monkeypatch.setattr(build_module, "evaluate_policies", lambda *args, obs_filter=None, **kw: given.append(obs_filter) or {})
+    build_module.evaluate_checkpoint(path, num_episodes=1)
     [evaluated] = given
     assert evaluated is not None and evaluated.stats().count == saved["total"].count
 

@@ -23,7 +23,7 @@ from flowrl.actors.placement import (
 )
 from flowrl.errors import ConfigError
 
-pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(180)]
 
 
 def roles(result: dict[str, Any]) -> list[tuple[str, int, dict[str, float]]]:

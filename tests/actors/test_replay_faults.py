@@ -19,7 +19,7 @@ from flowrl.operators import STEPS_SAMPLED_COUNTER, Replay, StoreToReplayBuffer,
 from flowrl.operators.replay_ops import _ReplaceFailedShard
 from fakes import is_dead
 
-pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]
 
 
 def no_faults(**counts: int) -> dict[str, int]:

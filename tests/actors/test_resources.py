@@ -14,7 +14,7 @@ from flowrl.errors import CheckpointError
 from flowrl.iterators import from_actors
 from fakes import is_dead
 
-pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
 
 def rows(n: int, start: int = 0) -> SampleBatch:

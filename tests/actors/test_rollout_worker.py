@@ -16,6 +16,8 @@ from flowrl.policy import PolicySpec, TorchPolicy, bootstrap_value, compute_adva
 
 from fakes import bc_loss
 
+pytestmark = pytest.mark.unit
+
 
 def gae(policy: TorchPolicy, batch: SampleBatch) -> SampleBatch:
     return compute_advantages(batch, bootstrap_value(batch, policy.value), gamma=0.99, lambda_=0.95)

@@ -17,7 +17,7 @@ from flowrl.policy import PolicySpec, TorchPolicy
 
 from fakes import bc_loss, weights_of
 
-pytestmark = pytest.mark.usefixtures("ray_session")
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session")]
 
 
 def make_workers(num_workers: int = 2, recreate: bool = True) -> WorkerSet:

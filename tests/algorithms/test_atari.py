@@ -12,6 +12,8 @@ from flowrl.algorithms import get_algorithm
 from flowrl.runs.experiment import load_experiment_file
 from flowrl.policy.models import CNNEncoder
 
+pytestmark = pytest.mark.unit
+
 TUNED_EXAMPLES = Path(__file__).resolve().parents[2] / "tuned_examples"
 
 

@@ -16,6 +16,8 @@ from flowrl.errors import ConfigError
 from flowrl.policy.exploration import GaussianNoise, OrnsteinUhlenbeckNoise
 from flowrl.policy.postprocessing import DISCOUNTS
 
+pytestmark = pytest.mark.unit
+
 ENV = gym.make("Pendulum-v1")
 
 

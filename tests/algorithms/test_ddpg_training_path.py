@@ -17,6 +17,8 @@ from flowrl.algorithms.dqn import round_robin_weights
 from flowrl.data import SampleBatch
 from flowrl.policy.postprocessing import DISCOUNTS
 
+pytestmark = pytest.mark.unit
+
 ENV = gym.make("Pendulum-v1")
 TUNED = Path(__file__).resolve().parents[2] / "tuned_examples"
 

@@ -18,10 +18,10 @@ from flowrl.operators.perturbation_ops import (
     EVAL_STEPS_COUNTER,
     PERTURBED_EPISODES_COUNTER,
 )
-from flowrl.engine.trainer import evaluate_checkpoint
+from flowrl.engine.build import evaluate_checkpoint
 from tests.algorithms.test_learning import train_until
 
-pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]
 
 SMALL: dict[str, dict[str, Any]] = {
     "es": {"episodes_per_batch": 8, "train_batch_size": 50, "model": {"fcnet_hiddens": [8]}},

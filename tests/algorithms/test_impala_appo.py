@@ -18,6 +18,8 @@ from flowrl.data import SampleBatch
 from flowrl.operators import KL_COEFF, NUM_TARGET_UPDATES
 from flowrl.operators.names import NUM_LEARNER_UPDATES
 
+pytestmark = pytest.mark.unit
+
 SMALL = {
     "num_workers": 2,
     "num_cpus_per_worker": 0.1,

@@ -12,7 +12,7 @@ from flowrl import Trainer
 from flowrl.errors import ConfigError
 from flowrl.operators import AGENT_STEPS_SAMPLED_COUNTER, STEPS_SAMPLED_COUNTER
 
-pytestmark = pytest.mark.usefixtures("ray_session")
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session")]
 
 SMALL = {"num_workers": 2, "num_cpus_per_worker": 0.1, "num_envs_per_worker": 2, "rollout_fragment_length": 20, "seed": 0}
 
@@ -240,7 +240,7 @@ def test_a_plan_that_fails_to_build_leaves_no_actors_behind(monkeypatch: pytest.
 
 
 def test_a_checkpoint_keeps_a_lambda_mapping_and_restores(tmp_path: Any) -> None:
-    from flowrl.engine.trainer import evaluate_checkpoint
+    from flowrl.engine.build import evaluate_checkpoint
 
     config = {**SMALL, "train_batch_size": 80, "sgd_minibatch_size": 40, "num_sgd_iter": 1,
               "policies": {"even": None, "odd": None}, "policy_mapping_fn": lambda agent: ["even", "odd"][agent % 2]}

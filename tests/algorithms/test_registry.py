@@ -7,7 +7,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from flowrl.algorithms import algorithm_descriptions, get_algorithm, list_algorithms
+
+pytestmark = pytest.mark.unit
 
 HEAVY = ("torch", "ray", "gymnasium")
 
@@ -24,6 +28,7 @@ IMPORTED_BY = textwrap.dedent(
 )
 
 
+@pytest.mark.integration
 def test_listing_the_algorithms_imports_neither_pytorch_nor_ray_nor_gymnasium() -> None:
     proc = subprocess.run([sys.executable, "-c", IMPORTED_BY, *HEAVY], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

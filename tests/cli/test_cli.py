@@ -16,14 +16,18 @@ from typing import Any
 import numpy as np
 import pytest
 
+from flowrl.cli import args as cli_args
 from flowrl.cli import main as cli
 from flowrl.envs import register_env
 from flowrl.envs.testing import FaultInjectEnv
 from flowrl.runs.experiment import load_experiment_file
-from flowrl.runs.run import json_safe
+from flowrl.storage.rundir import json_safe
 from flowrl.engine.trainer import Trainer
+from flowrl.errors import CLIError
 
 from fakes import checkpoints, progress
+
+pytestmark = pytest.mark.unit
 
 # One process, two tiny SGD batches per run: each training iteration takes milliseconds.
 TINY = ["--num-workers", "0", "--set", "train_batch_size=64", "--set", "rollout_fragment_length=32"]
@@ -162,7 +166,7 @@ def test_checkpoint_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str], ra
     params = json.loads((run / "params.json").read_text())
     assert (params["checkpoint_interval_s"], params["keep_checkpoints"], params["keep_best"]) == (1e-6, 2, "timesteps_total")
     defaults = cli.build_parser().parse_args(["train", "--algo", "pg", "--env", "CartPole-v1"])
-    assert cli.checkpoint_settings(defaults) == {}  # RunSpec's defaults apply: 600 s, keep 5
+    assert cli_args.checkpoint_settings(defaults) == {}  # RunSpec's defaults apply: 600 s, keep 5
     with pytest.raises(SystemExit):
         cli.main(["train", "--algo", "pg", "--env", "CartPole-v1", "--keep-checkpoints", "0"])
     assert "--keep-checkpoints: 0 must be >= 1" in capsys.readouterr().err
@@ -415,22 +419,22 @@ def test_bad_flag_values_are_argparse_errors(capsys: pytest.CaptureFixture[str])
      ('{"a": 1}', {"a": 1}), ("relu", "relu"), ("CartPole-v1", "CartPole-v1")],
 )
 def test_set_values_parse_as_json_else_string(text: str, value: Any) -> None:
-    assert cli.parse_value(text) == value and type(cli.parse_value(text)) is type(value)
+    assert cli_args.parse_value(text) == value and type(cli_args.parse_value(text)) is type(value)
 
 
 def test_set_nested_keys_merge_into_dicts() -> None:
-    assignments = cli.parse_set(["model.fcnet_hiddens=[64,64]", "env_config.a.b=2", "lr=0.01"])
-    config = cli.apply_set({"model": {"fcnet_activation": "relu"}}, assignments, defaults={"model": {}, "lr": 1.0})
+    assignments = cli_args.parse_set(["model.fcnet_hiddens=[64,64]", "env_config.a.b=2", "lr=0.01"])
+    config = cli_args.apply_set({"model": {"fcnet_activation": "relu"}}, assignments, defaults={"model": {}, "lr": 1.0})
     assert config == {"model": {"fcnet_activation": "relu", "fcnet_hiddens": [64, 64]}, "env_config": {"a": {"b": 2}}, "lr": 0.01}
-    with pytest.raises(cli.CLIError, match="not key=value"):
-        cli.parse_set(["=3"])
+    with pytest.raises(CLIError, match="not key=value"):
+        cli_args.parse_set(["=3"])
 
 
 def test_config_precedence(tmp_path: Path) -> None:
     file = tmp_path / "experiment.json"
     file.write_text(json.dumps({"algo": "pg", "env": "CartPole-v1", "stop": {"timesteps_total": 1000},
                                 "config": {"lr": 0.01, "gamma": 0.9, "num_workers": 3, "seed": 1}}))
-    algorithm, env, config, stop = cli.train_settings(
+    algorithm, env, config, stop = cli_args.train_settings(
         args_for("--config", str(file), "--set", "lr=0.02", "--set", "num_workers=2", "--num-workers", "0",
                  "--stop-iters", "4")
     )
@@ -440,7 +444,7 @@ def test_config_precedence(tmp_path: Path) -> None:
     assert config["num_workers"] == 0 and config["seed"] == 1  # flags over --set; file kept where no flag
     assert "train_batch_size" not in config  # the algorithm default stays a default
     assert stop == {"timesteps_total": 1000, "training_iteration": 4}
-    _, env, config, _ = cli.train_settings(args_for("--config", str(file), "--env", "Pendulum-v1", "--seed", "7"))
+    _, env, config, _ = cli_args.train_settings(args_for("--config", str(file), "--env", "Pendulum-v1", "--seed", "7"))
     assert env == "Pendulum-v1" and config["seed"] == 7
 
 
@@ -504,21 +508,6 @@ def test_evaluate_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str
     shutil.copytree(run, moved)
     assert cli.main(["evaluate", str(moved), "--episodes", "1"]) == 0
     assert "checkpoint_000001" in capsys.readouterr().out
-
-
-def test_the_iteration_line_shows_each_policys_return_in_multi_agent_runs() -> None:
-    base = {"training_iteration": 3, "timesteps_total": 600, "episode_reward_mean": 80.0, "time_this_iter_s": 2.0}
-    single = cli.format_iteration(base, 600)
-    assert "policy" not in single and "steps/s     300" in single
-    multi = cli.format_iteration({**base, "policy_reward_mean": {"ppo_policy": 150.25, "dqn_policy": 40.0}}, 600)
-    assert multi.startswith(single) and multi.endswith("dqn_policy 40.0 ppo_policy 150.2")
-
-
-def test_the_iteration_line_shows_faults_once_there_are_any() -> None:
-    base = {"training_iteration": 3, "timesteps_total": 600, "time_this_iter_s": 2.0, "num_worker_restarts": 0, "num_bad_observations": 0}
-    assert "restarts" not in cli.format_iteration(base, 600)
-    line = cli.format_iteration({**base, "num_worker_restarts": 2, "num_bad_observations": 1}, 600)
-    assert line.endswith("restarts 2, bad observations 1")
 
 
 SMALL_ASYNC = ["--num-workers", "2", "--set", "num_cpus_per_worker=0.1", "--set", "rollout_fragment_length=10"]

@@ -14,6 +14,8 @@ import pytest
 from flowrl.config import TrainerConfig, cfg_field
 from flowrl.errors import ConfigError, FlowRLError, FrozenConfigError
 
+pytestmark = pytest.mark.unit
+
 
 @dataclass(kw_only=True)
 class PPOLikeConfig(TrainerConfig):

@@ -11,9 +11,10 @@ from typing import Any, Iterator
 
 import pytest
 
-from flowrl import rllib_compat
+from flowrl.config import rllib as rllib_compat
 from flowrl.algorithms import get_algorithm, list_algorithms
-from flowrl.cli.main import build_config, main
+from flowrl.cli.args import build_config
+from flowrl.cli.main import main
 from flowrl.config import TrainerConfig
 from flowrl.errors import ConfigError
 from flowrl.runs.experiment import load_experiment_file
@@ -30,6 +31,8 @@ from flowrl.config.rllib import (
     RLlibPolicyMapping,
     translate_rllib_config,
 )
+
+pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
 RLLIB_EXAMPLES = sorted((REPO / "tuned_examples" / "rllib").glob("*.yaml"))

@@ -10,6 +10,8 @@ import pytest
 from flowrl.data import CompressedColumn, MultiAgentBatch, SampleBatch, concat_samples
 from flowrl.data.compression import compress_array, decompress_array
 
+pytestmark = pytest.mark.unit
+
 
 def atari_frames(n: int = 8, seed: int = 0) -> np.ndarray:
     """uint8 frames [n, 84, 84, 4] with a noisy band on large constant regions (like Atari screens)."""

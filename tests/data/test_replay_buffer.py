@@ -18,6 +18,8 @@ from flowrl.data import (
 )
 from flowrl.errors import FlowRLError
 
+pytestmark = pytest.mark.unit
+
 
 def make_batch(n: int, start: int = 0) -> SampleBatch:
     """Rows whose every column encodes the row's number, so a stored row can be identified."""

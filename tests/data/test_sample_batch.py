@@ -7,6 +7,8 @@ import pytest
 
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch, concat_samples
 
+pytestmark = pytest.mark.unit
+
 
 def make_batch(n: int = 10, start: int = 0) -> SampleBatch:
     idx = np.arange(start, start + n)

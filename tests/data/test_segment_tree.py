@@ -7,6 +7,8 @@ import pytest
 
 from flowrl.data import MinSegmentTree, SumSegmentTree
 
+pytestmark = pytest.mark.unit
+
 
 def brute_prefixsum_idx(values: np.ndarray, s: float) -> int:
     """Smallest i with sum(values[: i + 1]) > s; an s at or past the total gives the last positive row."""

@@ -22,9 +22,9 @@ from flowrl.envs import get_env_creator
 from flowrl.errors import ConfigError, FlowRLError
 from flowrl.plan.graph import Plan, PlanGraph
 from flowrl.policy import TorchPolicy
-from flowrl.engine.trainer import make_workers, validated_config
+from flowrl.engine.build import make_workers, validated_config
 
-pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240)]
 
 # Small reservations, so that every real build fits the test session's 2 CPUs.
 SMALL = {"num_cpus_per_worker": 0.1}

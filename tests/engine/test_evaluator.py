@@ -17,9 +17,13 @@ from flowrl.algorithms.ppo import PPOConfig
 from flowrl.envs.testing import FaultInjectEnv
 from flowrl.errors import ConfigError
 from flowrl.engine.evaluator import episode_seeds
-from flowrl.runs.run import RunSpec, find_resume_point, resume_run, start_run, stop_reason
+from flowrl.runs.resume import find_resume_point, resume_run
+from flowrl.runs.run import start_run
+from flowrl.storage.rundir import RunSpec, stop_reason
 
 from fakes import checkpoints, progress
+
+pytestmark = pytest.mark.unit
 
 # One process, two tiny SGD steps per iteration; a short CartPole episode per evaluation episode.
 PPO_TINY = {"num_workers": 0, "train_batch_size": 64, "rollout_fragment_length": 32, "sgd_minibatch_size": 32, "seed": 0}

@@ -26,7 +26,7 @@ from flowrl.errors import (
     WorkerFailureError,
 )
 
-pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(180)]
 
 FAULT_KEYS = (
     "num_healthy_workers",

@@ -24,7 +24,7 @@ from flowrl.operators import STEPS_TRAINED_COUNTER
 
 from fakes import fingerprint
 
-pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240)]
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL_PPO = {"num_workers": 0, "train_batch_size": 40, "rollout_fragment_length": 40, "sgd_minibatch_size": 20,

@@ -25,6 +25,7 @@ import torch
 from fakes import fingerprint
 
 import flowrl.storage.checkpoints
+import flowrl.engine.state
 import flowrl.engine.trainer
 from flowrl import Trainer
 from flowrl.actors import WorkerSet
@@ -36,7 +37,7 @@ from flowrl.errors import (
     UnknownEnvError,
 )
 
-pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(180)]
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = "CartPole-v1"
@@ -205,7 +206,7 @@ NEW_PROCESS = textwrap.dedent(
     sys.path.insert(0, sys.argv[2])
     import ray
     from flowrl import Trainer
-    from test_trainer import fingerprint
+    from fakes import fingerprint
     trainer = Trainer.from_checkpoint(sys.argv[1])
     out = fingerprint(trainer)
     out["owns_ray"] = trainer._owns_ray
@@ -485,7 +486,7 @@ def test_dqn_checkpoint_keeps_the_replay_buffer_on_request(tmp_path: Any, with_c
 
 
 def test_evaluate_checkpoint_needs_no_workers_even_for_algorithms_that_require_them(tmp_path: Any) -> None:
-    from flowrl.engine.trainer import evaluate_checkpoint
+    from flowrl.engine.build import evaluate_checkpoint
 
     config = {"num_workers": 1, "num_cpus_per_worker": 0.1, "rollout_fragment_length": 10, "num_envs_per_worker": 1, "seed": 0}
     trainer = Trainer("a3c", "CartPole-v1", config)  # A3C needs at least one remote worker to train
@@ -543,7 +544,7 @@ def test_a_version_1_checkpoint_restores_its_replay_buffer_and_operator_state(tm
         assert {k: v for k, v in restored.plan.get_state()["operators"].items() if k != unsaved} == {
             k: v for k, v in state["plan"]["operators"].items() if k != unsaved}
     with pytest.raises(CheckpointError, match="layout is version 7; this flowrl reads versions 1 to 3"):
-        flowrl.engine.trainer.upgraded_state({**state, "version": 7})
+        flowrl.engine.state.upgraded_state({**state, "version": 7})
 
 
 def test_update_config_changes_live_keys_of_a_running_trainer_and_nothing_else() -> None:

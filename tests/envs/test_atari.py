@@ -12,6 +12,8 @@ from flowrl.envs import check_env, get_env_creator, is_atari_id, make_atari_env,
 from flowrl.envs.atari import MISSING_ALE_MESSAGE, MISSING_OPENCV_MESSAGE
 from flowrl.errors import EnvError, UnknownEnvError
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     "env_id, expected",

@@ -10,6 +10,8 @@ from gymnasium import spaces
 from flowrl.envs import check_env, make_env
 from flowrl.errors import EnvCheckError
 
+pytestmark = pytest.mark.unit
+
 
 class ProbeEnv(gymnasium.Env):
     """A valid env: 4 floats in [-4.8, 4.8], 2 actions, 10-step episodes. Subclasses break one thing each."""

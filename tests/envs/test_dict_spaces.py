@@ -16,14 +16,14 @@ from gymnasium import spaces
 import flowrl
 from flowrl import Trainer
 from flowrl.actors import VectorSampler
-from flowrl.actors.sampling.vector import ObservationCheck
+from flowrl.actors.sampling.checks import ObservationCheck
 from flowrl.data import SampleBatch
 from flowrl.envs import CooperativeMatching, check_env, check_multi_agent_env
 from flowrl.errors import BadObservationError
 
 from fakes import train_to_reward
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(300)]
 
 # Ray's workers cannot import this module: the env classes below travel to them by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -20,6 +20,8 @@ from flowrl.policy import PolicySpec, TorchPolicy
 
 from fakes import bc_loss
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(autouse=True)
 def one_torch_thread() -> Iterator[None]:

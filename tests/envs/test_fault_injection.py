@@ -28,6 +28,8 @@ from flowrl.envs import (
 from flowrl.envs.context import EnvContext
 from flowrl.errors import EnvError, FlowRLError
 
+pytestmark = pytest.mark.unit
+
 # Ray's workers cannot import this module (pytest's pythonpath reaches only the test process):
 # the env and actor classes below travel to them by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

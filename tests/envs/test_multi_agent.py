@@ -26,6 +26,8 @@ from flowrl.envs import (
 )
 from flowrl.errors import EnvCheckError, EnvError, UnknownEnvError
 
+pytestmark = pytest.mark.unit
+
 
 def balance(obs: np.ndarray) -> int:
     """A CartPole controller that keeps the pole up for the full 500 steps from the seeds used here."""

@@ -13,6 +13,8 @@ from flowrl.envs import check_env, env_spaces, get_env_creator, make_env, regist
 from flowrl.envs import registry
 from flowrl.errors import EnvError, UnknownEnvError
 
+pytestmark = pytest.mark.unit
+
 
 class ConfigEnv(gymnasium.Env):
     """A tiny valid env that remembers the env_config it was created with."""

@@ -11,15 +11,19 @@ from typing import Any
 import gymnasium as gym
 import pytest
 
-from flowrl import Trainer, cli
+from flowrl import Trainer
+from flowrl.cli import main as cli
 from flowrl.actors.evaluation import run_episodes
 from flowrl.algorithms import get_algorithm
 from flowrl.algorithms.pg import PGConfig
 from flowrl.errors import EnvError
 from flowrl.envs.video import require_video_dependencies
-from flowrl.runs.run import RunSpec, start_run
+from flowrl.runs.run import start_run
+from flowrl.storage.rundir import RunSpec
 
 from fakes import progress
+
+pytestmark = pytest.mark.unit
 
 moviepy = pytest.importorskip("moviepy", reason="the video extra: pip install 'flowrl-ray[video]'")
 

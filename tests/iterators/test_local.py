@@ -11,6 +11,8 @@ import pytest
 from flowrl.errors import IteratorUsageError
 from flowrl.iterators import LocalIterator, MetricsContext, NextValueNotReady, SharedMetrics
 
+pytestmark = pytest.mark.unit
+
 
 def local(items: list[Any], name: str = "items") -> LocalIterator[Any]:
     return LocalIterator(lambda timeout: iter(items), name=name)

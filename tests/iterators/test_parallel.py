@@ -23,7 +23,7 @@ from flowrl.iterators import (
     from_range,
 )
 
-pytestmark = pytest.mark.usefixtures("ray_session")
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session")]
 
 
 @ray.remote(num_cpus=0)

@@ -12,6 +12,8 @@ import pytest
 from flowrl.errors import FlowRLError
 from flowrl.iterators import EventQueue, as_event_queue
 
+pytestmark = pytest.mark.unit
+
 
 def put_from_thread(q: queue.Queue[Any], items: list[Any]) -> threading.Thread:
     """Put ``items`` on ``q`` from another thread, as a producer holding the queue would."""

@@ -14,6 +14,8 @@ from flowrl.operators import Concurrently, Dequeue, Enqueue
 
 from fakes import from_list
 
+pytestmark = pytest.mark.unit
+
 
 def from_generator(make: Callable[[], Iterator[Any]]) -> LocalIterator[Any]:
     return LocalIterator(lambda timeout: make())
@@ -196,6 +198,27 @@ def test_enqueue_on_a_full_queue_yields_not_ready_and_drops_nothing() -> None:
     # The seconds it held items the full queue had no room for: back-pressure, outside its own time.
     enqueue = flow.shared_metrics.get().stage_stats[flow.stage.id]
     assert enqueue.held_s >= 0.02 and enqueue.blocked_s == 0
+
+
+@pytest.mark.timeout(20)
+def test_for_each_of_enqueue_enqueues_as_transform_does() -> None:
+    """RLlib Flow plans write ``flow.for_each(Enqueue(q))``: it puts the items on the queue,
+    with the same back-pressure and the same stage as ``flow.transform(Enqueue(q))``."""
+    import queue
+
+    q: queue.Queue[int] = queue.Queue()
+    flow = from_list([1, 2, 3]).for_each(Enqueue(q))
+    assert flow.take(3) == [1, 2, 3]
+    assert [q.get_nowait() for _ in range(3)] == [1, 2, 3]
+    assert repr(flow) == repr(from_list([]).transform(Enqueue(q)))
+    assert flow.stage.kind == "transform" and flow.stage.label == "transform(Enqueue)"
+
+    full = EventQueue(maxsize=1)
+    held = from_list(range(3)).for_each(Enqueue(full))
+    assert next(held) == 0
+    marker = next(held)  # the queue is full: not ready, the item kept
+    assert isinstance(marker, NextValueNotReady) and full.not_full_event in marker.events
+    assert full.get_nowait() == 0 and next(held) == 1 and full.qsize() == 1
 
 
 def test_enqueue_and_dequeue_need_a_queue_they_can_wait_on() -> None:

@@ -24,6 +24,8 @@ from flowrl.operators.metric_ops import summarize_episodes
 
 from fakes import FakeWorker, FakeWorkerSet, add_steps, from_list
 
+pytestmark = pytest.mark.unit
+
 
 class FakeClock:
     def __init__(self, now: float) -> None:

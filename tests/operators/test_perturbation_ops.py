@@ -35,6 +35,8 @@ from flowrl.policy.perturbation_spec import num_perturbed_parameters
 
 from fakes import from_list
 
+pytestmark = pytest.mark.unit
+
 
 def result_of(indices: list[int], returns: list[tuple[float, float]], length: int = 10, **kwargs: Any) -> PerturbationResult:
     returns_array = np.asarray(returns, dtype=np.float64)

@@ -14,11 +14,13 @@ from flowrl.errors import FlowRLError
 from flowrl.iterators import LocalIterator, NextValueNotReady
 from flowrl.operators import STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER, Concurrently
 from flowrl.operators import MixInReplay
-from flowrl.actors import Learned, ReplayActor
+from flowrl.actors import Learned, LearnerInfo, ReplayActor
 from flowrl.operators import Trained
 from flowrl.operators.replay_ops import Replay, StoreToReplayBuffer, ThrottleSampling, UpdatePriorities
 
 from fakes import from_list
+
+pytestmark = pytest.mark.unit
 
 
 def batch(n: int, start: int = 0) -> SampleBatch:
@@ -46,10 +48,11 @@ def test_update_priorities_uses_td_errors_and_keeps_them_out_of_the_info() -> No
     buffer = LocalReplayBuffer(capacity=16, learning_starts=0, replay_batch_size=4, seed=0)
     buffer.add_batch(batch(8))
     replayed = buffer.replay()
-    trained = Trained(replayed, {"default_policy": {"loss": 1.0}}, {"default_policy": (replayed["batch_indexes"], np.full(4, 5.0))})
+    priorities = {"default_policy": (replayed["batch_indexes"], np.full(4, 5.0))}
+    trained = Trained(replayed, LearnerInfo({"default_policy": {"loss": 1.0}}, priorities))
     out = from_list([trained]).for_each(UpdatePriorities(local_buffer=buffer))
     new_info = next(out).info
-    assert "td_error" not in new_info["default_policy"]
+    assert "td_error" not in new_info["default_policy"] and new_info == {"default_policy": {"loss": 1.0}}
     prioritized = buffer.buffers["default_policy"]
     assert np.allclose(prioritized.priorities()[replayed["batch_indexes"]], 5.0 + 1e-6)
 
@@ -70,7 +73,7 @@ def test_update_priorities_sends_a_learners_priorities_to_the_shard_the_batch_ca
         assert max_priority == [pytest.approx(5.0 + 1e-6), 1.0]  # nothing sent for a batch without TD errors
         assert op.num_dropped_priority_updates == 0
         with pytest.raises(FlowRLError, match="source is a replay shard"):
-            op(Trained(batch(3), {}, priorities))
+            op(Trained(batch(3), LearnerInfo({}, priorities)))
     finally:
         ray.kill(shard)
         ray.kill(other)

@@ -20,6 +20,8 @@ from flowrl.operators.rollout_ops import count_steps_sampled
 
 from fakes import from_list
 
+pytestmark = pytest.mark.unit
+
 
 def batch_of(ids: Iterable[int]) -> SampleBatch:
     ids = np.asarray(list(ids))

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
 import numpy as np
 import pytest
 
+from flowrl.actors import Learned, LearnerInfo, PlanResources
+from flowrl.actors.learner_group import LEARNER_ACTOR
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from flowrl.errors import FlowRLError
 from flowrl.iterators import LocalIterator
@@ -12,18 +17,76 @@ from flowrl.operators import (
     ComputedGradients,
     LAST_TARGET_UPDATE_TS,
     LEARNER_INFO,
+    NUM_LEARNER_UPDATES,
     NUM_TARGET_UPDATES,
     STEPS_SAMPLED_COUNTER,
     STEPS_TRAINED_COUNTER,
+    ActorLink,
     ApplyGradients,
     AverageGradients,
     ComputeGradients,
+    Trained,
     TrainOneStep,
     UpdateTargetNetwork,
 )
+from flowrl.policy import LearnOutput
 from flowrl.policy.sgd import minibatch_sgd
 
 from fakes import FakePolicy, FakeWorkerSet, add_steps, from_list, id_batch
+
+pytestmark = pytest.mark.unit
+
+
+class FakeLearnerGroup:
+    """What the operators use of a learner group: learn (recording the settings) and move targets."""
+
+    size = 2
+    update_limit_s = 60.0
+
+    def __init__(self) -> None:
+        self.learned: list[dict[str, Any]] = []
+        self.target_updates: list[tuple[list[str], float]] = []
+
+    def learn(self, batch: SampleBatch, **settings: Any) -> Learned:
+        self.learned.append(settings)
+        return Learned(None, {DEFAULT_POLICY_ID: {"loss": 0.5}}, batch.count)
+
+    def update_target(self, policies: list[str], tau: float) -> None:
+        self.target_updates.append((policies, tau))
+
+
+class RecordingLock:
+    """A lock that knows whether it is held."""
+
+    def __init__(self) -> None:
+        self.held = False
+
+    def __enter__(self) -> None:
+        self.held = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.held = False
+
+
+class FakeLearnerThread:
+    """A started learner thread: its lock is all UpdateTargetNetwork takes of it."""
+
+    ident = 1
+
+    def __init__(self) -> None:
+        self.lock = RecordingLock()
+        self.learners = None
+
+    def stop(self) -> None:
+        pass
+
+
+class TargetConfig:
+    """A config UpdateTargetNetwork reads (APPO's shape: soft updates counted in learner updates)."""
+
+    target_update_counter: ClassVar[str] = NUM_LEARNER_UPDATES
+    target_network_update_freq = 2
+    tau = 0.5
 
 
 # --- minibatch_sgd ---
@@ -96,6 +159,51 @@ def test_train_one_step_trains_only_the_selected_policies_of_a_multi_agent_batch
     metrics = flow.shared_metrics.get()
     assert metrics.counters[STEPS_TRAINED_COUNTER] == 5 and metrics.counters["num_agent_steps_trained"] == 10
     assert workers.syncs[0][0] == ["p2"]
+
+
+def test_train_one_step_yields_rllib_flows_batch_and_info() -> None:
+    """``batch, info = next(rollouts.for_each(TrainOneStep(workers)))``, as in RLlib Flow: ``info`` is the
+    per-policy stats; the priorities of replayed rows are its typed attribute, never one of its entries."""
+    workers = FakeWorkerSet()
+    batch, info = next(from_list([id_batch(4)]).for_each(TrainOneStep(workers)))  # type: ignore[arg-type]
+    assert batch.count == 4 and info == {DEFAULT_POLICY_ID: {"loss": 1.0, "rows": 4.0}}
+    assert isinstance(info, LearnerInfo) and info.priorities == {}
+
+    td_errors = np.array([0.5, -1.0, 2.0])
+    policy = workers.local.get_policy()
+    policy.learn = lambda rows: LearnOutput({"loss": 3.0}, td_errors)  # type: ignore[method-assign]
+    replayed = SampleBatch({"id": np.arange(3), "batch_indexes": np.array([7, 2, 9])})
+    flow = from_list([replayed]).for_each(TrainOneStep(workers))  # type: ignore[arg-type]
+    trained = next(flow)
+    batch, info = trained
+    indexes, errors = info.priorities[DEFAULT_POLICY_ID]
+    assert indexes.tolist() == [7, 2, 9] and errors is td_errors
+    assert trained.priorities is info.priorities and dict(info) == {DEFAULT_POLICY_ID: {"loss": 3.0}}
+    assert flow.shared_metrics.get().info[LEARNER_INFO] == {DEFAULT_POLICY_ID: {"loss": 3.0}}  # result["info"]["learner"]
+    assert Trained(batch, {DEFAULT_POLICY_ID: {}}).priorities == {}  # type: ignore[arg-type]  # a plain stats mapping has none
+
+
+def test_train_one_step_takes_epochs_minibatches_and_seed_from_a_config() -> None:
+    config = SimpleNamespace(num_sgd_iter=2, sgd_minibatch_size=5, seed=3)
+    runs = []
+    for _ in range(2):
+        workers = FakeWorkerSet()
+        list(from_list([id_batch(20)]).for_each(TrainOneStep(workers, None, config)))  # type: ignore[arg-type]
+        runs.append([c.tolist() for c in workers.local.get_policy().calls])
+    assert len(runs[0]) == 2 * 4 and all(len(c) == 5 for c in runs[0])
+    assert runs[0] == runs[1]  # shuffled by the config's seed
+    with pytest.raises(FlowRLError, match="sgd_minibatch_size too"):
+        TrainOneStep(FakeWorkerSet(), None, config, 10)  # type: ignore[arg-type]
+
+
+def test_train_one_step_learns_in_the_learner_group_of_its_resources() -> None:
+    workers, group = FakeWorkerSet(), FakeLearnerGroup()
+    op = TrainOneStep(workers, resources=PlanResources(learners=group))  # type: ignore[arg-type]
+    batch, info = next(from_list([id_batch(4)]).for_each(op))
+    assert info == {DEFAULT_POLICY_ID: {"loss": 0.5}} and workers.local.get_policy().calls == []
+    assert group.learned[0]["policies"] == [DEFAULT_POLICY_ID] and len(workers.syncs) == 1
+    assert ActorLink(LEARNER_ACTOR, "learn on batch shards") in op.plan_links() and op.plan_actor_counts() == {LEARNER_ACTOR: 2}
+    assert TrainOneStep(workers, resources=PlanResources()).plan_actor_counts() == {}  # type: ignore[arg-type]
 
 
 def test_train_one_step_rejects_zero_epochs() -> None:
@@ -188,6 +296,33 @@ def test_update_target_network_by_steps_trained() -> None:
     assert metrics.counters[NUM_TARGET_UPDATES] == 2  # at 60 and 120 trained steps
     assert metrics.counters[LAST_TARGET_UPDATE_TS] == 120
     assert workers.local.get_policy().target_updates == 2
+
+
+def test_update_target_network_reads_its_pace_from_a_config_and_its_lock_and_group_from_resources() -> None:
+    workers, group, learner = FakeWorkerSet(), FakeLearnerGroup(), FakeLearnerThread()
+    resources = PlanResources(learner=learner, learners=group)  # type: ignore[arg-type]
+    op = UpdateTargetNetwork(workers, TargetConfig(), resources=resources)  # type: ignore[arg-type]
+    held: list[bool] = []
+
+    def learner_update(item: int) -> int:
+        LocalIterator.get_metrics().counters[NUM_LEARNER_UPDATES] += 1
+        return item
+
+    policy = workers.local.get_policy()
+    update_target = policy.update_target
+
+    def while_locked(tau: float = 1.0) -> None:  # the learner thread's lock is held while a target moves
+        held.append(learner.lock.held)
+        update_target(tau)
+
+    policy.update_target = while_locked  # type: ignore[method-assign]
+    list(from_list(range(5)).for_each(add_steps(sampled=100)).for_each(learner_update).for_each(op))
+    assert policy.target_updates == 2 and policy.last_tau == 0.5  # at 2 and 4 learner updates, blended
+    assert held == [True, True]
+    assert group.target_updates == [([DEFAULT_POLICY_ID], 0.5)] * 2
+    assert op.plan_links() == [ActorLink(LEARNER_ACTOR, "update target networks")]
+    with pytest.raises(FlowRLError, match="drop by_steps_trained"):
+        UpdateTargetNetwork(workers, TargetConfig(), by_steps_trained=True)  # type: ignore[arg-type]
 
 
 def test_update_target_network_only_for_the_given_policies() -> None:

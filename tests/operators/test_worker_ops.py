@@ -33,7 +33,7 @@ from flowrl.operators import (
 
 from fakes import from_list, weights_of
 
-pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
 FRAGMENT = 10
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flowrl.errors import ConfigError, RunError
+from flowrl.errors import ConfigError, RunError, RunWarning
 from flowrl.outputs.loggers import (
     CSVLogger,
     TensorBoardLogger,
@@ -27,23 +27,18 @@ from flowrl.outputs.loggers import (
     result_step,
     scalar_metrics,
 )
-from flowrl.runs.run import RunSpec, RunWarning, find_resume_point, read_run_spec, resume_run, start_run
+from flowrl.runs.resume import find_resume_point, resume_run
+from flowrl.runs.run import start_run
+from flowrl.storage.rundir import RunSpec, read_run_spec
 
+from event_files import event_scalars
 from fakes import checkpoints
+
+pytestmark = pytest.mark.unit
 
 # One process, two tiny SGD batches per iteration: each training iteration takes milliseconds.
 TINY = {"num_workers": 0, "train_batch_size": 64, "rollout_fragment_length": 32, "seed": 0}
 LEARNER_TAG = "info/learner/default_policy/policy_loss"
-
-
-def event_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar tag of the event files in ``logdir``, as TensorBoard reads them: ``{tag: [(step, value)]}``."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    accumulator = EventAccumulator(str(logdir), size_guidance={"scalars": 0})  # 0: keep every point
-    accumulator.Reload()
-    return {tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
-            for tag in accumulator.Tags()["scalars"]}
 
 
 def csv_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:

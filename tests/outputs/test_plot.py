@@ -15,9 +15,12 @@ import numpy as np
 import pytest
 
 from flowrl.cli.main import main
-from flowrl.errors import RunError
+from flowrl.errors import RunError, RunWarning
 from flowrl.outputs.plot import plot_runs
-from flowrl.runs.run import RunSpec, RunWarning, start_run
+from flowrl.runs.run import start_run
+from flowrl.storage.rundir import RunSpec
+
+pytestmark = pytest.mark.unit
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -14,7 +14,9 @@ from rich.console import Console
 
 from flowrl.cli import main as cli
 from flowrl.errors import ConfigError
-from flowrl.outputs.progress import ProgressDisplay, format_details, progress_toward_stop
+from flowrl.outputs.progress import ProgressDisplay, format_details, format_iteration, progress_toward_stop
+
+pytestmark = pytest.mark.unit
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 TINY = ["--num-workers", "0", "--set", "train_batch_size=64", "--set", "rollout_fragment_length=32"]
@@ -127,6 +129,21 @@ def test_details_show_evaluation_and_custom_metrics_when_a_result_has_them() -> 
     assert "  evaluation: episode_reward_mean 180, episode_len_mean 180" in details
     assert "  custom_metrics: pole_angle_mean 0.0123" in details
     assert format_details({"training_iteration": 1}) == []
+
+
+def test_the_iteration_line_shows_each_policys_return_in_multi_agent_runs() -> None:
+    base = {"training_iteration": 3, "timesteps_total": 600, "episode_reward_mean": 80.0, "time_this_iter_s": 2.0}
+    single = format_iteration(base, 600)
+    assert "policy" not in single and "steps/s     300" in single
+    multi = format_iteration({**base, "policy_reward_mean": {"ppo_policy": 150.25, "dqn_policy": 40.0}}, 600)
+    assert multi.startswith(single) and multi.endswith("dqn_policy 40.0 ppo_policy 150.2")
+
+
+def test_the_iteration_line_shows_faults_once_there_are_any() -> None:
+    base = {"training_iteration": 3, "timesteps_total": 600, "time_this_iter_s": 2.0, "num_worker_restarts": 0, "num_bad_observations": 0}
+    assert "restarts" not in format_iteration(base, 600)
+    line = format_iteration({**base, "num_worker_restarts": 2, "num_bad_observations": 1}, 600)
+    assert line.endswith("restarts 2, bad observations 1")
 
 
 # --- flowrl train ------------------------------------------------------------------------------------

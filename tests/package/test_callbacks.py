@@ -22,7 +22,7 @@ from flowrl.config import TrainerConfig
 from flowrl.errors import CallbackError, ConfigError, EnvError
 from flowrl.operators.metric_ops import summarize_custom_metrics
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(300)]
 
 # Ray's workers cannot import this module (pytest's pythonpath reaches only the test process):
 # the env and callbacks classes below travel to them by value.

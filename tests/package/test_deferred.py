@@ -14,6 +14,8 @@ import pytest
 
 from flowrl.deferred import DeferredModule, deferred_attributes
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def probe_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
@@ -85,6 +87,7 @@ IMPORTS_OF_A_DECLARATION = textwrap.dedent(
 )
 
 
+@pytest.mark.integration
 def test_the_packages_and_the_trainer_import_neither_pytorch_nor_ray() -> None:
     proc = subprocess.run([sys.executable, "-c", IMPORTS_OF_A_DECLARATION], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]

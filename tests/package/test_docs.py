@@ -27,6 +27,8 @@ import yaml
 from flowrl import Trainer
 from flowrl.algorithms import dqn, get_algorithm, list_algorithms, ppo, ppo_dqn
 
+pytestmark = pytest.mark.unit
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Pages whose python blocks must run, relative to the repository root.
@@ -268,9 +270,9 @@ def test_writing_page_ppo_listing_is_the_code_of_ppo_py() -> None:
         'ParallelRollouts(workers, mode="bulk_sync")',
         ".combine(ConcatBatches(config.train_batch_size))",
         ".for_each(StandardizeFields([SampleBatch.ADVANTAGES]))",
-        "num_sgd_iter=config.num_sgd_iter, sgd_minibatch_size=config.sgd_minibatch_size, seed=config.seed",
+        ".for_each(TrainOneStep(workers, policies, config, resources=resources))",
         ".for_each(UpdateKL(workers))",
-        "return StandardMetricsReporting(training_flow(rollouts, workers, config, learners=resources.learners), workers, config)",
+        "return StandardMetricsReporting(training_flow(rollouts, workers, config, resources), workers, config)",
     ):
         assert step in listing, step
         assert step in source, step
@@ -320,9 +322,9 @@ def test_multi_agent_page_ppo_dqn_listing_is_the_code_of_ppo_dqn_py() -> None:
     source = inspect.getsource(ppo_dqn.execution_plan)
     for line in (
         'ppo_rollouts, dqn_rollouts = ParallelRollouts(workers, mode="bulk_sync").duplicate(2)',
-        "dqn_experience, buffer = dqn_rollouts.for_each(SelectExperiences([DQN_POLICY])), resources.need_replay_buffer()",
-        "dqn.training_flow(dqn_experience, workers, config.dqn_config(), buffer, [DQN_POLICY], learners)",
-        "ppo.training_flow(ppo_experience, workers, config.ppo_config(), [PPO_POLICY], learners)",
+        "dqn_experience = dqn_rollouts.for_each(SelectExperiences([DQN_POLICY]))",
+        "dqn.training_flow(dqn_experience, workers, config.dqn_config(), resources, [DQN_POLICY])",
+        "ppo.training_flow(ppo_experience, workers, config.ppo_config(), resources, [PPO_POLICY])",
         'return StandardMetricsReporting(Concurrently([ppo_op, dqn_op], mode="async"), workers, config)',
     ):
         assert line in listing, line

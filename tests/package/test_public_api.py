@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 
 def test_every_contract_name_imports() -> None:
     from flowrl import Trainer  # noqa: F401
@@ -72,11 +76,13 @@ def _modules_loaded_by(code: str) -> set[str]:
     return {name.split(".")[0] for name in out.split()}
 
 
+@pytest.mark.integration
 def test_the_iterator_substrate_imports_neither_torch_nor_gymnasium() -> None:
     loaded = _modules_loaded_by("import flowrl.iterators")
     assert "torch" not in loaded and "gymnasium" not in loaded
 
 
+@pytest.mark.integration
 def test_flowrl_help_does_not_import_torch() -> None:
     loaded = _modules_loaded_by(
         "import contextlib, io\n"

@@ -25,7 +25,7 @@ from flowrl.config import TrainerConfig
 
 from fakes import BUILT_IN_ALGORITHMS
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
 PPO_TINY = {"num_workers": 0, "train_batch_size": 64, "rollout_fragment_length": 32, "sgd_minibatch_size": 32,

@@ -20,7 +20,7 @@ from flowrl.operators import ActorLink, Concurrently, StatefulOperator
 from flowrl.plan.graph import Plan
 from fakes import is_dead
 
-pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(180)]
 
 BASE = {
     "num_workers": 2,

@@ -12,8 +12,11 @@ import pytest
 from flowrl.cli import main as cli
 from flowrl.config import TrainerConfig
 from flowrl.errors import ConfigError, RunError
-from flowrl.runs.run import RunSpec, start_run
+from flowrl.runs.run import start_run
+from flowrl.storage.rundir import RunSpec
 from flowrl.plan.trace import build_trace, recorded_iterations
+
+pytestmark = pytest.mark.unit
 
 # Two tiny SGD batches per iteration: each training iteration takes milliseconds.
 TINY = {"train_batch_size": 64, "rollout_fragment_length": 32, "seed": 0}

@@ -1,4 +1,4 @@
-"""flowrl plan RUN_DIR: a run's plan.json and its X-ray drawn as text, Mermaid, DOT and HTML (flowrl.plan.views)."""
+"""flowrl plan RUN_DIR: a run's plan.json and its X-ray drawn as text, Mermaid, DOT and HTML (flowrl.plan.views, flowrl.plan.render)."""
 
 from __future__ import annotations
 
@@ -15,24 +15,16 @@ import pytest
 from flowrl.cli import main as cli
 from flowrl.errors import FlowRLError, RunError
 from flowrl.plan.graph import PlanGraph, graph_from_dict
-from flowrl.runs.run import RunSpec, find_resume_point, resume_run, start_run
-from flowrl.plan.views import (
-    NoXRayError,
-    average_xray,
-    load_view,
-    read_plan_graph,
-    render_dot,
-    render_html,
-    render_mermaid,
-    render_run,
-    render_text,
-    share_colour,
-    watch_run,
-    xray_window,
-)
+from flowrl.runs.resume import find_resume_point, resume_run
+from flowrl.runs.run import start_run
+from flowrl.storage.rundir import RunSpec
+from flowrl.plan.render import render_dot, render_html, render_mermaid, render_text, share_colour
+from flowrl.plan.views import NoXRayError, average_xray, load_view, read_plan_graph, render_run, watch_run, xray_window
 
 from fakes import progress
-from test_loggers import event_scalars
+from event_files import event_scalars
+
+pytestmark = pytest.mark.unit
 
 # One process, two tiny SGD batches per iteration: each training iteration takes milliseconds.
 TINY = {"num_workers": 0, "train_batch_size": 64, "rollout_fragment_length": 32, "seed": 0}

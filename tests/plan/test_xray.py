@@ -16,7 +16,7 @@ from flowrl.errors import FlowRLError
 
 from fakes import BUILT_IN_ALGORITHMS
 
-pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]
 
 REMOTE = {"num_workers": 2, "num_cpus_per_worker": 0.1, "rollout_fragment_length": 25}
 REPLAY = {"learning_starts": 64, "train_batch_size": 32, "timesteps_per_iteration": 200}

@@ -22,11 +22,11 @@ from flowrl.algorithms import get_algorithm
 from flowrl.config import TrainerConfig
 from flowrl.envs import get_env_creator
 from flowrl.errors import ConfigError
-from flowrl.engine.trainer import policy_specs
+from flowrl.engine.build import policy_specs
 
 from fakes import train_to_reward
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(300)]
 
 # Ray's workers cannot import this module: the model classes travel to them by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -18,7 +18,7 @@ from flowrl.policy import TorchPolicy
 from flowrl.policy.data_parallel import Shard, synchronize_gradients
 from flowrl.policy.sgd import minibatch_sgd
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 PPO = {"seed": 0, "model": {"fcnet_hiddens": [16, 16]}, "lr": 0.01}
 

@@ -13,6 +13,8 @@ from torch import distributions as td
 from flowrl.errors import FlowRLError
 from flowrl.policy import Categorical, Deterministic, DiagGaussian, SquashedGaussian, dist_class_for
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:

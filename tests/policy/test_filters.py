@@ -10,6 +10,8 @@ from flowrl.data import SampleBatch
 from flowrl.errors import ConfigError
 from flowrl.policy.filters import MeanStdFilter, RunningStats, filter_fragment, make_observation_filter
 
+pytestmark = pytest.mark.unit
+
 
 def observations(seed: int, n: int, dim: int = 3) -> np.ndarray:
     rng = np.random.default_rng(seed)

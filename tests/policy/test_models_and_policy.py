@@ -37,6 +37,8 @@ from flowrl.policy.exploration import make_exploration
 from flowrl.policy.model_options import DEFAULT_MODEL_CONFIG
 from flowrl.policy.models import obs_to_tensor
 
+pytestmark = pytest.mark.unit
+
 CARTPOLE_OBS = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
 CARTPOLE_ACT = gym.spaces.Discrete(2)
 PENDULUM_OBS = gym.spaces.Box(np.array([-1.0, -1.0, -8.0], np.float32), np.array([1.0, 1.0, 8.0], np.float32))
@@ -704,10 +706,11 @@ print(acting, "torch._dynamo" in sys.modules, policy.optimizer.param_groups[0]["
 """
 
 
+@pytest.mark.integration
 def test_a_policy_that_only_acts_makes_no_optimizer() -> None:
     # A rollout worker's policy never learns: making an optimizer would import PyTorch's compiler
     # stack (torch._dynamo, about a second) in every worker process. The first update makes it.
-    proc = subprocess.run([sys.executable, "-c", ACT_THEN_LEARN, str(Path(__file__).parents[1])], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", ACT_THEN_LEARN, str(Path(__file__).parent)], capture_output=True,
                           text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["False", "True", "0.01", "True"]

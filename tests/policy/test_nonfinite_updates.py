@@ -19,6 +19,8 @@ from flowrl.policy.policy import NONFINITE_UPDATE, LearnOutput
 from flowrl.policy.postprocessing import DISCOUNTS
 from flowrl.policy.sgd import minibatch_sgd
 
+pytestmark = pytest.mark.unit
+
 CARTPOLE = gym.make("CartPole-v1")
 
 

@@ -14,6 +14,8 @@ from flowrl.data import SampleBatch
 from flowrl.policy import TorchPolicy
 from flowrl.policy.numpy_inference import NumpyActorCritic
 
+pytestmark = pytest.mark.unit
+
 
 def no_loss(*args: Any) -> Any:
     raise AssertionError("not used")

@@ -10,6 +10,8 @@ import torch
 from flowrl.policy.distributions import Deterministic
 from flowrl.policy.exploration import GaussianNoise, OrnsteinUhlenbeckNoise, make_exploration
 
+pytestmark = pytest.mark.unit
+
 SPACE = gym.spaces.Box(np.array([-2.0, -1.0], np.float32), np.array([2.0, 1.0], np.float32))
 
 

@@ -9,6 +9,8 @@ from flowrl.data import SampleBatch
 from flowrl.policy import adjust_nstep, bootstrap_value, compute_advantages, discount_cumsum
 from flowrl.policy.postprocessing import DISCOUNTS
 
+pytestmark = pytest.mark.unit
+
 GAMMA, LAMBDA = 0.9, 0.8
 
 

@@ -8,6 +8,8 @@ import torch
 
 from flowrl.policy.vtrace import vtrace
 
+pytestmark = pytest.mark.unit
+
 GAMMA = 0.9
 
 

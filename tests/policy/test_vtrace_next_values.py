@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
 from flowrl.data import SampleBatch
 from flowrl.policy.vtrace import next_state_values
+
+pytestmark = pytest.mark.unit
 
 HORIZON = 6
 

@@ -22,11 +22,11 @@ import torch
 from flowrl import Trainer
 from flowrl.storage.checkpoints import latest_checkpoint, read_checkpoint
 from flowrl.data import DEFAULT_POLICY_ID
-from flowrl.runs.run import json_safe
+from flowrl.storage.rundir import json_safe
 
 from fakes import progress
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
 ITERATIONS = 6

@@ -4,6 +4,7 @@ ending it with a checkpoint."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -61,12 +62,16 @@ def jobs_address(ray_session: None) -> Iterator[str]:
             time.sleep(1)
         yield address
     finally:
-        os.killpg(head.pid, signal.SIGTERM)  # ray start --block stops its node's processes on SIGTERM
+        # ray start --block stops its node's processes on SIGTERM, gracefully, over up to a minute:
+        # the test is done with them, so what is left after a few seconds is killed.
+        os.killpg(head.pid, signal.SIGTERM)
         try:
-            head.wait(timeout=60)
+            head.wait(timeout=5)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGKILL)  # the node's processes that outlived `ray start` (the group's)
         shutil.rmtree(temp, ignore_errors=True)
 
 

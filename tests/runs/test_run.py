@@ -1,4 +1,5 @@
-"""flowrl.runs.run as a Python user calls it: run directories, stop criteria, checkpoint cadence, resuming."""
+"""flowrl.runs.run and flowrl.runs.resume as a Python user calls them: run directories, stop criteria,
+checkpoint cadence, resuming."""
 
 from __future__ import annotations
 
@@ -12,28 +13,21 @@ import shutil
 import signal
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from flowrl.errors import CheckpointError, ConfigError, RunError, WorkerFailureError
-from flowrl.runs.run import (
-    Run,
-    RunSpec,
-    RunWarning,
-    find_resume_point,
-    find_run_dir,
-    parse_stop,
-    read_run_spec,
-    resume_run,
-    start_run,
-    stop_reason,
-)
+from flowrl.errors import CheckpointError, ConfigError, RunError, RunWarning, WorkerFailureError
+from flowrl.runs.resume import find_resume_point, resume_run
+from flowrl.runs.run import Run, start_run
+from flowrl.storage.rundir import RunSpec, find_run_dir, parse_stop, read_run_spec, stop_reason
 from flowrl.storage.shared import StorageWarning, check_storage_path
 
 from fakes import checkpoints, progress
+
+pytestmark = pytest.mark.unit
 
 # One process, two tiny SGD batches per iteration: each training iteration takes milliseconds.
 TINY = {"num_workers": 0, "train_batch_size": 64, "rollout_fragment_length": 32, "seed": 0}
@@ -272,7 +266,18 @@ def test_no_emergency_checkpoint_of_a_broken_state_nor_of_one_already_saved(tmp_
     assert run.failure is not None and not run.failure.saved and run.failure.not_saved_because is None
 
 
-def test_sighup_ends_training_with_a_checkpoint(tmp_path: Path, ray_session: None) -> None:
+@pytest.fixture
+def sighup_default() -> Iterator[None]:
+    """SIGHUP with its default action, as a terminal's session has it: a session started under ``nohup``
+    ignores SIGHUP, and a run rightly keeps ignoring it (see ``interrupting_signals``)."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL if previous is None else previous)
+
+
+def test_sighup_ends_training_with_a_checkpoint(tmp_path: Path, ray_session: None, sighup_default: None) -> None:
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
 
     def hang_up(result: dict[str, Any]) -> None:
@@ -306,7 +311,7 @@ def test_a_sigterm_that_surfaces_as_a_plain_keyboard_interrupt_is_still_named(tm
     assert summary.checkpoint == run.directory / "checkpoints" / "checkpoint_000002"
 
 
-def test_a_second_signal_abandons_the_final_checkpoint(tmp_path: Path, ray_session: None) -> None:
+def test_a_second_signal_abandons_the_final_checkpoint(tmp_path: Path, ray_session: None, sighup_default: None) -> None:
     spec = RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 5}, checkpoint_freq=2)
     with start_run(spec, results_dir=tmp_path) as run:
         real_save = run.trainer.save

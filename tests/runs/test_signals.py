@@ -13,8 +13,19 @@ import pytest
 
 from fakes import checkpoints, progress
 
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[2]
-TRAIN = [sys.executable, "-m", "flowrl.cli", "train", "--algo", "pg", "--env", "CartPole-v1", "--num-workers", "0"]
+# ``python -m flowrl.cli``, with SIGTERM and SIGHUP at their default actions first, as a terminal's
+# session has them: a test session started under ``nohup`` ignores SIGHUP, its children inherit
+# that, and a run rightly keeps ignoring a signal it was started ignoring.
+FLOWRL = (
+    "import runpy, signal\n"
+    "for signum in (signal.SIGTERM, signal.SIGHUP):\n"
+    "    signal.signal(signum, signal.SIG_DFL)\n"
+    "runpy.run_module('flowrl.cli', run_name='__main__', alter_sys=True)\n"
+)
+TRAIN = [sys.executable, "-c", FLOWRL, "train", "--algo", "pg", "--env", "CartPole-v1", "--num-workers", "0"]
 SMALL = ["--set", "train_batch_size=200", "--set", "rollout_fragment_length=200"]
 
 

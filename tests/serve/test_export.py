@@ -30,9 +30,10 @@ from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.errors import CheckpointError, RunError
 from flowrl.serve.export import export_policy, find_checkpoint
 from flowrl.serve.inference import policy_files
-from test_inference import build_policies, observations, write_files
+from policy_files import build_policies, observations, write_files
 
 pytestmark = [
+    pytest.mark.unit,
     pytest.mark.timeout(300),
     # Loading a TorchScript model is what these tests do; PyTorch 2.13 deprecates it in favour of torch.export.
     pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning"),

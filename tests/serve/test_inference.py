@@ -21,24 +21,21 @@ import pytest
 import torch
 
 import flowrl
-from flowrl.algorithms import get_algorithm
-from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
-from flowrl.envs import get_env_creator
 from flowrl.errors import CheckpointError
 from flowrl.serve.inference import (
     POLICIES_JSON,
     POLICIES_WEIGHTS,
     InferencePolicy,
     load_policy,
-    policy_files,
     space_from_json,
     space_to_json,
 )
 from flowrl.policy import Policy
-from flowrl.engine.trainer import policy_specs
 
-pytestmark = pytest.mark.timeout(180)
+from policy_files import build_policies, observations, write_files
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(180)]
 
 REPO = Path(__file__).resolve().parents[2]
 # (algorithm, env): discrete actions (PPO, DQN) and Box actions (DDPG, TD3, and PPO, whose
@@ -48,36 +45,6 @@ CASES = [("ppo", "CartPole-v1"), ("dqn", "CartPole-v1"), ("ddpg", "Pendulum-v1")
 
 def by_parity(agent: int) -> str:
     return "small" if agent % 2 == 0 else "big"
-
-
-def build_policies(
-    algo: str, env: str, overrides: dict[str, Any] | None = None, seed: int = 0
-) -> tuple[dict[str, Policy[Any]], TrainerConfig]:
-    """The policies a Trainer would build for ``env``, with random weights (seeded) so greedy actions vary."""
-    algorithm = get_algorithm(algo)
-    config = algorithm.config_class.from_dict({"num_workers": 0, "seed": 0, **(overrides or {})}).frozen()
-    policy_map = {pid: spec.build() for pid, spec in policy_specs(algorithm, config, get_env_creator(env)).items()}
-    rng = np.random.default_rng(seed)
-    for policy in policy_map.values():
-        # Parameters only: buffers hold constants (DDPG's action bounds, which share memory with its action space).
-        parameters = {name for name, _ in policy.model.named_parameters()}  # type: ignore[attr-defined]
-        weights = policy.get_weights()
-        policy.set_weights({k: rng.normal(0, 1.0, v.shape).astype(v.dtype) if k in parameters else v for k, v in weights.items()})
-    return policy_map, config
-
-
-def write_files(directory: Path, policy_map: dict[str, Policy[Any]], algo: str, config: TrainerConfig) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, data in policy_files(policy_map, algo, config).items():
-        (directory / name).write_bytes(data)
-    return directory
-
-
-def observations(space: gym.Space[Any], n: int = 1000, seed: int = 0) -> np.ndarray:
-    """``n`` observations sampled from ``space``, its infinite bounds narrowed to +-5 (finite network inputs)."""
-    assert isinstance(space, gym.spaces.Box)
-    bounded = gym.spaces.Box(np.maximum(space.low, -5), np.minimum(space.high, 5), dtype=space.dtype, seed=seed)
-    return np.stack([bounded.sample() for _ in range(n)])
 
 
 def greedy(policy: Policy[Any], obs: np.ndarray) -> np.ndarray:
@@ -149,6 +116,7 @@ def test_explore_true_samples_and_keeps_the_checkpoints_timestep(tmp_path: Path)
     assert len(np.unique(loaded.compute_actions(obs))) == 1
 
 
+@pytest.mark.integration
 def test_loading_needs_no_ray_and_never_unpickles_state(tmp_path: Path) -> None:
     """In a fresh interpreter (this session may have Ray running): load_policy leaves Ray uninitialized,
     and a state.pkl that would run code on load sits beside the files untouched."""

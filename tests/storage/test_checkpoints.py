@@ -30,6 +30,8 @@ from flowrl.storage.checkpoints import (
 )
 from flowrl.errors import CheckpointError, ConfigError
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[2]
 FILES = {"policies.safetensors": b"\x00\x01weights" * 100, "policies.json": b'{"format": "flowrl-policies"}'}
 
@@ -357,6 +359,7 @@ def check_after_kill(directory: Path, operation: str) -> None:
         assert found[0] in (old, directory / "checkpoint_000002", latest)
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("operation", ["overwrite", "new", "copy", "prune"])
 def test_a_kill_at_any_step_loses_nothing_and_the_next_write_cleans_up(tmp_path: Path, operation: str) -> None:

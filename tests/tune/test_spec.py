@@ -16,9 +16,10 @@ from ray.tune.schedulers import ASHAScheduler, PopulationBasedTraining
 from ray.tune.search.sample import Categorical, Float, Integer, LogUniform, Quantized
 
 from flowrl.algorithms import get_algorithm, list_algorithms
-from flowrl.errors import ConfigError, RunError
-from flowrl.runs.run import RunWarning
+from flowrl.errors import ConfigError, RunError, RunWarning
 from flowrl.tune import TuneSpec, load_spec, parse_spec
+
+pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ a piece ends when the agent terminates or truncates, or when the fragment ends (
 policy's postprocessing bootstraps from the last next-observation), and is postprocessed
 by that agent's policy. A fragment is a :class:`~flowrl.data.MultiAgentBatch` of
 ``fragment_length x num_envs`` env steps, less the steps of episodes dropped for a fault
-(see :class:`~flowrl.actors.sampling.vector.FaultTolerantSampler`).
+(see :class:`~flowrl.actors.sampling.recovery.FaultTolerantSampler`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from flowrl.actors.sampling.checks import ObservationCheck, reward_problem
 from flowrl.actors.sampling.episode_hooks import EpisodeHooks
-from flowrl.actors.sampling.vector import EnvMaker, EpisodeStats, FaultTolerantSampler, ObservationCheck, no_clock, reward_problem
+from flowrl.actors.sampling.recovery import EnvMaker, EpisodeStats, FaultTolerantSampler, no_clock
 from flowrl.data import MultiAgentBatch, SampleBatch, concat_samples
 from flowrl.errors import EnvError, FlowRLError
 from flowrl.policy import Policy
@@ -87,7 +88,7 @@ class MultiAgentSampler(FaultTolerantSampler):
     a :class:`~flowrl.errors.FlowRLError` naming the agent. Only ``truncate_episodes``
     sampling: each :meth:`sample` steps every env ``fragment_length`` times.
 
-    Faults are handled per env as in :class:`~flowrl.actors.sampling.vector.FaultTolerantSampler`
+    Faults are handled per env as in :class:`~flowrl.actors.sampling.recovery.FaultTolerantSampler`
     (an episode is dropped for all of its agents). Each agent's observations are checked
     against ``observation_space(agent)``; the live agents' ones as each policy's stacked
     batch, in a few vectorized passes (agents that share a policy share its space), and a
@@ -95,7 +96,7 @@ class MultiAgentSampler(FaultTolerantSampler):
     observations are flattened (see :mod:`flowrl.envs.flatten`) before they are checked and stacked.
 
     ``hooks`` runs the callbacks' episode hooks as in
-    :class:`~flowrl.actors.sampling.vector.FaultTolerantSampler`; an episode ends, and is published, at
+    :class:`~flowrl.actors.sampling.recovery.FaultTolerantSampler`; an episode ends, and is published, at
     the step its last agent is done.
     """
 

@@ -6,371 +6,34 @@ piece with the policy (advantages, n-step returns, ...) and concatenates them. F
 policy that postprocesses nothing (IMPALA's: V-trace corrects in the learner) the
 fragment is returned whole, in the same row order, without cutting it.
 
-Faults are absorbed here when the config asks for it (see :class:`FaultTolerantSampler`):
-an env that raises is recreated and its episode dropped, and an observation or reward that
-must not reach the learner either raises :class:`~flowrl.errors.BadObservationError` or has
-its episode dropped.
+Faults are absorbed here when the config asks for it (see
+:class:`~flowrl.actors.sampling.recovery.FaultTolerantSampler`): an env that raises is
+recreated and its episode dropped, and an observation or reward that must not reach the
+learner either raises :class:`~flowrl.errors.BadObservationError` or has its episode dropped.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import copy
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
-import cloudpickle
 import gymnasium as gym
 import numpy as np
-from gymnasium import spaces
-from gymnasium.utils import EzPickle
 
+from flowrl.actors.sampling.checks import ObservationCheck, reward_problem
 from flowrl.actors.sampling.episode_hooks import EpisodeHooks
+from flowrl.actors.sampling.recovery import EnvMaker, EpisodeStats, FaultTolerantSampler, no_clock
 from flowrl.data import SampleBatch, concat_samples
-from flowrl.envs.checker import abbreviate, element_name
-from flowrl.envs.envpool_backend import shared_vector
+from flowrl.envs.checker import abbreviate
+from flowrl.envs.envpool_backend import EnvPoolVector, shared_vector
 from flowrl.envs.episodes import recorded_episode, records_episodes
-from flowrl.envs.flatten import ObsFlattener, is_structured
-from flowrl.errors import BadObservationError, EnvError, FlowRLError
 from flowrl.policy import Policy
 from flowrl.policy.filters import MeanStdFilter, filter_fragment
 
 BATCH_MODES = ("truncate_episodes", "complete_episodes")
-BAD_OBSERVATION_MODES = ("raise", "drop_episode")
-#: Finished episodes a sampler keeps until they are collected (a worker nobody asks must not grow).
-MAX_UNCOLLECTED_EPISODES = 10_000
-#: Episodes of one env slot dropped in a row (env errors or bad data) before the sampler gives up on it:
-#: dropping is meant for rare faults, and an env that fails every episode would otherwise spin forever.
-MAX_DROPPED_IN_A_ROW = 100
-
-EnvMaker = Callable[[int], Any]
-"""Builds a new env for a vector index (the slot of the env it replaces)."""
-
-def env_snapshot(env: Any) -> bytes | None:
-    """``env`` pickled with its state (mid-episode), or None where that cannot be done faithfully.
-
-    Gymnasium's ``EzPickle`` envs pickle their constructor arguments only, so unpickling one
-    starts it afresh: those, and envs that cannot be pickled at all, give None.
-    """
-    if isinstance(getattr(env, "unwrapped", env), EzPickle):
-        return None
-    try:
-        return cloudpickle.dumps(env)
-    except Exception:  # noqa: BLE001 - any env may hold something unpicklable (a socket, an emulator)
-        return None
-
-
-@dataclass
-class EpisodeStats:
-    """Return and length (env steps) of one finished episode, and its custom metrics.
-
-    In multi-agent episodes ``episode_reward`` sums every agent's rewards and
-    ``policy_rewards`` lists each agent's return under the id of the policy it acted with.
-    ``custom_metrics`` holds what callbacks and ``custom_metrics_from_info`` recorded.
-    """
-
-    episode_reward: float
-    episode_length: int
-    policy_rewards: dict[str, list[float]] = field(default_factory=dict)
-    custom_metrics: dict[str, float] = field(default_factory=dict)
-
-
-def reward_problem(reward: Any, field: str = "reward") -> str | None:
-    """What is wrong with one reward (not a real number, or not finite), or None; ``field`` names it."""
-    try:
-        value = float(reward)
-    except (TypeError, ValueError):
-        return f"{field}={abbreviate(reward)} of type {type(reward).__name__}, which is not a real number"
-    return None if math.isfinite(value) else f"{field}={value}, which is not finite"
-
-
-class ObservationCheck:
-    """What an observation must be to reach the learner, read from the env's observation space.
-
-    Array spaces (Box, Discrete, MultiDiscrete, MultiBinary) give a shape, a dtype the
-    observation must cast to (same kind: float64 into float32 is fine, float into int is
-    not) and bounds. Floating observations must be finite. Dict and Tuple observations are
-    checked flattened, against ``flatten_space(space)`` (samplers flatten them with
-    :attr:`flatten`); observations of other spaces (Text, Graph, ...) are only checked to be finite.
-    """
-
-    def __init__(self, space: gym.Space | None, space_name: str = "observation_space") -> None:
-        #: Flattens Dict and Tuple observations into rows of ``flatten_space(space)``; None for other spaces.
-        self.flatten = ObsFlattener(space) if space is not None and is_structured(space) else None
-        self._structure_name = space_name
-        if self.flatten is not None:
-            space, space_name = self.flatten.space, f"flatten_space({space_name})"
-        self.space_name = space_name
-        self.shape: tuple[int, ...] | None = None
-        self.dtype: np.dtype | None = None
-        #: Bounds broadcast to ``shape``; None where no value of the dtype can break them (e.g. -inf).
-        self.low: np.ndarray | None = None
-        self.high: np.ndarray | None = None
-        # (class, dtype, shape) of values already found to have the right shape and a castable dtype.
-        self._good_forms: set[tuple[type, Any, Any]] = set()
-        self._finite_bounds: tuple[np.ndarray, np.ndarray] | None = None
-        if isinstance(space, spaces.Box):
-            low, high = space.low, space.high
-        elif isinstance(space, spaces.Discrete):
-            low, high = np.asarray(space.start), np.asarray(space.start + space.n - 1)
-        elif isinstance(space, spaces.MultiDiscrete):
-            low, high = space.start, space.start + space.nvec - 1
-        elif isinstance(space, spaces.MultiBinary):
-            low, high = np.zeros(space.shape, np.int8), np.ones(space.shape, np.int8)
-        else:
-            return
-        assert space is not None and space.shape is not None and space.dtype is not None
-        self.shape, self.dtype = tuple(space.shape), np.dtype(space.dtype)
-        low, high = np.broadcast_to(low, self.shape), np.broadcast_to(high, self.shape)
-        if self.dtype.kind == "f":
-            lowest, highest = -np.inf, np.inf
-        elif self.dtype.kind in "iu":
-            lowest, highest = np.iinfo(self.dtype).min, np.iinfo(self.dtype).max
-        else:
-            return
-        self.low = low if bool(np.any(low > lowest)) else None
-        self.high = high if bool(np.any(high < highest)) else None
-        if self.dtype.kind == "f" and self.has_bounds:
-            # Infinite bounds replaced by the dtype's extremes: then one comparison per side also
-            # rejects NaN (no comparison holds) and infinities, without a separate finiteness pass.
-            finite = np.finfo(self.dtype).max
-            self._finite_bounds = (np.maximum(low, -finite), np.minimum(high, finite))
-
-    @property
-    def has_bounds(self) -> bool:
-        """Whether a finite value can be out of the space."""
-        return self.low is not None or self.high is not None
-
-    def form_problem(self, value: Any, field: str) -> str | None:
-        """What is wrong with ``value``'s shape or dtype, or None; ``field`` names it in the message."""
-        if self.flatten is not None and not isinstance(value, np.ndarray):  # it could not be flattened
-            return f"{field}={abbreviate(value)}, which does not fit {self._structure_name} {self.flatten.structure}"
-        key = (value.__class__, getattr(value, "dtype", None), getattr(value, "shape", None))
-        cacheable = isinstance(value, (np.ndarray, np.generic, int, float))
-        if cacheable and key in self._good_forms:
-            return None
-        array = np.asarray(value)
-        if self.shape is not None and array.shape != self.shape:
-            return f"{field}={abbreviate(value)} with shape {array.shape}, but {self.space_name}.shape is {self.shape}"
-        if self.dtype is not None and not np.can_cast(array.dtype, self.dtype, "same_kind"):
-            return (
-                f"{field}={abbreviate(value)} of dtype {array.dtype}, which does not cast to "
-                f"{self.space_name}.dtype {self.dtype}"
-            )
-        if cacheable:
-            self._good_forms.add(key)
-        return None
-
-    def value_problem(self, value: Any, field: str) -> str | None:
-        """What is wrong with ``value``'s numbers (of a right form): not finite, or out of bounds; or None."""
-        array = np.asarray(value)
-        if array.dtype.kind == "f":
-            bad = np.argwhere(~np.isfinite(array))
-            if len(bad):
-                index = tuple(bad[0])
-                return f"{element_name(field, index)}={abbreviate(array[index])}, which is not finite"
-        for bound, name, relation in ((self.low, "low", "below"), (self.high, "high", "above")):
-            if bound is None:
-                continue
-            bad = np.argwhere(array < bound if relation == "below" else array > bound)
-            if len(bad):
-                index = tuple(bad[0])
-                limit = element_name(f"{self.space_name}.{name}", index)
-                return f"{element_name(field, index)}={abbreviate(array[index])} {relation} {limit}={abbreviate(bound[index])}"
-        return None
-
-    def problem(self, value: Any, field: str) -> str | None:
-        """Everything wrong with one observation (the first problem found), or None."""
-        problem = self.form_problem(value, field)
-        if problem is not None:
-            return problem
-        array = np.asarray(value)
-        # The vectorized passes first: the element-wise look that names the culprit is much slower.
-        return None if self.rows_ok(array[None]) else self.value_problem(array, field)
-
-    def rows_ok(self, rows: np.ndarray) -> bool:
-        """Whether every observation stacked in ``rows`` (``[n, ...]``) is right, in a few vectorized passes.
-
-        False may also mean a sum overflowed: :meth:`problem` on each row says which (if any) is wrong.
-        """
-        if self.shape is not None and rows.shape[1:] != self.shape:
-            return False
-        if self.dtype is not None and rows.dtype != self.dtype and not np.can_cast(rows.dtype, self.dtype, "same_kind"):
-            return False
-        if self._finite_bounds is not None:
-            low, high = self._finite_bounds
-            return bool((rows >= low).all()) and bool((rows <= high).all())
-        if rows.dtype.kind == "f" and not math.isfinite(np.add.reduce(rows, axis=None)):
-            return False
-        return self.all_in_bounds(rows)
-
-    def all_in_bounds(self, rows: np.ndarray) -> bool:
-        """Whether every observation in ``rows`` (``[..., *shape]``) is inside the bounds."""
-        return (self.low is None or bool((rows >= self.low).all())) and (
-            self.high is None or bool((rows <= self.high).all())
-        )
-
-    def in_bounds(self, rows: np.ndarray) -> np.ndarray:
-        """Per row of ``rows`` (``[..., *shape]``): whether it is inside the bounds (vectorized)."""
-        assert self.shape is not None
-        lead = rows.ndim - len(self.shape)
-        axes = tuple(range(lead, rows.ndim))
-        ok = np.ones(rows.shape[:lead], dtype=bool)
-        if self.low is not None:
-            ok &= (rows >= self.low).all(axis=axes)
-        if self.high is not None:
-            ok &= (rows <= self.high).all(axis=axes)
-        return ok
-
-
-class FaultTolerantSampler:
-    """What both samplers share: their envs, finished-episode statistics, and the handling of faults.
-
-    ``env_maker(vector_index)`` (optional) builds a replacement for an env that raised in
-    ``step`` or ``reset``: the old one is closed, the new one reset, the episode that was
-    running is dropped and counted in ``num_faulty_episodes``. Without it the env's
-    exception propagates unchanged. ``on_bad_observation`` says what a non-finite, wrongly
-    shaped or out-of-space observation, or a non-finite reward, does: ``"raise"`` a
-    :class:`~flowrl.errors.BadObservationError` naming the worker (``worker_index``), env,
-    step, field, value and bound; ``"drop_episode"`` drops that episode, resets the env and
-    counts it in ``num_bad_observations``. A dropped episode's rows are never returned and it
-    is not a finished episode. Either counter is cumulative. An env slot whose episodes are
-    dropped :data:`MAX_DROPPED_IN_A_ROW` times in a row raises.
-
-    ``hooks`` (optional) follows each env's episode for the run's callbacks and custom metrics;
-    the episodes in progress are saved with the sampler's state.
-    """
-
-    def __init__(
-        self,
-        envs: list[Any],
-        *,
-        env_maker: EnvMaker | None,
-        on_bad_observation: str,
-        worker_index: int,
-        seed: int | None,
-        hooks: EpisodeHooks | None = None,
-    ) -> None:
-        if on_bad_observation not in BAD_OBSERVATION_MODES:
-            raise ValueError(f"on_bad_observation={on_bad_observation!r} is not one of {BAD_OBSERVATION_MODES}")
-        # The caller's list, replaced in place: the rollout worker closes the envs the sampler holds.
-        self.envs = envs
-        self.env_maker = env_maker
-        self.on_bad_observation = on_bad_observation
-        self.worker_index = worker_index
-        self.hooks = hooks
-        self.num_faulty_episodes = 0
-        self.num_bad_observations = 0
-        # Seconds spent stepping the envs and in the policies' forward passes (the X-ray), while ``timed``.
-        self.timed = True
-        self.env_s = 0.0
-        self.inference_s = 0.0
-        # Bounded: a worker whose statistics nobody collects must not grow without limit.
-        self.finished: collections.deque[EpisodeStats] = collections.deque(maxlen=MAX_UNCOLLECTED_EPISODES)
-        self._dropped_in_a_row = [0] * len(envs)
-        # Seeds for recreated envs, derived from the sampler's seed: the same faults give the same run.
-        self._reseed = None if seed is None else np.random.default_rng([seed & (2**64 - 1), 0x5EED])
-
-    #: What, besides the envs, makes up the sampler's progress between two samples (subclasses add theirs).
-    STATE_ATTRS: ClassVar[tuple[str, ...]] = (
-        "num_faulty_episodes", "num_bad_observations", "finished", "_dropped_in_a_row", "_reseed",
-    )
-
-    def get_state(self) -> dict[str, Any]:
-        """The envs, each pickled mid-episode (None where an env cannot be, see :func:`env_snapshot`),
-        the episodes in progress, the fault counters and the seed stream: what resuming
-        sampling exactly where it was needs."""
-        state = copy.deepcopy({name: getattr(self, name) for name in self.STATE_ATTRS})
-        episodes = None if self.hooks is None else self.hooks.get_state()
-        return {**state, "envs": [env_snapshot(env) for env in self.envs], "episodes": episodes}
-
-    def set_state(self, state: Mapping[str, Any]) -> list[int]:
-        """Restore :meth:`get_state`'s output into a sampler with as many envs.
-
-        Returns the vector indices of the envs whose state could not be restored: they start
-        a new episode. With a different number of envs nothing is restored and every env
-        index is returned.
-        """
-        snapshots = state["envs"]
-        if len(snapshots) != len(self.envs):
-            return list(range(len(self.envs)))
-        for name in self.STATE_ATTRS:
-            setattr(self, name, copy.deepcopy(state[name]))
-        if self.hooks is not None:
-            self.hooks.set_state(state.get("episodes"))
-        fresh = []
-        for i, snapshot in enumerate(snapshots):
-            if snapshot is None:
-                fresh.append(i)
-                continue
-            with contextlib.suppress(Exception):  # the replaced env's close must not stop the restore
-                self.envs[i].close()
-            self.envs[i] = cloudpickle.loads(snapshot)
-        for i in fresh:
-            self._restart_episode(i)
-        return fresh
-
-    def _restart_episode(self, index: int) -> None:
-        """Start a new episode in env ``index``, dropping what the sampler holds of the one before."""
-        raise NotImplementedError
-
-    def pop_episode_stats(self) -> list[EpisodeStats]:
-        """Episodes finished since the last call (the most recent ones, if very many).
-
-        Safe while another thread samples: each episode is taken from the deque once.
-        """
-        popped: list[EpisodeStats] = []
-        while True:
-            try:
-                popped.append(self.finished.popleft())
-            except IndexError:
-                return popped
-
-    def _recreate_env(self, index: int, method: str, error: Exception) -> int | None:
-        """Replace env ``index`` (there is an env maker), which raised ``error`` in ``method``.
-
-        Returns the seed to reset the new env with (None for an unseeded sampler).
-        """
-        assert self.env_maker is not None
-        with contextlib.suppress(Exception):  # a broken env may fail to close too; it is discarded anyway
-            self.envs[index].close()
-        self.num_faulty_episodes += 1
-        failure = EnvError(self._where(index, f"{method} raised {type(error).__name__}: {error}"))
-        self._count_dropped(index, failure, error)
-        self.envs[index] = self.env_maker(index)
-        return None if self._reseed is None else int(self._reseed.integers(2**31))
-
-    def _bad_data(self, index: int, where: str, problem: str) -> None:
-        """Raise for bad data from env ``index`` (``where``: the call and step), or count the episode to drop."""
-        message = f"{self._where(index, where)} returned {problem}"
-        if self.on_bad_observation == "raise":
-            raise BadObservationError(
-                f"{message} (on_bad_observation='raise'; 'drop_episode' drops such episodes and counts them)"
-            )
-        self.num_bad_observations += 1
-        self._count_dropped(index, BadObservationError(message), None)
-
-    def _count_dropped(self, index: int, last: FlowRLError, cause: Exception | None) -> None:
-        """Count a dropped episode of env ``index``; raise (``last`` says why it was dropped) past the cap."""
-        self._dropped_in_a_row[index] += 1
-        if self._dropped_in_a_row[index] >= MAX_DROPPED_IN_A_ROW:
-            message = f"{MAX_DROPPED_IN_A_ROW} episodes in a row of one env were dropped; the last: {last}"
-            raise type(last)(message) from cause
-
-    def _episode_kept(self, index: int) -> None:
-        self._dropped_in_a_row[index] = 0
-
-    def _where(self, index: int, what: str) -> str:
-        return f"worker {self.worker_index}, env {index}: {what}"
-
-
-def no_clock() -> float:
-    """The clock of a sampler that times nothing (``timed`` off): always 0."""
-    return 0.0
 
 
 @dataclass
@@ -381,6 +44,23 @@ class _Fragment:
     keep: np.ndarray
     #: ``(episode id, stats)``: published once the fragment's checks passed (a check may drop one).
     finished: list[tuple[int, EpisodeStats]] = field(default_factory=list)
+    #: The observations the policy acted on, where an observation filter changed them.
+    filtered: np.ndarray | None = None
+    #: The policy's actions and extra outputs, made at the first row (their shapes come from the policy).
+    actions: np.ndarray | None = None
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def add_actions(self, step: int, actions: np.ndarray, extra: dict[str, np.ndarray]) -> None:
+        """Write the policy's ``actions`` and ``extra`` outputs into row ``step``."""
+        actions_buf = self.actions
+        if actions_buf is None:
+            T = len(self.keep)
+            actions_buf = self.actions = np.empty((T, *actions.shape), dtype=actions.dtype)
+            self.extras = {k: np.empty((T, *v.shape), dtype=v.dtype) for k, v in extra.items()}
+        actions_buf[step] = actions
+        extra_bufs = self.extras
+        for key, value in extra.items():
+            extra_bufs[key][step] = value
 
 
 class VectorSampler(FaultTolerantSampler):
@@ -486,131 +166,150 @@ class VectorSampler(FaultTolerantSampler):
         """Step every env ``fragment_length`` times; return the ``[T, n]`` fragment, its checks passed."""
         T, n = self.fragment_length, len(self.envs)
         obs_buf = np.empty((T, *self.obs.shape), dtype=self.obs.dtype)
-        new_obs_buf = np.empty_like(obs_buf)
-        rewards = np.empty((T, n), dtype=np.float32)
-        terminateds = np.empty((T, n), dtype=bool)
-        truncateds = np.empty((T, n), dtype=bool)
-        eps_ids = np.empty((T, n), dtype=np.int64)
-        ts = np.empty((T, n), dtype=np.int64)
         fragment = _Fragment(
             {
                 SampleBatch.OBS: obs_buf,
-                SampleBatch.NEW_OBS: new_obs_buf,
-                SampleBatch.REWARDS: rewards,
-                SampleBatch.TERMINATEDS: terminateds,
-                SampleBatch.TRUNCATEDS: truncateds,
-                SampleBatch.EPS_ID: eps_ids,
-                SampleBatch.T: ts,
+                SampleBatch.NEW_OBS: np.empty_like(obs_buf),
+                SampleBatch.REWARDS: np.empty((T, n), dtype=np.float32),
+                SampleBatch.TERMINATEDS: np.empty((T, n), dtype=bool),
+                SampleBatch.TRUNCATEDS: np.empty((T, n), dtype=bool),
+                SampleBatch.EPS_ID: np.empty((T, n), dtype=np.int64),
+                SampleBatch.T: np.empty((T, n), dtype=np.int64),
             },
             np.ones((T, n), dtype=bool),
+            filtered=None if self.obs_filter is None else np.empty((T, *self.obs.shape), dtype=np.float32),
         )
-        check = self._check_data
-        shape, dtype = self.obs.shape[1:], self.obs.dtype
-        check_finite = check and dtype.kind == "f"
-        # Bound once: the checks run for every env on every step, where each lookup shows.
-        ndarray, isfinite, add_all = np.ndarray, math.isfinite, np.add.reduce
-        flatten, hooks = self._flatten, self.hooks
-        actions_buf: np.ndarray | None = None
-        extra_bufs: dict[str, np.ndarray] = {}
-        obs_filter = self.obs_filter
-        filtered = None if obs_filter is None else np.empty((T, *self.obs.shape), dtype=np.float32)
         pool = shared_vector(self.envs)  # a worker's EnvPool, stepped in one call, or None
         recording = [records_episodes(env) for env in self.envs]  # read per fragment: a recreated env may differ
         clock = time.perf_counter if self.timed else no_clock
         for step in range(T):
-            started = clock()
-            policy_obs = self.obs if obs_filter is None else obs_filter(self.obs)
-            actions, extra = self.policy.compute_actions(policy_obs)
-            inferred = clock()
-            if filtered is not None:
-                filtered[step] = policy_obs
-            if actions_buf is None:
-                actions_buf = np.empty((T, *actions.shape), dtype=actions.dtype)
-                extra_bufs = {k: np.empty((T, *v.shape), dtype=v.dtype) for k, v in extra.items()}
-            actions_buf[step] = actions
-            for key, value in extra.items():
-                extra_bufs[key][step] = value
-            obs_buf[step] = self.obs
-            eps_ids[step] = self.eps_ids
-            ts[step] = self.ts
-            env_actions = np.clip(actions, *self._clip) if self._clip is not None else actions
-            # Each result goes straight into the step's rows: no per-step lists or stacking.
-            new_obs, step_rewards = new_obs_buf[step], rewards[step]
-            step_terms, step_truncs = terminateds[step], truncateds[step]
-            dropped: dict[int, int | None] = {}  # env -> the seed of its reset: episodes to drop
-            stepped: dict[int, tuple[Any, Any]] = {}  # env -> (observation, info) as the env returned them
-            # Env -> (return, length) of the episode it recorded ending; None: a training episode ended
-            # inside the recorded one (a lost life), which goes on. Envs that record nothing are not here.
-            recorded: dict[int, tuple[float, int] | None] = {}
-            if pool is not None:  # every env in one call; EnvPool's arrays have the space's shape and dtype
-                recorded = pool.step(env_actions, new_obs, step_rewards, step_terms, step_truncs)
-                if hooks is not None:
-                    stepped = {i: (new_obs[i], pool.info(i)) for i in range(n)}
-            else:
-                for i, env in enumerate(self.envs):
-                    try:
-                        obs, reward, step_terms[i], step_truncs[i], info = env.step(env_actions[i])
-                    except Exception as error:
-                        if self.env_maker is None:
-                            raise
-                        dropped[i] = self._recreate_env(i, "env.step()", error)
-                        self._placeholder(fragment, step, i)
-                        continue
-                    if recording[i] and (step_terms[i] or step_truncs[i]):
-                        recorded[i] = recorded_episode(info)
-                    if hooks is not None:
-                        stepped[i] = (obs, info)
-                    if flatten is not None:
-                        obs = flatten(obs)
-                    # A wrong shape may broadcast silently into the row (a scalar fills it): check the form first.
-                    if not check or (obs.__class__ is ndarray and obs.shape == shape and obs.dtype is dtype):
-                        try:
-                            new_obs[i], step_rewards[i] = obs, reward
-                            continue
-                        except (TypeError, ValueError):
-                            if not check:
-                                raise
-                    if not self._write_checked(fragment, step, i, obs, reward):
-                        dropped[i] = None
-            stepped_at = clock()
-            self.inference_s += inferred - started
-            self.env_s += stepped_at - inferred
-            self.obs[:] = new_obs
-            self.episode_rewards += step_rewards
-            self.ts += 1
+            self._step_all(fragment, step, pool, recording, clock)
+        return self._finish_fragment(fragment)
+
+    def _step_all(
+        self, fragment: _Fragment, step: int, pool: EnvPoolVector | None, recording: list[bool],
+        clock: Callable[[], float],
+    ) -> None:
+        """Fill row ``step``: one timed policy forward pass for all envs, a step of each, and their episodes' ends."""
+        started = clock()
+        obs_filter = self.obs_filter
+        policy_obs = self.obs if obs_filter is None else obs_filter(self.obs)
+        actions, extra = self.policy.compute_actions(policy_obs)
+        inferred = clock()
+        if fragment.filtered is not None:
+            fragment.filtered[step] = policy_obs
+        fragment.add_actions(step, actions, extra)
+        columns = fragment.columns
+        columns[SampleBatch.OBS][step] = self.obs
+        columns[SampleBatch.EPS_ID][step] = self.eps_ids
+        columns[SampleBatch.T][step] = self.ts
+        env_actions = np.clip(actions, *self._clip) if self._clip is not None else actions
+        # Each result goes straight into the step's rows: no per-step lists or stacking.
+        new_obs, step_rewards = columns[SampleBatch.NEW_OBS][step], columns[SampleBatch.REWARDS][step]
+        step_terms, step_truncs = columns[SampleBatch.TERMINATEDS][step], columns[SampleBatch.TRUNCATEDS][step]
+        hooks = self.hooks
+        dropped: dict[int, int | None] = {}  # env -> the seed of its reset: episodes to drop
+        stepped: dict[int, tuple[Any, Any]] = {}  # env -> (observation, info) as the env returned them
+        # Env -> (return, length) of the episode it recorded ending; None: a training episode ended
+        # inside the recorded one (a lost life), which goes on. Envs that record nothing are not here.
+        recorded: dict[int, tuple[float, int] | None] = {}
+        if pool is not None:  # every env in one call; EnvPool's arrays have the space's shape and dtype
+            recorded = pool.step(env_actions, new_obs, step_rewards, step_terms, step_truncs)
             if hooks is not None:
-                for i, (obs, info) in stepped.items():
-                    if i not in dropped:
-                        hooks.step(i, obs, float(step_rewards[i]), info)
-            for env_index in np.flatnonzero(terminateds[step] | truncateds[step]).tolist():
-                if env_index in dropped:
-                    self._discard_episode(fragment, env_index, step)
-                    self._start_episode(env_index, dropped[env_index], step + 1)
+                stepped = {i: (new_obs[i], pool.info(i)) for i in range(len(self.envs))}
+        else:
+            self._step_each_env(fragment, step, env_actions, recording, dropped, stepped, recorded)
+        stepped_at = clock()
+        self.inference_s += inferred - started
+        self.env_s += stepped_at - inferred
+        self.obs[:] = new_obs
+        self.episode_rewards += step_rewards
+        self.ts += 1
+        if hooks is not None:
+            for i, (obs, info) in stepped.items():
+                if i not in dropped:
+                    hooks.step(i, obs, float(step_rewards[i]), info)
+        self._end_episodes(fragment, step, step_terms | step_truncs, dropped, recorded, pool is not None)
+        # One reduction over what the policy reads next (new and reset observations): a sum is
+        # finite only if every value is (an overflowing sum is cleared by the closer look).
+        if self._check_data and self.obs.dtype.kind == "f" and not math.isfinite(np.add.reduce(self.obs, axis=None)):
+            self._drop_nonfinite(fragment, step)
+
+    def _step_each_env(
+        self, fragment: _Fragment, step: int, env_actions: np.ndarray, recording: list[bool],
+        dropped: dict[int, int | None], stepped: dict[int, tuple[Any, Any]],
+        recorded: dict[int, tuple[float, int] | None],
+    ) -> None:
+        """Step the envs one at a time into row ``step``, adding to ``dropped``, ``stepped`` and ``recorded``."""
+        columns = fragment.columns
+        new_obs, step_rewards = columns[SampleBatch.NEW_OBS][step], columns[SampleBatch.REWARDS][step]
+        step_terms, step_truncs = columns[SampleBatch.TERMINATEDS][step], columns[SampleBatch.TRUNCATEDS][step]
+        check, hooks, flatten = self._check_data, self.hooks, self._flatten
+        shape, dtype = self.obs.shape[1:], self.obs.dtype
+        # Bound once: the checks run for every env on every step, where each lookup shows.
+        ndarray = np.ndarray
+        for i, env in enumerate(self.envs):
+            try:
+                obs, reward, step_terms[i], step_truncs[i], info = env.step(env_actions[i])
+            except Exception as error:
+                if self.env_maker is None:
+                    raise
+                dropped[i] = self._recreate_env(i, "env.step()", error)
+                self._placeholder(fragment, step, i)
+                continue
+            if recording[i] and (step_terms[i] or step_truncs[i]):
+                recorded[i] = recorded_episode(info)
+            if hooks is not None:
+                stepped[i] = (obs, info)
+            if flatten is not None:
+                obs = flatten(obs)
+            # A wrong shape may broadcast silently into the row (a scalar fills it): check the form first.
+            if not check or (obs.__class__ is ndarray and obs.shape == shape and obs.dtype is dtype):
+                try:
+                    new_obs[i], step_rewards[i] = obs, reward
                     continue
-                if env_index in recorded:
-                    episode = recorded[env_index]
-                    if episode is None:  # a lost life: a new training episode in the same recorded one
-                        self._next_life(env_index, step + 1, pool is not None)
-                        continue
-                    stats = EpisodeStats(*episode)
-                else:
-                    stats = EpisodeStats(float(self.episode_rewards[env_index]), int(self.ts[env_index]))
-                fragment.finished.append((int(self.eps_ids[env_index]), stats))
-                if hooks is not None:
-                    hooks.end(env_index)
-                self._episode_kept(env_index)
-                self._start_episode(env_index, None, step + 1)
-            # One reduction over what the policy reads next (new and reset observations): a sum is
-            # finite only if every value is (an overflowing sum is cleared by the closer look).
-            if check_finite and not isfinite(add_all(self.obs, axis=None)):
-                self._drop_nonfinite(fragment, step)
-        assert actions_buf is not None
-        fragment.columns.update({SampleBatch.ACTIONS: actions_buf, **extra_bufs})
+                except (TypeError, ValueError):
+                    if not check:
+                        raise
+            if not self._write_checked(fragment, step, i, obs, reward):
+                dropped[i] = None
+
+    def _end_episodes(
+        self, fragment: _Fragment, step: int, ends: np.ndarray, dropped: dict[int, int | None],
+        recorded: dict[int, tuple[float, int] | None], pooled: bool,
+    ) -> None:
+        """Drop or finish the episodes that ended (``ends``) in row ``step``, and start the next ones."""
+        hooks = self.hooks
+        for env_index in np.flatnonzero(ends).tolist():
+            if env_index in dropped:
+                self._discard_episode(fragment, env_index, step)
+                self._start_episode(env_index, dropped[env_index], step + 1)
+                continue
+            if env_index in recorded:
+                episode = recorded[env_index]
+                if episode is None:  # a lost life: a new training episode in the same recorded one
+                    self._next_life(env_index, step + 1, pooled)
+                    continue
+                stats = EpisodeStats(*episode)
+            else:
+                stats = EpisodeStats(float(self.episode_rewards[env_index]), int(self.ts[env_index]))
+            fragment.finished.append((int(self.eps_ids[env_index]), stats))
+            if hooks is not None:
+                hooks.end(env_index)
+            self._episode_kept(env_index)
+            self._start_episode(env_index, None, step + 1)
+
+    def _finish_fragment(self, fragment: _Fragment) -> _Fragment:
+        """Add the actions to the fragment, check and filter it, count its steps and publish its finished episodes."""
+        assert fragment.actions is not None
+        fragment.columns.update({SampleBatch.ACTIONS: fragment.actions, **fragment.extras})
         if self._check_data:
             self._check_fragment(fragment)
-        if obs_filter is not None and filtered is not None:
-            filter_fragment(fragment.columns, filtered, obs_filter)
-        self.steps_sampled += T * n
+        obs_filter = self.obs_filter
+        if obs_filter is not None and fragment.filtered is not None:
+            filter_fragment(fragment.columns, fragment.filtered, obs_filter)
+        self.steps_sampled += self.fragment_length * len(self.envs)
+        hooks = self.hooks
         if hooks is not None:  # the episodes that passed the fragment's checks count: they end now
             published = hooks.publish([episode_id for episode_id, _ in fragment.finished])
             for (_, stats), metrics in zip(fragment.finished, published):

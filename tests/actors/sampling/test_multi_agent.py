@@ -19,6 +19,8 @@ from flowrl.policy.mapping import policy_mapping
 
 from fakes import bc_loss
 
+pytestmark = pytest.mark.unit
+
 
 class StaggeredEnv(MultiAgentEnv):
     """Agent 'a' lives 3 steps and 'b' 5; each gets reward 1 (a) or 2 (b) per step; obs = [step, agent]."""

@@ -18,6 +18,8 @@ from flowrl.data import SampleBatch
 from flowrl.envs.atari import EpisodicLife
 from flowrl.envs.episodes import records_episodes, run_episode
 
+pytestmark = pytest.mark.unit
+
 
 class LivesGame(gym.Env):
     """A game of 3 lives of 4 steps each, reward 2 per step (the no-op that starts a life is one of them).

@@ -13,7 +13,8 @@ from gymnasium import spaces
 
 from flowrl.actors import RolloutWorker
 from flowrl.actors.sampling.multi_agent import MultiAgentSampler
-from flowrl.actors.sampling.vector import MAX_DROPPED_IN_A_ROW, EpisodeStats, VectorSampler
+from flowrl.actors.sampling.recovery import MAX_DROPPED_IN_A_ROW, EpisodeStats
+from flowrl.actors.sampling.vector import VectorSampler
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
 from flowrl.envs import MultiAgentEnv
@@ -22,6 +23,8 @@ from flowrl.errors import BadObservationError, EnvError
 from flowrl.policy import PolicySpec, TorchPolicy
 
 from fakes import bc_loss
+
+pytestmark = pytest.mark.unit
 
 EPISODE_LENGTH = 5
 

@@ -16,6 +16,8 @@ from flowrl.policy import Policy, TorchPolicy
 
 from fakes import bc_loss
 
+pytestmark = pytest.mark.unit
+
 
 class CountingEnv(gym.Env):
     """``obs = [t, index]``; episodes of ``3 + index`` steps, terminated, except every third one is truncated.

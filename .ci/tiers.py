@@ -1,0 +1,109 @@
+"""Run the test suite tier by tier, as CI does: ``python .ci/tiers.py [STAGE ...] [-- PYTEST ARGS]``.
+
+The tiers are pytest marks (``setup.cfg`` says what each means, ``tests/conftest.py`` how a test
+gets one). Each stage below runs one tier in its own pytest process and prints its 25 slowest
+tests. Before any stage runs, the stages' selections are collected (``--collect-only``) and
+compared with the whole collection: a test that no stage selects, or that two stages select,
+fails the run before anything is tested. The run exits 1 if any stage fails (exit 5, no test
+selected, passes only for a stage whose collection was empty), 2 if the check fails.
+
+Name stages to run only those (``python .ci/tiers.py unit``); arguments after ``--`` go to
+every pytest (``python .ci/tiers.py integration -- -x -k trainer``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+REPO = Path(__file__).resolve().parents[1]
+HEAVY = ("learning", "cluster", "tune", "atari")
+# Each heavy stage leaves out the heavy tiers of the stages before it, so that no test runs twice.
+STAGES: dict[str, str] = {
+    "unit": "unit",
+    "integration": f"integration and not ({' or '.join(HEAVY)})",
+    **{tier: tier if not HEAVY[:i] else f"{tier} and not ({' or '.join(HEAVY[:i])})" for i, tier in enumerate(HEAVY)},
+}
+NO_TESTS_COLLECTED = 5
+
+
+def fail(message: str) -> NoReturn:
+    """Stop before (or instead of) the stages: exit 2 with ``message``."""
+    print(f"tiers: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def pytest_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pytest", *args]
+
+
+def collect(mark: str | None, extra: list[str]) -> list[str]:
+    """The node ids pytest selects with ``-m mark`` (all of them without one); exits 2 if collection fails."""
+    # --verbosity last: the node ids one per line (-q's listing) whatever -q or -v the extra arguments hold.
+    marks = ["-m", mark] if mark else []
+    command = pytest_command(*extra, "--collect-only", "-p", "no:cacheprovider", *marks, "--verbosity=-1")
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+    if proc.returncode not in (0, NO_TESTS_COLLECTED):
+        sys.stdout.write(proc.stdout[-20000:] + proc.stderr[-5000:])
+        fail(f"collecting {'-m ' + repr(mark) if mark else 'the tests'} failed (pytest exit {proc.returncode})")
+    return [line for line in proc.stdout.splitlines() if "::" in line and not line.startswith(" ")]
+
+
+def check_every_test_is_in_one_stage(extra: list[str]) -> dict[str, int]:
+    """Compare the stages' selections with the whole collection; the number of tests in each stage."""
+    everything = collect(None, extra)
+    if not everything:
+        fail("pytest collected no tests")
+    selected = {name: collect(mark, extra) for name, mark in STAGES.items()}
+    stages_of: dict[str, list[str]] = {}
+    for name, ids in selected.items():
+        for node_id in ids:
+            stages_of.setdefault(node_id, []).append(name)
+    missing = [node_id for node_id in everything if node_id not in stages_of]
+    twice = {node_id: names for node_id, names in stages_of.items() if len(names) > 1}
+    for name, ids in selected.items():
+        print(f"tiers: {name:<12} {len(ids):5d} tests  (-m {STAGES[name]!r})")
+    print(f"tiers: {'all':<12} {len(everything):5d} tests")
+    if missing or twice:
+        for node_id in missing:
+            print(f"tiers: in no stage: {node_id}")
+        for node_id, names in twice.items():
+            print(f"tiers: in {len(names)} stages ({', '.join(names)}): {node_id}")
+        fail(
+            f"{len(missing)} test(s) in no stage, {len(twice)} in more than one: "
+            "give each one tier (tests/conftest.py says how)"
+        )
+    return {name: len(ids) for name, ids in selected.items()}
+
+
+def main(argv: list[str]) -> int:
+    names, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    unknown = [name for name in names if name not in STAGES]
+    if unknown:
+        fail(f"unknown stage(s) {', '.join(unknown)}; the stages are {', '.join(STAGES)}")
+    start = time.monotonic()
+    counts = check_every_test_is_in_one_stage(extra)
+    print(f"tiers: every test is in one stage (checked in {time.monotonic() - start:.0f} s)")
+    outcomes: list[tuple[str, str, float]] = []
+    for name in names or list(STAGES):
+        print(f"\n===== tiers: stage {name}: pytest -m {STAGES[name]!r} ({counts[name]} tests) =====", flush=True)
+        start = time.monotonic()
+        code = subprocess.run(
+            pytest_command("-m", STAGES[name], "--durations=25", *extra), cwd=REPO, check=False
+        ).returncode
+        if code == 0 or (code == NO_TESTS_COLLECTED and counts[name] == 0):
+            outcome = "passed" if code == 0 else "empty"
+        else:
+            outcome = f"FAILED (pytest exit {code})"
+        outcomes.append((name, outcome, time.monotonic() - start))
+    print("\n===== tiers: summary =====")
+    for name, outcome, seconds in outcomes:
+        print(f"tiers: {name:<12} {counts[name]:5d} tests  {seconds:7.1f} s  {outcome}")
+    return 1 if any(outcome.startswith("FAILED") for _, outcome, _ in outcomes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
