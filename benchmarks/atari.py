@@ -59,8 +59,8 @@ from flowrl.actors.learner_thread import learn_on_local_worker
 from flowrl.algorithms import get_algorithm
 from flowrl.data import LocalReplayBuffer, SampleBatch, concat_samples
 from flowrl.data.compression import CompressedColumn, decompress_array
-from flowrl.envs import get_env_creator, make_atari_env
 from flowrl.engine.build import policy_specs
+from flowrl.envs import get_env_creator, make_atari_env
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "atari.json"
@@ -77,11 +77,27 @@ def tuned_config(algo: str) -> dict[str, Any]:
 
 def run_config(algo: str, num_workers: int) -> dict[str, Any]:
     """The tuned example shrunk to this machine: ``num_workers`` workers of one CPU with 8 envs, a CPU learner."""
-    config = {**tuned_config(algo), "num_workers": num_workers, "num_envs_per_worker": NUM_ENVS,
-              "num_cpus_per_worker": 1, "num_gpus": 0, "learner_threads": 1, "timesteps_per_iteration": 1000, "seed": 0}
+    config = {
+        **tuned_config(algo),
+        "num_workers": num_workers,
+        "num_envs_per_worker": NUM_ENVS,
+        "num_cpus_per_worker": 1,
+        "num_gpus": 0,
+        "learner_threads": 1,
+        "timesteps_per_iteration": 1000,
+        "seed": 0,
+    }
     if algo == "apex":  # one replay shard on the driver's CPUs, a buffer of ~1 GB, learning from 2,000 steps on
-        config.update({"num_replay_shards": 1, "num_cpus_per_replay_shard": 0, "num_cpus_for_driver": 0,
-                       "buffer_size": 20_000, "learning_starts": 2_000, "target_network_update_freq": 50_000})
+        config.update(
+            {
+                "num_replay_shards": 1,
+                "num_cpus_per_replay_shard": 0,
+                "num_cpus_for_driver": 0,
+                "buffer_size": 20_000,
+                "learning_starts": 2_000,
+                "target_network_update_freq": 50_000,
+            }
+        )
     return config
 
 
@@ -89,8 +105,12 @@ def local_worker(algo: str) -> RolloutWorker:
     """A rollout worker in this process with the algorithm's policy and the tuned example's sampling keys."""
     config = get_algorithm(algo).config_class.from_dict({**run_config(algo, 1), "num_workers": 1}).frozen()
     creator = get_env_creator(ENV_ID)
-    return RolloutWorker(env_creator=creator, policy_specs=policy_specs(get_algorithm(algo), config, creator),
-                         config=config, worker_index=1)
+    return RolloutWorker(
+        env_creator=creator,
+        policy_specs=policy_specs(get_algorithm(algo), config, creator),
+        config=config,
+        worker_index=1,
+    )
 
 
 # -- 1. the raw env ----------------------------------------------------------------------------------
@@ -135,8 +155,8 @@ def worker_frames(seconds: float, reps: int, raw: dict[str, Any]) -> tuple[dict[
     worker.stop()
     report = {
         "setup": f"IMPALA's policy (Nature CNN, vf_share_layers), {NUM_ENVS} envs, fragments of "
-                 f"{worker.config.rollout_fragment_length}, compress_observations "
-                 f"{worker.config.compress_observations}, torch threads {torch.get_num_threads()}",
+        f"{worker.config.rollout_fragment_length}, compress_observations "
+        f"{worker.config.compress_observations}, torch threads {torch.get_num_threads()}",
         "frames_per_s": med(wall),
         "frames_per_cpu_s": med(cpu),
         "over_raw": med(wall) / raw["frames_per_s"],
@@ -158,8 +178,14 @@ def learner_frames(algo: str, seconds: float) -> dict[str, Any]:
     while sum(b.count for b in batches) < max(config.train_batch_size, 2000):
         batches.append(worker.sample())
     if algo == "apex":
-        buffer = LocalReplayBuffer(20_000, 0, config.train_batch_size, config.prioritized_replay_alpha,
-                                   config.prioritized_replay_beta, config.prioritized_replay_eps)
+        buffer = LocalReplayBuffer(
+            20_000,
+            0,
+            config.train_batch_size,
+            config.prioritized_replay_alpha,
+            config.prioritized_replay_beta,
+            config.prioritized_replay_eps,
+        )
         for b in batches:
             buffer.add_batch(b)
         batch = buffer.replay()
@@ -173,8 +199,12 @@ def learner_frames(algo: str, seconds: float) -> dict[str, Any]:
         updates += 1
     wall = time.perf_counter() - start
     worker.stop()
-    return {"batch_steps": batch.count, "updates": updates, "s_per_update": wall / updates,
-            "frames_trained_per_s": updates * batch.count * FRAME_SKIP / wall}
+    return {
+        "batch_steps": batch.count,
+        "updates": updates,
+        "s_per_update": wall / updates,
+        "frames_trained_per_s": updates * batch.count * FRAME_SKIP / wall,
+    }
 
 
 # -- 4. IMPALA and Ape-X through the Trainer -------------------------------------------------------------
@@ -207,25 +237,35 @@ def trainer_frames(algo: str, num_workers: int, warmup_s: float, seconds: float)
 def print_report(report: dict[str, Any]) -> None:
     raw, worker, learner, runs, lz = (report[k] for k in ("raw", "worker", "learner", "runs", "lz4"))
     load = report["machine"]["load_avg_1m"]
-    print(f"\nPong ({ENV_ID}, DQN preprocessing), emulator frames per second; machine: {report['machine']['cpu_count']}"
-          f" CPUs, 1-min load before each section: " + ", ".join(f"{k} {v:.1f}" for k, v in load.items()))
+    print(
+        f"\nPong ({ENV_ID}, DQN preprocessing), emulator frames per second; machine: {report['machine']['cpu_count']}"
+        f" CPUs, 1-min load before each section: " + ", ".join(f"{k} {v:.1f}" for k, v in load.items())
+    )
     print(f"\n{'what':<58}{'frames/s':>12}{'per CPU s':>12}")
     print(f"{'1. raw env, random actions (one core)':<58}{raw['frames_per_s']:>12.0f}{raw['frames_per_cpu_s']:>12.0f}")
-    print(f"{'2. one rollout worker in-process, CNN inference included':<58}{worker['frames_per_s']:>12.0f}"
-          f"{worker['frames_per_cpu_s']:>12.0f}")
+    print(
+        f"{'2. one rollout worker in-process, CNN inference included':<58}{worker['frames_per_s']:>12.0f}"
+        f"{worker['frames_per_cpu_s']:>12.0f}"
+    )
     print(f"{'   worker / raw':<58}{worker['over_raw']:>12.2f}{worker['over_raw_per_cpu_s']:>12.2f}")
     for algo, figures in learner.items():
         label = f"3. {algo} learner alone, batch of {figures['batch_steps']} ({figures['s_per_update']:.2f} s/update)"
         print(f"{label:<58}{figures['frames_trained_per_s']:>12.0f}")
-    print(f"\n4. through the Trainer{'':<26}{'workers':>8}{'sampled/s':>12}{'trained/s':>12}{'per worker':>12}{'/ raw':>8}")
+    print(
+        f"\n4. through the Trainer{'':<26}{'workers':>8}{'sampled/s':>12}{'trained/s':>12}{'per worker':>12}{'/ raw':>8}"
+    )
     for key, figures in runs.items():
         algo, workers = key.split("/")
         per_worker = figures["frames_sampled_per_s_per_worker"]
-        print(f"   {algo:<44}{workers:>8}{figures['frames_sampled_per_s']:>12.0f}{figures['frames_trained_per_s']:>12.0f}"
-              f"{per_worker:>12.0f}{per_worker / raw['frames_per_s']:>8.2f}")
-    print(f"\n5. LZ4 on {lz['columns']} sampled observation columns {lz['column_shape']} uint8, one thread:"
-          f" ratio {lz['ratio']:.1f}, compress {lz['compress_mb_per_cpu_s']:.0f} MB/s,"
-          f" decompress {lz['decompress_mb_per_cpu_s']:.0f} MB/s (per CPU s)")
+        print(
+            f"   {algo:<44}{workers:>8}{figures['frames_sampled_per_s']:>12.0f}{figures['frames_trained_per_s']:>12.0f}"
+            f"{per_worker:>12.0f}{per_worker / raw['frames_per_s']:>8.2f}"
+        )
+    print(
+        f"\n5. LZ4 on {lz['columns']} sampled observation columns {lz['column_shape']} uint8, one thread:"
+        f" ratio {lz['ratio']:.1f}, compress {lz['compress_mb_per_cpu_s']:.0f} MB/s,"
+        f" decompress {lz['decompress_mb_per_cpu_s']:.0f} MB/s (per CPU s)"
+    )
 
 
 def main() -> None:
@@ -239,10 +279,22 @@ def main() -> None:
     torch.set_num_threads(1)  # as a rollout worker and the runs' learner (learner_threads: 1)
     load: dict[str, float] = {}
     report: dict[str, Any] = {
-        "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                    "torch": torch.__version__, "ray": ray.__version__, "load_avg_1m": load},
-        "settings": {"env": ENV_ID, "frame_skip": FRAME_SKIP, "num_envs_per_worker": NUM_ENVS, "seconds": seconds,
-                     "reps": reps, "window_s": window},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "ray": ray.__version__,
+            "load_avg_1m": load,
+        },
+        "settings": {
+            "env": ENV_ID,
+            "frame_skip": FRAME_SKIP,
+            "num_envs_per_worker": NUM_ENVS,
+            "seconds": seconds,
+            "reps": reps,
+            "window_s": window,
+        },
     }
     load["raw"] = os.getloadavg()[0]
     report["raw"] = raw_frames(window, reps)
@@ -257,8 +309,11 @@ def main() -> None:
         for algo in ("impala", "apex"):
             for n in (1, 2):
                 report["runs"][f"{algo}/{n}"] = figures = trainer_frames(algo, n, seconds / 2, seconds)
-                print(f"  {algo} with {n} worker(s): {figures['frames_sampled_per_s']:.0f} frames sampled/s,"
-                      f" {figures['frames_trained_per_s']:.0f} trained/s", flush=True)
+                print(
+                    f"  {algo} with {n} worker(s): {figures['frames_sampled_per_s']:.0f} frames sampled/s,"
+                    f" {figures['frames_trained_per_s']:.0f} trained/s",
+                    flush=True,
+                )
     finally:
         ray.shutdown()
     load["lz4"] = os.getloadavg()[0]

@@ -66,12 +66,12 @@ import gymnasium as gym
 import numpy as np
 import ray
 import yaml
+from time_to_solve import json_safe  # benchmarks/ is on the path when a script in it runs
 
 from flowrl import Trainer
 from flowrl.envs.testing import FaultInjectEnv, release_fault_counters
 from flowrl.operators import StoreToReplayBuffer
 from flowrl.operators.replay_ops import UpdatePriorities
-from time_to_solve import json_safe  # benchmarks/ is on the path when a script in it runs
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "chaos.json"
@@ -174,9 +174,7 @@ def kill_config(algo: str, quick: bool) -> dict[str, Any]:
     return config
 
 
-def train_run(
-    algo: str, config: dict[str, Any], settings: dict[str, Any], *, kills: bool
-) -> dict[str, Any]:
+def train_run(algo: str, config: dict[str, Any], settings: dict[str, Any], *, kills: bool) -> dict[str, Any]:
     """One run of ``algo``: with ``kills``, a seeded random worker killed every ``kill_every``
     iterations up to ``kill_iterations``; until the reward target (and, with kills, past the last
     kill and its recovery) or the step cap."""
@@ -255,8 +253,11 @@ def train_run(
 def killed_workers_part(algo: str, settings: dict[str, Any], quick: bool) -> dict[str, Any]:
     config = kill_config(algo, quick)
     expected = settings["kill_iterations"] // settings["kill_every"]
-    print(f"\n{algo}: {NUM_WORKERS} workers, a random one killed every {settings['kill_every']} iterations up to "
-          f"{settings['kill_iterations']}; reward target {settings['reward_target']:g}", flush=True)
+    print(
+        f"\n{algo}: {NUM_WORKERS} workers, a random one killed every {settings['kill_every']} iterations up to "
+        f"{settings['kill_iterations']}; reward target {settings['reward_target']:g}",
+        flush=True,
+    )
     baseline = train_run(algo, config, settings, kills=False)
     chaos = train_run(algo, config, settings, kills=True)
     recoveries = [k["recovered_after_iterations"] for k in chaos["killed"]]
@@ -267,10 +268,17 @@ def killed_workers_part(algo: str, settings: dict[str, Any], quick: bool) -> dic
         else None
     )
     print(f"  kills: {len(chaos['killed'])}, iterations until recovered after each: {recoveries}")
-    print(f"  steps to a 100-episode mean of {settings['reward_target']:g}: with kills {chaos['steps_to_target']}, "
-          f"without {baseline['steps_to_target']}")
+    print(
+        f"  steps to a 100-episode mean of {settings['reward_target']:g}: with kills {chaos['steps_to_target']}, "
+        f"without {baseline['steps_to_target']}"
+    )
     targets = [
-        target("num_worker_restarts", chaos["num_worker_restarts"], f"== {expected}", chaos["num_worker_restarts"] == expected),
+        target(
+            "num_worker_restarts",
+            chaos["num_worker_restarts"],
+            f"== {expected}",
+            chaos["num_worker_restarts"] == expected,
+        ),
         target(
             "iterations until healthy again, worst kill",
             worst,
@@ -326,7 +334,9 @@ def straggler_config(algo: str, settings: dict[str, Any], quick: bool) -> dict[s
 
 def with_env(config: dict[str, Any], delay_s: float | None) -> dict[str, Any]:
     """``config`` on CartPole in a FaultInjectEnv, with a slow worker 1 when ``delay_s`` is given."""
-    faults = [] if delay_s is None else [{"kind": "slow", "name": "straggler", "worker_indices": [1], "delay_s": delay_s}]
+    faults = (
+        [] if delay_s is None else [{"kind": "slow", "name": "straggler", "worker_indices": [1], "delay_s": delay_s}]
+    )
     return {**config, "env_config": {"env": ENV_ID, "faults": faults}}
 
 
@@ -373,16 +383,22 @@ def measure_throughput(
 
 def straggler_part(settings: dict[str, Any], quick: bool) -> dict[str, Any]:
     reps = settings["straggler_reps"]
-    print(f"\nstraggler: worker 1 of {NUM_WORKERS} 10x slower; {settings['warmup_iterations']} warm-up + "
-          f"{settings['measured_iterations']} measured iterations, {reps} repetition(s), medians", flush=True)
+    print(
+        f"\nstraggler: worker 1 of {NUM_WORKERS} 10x slower; {settings['warmup_iterations']} warm-up + "
+        f"{settings['measured_iterations']} measured iterations, {reps} repetition(s), medians",
+        flush=True,
+    )
     report: dict[str, Any] = {"algorithms": {}, "targets": []}
     for algo in ("impala", "apex", "ppo"):
         config = straggler_config(algo, settings, quick)
         first = measure_throughput(algo, with_env(config, None), settings, time_steps=True)
         per_step = statistics.median(first["worker_s_per_env_step"])
         delay = 9 * per_step
-        print(f"  {algo}: a worker takes {1e6 * per_step:.0f} us per env step (median of 4, all sampling); "
-              f"the straggler sleeps {1e6 * delay:.0f} us more per step", flush=True)
+        print(
+            f"  {algo}: a worker takes {1e6 * per_step:.0f} us per env step (median of 4, all sampling); "
+            f"the straggler sleeps {1e6 * delay:.0f} us more per step",
+            flush=True,
+        )
         variants: dict[str, tuple[dict[str, Any], float | None]] = {
             "without straggler": (config, None),
             "with straggler": (config, delay),
@@ -402,8 +418,11 @@ def straggler_part(settings: dict[str, Any], quick: bool) -> dict[str, Any]:
                 else:
                     run = measure_throughput(algo, with_env(variant_config, variant_delay), settings)
                     runs[name].append(run)
-                print(f"  rep {rep + 1}/{reps} {algo:6s} {name:42s} {run['sampled_per_s']:8.0f} steps/s  "
-                      f"late fragments {run['num_late_fragments']}  load {run['load_avg_1m']}", flush=True)
+                print(
+                    f"  rep {rep + 1}/{reps} {algo:6s} {name:42s} {run['sampled_per_s']:8.0f} steps/s  "
+                    f"late fragments {run['num_late_fragments']}  load {run['load_avg_1m']}",
+                    flush=True,
+                )
         medians = {name: statistics.median(r["sampled_per_s"] for r in rs) for name, rs in runs.items()}
         base = medians["without straggler"]
         ratios = {name: m / base for name, m in medians.items() if name != "without straggler"}
@@ -420,7 +439,12 @@ def straggler_part(settings: dict[str, Any], quick: bool) -> dict[str, Any]:
                 print(f"  {algo} {name} / without: {ratio:.2f} (for contrast, no target)")
                 continue
             report["targets"].append(
-                target(f"{algo} {name} / without, sampled steps/s", ratio, f">= {THROUGHPUT_RATIO_TARGET}", ratio >= THROUGHPUT_RATIO_TARGET)
+                target(
+                    f"{algo} {name} / without, sampled steps/s",
+                    ratio,
+                    f">= {THROUGHPUT_RATIO_TARGET}",
+                    ratio >= THROUGHPUT_RATIO_TARGET,
+                )
             )
     return report
 
@@ -444,7 +468,9 @@ class LargeObsCartPole(gym.Env):
         obs[:4] = state
         return obs
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
         if seed is not None:
             self.rng = np.random.default_rng(seed)
         state, info = self.inner.reset(seed=seed, options=options)
@@ -495,8 +521,11 @@ def plan_operators(trainer: Trainer, kind: type) -> list[Any]:
 def soak_part(settings: dict[str, Any]) -> dict[str, Any]:
     iterations, rss_from = settings["soak_iterations"], settings["soak_rss_from"]
     config = soak_config()
-    print(f"\nmemory soak: {iterations} Ape-X iterations of >= {config['timesteps_per_iteration']} env steps, "
-          f"{OBS_SIZE}-float observations, buffer {config['buffer_size']}", flush=True)
+    print(
+        f"\nmemory soak: {iterations} Ape-X iterations of >= {config['timesteps_per_iteration']} env steps, "
+        f"{OBS_SIZE}-float observations, buffer {config['buffer_size']}",
+        flush=True,
+    )
     trainer = Trainer("apex", make_large_obs_cartpole, config)
     trace: list[dict[str, Any]] = []
     rss_at: dict[int, int] = {}
@@ -527,18 +556,30 @@ def soak_part(settings: dict[str, Any]) -> dict[str, Any]:
                     **fault_counts(result),
                 }
                 trace.append(point)
-                print(f"  iter {i:5d}  rss {point['rss_mb']:7.1f} MiB  steps {point['steps']:8d}  "
-                      f"pending writes {point['pending_writes']}/{write_bound}  pending priority updates "
-                      f"{point['pending_priority_updates']}/{update_bound}  t {point['wall_s']:6.0f}s", flush=True)
+                print(
+                    f"  iter {i:5d}  rss {point['rss_mb']:7.1f} MiB  steps {point['steps']:8d}  "
+                    f"pending writes {point['pending_writes']}/{write_bound}  pending priority updates "
+                    f"{point['pending_priority_updates']}/{update_bound}  t {point['wall_s']:6.0f}s",
+                    flush=True,
+                )
     finally:
         stop_error = stop_trainer(trainer)
     growth = 100.0 * (rss_at[iterations] - rss_at[rss_from]) / rss_at[rss_from]
-    print(f"  driver RSS: {rss_at[rss_from] / 2**20:.1f} MiB at iteration {rss_from}, "
-          f"{rss_at[iterations] / 2**20:.1f} MiB at {iterations}")
+    print(
+        f"  driver RSS: {rss_at[rss_from] / 2**20:.1f} MiB at iteration {rss_from}, "
+        f"{rss_at[iterations] / 2**20:.1f} MiB at {iterations}"
+    )
     targets = [
-        target(f"driver RSS growth %, iteration {rss_from} -> {iterations}", growth, f"<= {RSS_GROWTH_TARGET_PCT}", growth <= RSS_GROWTH_TARGET_PCT),
+        target(
+            f"driver RSS growth %, iteration {rss_from} -> {iterations}",
+            growth,
+            f"<= {RSS_GROWTH_TARGET_PCT}",
+            growth <= RSS_GROWTH_TARGET_PCT,
+        ),
         target("most replay writes pending", max_writes, f"<= {write_bound} (the bound)", max_writes <= write_bound),
-        target("most priority updates pending", max_updates, f"<= {update_bound} (the bound)", max_updates <= update_bound),
+        target(
+            "most priority updates pending", max_updates, f"<= {update_bound} (the bound)", max_updates <= update_bound
+        ),
     ]
     return {
         "config": config,
@@ -596,7 +637,13 @@ def main() -> None:
             "ray": ray.__version__,
             "load_avg_1m_start": loadavg(),
         },
-        "settings": {"quick": args.quick, **settings, "num_workers": NUM_WORKERS, "num_cpus_per_worker": CPUS_PER_WORKER, "seed": SEED},
+        "settings": {
+            "quick": args.quick,
+            **settings,
+            "num_workers": NUM_WORKERS,
+            "num_cpus_per_worker": CPUS_PER_WORKER,
+            "seed": SEED,
+        },
         "parts": {},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

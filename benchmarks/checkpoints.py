@@ -78,9 +78,19 @@ def main() -> None:
     reps, dqn_steps = (2, 2_000) if args.quick else (args.reps, args.dqn_steps)
     dqn = {"num_workers": 0, "seed": 0, "learning_starts": 1000, "timesteps_per_iteration": 1000}
     setups = [
-        ("ppo, 2 remote workers", "ppo", {"num_workers": 2, "num_cpus_per_worker": 0.5, "train_batch_size": 2000, "seed": 0}, 3),
+        (
+            "ppo, 2 remote workers",
+            "ppo",
+            {"num_workers": 2, "num_cpus_per_worker": 0.5, "train_batch_size": 2000, "seed": 0},
+            3,
+        ),
         (f"dqn, {dqn_steps} steps, replay saved", "dqn", dqn, dqn_steps // 1000),
-        (f"dqn, {dqn_steps} steps, replay not saved", "dqn", {**dqn, "store_buffer_in_checkpoints": False}, dqn_steps // 1000),
+        (
+            f"dqn, {dqn_steps} steps, replay not saved",
+            "dqn",
+            {**dqn, "store_buffer_in_checkpoints": False},
+            dqn_steps // 1000,
+        ),
     ]
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
     try:
@@ -89,8 +99,10 @@ def main() -> None:
         ray.shutdown()
     print(f"{'setup':<36} {'steps':>7} {'save s':>8} {'restore s':>10} {'load_policy s':>14} {'size':>10}")
     for row in rows:
-        print(f"{row['setup']:<36} {row['timesteps_total']:>7} {row['save_s']:>8.3f} {row['restore_s']:>10.3f} "
-              f"{row['load_policy_s']:>14.3f} {row['checkpoint_bytes'] / 1e6:>8.2f}MB")
+        print(
+            f"{row['setup']:<36} {row['timesteps_total']:>7} {row['save_s']:>8.3f} {row['restore_s']:>10.3f} "
+            f"{row['load_policy_s']:>14.3f} {row['checkpoint_bytes'] / 1e6:>8.2f}MB"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"machine": platform.platform(), "reps": reps, "results": rows}, indent=2) + "\n")
     print(f"wrote {args.out}")

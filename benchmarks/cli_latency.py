@@ -74,19 +74,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON figures")
     parser.add_argument("--reps", type=int, default=5, help="runs per command (default 5)")
-    parser.add_argument("--train-reps", type=int, default=3, help="runs of the one-iteration PPO train (default 3; 0: skip)")
+    parser.add_argument(
+        "--train-reps", type=int, default=3, help="runs of the one-iteration PPO train (default 3; 0: skip)"
+    )
     args = parser.parse_args()
 
     load_before = os.getloadavg()
     figures: dict[str, dict[str, Any]] = {}
     for name, (command, goal) in COMMANDS.items():
         times = wall_times(command, args.reps)
-        figures[name] = {"median_s": round(statistics.median(times), 3), "runs_s": [round(t, 3) for t in times], "goal_s": goal}
+        figures[name] = {
+            "median_s": round(statistics.median(times), 3),
+            "runs_s": [round(t, 3) for t in times],
+            "goal_s": goal,
+        }
     if args.train_reps:
         with tempfile.TemporaryDirectory(prefix="flowrl-cli-latency-") as results:
             command = [*CLI, *TRAIN.split()[1:], "--results-dir", results, "--quiet"]
             times = wall_times(command, args.train_reps)
-        figures[TRAIN] = {"median_s": round(statistics.median(times), 3), "runs_s": [round(t, 3) for t in times], "goal_s": None}
+        figures[TRAIN] = {
+            "median_s": round(statistics.median(times), 3),
+            "runs_s": [round(t, 3) for t in times],
+            "goal_s": None,
+        }
 
     print(f"{'command':<74}{'median s':>9}  {'goal':>6}  met")
     for name, figure in figures.items():
@@ -102,7 +112,11 @@ def main() -> None:
             "load_average_1_5_15_before": [round(x, 2) for x in load_before],
             "load_average_1_5_15_after": [round(x, 2) for x in os.getloadavg()],
         },
-        "settings": {"reps": args.reps, "train_reps": args.train_reps, "statistic": "median wall time of fresh subprocesses"},
+        "settings": {
+            "reps": args.reps,
+            "train_reps": args.train_reps,
+            "statistic": "median wall time of fresh subprocesses",
+        },
         "commands": figures,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

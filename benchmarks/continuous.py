@@ -96,8 +96,11 @@ def flowrl_sizes(config: dict[str, Any]) -> dict[str, Any]:
     from flowrl.algorithms import get_algorithm
 
     full = get_algorithm("td3").config_class.from_dict(config)
-    return {"actor_hiddens": list(full.actor_hiddens), "critic_hiddens": list(full.critic_hiddens),
-            "batch_size": full.train_batch_size}
+    return {
+        "actor_hiddens": list(full.actor_hiddens),
+        "critic_hiddens": list(full.critic_hiddens),
+        "batch_size": full.train_batch_size,
+    }
 
 
 # -- one flowrl trial (in its own process) ---------------------------------------------
@@ -112,8 +115,11 @@ def flowrl_trial(algo: str, seed: int, args: argparse.Namespace) -> dict[str, An
 
     overrides: dict[str, Any] = {"learner_threads": args.torch_threads}
     if args.zoo_sizes:
-        overrides.update(actor_hiddens=ZOO_SIZES["hiddens"], critic_hiddens=ZOO_SIZES["hiddens"],
-                         train_batch_size=ZOO_SIZES["batch_size"])
+        overrides.update(
+            actor_hiddens=ZOO_SIZES["hiddens"],
+            critic_hiddens=ZOO_SIZES["hiddens"],
+            train_batch_size=ZOO_SIZES["batch_size"],
+        )
     file_config = {**tuned_config(algo), **overrides}
     config = build_config(get_algorithm(algo), file_config, argparse.Namespace(set=[], num_workers=None, seed=seed))
     trainer = Trainer(algo, ENV_ID, config)
@@ -135,7 +141,9 @@ def flowrl_trial(algo: str, seed: int, args: argparse.Namespace) -> dict[str, An
                 reached_at = steps
             window = steps - window_start[0] if window_start is not None else 0
             learning_done = args.no_learning or reached_at is not None or steps >= args.budget
-            if (learning_done and window >= args.measure_steps) or steps >= max(args.budget, learning_starts + args.measure_steps):
+            if (learning_done and window >= args.measure_steps) or steps >= max(
+                args.budget, learning_starts + args.measure_steps
+            ):
                 break
         sizes = flowrl_sizes(trainer.config.to_dict())
         rate_config = trainer.config
@@ -212,11 +220,22 @@ def sb3_trial(seed: int, args: argparse.Namespace) -> dict[str, Any]:
 
     env = make_vec_env(ENV_ID, n_envs=1, seed=seed)
     n_actions = env.action_space.shape[0]
-    model = TD3(zoo["policy"], env, learning_rate=zoo["learning_rate"], buffer_size=zoo["buffer_size"],
-                learning_starts=start_at, batch_size=batch_size, gamma=zoo["gamma"], train_freq=zoo["train_freq"],
-                gradient_steps=zoo["gradient_steps"],
-                action_noise=NormalActionNoise(np.zeros(n_actions), zoo["noise_std"] * np.ones(n_actions)),
-                policy_kwargs={"net_arch": {"pi": actor, "qf": critic}}, device="cpu", seed=seed, verbose=0)
+    model = TD3(
+        zoo["policy"],
+        env,
+        learning_rate=zoo["learning_rate"],
+        buffer_size=zoo["buffer_size"],
+        learning_starts=start_at,
+        batch_size=batch_size,
+        gamma=zoo["gamma"],
+        train_freq=zoo["train_freq"],
+        gradient_steps=zoo["gradient_steps"],
+        action_noise=NormalActionNoise(np.zeros(n_actions), zoo["noise_std"] * np.ones(n_actions)),
+        policy_kwargs={"net_arch": {"pi": actor, "qf": critic}},
+        device="cpu",
+        seed=seed,
+        verbose=0,
+    )
     callback = SteadyWindow()
     model.learn(total_timesteps=start_at + args.measure_steps, callback=callback)
     done, cpu_done = time.perf_counter(), time.process_time()
@@ -249,19 +268,40 @@ def sb3_trial(seed: int, args: argparse.Namespace) -> dict[str, Any]:
 
 def run_trial(kind: str, algo: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     """Run one trial in a fresh Python process and return its JSON result (or a failure record)."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--trial", kind, "--algo", algo, "--seed", str(seed),
-           "--target", str(args.target), "--budget", str(args.budget), "--measure-steps", str(args.measure_steps),
-           "--torch-threads", str(args.torch_threads)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--trial",
+        kind,
+        "--algo",
+        algo,
+        "--seed",
+        str(seed),
+        "--target",
+        str(args.target),
+        "--budget",
+        str(args.budget),
+        "--measure-steps",
+        str(args.measure_steps),
+        "--torch-threads",
+        str(args.torch_threads),
+    ]
     cmd += ["--zoo-sizes"] * args.zoo_sizes + ["--no-learning"] * args.no_learning
     print(f"\n-- {kind} {algo} seed {seed} (load {loadavg()[0]:.2f})", flush=True)
     result = run_child(cmd, {"kind": kind, "algo": algo, "seed": seed, "env_steps_per_s": None}, args.trial_timeout)
     if "error" not in result:
         learned = ""
         if kind == "flowrl" and not args.no_learning:
-            learned = (f", reached {args.target:g} at step {result['reached_at_step']}" if result["reached"]
-                       else f", did NOT reach {args.target:g} in {result['env_steps']} steps")
-        print(f"   {result['env_steps_per_s']:.1f} env steps/s ({result['env_steps_per_cpu_s']:.1f} per CPU second) "
-              f"over {result['window_steps']} steps{learned}", flush=True)
+            learned = (
+                f", reached {args.target:g} at step {result['reached_at_step']}"
+                if result["reached"]
+                else f", did NOT reach {args.target:g} in {result['env_steps']} steps"
+            )
+        print(
+            f"   {result['env_steps_per_s']:.1f} env steps/s ({result['env_steps_per_cpu_s']:.1f} per CPU second) "
+            f"over {result['window_steps']} steps{learned}",
+            flush=True,
+        )
     return result
 
 
@@ -299,14 +339,22 @@ def main() -> None:
     """Parse options; run one trial (``--trial``) or the whole alternating benchmark."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON figures")
-    parser.add_argument("--quick", action="store_true", help="smoke test: 1 repetition, 1000-step windows, no learning check")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke test: 1 repetition, 1000-step windows, no learning check"
+    )
     parser.add_argument("--reps", type=int, help=f"repetitions (default {REPS})")
-    parser.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS), help="flowrl algorithms (default: both)")
-    parser.add_argument("--measure-steps", type=int, help=f"least steady-phase env steps timed (default {MEASURE_STEPS})")
+    parser.add_argument(
+        "--algos", nargs="+", choices=ALGOS, default=list(ALGOS), help="flowrl algorithms (default: both)"
+    )
+    parser.add_argument(
+        "--measure-steps", type=int, help=f"least steady-phase env steps timed (default {MEASURE_STEPS})"
+    )
     parser.add_argument("--target", type=float, default=TARGET_REWARD, help="episode_reward_mean flowrl must reach")
     parser.add_argument("--budget", type=int, default=LEARNING_BUDGET, help="env steps flowrl has to reach it")
     parser.add_argument("--no-learning", action="store_true", help="stop flowrl trials after the timing window")
-    parser.add_argument("--zoo-sizes", action="store_true", help="both sides with the zoo's [400, 300] networks and batch 256")
+    parser.add_argument(
+        "--zoo-sizes", action="store_true", help="both sides with the zoo's [400, 300] networks and batch 256"
+    )
     parser.add_argument("--torch-threads", type=int, default=1, help="PyTorch threads on both sides (default 1)")
     parser.add_argument("--no-sb3", action="store_true", help="skip stable-baselines3 even if it is installed")
     parser.add_argument("--trial-timeout", type=float, default=TRIAL_TIMEOUT_S, help="seconds before a trial is killed")
@@ -328,7 +376,11 @@ def main() -> None:
     with_sb3 = sb3_available() and not args.no_sb3
     sb3_note = None
     if not with_sb3:
-        sb3_note = "skipped: --no-sb3" if args.no_sb3 else "skipped: stable-baselines3 is not installed (pip install 'flowrl-ray[bench]')"
+        sb3_note = (
+            "skipped: --no-sb3"
+            if args.no_sb3
+            else "skipped: stable-baselines3 is not installed (pip install 'flowrl-ray[bench]')"
+        )
         print(f"SB3 comparison {sb3_note}")
     variants = [("flowrl", algo) for algo in args.algos] + ([("sb3", "td3")] if with_sb3 else [])
     machine = machine_info()
@@ -339,8 +391,11 @@ def main() -> None:
         for kind, algo in variants:
             trials[f"{kind} {algo}"].append(run_trial(kind, algo, rep, args))
     load_end = loadavg()
-    machine.update(loadavg_start=load_start, loadavg_end=load_end,
-                   note="1/5/15-minute load averages; on a shared machine other processes' load slows every trial")
+    machine.update(
+        loadavg_start=load_start,
+        loadavg_end=load_end,
+        note="1/5/15-minute load averages; on a shared machine other processes' load slows every trial",
+    )
 
     summaries = {name: summarize(ts) for name, ts in trials.items()}
     sb3 = summaries.get("sb3 td3", {})
@@ -348,16 +403,23 @@ def main() -> None:
     for algo in args.algos:
         ours = summaries[f"flowrl {algo}"]
         value = _ratio(ours["median_env_steps_per_s"], sb3.get("median_env_steps_per_s"))
-        ratios[algo] = {"flowrl_over_sb3_td3": value, "goal": f">= {RATIO_GOAL}",
-                        "met": value is not None and value >= RATIO_GOAL,
-                        "per_cpu_second": _ratio(ours["median_env_steps_per_cpu_s"], sb3.get("median_env_steps_per_cpu_s"))}
+        ratios[algo] = {
+            "flowrl_over_sb3_td3": value,
+            "goal": f">= {RATIO_GOAL}",
+            "met": value is not None and value >= RATIO_GOAL,
+            "per_cpu_second": _ratio(ours["median_env_steps_per_cpu_s"], sb3.get("median_env_steps_per_cpu_s")),
+        }
 
-    print(f"\nmachine: {machine['cpu_count']} CPUs ({machine.get('cpu_model', '?')}), Python {machine['python']}, "
-          f"torch {machine['torch']}, gymnasium {machine['gymnasium']}, SB3 {machine['stable-baselines3'] or 'not installed'}; "
-          f"load {load_start[0]:.2f} -> {load_end[0]:.2f}; torch threads {args.torch_threads} on both sides")
+    print(
+        f"\nmachine: {machine['cpu_count']} CPUs ({machine.get('cpu_model', '?')}), Python {machine['python']}, "
+        f"torch {machine['torch']}, gymnasium {machine['gymnasium']}, SB3 {machine['stable-baselines3'] or 'not installed'}; "
+        f"load {load_start[0]:.2f} -> {load_end[0]:.2f}; torch threads {args.torch_threads} on both sides"
+    )
     print(f"\nSteady-phase env steps/s on {ENV_ID} (after learning_starts), {reps} repetition(s), medians")
-    print(f"{'variant':<14}{'steps/s':>9}{'vs SB3':>8}{'steps/CPU-s':>13}{'vs SB3':>8}  {'sizes (actor, critic, batch)':<32}"
-          f"{'upd/step':>9}  learning")
+    print(
+        f"{'variant':<14}{'steps/s':>9}{'vs SB3':>8}{'steps/CPU-s':>13}{'vs SB3':>8}  {'sizes (actor, critic, batch)':<32}"
+        f"{'upd/step':>9}  learning"
+    )
     for name, s in summaries.items():
         rate, cpu_rate = s["median_env_steps_per_s"], s["median_env_steps_per_cpu_s"]
         algo = name.split()[1]
@@ -368,13 +430,17 @@ def main() -> None:
         learning = "-"
         if name.startswith("flowrl") and not args.no_learning:
             learning = f"{s['reached']}/{s['trials']} reached {args.target:g} (at {s['reached_at_steps']})"
-        print(f"{name:<14}{rate if rate is not None else float('nan'):>9.1f}{f'{vs:.2f}x' if vs else '':>8}"
-              f"{cpu_rate if cpu_rate is not None else float('nan'):>13.1f}{f'{vs_cpu:.2f}x' if vs_cpu else '':>8}  "
-              f"{shown_sizes:<32}{s['updates_per_env_step'] or 0:>9.2f}  {learning}")
+        print(
+            f"{name:<14}{rate if rate is not None else float('nan'):>9.1f}{f'{vs:.2f}x' if vs else '':>8}"
+            f"{cpu_rate if cpu_rate is not None else float('nan'):>13.1f}{f'{vs_cpu:.2f}x' if vs_cpu else '':>8}  "
+            f"{shown_sizes:<32}{s['updates_per_env_step'] or 0:>9.2f}  {learning}"
+        )
     for algo, r in ratios.items():
         if r["flowrl_over_sb3_td3"] is not None:
-            print(f"{algo}: flowrl / SB3 TD3 steps/s = {r['flowrl_over_sb3_td3']:.2f} (goal {r['goal']}): "
-                  f"{'met' if r['met'] else 'NOT met'}")
+            print(
+                f"{algo}: flowrl / SB3 TD3 steps/s = {r['flowrl_over_sb3_td3']:.2f} (goal {r['goal']}): "
+                f"{'met' if r['met'] else 'NOT met'}"
+            )
     for algo in args.algos:
         ran = sorted((t for t in trials[f"flowrl {algo}"] if "plan" in t), key=lambda t: t["env_steps_per_s"])
         if ran:
@@ -383,17 +449,27 @@ def main() -> None:
     report = {
         "machine": machine,
         "settings": {
-            "env": ENV_ID, "reps": reps, "order": "alternating per repetition: " + ", ".join(trials),
-            "measure_steps": args.measure_steps, "torch_threads": args.torch_threads,
-            "learning_check": None if args.no_learning else {"target": args.target, "budget": args.budget,
-                                                              "metric": "episode_reward_mean"},
+            "env": ENV_ID,
+            "reps": reps,
+            "order": "alternating per repetition: " + ", ".join(trials),
+            "measure_steps": args.measure_steps,
+            "torch_threads": args.torch_threads,
+            "learning_check": None
+            if args.no_learning
+            else {"target": args.target, "budget": args.budget, "metric": "episode_reward_mean"},
             "flowrl_config_files": {algo: TUNED_EXAMPLES[algo] for algo in args.algos},
-            "sizes": "the zoo's [400, 300] and batch 256 on both sides" if args.zoo_sizes
+            "sizes": "the zoo's [400, 300] and batch 256 on both sides"
+            if args.zoo_sizes
             else "the TD3 tuned example's network sizes and batch size on both sides",
-            "sb3": {"hyperparameters": SB3_ZOO_TD3, "note": "rl-zoo Pendulum-v1 TD3 settings; net_arch and batch_size "
-                    "as in 'sizes'; torch threads as in 'torch_threads'; device cpu"} if with_sb3 else sb3_note,
+            "sb3": {
+                "hyperparameters": SB3_ZOO_TD3,
+                "note": "rl-zoo Pendulum-v1 TD3 settings; net_arch and batch_size "
+                "as in 'sizes'; torch threads as in 'torch_threads'; device cpu",
+            }
+            if with_sb3
+            else sb3_note,
             "steady_window": "flowrl: from the end of the first train() call past learning_starts to the last; "
-                             "SB3: from the first env step past learning_starts to the end of learn()",
+            "SB3: from the first env step past learning_starts to the end of learn()",
             "total_benchmark_s": time.perf_counter() - started,
         },
         "results": summaries,

@@ -42,8 +42,8 @@ import torch
 from torch import nn
 
 from flowrl.callbacks import Callbacks
-from flowrl.plan.doctor import diagnose_run
 from flowrl.envs import FaultInjectEnv, register_env
+from flowrl.plan.doctor import diagnose_run
 from flowrl.runs.run import start_run
 from flowrl.storage.rundir import RunSpec
 
@@ -84,7 +84,9 @@ def huge_cartpole(env_config: dict[str, Any]) -> gym.Env[np.ndarray, Any]:
 class FirstFour(nn.Module):
     """An actor-critic that reads the first 4 observation values (CartPole's own) of huge observations."""
 
-    def __init__(self, obs_space: gym.Space[Any], action_space: gym.Space[Any], num_outputs: int, **options: Any) -> None:
+    def __init__(
+        self, obs_space: gym.Space[Any], action_space: gym.Space[Any], num_outputs: int, **options: Any
+    ) -> None:
         super().__init__()
         self.body = nn.Sequential(nn.Linear(4, 32), nn.Tanh())
         self.pi = nn.Linear(32, num_outputs)
@@ -113,16 +115,35 @@ def slow_steps(*faults: dict[str, Any]) -> dict[str, Any]:
 #: case -> (env, config changes, the verdict the doctor should give)
 CASES: dict[str, tuple[str, dict[str, Any], str]] = {
     "slow_env": ("doctor-faults", {"env_config": slow_steps({"delay_s": 1e-4})}, "env-bound"),
-    "slow_policy": ("CartPole-v1", {"model": {"fcnet_hiddens": [1024, 1024, 1024]}, "num_envs_per_worker": 1,
-                                    "rollout_fragment_length": 200, "train_batch_size": 400, "sgd_minibatch_size": 400},
-                    "inference-bound"),
+    "slow_policy": (
+        "CartPole-v1",
+        {
+            "model": {"fcnet_hiddens": [1024, 1024, 1024]},
+            "num_envs_per_worker": 1,
+            "rollout_fragment_length": 200,
+            "train_batch_size": 400,
+            "sgd_minibatch_size": 400,
+        },
+        "inference-bound",
+    ),
     "slow_learner": ("CartPole-v1", {"num_sgd_iter": 60, "sgd_minibatch_size": 64}, "learner-bound"),
-    "huge_observations": ("doctor-huge", {"model": {"custom_model": FirstFour}, "rollout_fragment_length": 25,
-                                          "num_envs_per_worker": 2, "train_batch_size": 100, "sgd_minibatch_size": 100},
-                          "transfer-bound"),
+    "huge_observations": (
+        "doctor-huge",
+        {
+            "model": {"custom_model": FirstFour},
+            "rollout_fragment_length": 25,
+            "num_envs_per_worker": 2,
+            "train_batch_size": 100,
+            "sgd_minibatch_size": 100,
+        },
+        "transfer-bound",
+    ),
     "starved_driver": ("CartPole-v1", {"callbacks": BusyDriver}, "driver-bound"),
-    "straggler": ("doctor-faults", {"env_config": slow_steps({"delay_s": 1e-4, "worker_indices": [1]},
-                                                             {"delay_s": 1e-3, "worker_indices": [2]})}, "straggler"),
+    "straggler": (
+        "doctor-faults",
+        {"env_config": slow_steps({"delay_s": 1e-4, "worker_indices": [1]}, {"delay_s": 1e-3, "worker_indices": [2]})},
+        "straggler",
+    ),
 }
 
 
@@ -130,14 +151,23 @@ def run_case(name: str, iterations: int, results_dir: Path) -> dict[str, Any]:
     env, changes, expected = CASES[name]
     config = {**BASE, **changes}
     started = time.perf_counter()
-    with start_run(RunSpec(algo="ppo", env=env, config=config, stop={"training_iteration": iterations}),
-                   results_dir=results_dir) as run:
+    with start_run(
+        RunSpec(algo="ppo", env=env, config=config, stop={"training_iteration": iterations}), results_dir=results_dir
+    ) as run:
         run.train()
         directory = run.directory
     diagnosis = diagnose_run(directory)
-    return {"case": name, "expected": expected, "verdict": diagnosis.verdict, "named": diagnosis.verdict == expected,
-            "summary": diagnosis.summary, "shares": diagnosis.shares, "figures": diagnosis.figures,
-            "wall_s": round(time.perf_counter() - started, 1), "run_dir": str(directory)}
+    return {
+        "case": name,
+        "expected": expected,
+        "verdict": diagnosis.verdict,
+        "named": diagnosis.verdict == expected,
+        "summary": diagnosis.summary,
+        "shares": diagnosis.shares,
+        "figures": diagnosis.figures,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "run_dir": str(directory),
+    }
 
 
 def main() -> None:
@@ -154,14 +184,24 @@ def main() -> None:
             row = run_case(name, args.iterations, Path(tmp))
             rows.append(row)
             mark = "yes" if row["named"] else "NO"
-            shares = ", ".join(f"{part} {100 * share:.0f}%" for part, share in sorted(row["shares"].items(), key=lambda kv: -kv[1]))
-            print(f"{name:<18} expected {row['expected']:<16} doctor: {row['verdict']:<16} named: {mark:<4} ({row['wall_s']} s)")
+            shares = ", ".join(
+                f"{part} {100 * share:.0f}%" for part, share in sorted(row["shares"].items(), key=lambda kv: -kv[1])
+            )
+            print(
+                f"{name:<18} expected {row['expected']:<16} doctor: {row['verdict']:<16} named: {mark:<4} ({row['wall_s']} s)"
+            )
             print(f"{'':<18} {row['summary']}")
             print(f"{'':<18} shares: {shares}", flush=True)
     named = sum(row["named"] for row in rows)
     print(f"\nflowrl doctor named the injected bottleneck in {named} of {len(rows)} runs (goal: 6 of 6)")
-    out = {"named": named, "cases": rows, "iterations": args.iterations, "cpu_count": os.cpu_count(),
-           "load_1min": os.getloadavg()[0], "python": platform.python_version()}
+    out = {
+        "named": named,
+        "cases": rows,
+        "iterations": args.iterations,
+        "cpu_count": os.cpu_count(),
+        "load_1min": os.getloadavg()[0],
+        "python": platform.python_version(),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2, default=str))
     print(f"figures written to {args.out}")

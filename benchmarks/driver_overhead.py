@@ -86,6 +86,7 @@ from flowrl.actors.resources import replay_shards
 from flowrl.algorithms import get_algorithm
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from flowrl.data.replay_buffer import BATCH_INDEXES
+from flowrl.engine.build import policy_specs
 from flowrl.envs import get_env_creator
 from flowrl.iterators import FromActor, LocalIterator
 from flowrl.operators import (
@@ -99,7 +100,6 @@ from flowrl.operators import (
     ThrottleSampling,
     UpdatePriorities,
 )
-from flowrl.engine.build import policy_specs
 
 ENV_ID = "CartPole-v1"
 CPUS_PER_WORKER = 0.2
@@ -250,7 +250,9 @@ def apex_store_flow(workers: FirstWorkers, parts: ApexParts, throttle: bool) -> 
     config = parts.config
     rollouts = ParallelRollouts(workers, mode="async", num_async=NUM_ASYNC)
     if throttle:
-        rollouts = rollouts.transform(ThrottleSampling(config.training_intensity, config.learning_starts, replay_shards=parts.shards))
+        rollouts = rollouts.transform(
+            ThrottleSampling(config.training_intensity, config.learning_starts, replay_shards=parts.shards)
+        )
     weights_back = SendWeightsToSource(parts.learner, workers, min_steps=config.max_weight_sync_delay)  # type: ignore[arg-type]
     return rollouts.for_each(StoreToReplayBuffer(actors=parts.shards)).zip_with_source_actor().for_each(weights_back)
 
@@ -266,7 +268,9 @@ def make_path(name: str, workers: FirstWorkers, parts: ApexParts, fragment_steps
     """The data path ``name`` (one of :data:`PATHS`) over ``workers``, built afresh."""
     if name == "bulk_sync":
         train_batch_size = get_algorithm("ppo").config_class.from_dict({}).train_batch_size
-        return iterator_path(ParallelRollouts(workers, mode="bulk_sync").combine(ConcatBatches(train_batch_size)), fragment_steps)
+        return iterator_path(
+            ParallelRollouts(workers, mode="bulk_sync").combine(ConcatBatches(train_batch_size)), fragment_steps
+        )
     if name == "async":
         return iterator_path(ParallelRollouts(workers, mode="async", num_async=NUM_ASYNC), fragment_steps)
     if name == "ray_floor":
@@ -307,7 +311,9 @@ def measure(path: DataPath, warmup: Tally, reps: int, rep_s: float) -> dict[str,
     }
 
 
-def run_fragment_size(fragment_steps: int, worker_counts: Sequence[int], args: argparse.Namespace) -> list[dict[str, Any]]:
+def run_fragment_size(
+    fragment_steps: int, worker_counts: Sequence[int], args: argparse.Namespace
+) -> list[dict[str, Any]]:
     """Every path at every worker count, over one set of workers sampling ``fragment_steps``-step fragments."""
     workers = make_workers(max(worker_counts), fragment_steps)
     parts = ApexParts.create(workers, args.training_intensity, args.learner_step_ms / 1e3)
@@ -321,7 +327,9 @@ def run_fragment_size(fragment_steps: int, worker_counts: Sequence[int], args: a
             for name in PATHS:
                 path = make_path(name, view, parts, fragment_steps)
                 if name == "apex":
-                    warmup = Tally(fragment_steps, fragments=burst + 2 * n + 2, replayed=2 * parts.config.learner_queue_size)
+                    warmup = Tally(
+                        fragment_steps, fragments=burst + 2 * n + 2, replayed=2 * parts.config.learner_queue_size
+                    )
                 else:
                     warmup = Tally(fragment_steps, fragments=2 * n + 1)
                 load = os.getloadavg()[0]
@@ -342,7 +350,10 @@ def run_fragment_size(fragment_steps: int, worker_counts: Sequence[int], args: a
                 if name == "apex":
                     row["nominal_replayed_batches_per_fragment"] = parts.nominal_replayed_per_fragment(fragment_steps)
                 rows.append(row)
-                print(f"  {name:<10} {n} workers: {ms:.3f} ms/fragment over {row['fragments_pulled']} fragments", flush=True)
+                print(
+                    f"  {name:<10} {n} workers: {ms:.3f} ms/fragment over {row['fragments_pulled']} fragments",
+                    flush=True,
+                )
     finally:
         parts.stop()
         workers.stop()
@@ -386,13 +397,19 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 1e3 / needed - top["thread_cpu_ms_per_fragment"]
             ) / (PAPER_WORKERS - top["workers"])
             if name == "apex":
-                store = next(r for r in rows if r["path"] == "apex_store" and r["fragment_steps"] == steps and r["workers"] == top["workers"])
+                store = next(
+                    r
+                    for r in rows
+                    if r["path"] == "apex_store" and r["fragment_steps"] == steps and r["workers"] == top["workers"]
+                )
                 replayed = top["replayed_batches_per_fragment"]
                 entry["replayed_batches_per_fragment"] = replayed
                 entry["nominal_replayed_batches_per_fragment"] = top["nominal_replayed_batches_per_fragment"]
                 entry["store_ms_per_fragment"] = store["thread_cpu_ms_per_fragment"]
                 # What each replayed batch costs on top of storing its share of a fragment.
-                entry["ms_per_replayed_batch"] = (top["thread_cpu_ms_per_fragment"] - store["thread_cpu_ms_per_fragment"]) / max(replayed, 1e-9)
+                entry["ms_per_replayed_batch"] = (
+                    top["thread_cpu_ms_per_fragment"] - store["thread_cpu_ms_per_fragment"]
+                ) / max(replayed, 1e-9)
             out[f"{name}/{steps}"] = entry
     return out
 
@@ -469,9 +486,13 @@ def print_report(rows: Sequence[dict[str, Any]], summary: dict[str, Any], traini
             continue
         # The replay ratio at which one driver would just take in the paper's rate with these fragments.
         budget_ms = 1e3 * steps / PAPER_FRAMES_PER_S - s["store_ms_per_fragment"]
-        per_step = s["ms_per_replayed_batch"] * s["nominal_replayed_batches_per_fragment"] / (training_intensity * steps)
+        per_step = (
+            s["ms_per_replayed_batch"] * s["nominal_replayed_batches_per_fragment"] / (training_intensity * steps)
+        )
         if budget_ms <= 0:
-            print(f"  apex with {steps}-step fragments: storing alone exceeds the paper's rate, whatever the replay ratio")
+            print(
+                f"  apex with {steps}-step fragments: storing alone exceeds the paper's rate, whatever the replay ratio"
+            )
         elif per_step > 0:
             print(
                 f"  apex with {steps}-step fragments: reaches the paper's rate up to training_intensity "
@@ -497,8 +518,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON figures")
     parser.add_argument("--reps", type=int, help="measured windows per path and worker count (default 3, quick 2)")
     parser.add_argument("--rep-s", type=float, help="wall seconds per window (default 0.6, quick 0.3)")
-    parser.add_argument("--training-intensity", type=float, default=4.0, help="Ape-X: steps replayed per step sampled (default 4)")
-    parser.add_argument("--learner-step-ms", type=float, default=2.0, help="Ape-X: the learner's sleep per batch (default 2)")
+    parser.add_argument(
+        "--training-intensity", type=float, default=4.0, help="Ape-X: steps replayed per step sampled (default 4)"
+    )
+    parser.add_argument(
+        "--learner-step-ms", type=float, default=2.0, help="Ape-X: the learner's sleep per batch (default 2)"
+    )
     parser.add_argument("--quick", action="store_true", help="1 and 2 workers, short windows: a smoke test")
     args = parser.parse_args()
     args.reps = args.reps or (2 if args.quick else 3)
@@ -526,12 +551,18 @@ def main() -> None:
         ray.shutdown()
     machine["loadavg_1min_after"] = os.getloadavg()[0]
     summary = summarize(rows)
-    print(f"\nmachine: {machine['cpu_count']} CPUs, 1-min load {machine['loadavg_1min']:.2f} -> {machine['loadavg_1min_after']:.2f}")
+    print(
+        f"\nmachine: {machine['cpu_count']} CPUs, 1-min load {machine['loadavg_1min']:.2f} -> {machine['loadavg_1min_after']:.2f}"
+    )
     print_report(rows, summary, args.training_intensity)
     report = {
         "machine": machine,
         "settings": settings,
-        "paper": {"frames_per_s": PAPER_FRAMES_PER_S, "workers": PAPER_WORKERS, "source": "RLlib (ICML 2018), Ape-X scaling"},
+        "paper": {
+            "frames_per_s": PAPER_FRAMES_PER_S,
+            "workers": PAPER_WORKERS,
+            "source": "RLlib (ICML 2018), Ape-X scaling",
+        },
         "rows": rows,
         "summary": summary,
     }

@@ -344,8 +344,11 @@ def main() -> None:
     parser.add_argument("--rep-seconds", type=float, help="target seconds per repetition (default 1.5, quick 0.3)")
     parser.add_argument("--slow-items", type=int, help="slow items consumed per CPU case (default 6, quick 2)")
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
-    parser.add_argument("--demo", action="store_true",
-                        help="instead, only run a small dataflow over shard actors and check its answer (a check that Ray works)")
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help="instead, only run a small dataflow over shard actors and check its answer (a check that Ray works)",
+    )
     args = parser.parse_args()
     if args.demo:
         ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR)

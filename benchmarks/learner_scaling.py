@@ -45,8 +45,8 @@ from flowrl.actors.learner_thread import learn_on_local_worker
 from flowrl.actors.placement import learner_request
 from flowrl.algorithms import get_algorithm
 from flowrl.data import SampleBatch, concat_samples
-from flowrl.envs import get_env_creator
 from flowrl.engine.build import policy_specs, validated_config
+from flowrl.envs import get_env_creator
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "learner_scaling.json"
@@ -56,8 +56,17 @@ ENV_ID = "PongNoFrameskip-v4"
 def learner_config(gpu: bool) -> dict[str, Any]:
     """The Pong tuned example's learning keys, a group of 2 learners of one CPU (and a GPU each with ``gpu``)."""
     config = dict(yaml.safe_load((ROOT / "tuned_examples" / "pong-impala.yaml").read_text())["config"])
-    config.update({"num_workers": 1, "num_learners": 2, "num_cpus_per_learner": 1, "learner_threads": 1, "seed": 0,
-                   "num_gpus": 1 if gpu else 0, "num_gpus_per_learner": 1 if gpu else 0})
+    config.update(
+        {
+            "num_workers": 1,
+            "num_learners": 2,
+            "num_cpus_per_learner": 1,
+            "learner_threads": 1,
+            "seed": 0,
+            "num_gpus": 1 if gpu else 0,
+            "num_gpus_per_learner": 1 if gpu else 0,
+        }
+    )
     return config
 
 
@@ -84,8 +93,13 @@ def measure(batch_sizes: list[int], reps: int, seconds: float, gpu: bool) -> dic
     config = validated_config(algorithm, learner_config(gpu))
     creator = get_env_creator(ENV_ID)
     # The local worker samples and is the single learner; the group's 2 actors have a bundle each.
-    workers = WorkerSet(env_creator=creator, policy_specs=policy_specs(algorithm, config, creator), config=config,
-                        num_workers=0, bundles=[learner_request(config)])
+    workers = WorkerSet(
+        env_creator=creator,
+        policy_specs=policy_specs(algorithm, config, creator),
+        config=config,
+        num_workers=0,
+        bundles=[learner_request(config)],
+    )
     group = learner_group(workers, config)
     assert group is not None
     sequence = config.rollout_fragment_length
@@ -96,7 +110,13 @@ def measure(batch_sizes: list[int], reps: int, seconds: float, gpu: bool) -> dic
             one: list[float] = []
             two: list[float] = []
             for _ in range(reps):  # alternating, so that a load change hits both
-                one.append(rate(lambda: learn_on_local_worker(workers.local_worker(), batch, sequence_length=sequence), steps, seconds))
+                one.append(
+                    rate(
+                        lambda: learn_on_local_worker(workers.local_worker(), batch, sequence_length=sequence),
+                        steps,
+                        seconds,
+                    )
+                )
                 two.append(rate(lambda: group.learn(batch, sequence_length=sequence), steps, seconds))
             figures[str(steps)] = {
                 "one_learner_samples_per_s": statistics.median(one),
@@ -105,8 +125,10 @@ def measure(batch_sizes: list[int], reps: int, seconds: float, gpu: bool) -> dic
                 "reps_one": one,
                 "reps_two": two,
             }
-            print(f"  batch {steps}: 1 learner {statistics.median(one):.0f}, 2 learners {statistics.median(two):.0f} samples/s",
-                  flush=True)
+            print(
+                f"  batch {steps}: 1 learner {statistics.median(one):.0f}, 2 learners {statistics.median(two):.0f} samples/s",
+                flush=True,
+            )
     finally:
         group.stop()
         workers.stop()
@@ -125,25 +147,45 @@ def main() -> None:
     batches, seconds, reps = ([640], 3.0, 1) if args.quick else (args.batches, args.seconds, args.reps)
     torch.set_num_threads(1)  # the single learner as a run's driver learns (learner_threads: 1)
     load = os.getloadavg()[0]
-    ray.init(num_cpus=2, num_gpus=torch.cuda.device_count() if args.gpu else 0, include_dashboard=False,
-             logging_level=logging.ERROR, log_to_driver=False)
+    ray.init(
+        num_cpus=2,
+        num_gpus=torch.cuda.device_count() if args.gpu else 0,
+        include_dashboard=False,
+        logging_level=logging.ERROR,
+        log_to_driver=False,
+    )
     try:
         figures = measure(batches, reps, seconds, args.gpu)
     finally:
         ray.shutdown()
     report = {
-        "machine": {"cpu_count": os.cpu_count(), "gpus": torch.cuda.device_count(), "python": platform.python_version(),
-                    "platform": platform.platform(), "torch": torch.__version__, "ray": ray.__version__,
-                    "load_avg_1m_before": load},
-        "settings": {"env": ENV_ID, "model": "Nature CNN (pong-impala.yaml)", "device": "cuda" if args.gpu else "cpu",
-                     "seconds": seconds, "reps": reps},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "gpus": torch.cuda.device_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "ray": ray.__version__,
+            "load_avg_1m_before": load,
+        },
+        "settings": {
+            "env": ENV_ID,
+            "model": "Nature CNN (pong-impala.yaml)",
+            "device": "cuda" if args.gpu else "cpu",
+            "seconds": seconds,
+            "reps": reps,
+        },
         "batches": figures,
     }
-    print(f"\nIMPALA's learner on {ENV_ID} (Nature CNN, 84x84x4), {report['settings']['device']}, samples trained per second "
-          f"(medians of {reps}; 1-min load before: {load:.1f})")
+    print(
+        f"\nIMPALA's learner on {ENV_ID} (Nature CNN, 84x84x4), {report['settings']['device']}, samples trained per second "
+        f"(medians of {reps}; 1-min load before: {load:.1f})"
+    )
     print(f"{'batch':>8}{'1 learner':>12}{'2 learners':>12}{'2 / 1':>8}")
     for steps, f in figures.items():
-        print(f"{steps:>8}{f['one_learner_samples_per_s']:>12.0f}{f['two_learners_samples_per_s']:>12.0f}{f['ratio']:>8.2f}")
+        print(
+            f"{steps:>8}{f['one_learner_samples_per_s']:>12.0f}{f['two_learners_samples_per_s']:>12.0f}{f['ratio']:>8.2f}"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(f"\nfigures written to {args.out}")

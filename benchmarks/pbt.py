@@ -40,9 +40,17 @@ from flowrl.tune.trainable import RunDirectoryLogger, trainable_for
 
 LEARNING_RATES = [3e-3, 1e-3, 3e-4, 1e-4]
 CONFIG = {
-    "num_workers": 0, "num_cpus_for_driver": 0.5, "num_envs_per_worker": 4, "rollout_fragment_length": 250,
-    "train_batch_size": 1000, "sgd_minibatch_size": 128, "num_sgd_iter": 10, "gamma": 0.99, "lambda": 0.95,
-    "model": {"fcnet_hiddens": [64, 64]}, "seed": 0,
+    "num_workers": 0,
+    "num_cpus_for_driver": 0.5,
+    "num_envs_per_worker": 4,
+    "rollout_fragment_length": 250,
+    "train_batch_size": 1000,
+    "sgd_minibatch_size": 128,
+    "num_sgd_iter": 10,
+    "gamma": 0.99,
+    "lambda": 0.95,
+    "model": {"fcnet_hiddens": [64, 64]},
+    "seed": 0,
 }
 
 
@@ -67,23 +75,36 @@ def experiment(name: str, storage: Path, stopper: StopAtTarget, scheduler: Any =
     tuner = tune.Tuner(
         trainable_for("ppo", "CartPole-v1"),
         param_space={**CONFIG, "lr": tune.grid_search(LEARNING_RATES), "entropy_coeff": 0.0},
-        tune_config=tune.TuneConfig(metric="episode_reward_mean", mode="max", scheduler=scheduler,
-                                    reuse_actors=scheduler is not None),
-        run_config=tune.RunConfig(name=name, storage_path=str(storage), stop=stopper, verbose=0, callbacks=[RunDirectoryLogger()]),
+        tune_config=tune.TuneConfig(
+            metric="episode_reward_mean", mode="max", scheduler=scheduler, reuse_actors=scheduler is not None
+        ),
+        run_config=tune.RunConfig(
+            name=name, storage_path=str(storage), stop=stopper, verbose=0, callbacks=[RunDirectoryLogger()]
+        ),
     )
     grid = tuner.fit()
     # Each result's wall-clock time (Tune's timestamp), relative to the experiment's start.
     offset = time.time() - (time.monotonic() - start)
     # progress.jsonl keeps every result of a trial, those before an exploit included.
-    return [[{"timesteps_total": r["timesteps_total"], "episode_reward_mean": r["episode_reward_mean"],
-              "lr": r["config"]["lr"], "wall_s": r["timestamp"] - offset}
-             for r in map(json.loads, (Path(trial.path) / "progress.jsonl").read_text().splitlines())]
-            for trial in grid]
+    return [
+        [
+            {
+                "timesteps_total": r["timesteps_total"],
+                "episode_reward_mean": r["episode_reward_mean"],
+                "lr": r["config"]["lr"],
+                "wall_s": r["timestamp"] - offset,
+            }
+            for r in map(json.loads, (Path(trial.path) / "progress.jsonl").read_text().splitlines())
+        ]
+        for trial in grid
+    ]
 
 
 def first_at(trials: list[list[dict[str, Any]]], target: float) -> tuple[int, dict[str, Any]] | None:
     """The trial index and result that reached ``target`` earliest in wall time (None if none did)."""
-    hits = [(r["wall_s"], i, r) for i, results in enumerate(trials) for r in results if r["episode_reward_mean"] >= target]
+    hits = [
+        (r["wall_s"], i, r) for i, results in enumerate(trials) for r in results if r["episode_reward_mean"] >= target
+    ]
     if not hits:
         return None
     _, index, result = min(hits, key=lambda hit: hit[0])
@@ -98,7 +119,9 @@ def population_steps(trials: list[list[dict[str, Any]]], wall_s: float) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", type=float, default=475.0)
-    parser.add_argument("--budget", type=int, default=600_000, help="env steps for the whole population (default 600000)")
+    parser.add_argument(
+        "--budget", type=int, default=600_000, help="env steps for the whole population (default 600000)"
+    )
     parser.add_argument("--interval", type=int, default=5, help="PBT perturbation interval, in iterations")
     parser.add_argument("--quick", action="store_true", help="target 100, budget 40000")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/pbt.json"))
@@ -107,20 +130,33 @@ def main() -> None:
         args.target, args.budget = 100.0, 40_000
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR)
     with tempfile.TemporaryDirectory() as storage:
-        grid = experiment("grid", Path(storage), StopAtTarget(args.target, args.budget // len(LEARNING_RATES), stop_all=False))
+        grid = experiment(
+            "grid", Path(storage), StopAtTarget(args.target, args.budget // len(LEARNING_RATES), stop_all=False)
+        )
         pbt_scheduler = PopulationBasedTraining(
-            time_attr="training_iteration", perturbation_interval=args.interval, quantile_fraction=0.25,
-            resample_probability=0.25, hyperparam_mutations={"lr": tune.loguniform(1e-4, 3e-3), "entropy_coeff": [0.0, 0.001, 0.01]},
+            time_attr="training_iteration",
+            perturbation_interval=args.interval,
+            quantile_fraction=0.25,
+            resample_probability=0.25,
+            hyperparam_mutations={"lr": tune.loguniform(1e-4, 3e-3), "entropy_coeff": [0.0, 0.001, 0.01]},
         )
         pbt = experiment("pbt", Path(storage), StopAtTarget(args.target, args.budget, stop_all=True), pbt_scheduler)
     ray.shutdown()
 
-    grid_hits = [(results[i], results) for results in grid for i, r in enumerate(results) if r["episode_reward_mean"] >= args.target]
+    grid_hits = [
+        (results[i], results)
+        for results in grid
+        for i, r in enumerate(results)
+        if r["episode_reward_mean"] >= args.target
+    ]
     best_grid = min(grid_hits, key=lambda hit: hit[0]["timesteps_total"]) if grid_hits else None
     pbt_hit = first_at(pbt, args.target)
     figures: dict[str, Any] = {
-        "target": args.target, "budget_env_steps": args.budget, "perturbation_interval": args.interval,
-        "machine": platform.machine(), "learning_rates": LEARNING_RATES,
+        "target": args.target,
+        "budget_env_steps": args.budget,
+        "perturbation_interval": args.interval,
+        "machine": platform.machine(),
+        "learning_rates": LEARNING_RATES,
         "grid": {
             "reached": best_grid is not None,
             "best_lr": best_grid[0]["lr"] if best_grid else None,
@@ -139,9 +175,13 @@ def main() -> None:
     }
     print(f"{'':6} {'reached':>8} {'env steps':>10} {'wall s':>8} {'population steps':>17}")
     g, p = figures["grid"], figures["pbt"]
-    print(f"{'grid':6} {g['reached']!s:>8} {g['best_env_steps']!s:>10} {g['best_wall_s']!s:>8} {g['population_env_steps_then']!s:>17}"
-          f"   (best lr {g['best_lr']})")
-    print(f"{'pbt':6} {p['reached']!s:>8} {p['env_steps']!s:>10} {p['wall_s']!s:>8} {p['population_env_steps_then']!s:>17}")
+    print(
+        f"{'grid':6} {g['reached']!s:>8} {g['best_env_steps']!s:>10} {g['best_wall_s']!s:>8} {g['population_env_steps_then']!s:>17}"
+        f"   (best lr {g['best_lr']})"
+    )
+    print(
+        f"{'pbt':6} {p['reached']!s:>8} {p['env_steps']!s:>10} {p['wall_s']!s:>8} {p['population_env_steps_then']!s:>17}"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(figures, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -166,10 +166,15 @@ def main() -> None:
     rep_cpu_s = 0.3 if args.quick else 1.0
     torch.set_num_threads(1)  # as a rollout actor does
     machine = machine_info()
-    report: dict[str, Any] = {"machine": machine, "settings": {"quick": args.quick, "reps": reps, "rep_cpu_s": rep_cpu_s}}
+    report: dict[str, Any] = {
+        "machine": machine,
+        "settings": {"quick": args.quick, "reps": reps, "rep_cpu_s": rep_cpu_s},
+    }
     report.update(run(reps, rep_cpu_s))
     machine["loadavg_1min_after"] = os.getloadavg()[0]
-    print(f"machine: {machine['cpu_count']} CPUs, 1-min load {machine['loadavg_1min']:.2f} -> {machine['loadavg_1min_after']:.2f}")
+    print(
+        f"machine: {machine['cpu_count']} CPUs, 1-min load {machine['loadavg_1min']:.2f} -> {machine['loadavg_1min_after']:.2f}"
+    )
     print(f"\n{'setup':<22}{'checks on':>12}{'checks off':>12}{'on / off':>10}{'(wall)':>8}  goal")
     for name in ("vector_loop_only", "vector_with_gae", "multi_agent"):
         figures = report[name]

@@ -111,7 +111,11 @@ def worker_args(num_envs: int = NUM_ENVS) -> dict[str, Any]:
     """RolloutWorker / WorkerSet arguments: the default-model TorchPolicy, vectorised envs, truncated fragments."""
     env = gym.make(ENV_ID)
     spec = PolicySpec(
-        TorchPolicy, env.observation_space, env.action_space, TrainerConfig(), {"loss_fn": bc_loss, "postprocess_fn": gae}
+        TorchPolicy,
+        env.observation_space,
+        env.action_space,
+        TrainerConfig(),
+        {"loss_fn": bc_loss, "postprocess_fn": gae},
     )
     return {
         "env_creator": get_env_creator(ENV_ID),
@@ -471,7 +475,11 @@ def lz4_speed(columns: list[np.ndarray], reps: int) -> dict[str, Any]:
 
 ENVPOOL_ENVS = {"CartPole-v1": 100, "PongNoFrameskip-v4": 20}  # env -> rollout_fragment_length
 ENVPOOL_COUNTS = (8, 16, 32, 64)
-ENVPOOL_BACKENDS = {"gymnasium": ("gymnasium", 1.0), "envpool 1 thread": ("envpool", 1.0), "envpool 2 threads": ("envpool", 2.0)}
+ENVPOOL_BACKENDS = {
+    "gymnasium": ("gymnasium", 1.0),
+    "envpool 1 thread": ("envpool", 1.0),
+    "envpool 2 threads": ("envpool", 2.0),
+}
 DEFAULT_ENVPOOL_OUT = DEFAULT_OUT.with_name("sampling_envpool.json")
 
 
@@ -479,13 +487,27 @@ def backend_worker(env_id: str, num_envs: int, backend: str, cpus: float) -> Rol
     """A worker with a remote worker's settings (worker_index 1) and the default model, stepping ``backend``'s envs."""
     env = get_env_creator(env_id)({})
     spec = PolicySpec(
-        TorchPolicy, env.observation_space, env.action_space, TrainerConfig(), {"loss_fn": bc_loss, "postprocess_fn": gae}
+        TorchPolicy,
+        env.observation_space,
+        env.action_space,
+        TrainerConfig(),
+        {"loss_fn": bc_loss, "postprocess_fn": gae},
     )
     env.close()
-    config = {"seed": 0, "num_envs_per_worker": num_envs, "rollout_fragment_length": ENVPOOL_ENVS[env_id],
-              "env_backend": backend, "num_cpus_per_worker": cpus}
-    return RolloutWorker(env_creator=get_env_creator(env_id), policy_specs={DEFAULT_POLICY_ID: spec}, config=config,
-                         worker_index=1, num_workers=1)
+    config = {
+        "seed": 0,
+        "num_envs_per_worker": num_envs,
+        "rollout_fragment_length": ENVPOOL_ENVS[env_id],
+        "env_backend": backend,
+        "num_cpus_per_worker": cpus,
+    }
+    return RolloutWorker(
+        env_creator=get_env_creator(env_id),
+        policy_specs={DEFAULT_POLICY_ID: spec},
+        config=config,
+        worker_index=1,
+        num_workers=1,
+    )
 
 
 def run_envpool(seconds: float, reps: int) -> dict[str, Any]:
@@ -510,15 +532,19 @@ def run_envpool(seconds: float, reps: int) -> dict[str, Any]:
                 worker.stop()
             row = {name: {"steps_per_s": med(wall[name]), "steps_per_cpu_s": med(cpu[name])} for name in workers}
             figures[env_id][str(n)] = row
-            print(f"  {env_id} x {n}: " + ", ".join(f"{k} {v['steps_per_s']:.0f}/s" for k, v in row.items()), flush=True)
+            print(
+                f"  {env_id} x {n}: " + ", ".join(f"{k} {v['steps_per_s']:.0f}/s" for k, v in row.items()), flush=True
+            )
     return figures
 
 
 def print_envpool(report: dict[str, Any]) -> None:
     """Print the ``--envpool`` figures as a table."""
     names = list(ENVPOOL_BACKENDS)
-    print(f"\nOne worker's env steps per wall s (per process CPU s), by env_backend; 1-min load average before:"
-          f" {report['machine']['loadavg']:.2f}")
+    print(
+        f"\nOne worker's env steps per wall s (per process CPU s), by env_backend; 1-min load average before:"
+        f" {report['machine']['loadavg']:.2f}"
+    )
     print(f"{'env':<20}{'envs':>5}" + "".join(f"{name:>24}" for name in names) + f"{'envpool 1 / gym':>17}")
     for env_id, rows in report["envpool"].items():
         for n, row in rows.items():

@@ -81,7 +81,9 @@ def measure(algo: str, config: dict[str, Any], seconds: float) -> dict[str, floa
         trainer.stop()
 
 
-def steady_rates(trainer: Trainer, seconds: float, warmup_s: float = 0.0, until_trained: bool = False) -> dict[str, float]:
+def steady_rates(
+    trainer: Trainer, seconds: float, warmup_s: float = 0.0, until_trained: bool = False
+) -> dict[str, float]:
     """Env steps ``trainer`` samples and trains per second of wall time over ``seconds`` of ``train()`` calls,
     after a warm-up of one call, at least ``warmup_s``, and (``until_trained``) until something was trained."""
     start = time.perf_counter()
@@ -110,10 +112,16 @@ def compare_algorithms(reps: int, seconds: float) -> dict[str, Any]:
     for rep in range(reps):
         for name, config in configs.items():
             runs[name].append(measure("impala" if name == IMPALA_TUNED else name, config, seconds))
-            print(f"  rep {rep + 1}/{reps} {name:12s} sampled {runs[name][-1]['sampled_per_s']:9.0f}/s  "
-                  f"trained {runs[name][-1]['trained_per_s']:9.0f}/s", flush=True)
+            print(
+                f"  rep {rep + 1}/{reps} {name:12s} sampled {runs[name][-1]['sampled_per_s']:9.0f}/s  "
+                f"trained {runs[name][-1]['trained_per_s']:9.0f}/s",
+                flush=True,
+            )
     medians = {
-        name: {"sampled_per_s": median_of(runs[name], "sampled_per_s"), "trained_per_s": median_of(runs[name], "trained_per_s")}
+        name: {
+            "sampled_per_s": median_of(runs[name], "sampled_per_s"),
+            "trained_per_s": median_of(runs[name], "trained_per_s"),
+        }
         for name in configs
     }
     ratios = {
@@ -126,10 +134,18 @@ def compare_algorithms(reps: int, seconds: float) -> dict[str, Any]:
     print(f"IMPALA / PPO (sampled, same workers): {ratios['impala_over_ppo_sampled']:.2f}   (goal >= 1.5)")
     print(f"IMPALA / A2C (sampled, same workers): {ratios['impala_over_a2c_sampled']:.2f}")
     loads = [r["load_avg_1m"] for r in runs[IMPALA_TUNED]]
-    print(f"IMPALA at its tuned settings (sampled): {medians[IMPALA_TUNED]['sampled_per_s']:.0f}/s   "
-          f"(goal >= {IMPALA_GOAL:.0f}; 1-minute load average {min(loads):.2f}-{max(loads):.2f})")
-    return {"workers": WORKERS, "configs": configs, "runs": runs, "medians": medians, "ratios": ratios,
-            "impala_tuned_goal_sampled_per_s": IMPALA_GOAL}
+    print(
+        f"IMPALA at its tuned settings (sampled): {medians[IMPALA_TUNED]['sampled_per_s']:.0f}/s   "
+        f"(goal >= {IMPALA_GOAL:.0f}; 1-minute load average {min(loads):.2f}-{max(loads):.2f})"
+    )
+    return {
+        "workers": WORKERS,
+        "configs": configs,
+        "runs": runs,
+        "medians": medians,
+        "ratios": ratios,
+        "impala_tuned_goal_sampled_per_s": IMPALA_GOAL,
+    }
 
 
 def es_scaling(reps: int, seconds: float) -> dict[str, Any]:
@@ -138,14 +154,20 @@ def es_scaling(reps: int, seconds: float) -> dict[str, Any]:
     for rep in range(reps):
         for n in (1, 2):
             runs[n].append(measure("es", {**base, "num_workers": n}, seconds))
-            print(f"  rep {rep + 1}/{reps} ES {n} worker(s): {runs[n][-1]['sampled_per_s']:9.0f} env steps/s", flush=True)
+            print(
+                f"  rep {rep + 1}/{reps} ES {n} worker(s): {runs[n][-1]['sampled_per_s']:9.0f} env steps/s", flush=True
+            )
     medians = {n: median_of(runs[n], "sampled_per_s") for n in runs}
     print("\nES workers   evaluated env steps/s (median)")
     for n in (1, 2):
         print(f"{n:10d}   {medians[n]:12.0f}")
     print(f"2 / 1 workers: {medians[2] / medians[1]:.2f}")
-    return {"config": base, "runs": {str(n): r for n, r in runs.items()}, "medians": {str(n): m for n, m in medians.items()},
-            "two_over_one": medians[2] / medians[1]}
+    return {
+        "config": base,
+        "runs": {str(n): r for n, r in runs.items()},
+        "medians": {str(n): m for n, m in medians.items()},
+        "two_over_one": medians[2] / medians[1],
+    }
 
 
 def interleaved_rates(trainers: dict[str, Trainer], turns: int, turn_s: float) -> list[dict[str, float]]:
@@ -188,17 +210,28 @@ def profile_overhead(reps: int, seconds: float, turn_s: float) -> dict[str, Any]
         rounds: list[dict[str, float]] = []
         for _ in range(reps):
             with contextlib.ExitStack() as stack:
-                trainers = {setting: stack.enter_context(Trainer(algo, "CartPole-v1", {**config, "seed": 0, "profile": setting == "on"}))
-                            for setting in ("on", "off")}
+                trainers = {
+                    setting: stack.enter_context(
+                        Trainer(algo, "CartPole-v1", {**config, "seed": 0, "profile": setting == "on"})
+                    )
+                    for setting in ("on", "off")
+                }
                 rounds += interleaved_rates(trainers, max(1, round(seconds / turn_s)), turn_s)
         ratios = [r["on"] / r["off"] for r in rounds]
         low, high = bootstrap_median(ratios)
         medians = {setting: statistics.median(r[setting] for r in rounds) for setting in ("on", "off")}
         ratio = statistics.median(ratios)
-        print(f"{algo:8s}  {medians['on']:13.0f}   {medians['off']:14.0f}   {ratio:8.3f} [{low:.3f}, {high:.3f}]"
-              f"{'':22s}{len(rounds):4d}", flush=True)
-        report["examples"][algo] = {"rounds": rounds, "medians": medians, "on_over_off": ratio,
-                                    "on_over_off_95": [low, high]}
+        print(
+            f"{algo:8s}  {medians['on']:13.0f}   {medians['off']:14.0f}   {ratio:8.3f} [{low:.3f}, {high:.3f}]"
+            f"{'':22s}{len(rounds):4d}",
+            flush=True,
+        )
+        report["examples"][algo] = {
+            "rounds": rounds,
+            "medians": medians,
+            "on_over_off": ratio,
+            "on_over_off_95": [low, high],
+        }
     return report
 
 
@@ -208,9 +241,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="measured wall time per repetition")
     parser.add_argument("--quick", action="store_true", help="1 repetition of 4 s: a smoke test")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON figures")
-    parser.add_argument("--profile-overhead", action="store_true", help="measure only what the plan X-ray costs (part 4)")
-    parser.add_argument("--turn-seconds", type=float, default=0.5,
-                        help="part 4: seconds each trainer trains before the other takes its turn")
+    parser.add_argument(
+        "--profile-overhead", action="store_true", help="measure only what the plan X-ray costs (part 4)"
+    )
+    parser.add_argument(
+        "--turn-seconds",
+        type=float,
+        default=0.5,
+        help="part 4: seconds each trainer trains before the other takes its turn",
+    )
     args = parser.parse_args()
     reps, seconds = (1, 4.0) if args.quick else (args.reps, args.seconds)
 
@@ -222,13 +261,19 @@ def main() -> None:
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
     try:
         if not args.profile_overhead:
-            print(f"IMPALA vs PPO vs A2C on CartPole-v1, {reps} x {seconds:.0f} s each, workers {WORKERS}; "
-                  "and IMPALA at its tuned settings", flush=True)
+            print(
+                f"IMPALA vs PPO vs A2C on CartPole-v1, {reps} x {seconds:.0f} s each, workers {WORKERS}; "
+                "and IMPALA at its tuned settings",
+                flush=True,
+            )
             report["algorithms"] = compare_algorithms(reps, seconds)
             print(f"\nES evaluation throughput, {reps} x {seconds:.0f} s each", flush=True)
             report["es"] = es_scaling(reps, seconds)
-        print(f"\nThe plan X-ray's cost: tuned IMPALA and PPO with profile on and off, {reps} x {seconds:.0f} s each "
-              f"in turns of {args.turn_seconds:g} s", flush=True)
+        print(
+            f"\nThe plan X-ray's cost: tuned IMPALA and PPO with profile on and off, {reps} x {seconds:.0f} s each "
+            f"in turns of {args.turn_seconds:g} s",
+            flush=True,
+        )
         report["profile_overhead"] = profile_overhead(reps, seconds, args.turn_seconds)
     finally:
         ray.shutdown()

@@ -165,12 +165,14 @@ def flowrl_trial(algo: str, seed: int, target: float, max_steps: int, config_fil
     cpu_start = time.process_time()
     from flowrl.algorithms import get_algorithm
     from flowrl.cli.args import build_config
-    from flowrl.runs.experiment import load_experiment_file
     from flowrl.engine.trainer import Trainer
+    from flowrl.runs.experiment import load_experiment_file
 
     experiment = load_experiment_file(config_file)
     # What `flowrl train --config FILE --seed S` builds.
-    config = build_config(get_algorithm(algo), experiment["config"], argparse.Namespace(set=[], num_workers=None, seed=seed))
+    config = build_config(
+        get_algorithm(algo), experiment["config"], argparse.Namespace(set=[], num_workers=None, seed=seed)
+    )
     t_imported = time.perf_counter()
     trainer = Trainer(algo, ENV_ID, config)
     t_ready = time.perf_counter()
@@ -185,8 +187,12 @@ def flowrl_trial(algo: str, seed: int, target: float, max_steps: int, config_fil
             reward = finite(result.get("episode_reward_mean"))
             now = time.perf_counter() - _CLOCK_START
             history.append([steps, reward, round(now, 3)])
-            print(f"  [flowrl {algo} seed {seed}] iter {result['training_iteration']:>3}  steps {steps:>7}  "
-                  f"reward {reward if reward is not None else float('nan'):7.1f}  t {now:6.1f}s", file=sys.stderr, flush=True)
+            print(
+                f"  [flowrl {algo} seed {seed}] iter {result['training_iteration']:>3}  steps {steps:>7}  "
+                f"reward {reward if reward is not None else float('nan'):7.1f}  t {now:6.1f}s",
+                file=sys.stderr,
+                flush=True,
+            )
             if reward is not None and reward >= target:
                 reached = True
                 break
@@ -252,17 +258,41 @@ def sb3_model(algo: str, env: Any, seed: int, max_steps: int) -> Any:
     zoo = SB3_ZOO[algo]
     horizon = zoo["n_timesteps"]
     if algo == "ppo":
-        return PPO(zoo["policy"], env, n_steps=zoo["n_steps"], batch_size=zoo["batch_size"], gae_lambda=zoo["gae_lambda"],
-                   gamma=zoo["gamma"], n_epochs=zoo["n_epochs"], ent_coef=zoo["ent_coef"],
-                   learning_rate=ZooLinearSchedule(1e-3, 0.0, 1.0, horizon, max_steps),
-                   clip_range=ZooLinearSchedule(0.2, 0.0, 1.0, horizon, max_steps), seed=seed, verbose=0)
-    model = DQN(zoo["policy"], env, learning_rate=zoo["learning_rate"], batch_size=zoo["batch_size"],
-                buffer_size=zoo["buffer_size"], learning_starts=zoo["learning_starts"], gamma=zoo["gamma"],
-                target_update_interval=zoo["target_update_interval"], train_freq=zoo["train_freq"],
-                gradient_steps=zoo["gradient_steps"], exploration_fraction=zoo["exploration_fraction"],
-                exploration_final_eps=zoo["exploration_final_eps"], policy_kwargs=zoo["policy_kwargs"], seed=seed, verbose=0)
+        return PPO(
+            zoo["policy"],
+            env,
+            n_steps=zoo["n_steps"],
+            batch_size=zoo["batch_size"],
+            gae_lambda=zoo["gae_lambda"],
+            gamma=zoo["gamma"],
+            n_epochs=zoo["n_epochs"],
+            ent_coef=zoo["ent_coef"],
+            learning_rate=ZooLinearSchedule(1e-3, 0.0, 1.0, horizon, max_steps),
+            clip_range=ZooLinearSchedule(0.2, 0.0, 1.0, horizon, max_steps),
+            seed=seed,
+            verbose=0,
+        )
+    model = DQN(
+        zoo["policy"],
+        env,
+        learning_rate=zoo["learning_rate"],
+        batch_size=zoo["batch_size"],
+        buffer_size=zoo["buffer_size"],
+        learning_starts=zoo["learning_starts"],
+        gamma=zoo["gamma"],
+        target_update_interval=zoo["target_update_interval"],
+        train_freq=zoo["train_freq"],
+        gradient_steps=zoo["gradient_steps"],
+        exploration_fraction=zoo["exploration_fraction"],
+        exploration_final_eps=zoo["exploration_final_eps"],
+        policy_kwargs=zoo["policy_kwargs"],
+        seed=seed,
+        verbose=0,
+    )
     # DQN builds its epsilon schedule over learn()'s total_timesteps: keep the zoo's horizon instead.
-    model.exploration_schedule = ZooLinearSchedule(1.0, zoo["exploration_final_eps"], zoo["exploration_fraction"], horizon, max_steps)
+    model.exploration_schedule = ZooLinearSchedule(
+        1.0, zoo["exploration_final_eps"], zoo["exploration_fraction"], horizon, max_steps
+    )
     return model
 
 
@@ -308,7 +338,11 @@ def sb3_trial(algo: str, seed: int, target: float, max_steps: int) -> dict[str, 
     history = callback.history
     for row in history[:: max(1, len(history) // 20)] + history[-1:]:  # a thinned trace, like flowrl's lines
         mean = row[1] if row[1] is not None else float("nan")
-        print(f"  [sb3 {algo} seed {seed}] steps {row[0]:>7}  reward {mean:7.1f}  t {row[2]:6.1f}s", file=sys.stderr, flush=True)
+        print(
+            f"  [sb3 {algo} seed {seed}] steps {row[0]:>7}  reward {mean:7.1f}  t {row[2]:6.1f}s",
+            file=sys.stderr,
+            flush=True,
+        )
     return {
         "kind": "sb3",
         "algo": algo,
@@ -338,18 +372,35 @@ def sb3_trial(algo: str, seed: int, target: float, max_steps: int) -> dict[str, 
 # -- the parent: alternating trials in fresh processes --------------------------------------
 
 
-def run_trial(kind: str, algo: str, seed: int, target: float, max_steps: int, config_file: str, timeout_s: float) -> dict[str, Any]:
+def run_trial(
+    kind: str, algo: str, seed: int, target: float, max_steps: int, config_file: str, timeout_s: float
+) -> dict[str, Any]:
     """Run one trial in a fresh Python process and return its JSON result (or a failure record)."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--trial", kind, "--algo", algo, "--seed", str(seed),
-           "--target", str(target), "--max-steps", str(max_steps)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--trial",
+        kind,
+        "--algo",
+        algo,
+        "--seed",
+        str(seed),
+        "--target",
+        str(target),
+        "--max-steps",
+        str(max_steps),
+    ]
     if kind == "flowrl":
         cmd += ["--config", f"{algo}={config_file}"]
     print(f"\n-- {kind} {algo} seed {seed} (load {loadavg()[0]:.2f})", flush=True)
     result = run_child(cmd, {"kind": kind, "algo": algo, "seed": seed, "reached": False}, timeout_s)
     if "error" not in result:
         status = "reached" if result["reached"] else "NOT reached"
-        print(f"   {status} {target:g} at {result['env_steps']} steps, {result['wall_s']:.1f} s "
-              f"(process {result['process_wall_s']:.1f} s)", flush=True)
+        print(
+            f"   {status} {target:g} at {result['env_steps']} steps, {result['wall_s']:.1f} s "
+            f"(process {result['process_wall_s']:.1f} s)",
+            flush=True,
+        )
     return result
 
 
@@ -407,8 +458,11 @@ def ratio(flowrl: dict[str, Any], sb3: dict[str, Any] | None) -> dict[str, Any] 
         return None
     a, b = flowrl["median_wall_s"], sb3["median_wall_s"]
     value = a / b if a is not None and b is not None else None
-    result: dict[str, Any] = {"flowrl_wall_over_sb3_wall": value, "goal": f"<= {RATIO_GOAL}",
-                              "met": value is not None and value <= RATIO_GOAL}
+    result: dict[str, Any] = {
+        "flowrl_wall_over_sb3_wall": value,
+        "goal": f"<= {RATIO_GOAL}",
+        "met": value is not None and value <= RATIO_GOAL,
+    }
     if a is not None and b is None:
         # SB3 missed the target in most trials: a missed trial would have taken at least the time it
         # ran, so the median of all its trials' walls bounds SB3's median from below, the ratio from above.
@@ -421,16 +475,21 @@ def ratio(flowrl: dict[str, Any], sb3: dict[str, Any] | None) -> dict[str, Any] 
 
 def print_time_breakdown(trial: dict[str, Any]) -> None:
     """Where one flowrl trial's time went: phases, plan operators, timers."""
-    print(f"\nWhere the time went: flowrl {trial['algo']} ({trial['variant']}), seed {trial['seed']} "
-          f"({trial['wall_s']:.1f} s to target, {trial['iterations']} iterations, {trial['env_steps']} steps, "
-          f"driver CPU {trial['driver_cpu_s']:.1f} s, driver torch threads {trial['torch_threads_driver']})")
+    print(
+        f"\nWhere the time went: flowrl {trial['algo']} ({trial['variant']}), seed {trial['seed']} "
+        f"({trial['wall_s']:.1f} s to target, {trial['iterations']} iterations, {trial['env_steps']} steps, "
+        f"driver CPU {trial['driver_cpu_s']:.1f} s, driver torch threads {trial['torch_threads_driver']})"
+    )
     for name, seconds in trial["phases_s"].items():
         print(f"  {name:<42}{seconds:8.2f} s")
     print(f"  {'operator (result[plan], last iteration)':<52}{'items':>7}{'time s':>9}{'share':>8}")
     for name, stats in trial["plan"].get("operators", {}).items():
         print(f"  {name[:52]:<52}{stats['items']:>7}{stats['time_s']:>9.2f}{100 * stats['share']:>7.1f}%")
     if trial["timers"]:
-        print("  timers of the last train() result: " + ", ".join(f"{k} {v:g}" for k, v in sorted(trial["timers"].items())))
+        print(
+            "  timers of the last train() result: "
+            + ", ".join(f"{k} {v:g}" for k, v in sorted(trial["timers"].items()))
+        )
 
 
 def machine_info() -> dict[str, Any]:
@@ -467,9 +526,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON figures")
     parser.add_argument("--quick", action="store_true", help="smoke test: seed 0 only, target 150, cap 50k steps")
-    parser.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS), help="which algorithms (default: both)")
-    parser.add_argument("--config", action="append", metavar="ALGO=FILE",
-                        help="flowrl's experiment file for ALGO (default: its tuned example); repeatable")
+    parser.add_argument(
+        "--algos", nargs="+", choices=ALGOS, default=list(ALGOS), help="which algorithms (default: both)"
+    )
+    parser.add_argument(
+        "--config",
+        action="append",
+        metavar="ALGO=FILE",
+        help="flowrl's experiment file for ALGO (default: its tuned example); repeatable",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", help=f"seeds (default {' '.join(map(str, SEEDS))})")
     parser.add_argument("--target", type=float, help=f"100-episode mean reward to reach (default {TARGET_REWARD:g})")
     parser.add_argument("--max-steps", type=int, help=f"env steps after which a trial fails (default {MAX_STEPS})")
@@ -494,7 +559,11 @@ def main() -> None:
     with_sb3 = sb3_available() and not args.no_sb3
     sb3_note = None
     if not with_sb3:
-        sb3_note = "skipped: --no-sb3" if args.no_sb3 else "skipped: stable-baselines3 is not installed (pip install -e '.[bench]')"
+        sb3_note = (
+            "skipped: --no-sb3"
+            if args.no_sb3
+            else "skipped: stable-baselines3 is not installed (pip install -e '.[bench]')"
+        )
         print(f"SB3 comparison {sb3_note}")
     kinds = ["flowrl", "sb3"] if with_sb3 else ["flowrl"]
     machine = machine_info()
@@ -505,20 +574,28 @@ def main() -> None:
         for algo in args.algos:
             for kind in kinds:
                 trials[f"{kind} {algo}"].append(
-                    run_trial(kind, algo, seed, target, max_steps, config_files[algo], args.trial_timeout))
+                    run_trial(kind, algo, seed, target, max_steps, config_files[algo], args.trial_timeout)
+                )
     load_end = loadavg()
-    machine.update(loadavg_start=load_start, loadavg_end=load_end,
-                   note="1/5/15-minute load averages; on a shared machine other processes' load slows every trial")
+    machine.update(
+        loadavg_start=load_start,
+        loadavg_end=load_end,
+        note="1/5/15-minute load averages; on a shared machine other processes' load slows every trial",
+    )
 
     summaries = {name: summarize(ts) for name, ts in trials.items()}
     ratios = {algo: ratio(summaries[f"flowrl {algo}"], summaries.get(f"sb3 {algo}")) for algo in args.algos}
     ppo_wall = summaries["flowrl ppo"]["median_wall_s"] if "ppo" in args.algos else None
 
-    print(f"\nmachine: {machine['cpu_count']} CPUs ({machine.get('cpu_model', '?')}), Python {machine['python']}, "
-          f"Ray {machine['ray']}, torch {machine['torch']}, gymnasium {machine['gymnasium']}, "
-          f"SB3 {machine['stable-baselines3'] or 'not installed'}; load {load_start[0]:.2f} -> {load_end[0]:.2f}")
-    print(f"\nTime to a 100-episode mean reward of {target:g} on {ENV_ID} (cap {max_steps} steps), seeds {seeds}; "
-          "failed trials count as infinite in medians")
+    print(
+        f"\nmachine: {machine['cpu_count']} CPUs ({machine.get('cpu_model', '?')}), Python {machine['python']}, "
+        f"Ray {machine['ray']}, torch {machine['torch']}, gymnasium {machine['gymnasium']}, "
+        f"SB3 {machine['stable-baselines3'] or 'not installed'}; load {load_start[0]:.2f} -> {load_end[0]:.2f}"
+    )
+    print(
+        f"\nTime to a 100-episode mean reward of {target:g} on {ENV_ID} (cap {max_steps} steps), seeds {seeds}; "
+        "failed trials count as infinite in medians"
+    )
     print(f"{'variant':<20}{'reached':>8}{'median wall s':>15}{'median steps':>14}")
     for name, summary in summaries.items():
         wall = f"{summary['median_wall_s']:.1f}" if summary["median_wall_s"] is not None else "n/a"
@@ -526,9 +603,11 @@ def main() -> None:
         print(f"{name:<20}{summary['reached']:>5}/{summary['trials']:<2}{wall:>15}{steps:>14}")
         for p in summary["per_seed"]:
             wall_p = f"{p['wall_s']:.1f} s" if p.get("wall_s") is not None else "-"
-            print(f"    seed {p['seed']}: {'reached' if p['reached'] else 'NOT reached':<12}{wall_p:>9}  "
-                  f"{p.get('env_steps') or 0:>7} steps  final mean {p.get('final_reward_mean') or float('nan'):.1f}"
-                  + (f"  ({p['error']})" if "error" in p else ""))
+            print(
+                f"    seed {p['seed']}: {'reached' if p['reached'] else 'NOT reached':<12}{wall_p:>9}  "
+                f"{p.get('env_steps') or 0:>7} steps  final mean {p.get('final_reward_mean') or float('nan'):.1f}"
+                + (f"  ({p['error']})" if "error" in p else "")
+            )
     for algo, r in ratios.items():
         if r is not None:
             if r["flowrl_wall_over_sb3_wall"] is not None:
@@ -539,8 +618,10 @@ def main() -> None:
                 value = "n/a"
             print(f"{algo}: flowrl wall / SB3 wall = {value} (goal {r['goal']}): {'met' if r['met'] else 'NOT met'}")
     if ppo_wall is not None:
-        print(f"flowrl PPO median wall {ppo_wall:.1f} s (goal <= {PPO_WALL_GOAL_S:g} s): "
-              f"{'met' if ppo_wall <= PPO_WALL_GOAL_S else 'NOT met'}")
+        print(
+            f"flowrl PPO median wall {ppo_wall:.1f} s (goal <= {PPO_WALL_GOAL_S:g} s): "
+            f"{'met' if ppo_wall <= PPO_WALL_GOAL_S else 'NOT met'}"
+        )
     for algo in args.algos:  # where the time went, for the median flowrl trial that ran
         ran = sorted((t for t in trials[f"flowrl {algo}"] if "plan" in t), key=lambda t: t["wall_s"])
         if ran:
@@ -549,19 +630,31 @@ def main() -> None:
     report = {
         "machine": machine,
         "settings": {
-            "quick": args.quick, "env": ENV_ID, "target_reward_mean_100_episodes": target, "max_steps": max_steps,
-            "seeds": seeds, "algos": args.algos, "order": "alternating per seed: " + ", ".join(trials),
+            "quick": args.quick,
+            "env": ENV_ID,
+            "target_reward_mean_100_episodes": target,
+            "max_steps": max_steps,
+            "seeds": seeds,
+            "algos": args.algos,
+            "order": "alternating per seed: " + ", ".join(trials),
             "flowrl_config_files": {algo: config_files[algo] for algo in args.algos},
-            "sb3": {"hyperparameters": {algo: SB3_ZOO[algo] for algo in args.algos},
-                    "note": "the zoo's schedules over the zoo's n_timesteps, then at their final values; torch threads "
-                            "and device left at SB3's defaults"} if with_sb3 else sb3_note,
+            "sb3": {
+                "hyperparameters": {algo: SB3_ZOO[algo] for algo in args.algos},
+                "note": "the zoo's schedules over the zoo's n_timesteps, then at their final values; torch threads "
+                "and device left at SB3's defaults",
+            }
+            if with_sb3
+            else sb3_note,
             "wall_s": "from process start (before importing ray/torch) to the train()/learn() call that reached the target",
             "total_benchmark_s": time.perf_counter() - started,
         },
         "results": summaries,
         "ratios": ratios,
-        "goals": {"ratio": f"median flowrl wall / median SB3 wall <= {RATIO_GOAL} per algorithm",
-                  "ppo_wall_s": f"<= {PPO_WALL_GOAL_S:g}", "ppo_wall_s_met": ppo_wall is not None and ppo_wall <= PPO_WALL_GOAL_S},
+        "goals": {
+            "ratio": f"median flowrl wall / median SB3 wall <= {RATIO_GOAL} per algorithm",
+            "ppo_wall_s": f"<= {PPO_WALL_GOAL_S:g}",
+            "ppo_wall_s_met": ppo_wall is not None and ppo_wall <= PPO_WALL_GOAL_S,
+        },
         "trials": trials,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,10 +12,12 @@ from flowrl._version import __version__
 from flowrl.deferred import deferred_attributes
 
 if TYPE_CHECKING:
-    from flowrl.serve.inference import load_policy
     from flowrl.engine.trainer import Trainer
+    from flowrl.serve.inference import load_policy
 
 
 __all__ = ["Trainer", "__version__", "load_policy"]
 
-__getattr__ = deferred_attributes(__name__, {"flowrl.engine.trainer": ["Trainer"], "flowrl.serve.inference": ["load_policy"]})
+__getattr__ = deferred_attributes(
+    __name__, {"flowrl.engine.trainer": ["Trainer"], "flowrl.serve.inference": ["load_policy"]}
+)

@@ -29,6 +29,7 @@ from flowrl.importing import import_callable
 if TYPE_CHECKING:  # for annotations only
     from flowrl.data import MultiAgentBatch, SampleBatch
 
+
 class RolloutWorkerView(Protocol):
     """What a hook sees of the rollout worker it runs in (a :class:`~flowrl.actors.RolloutWorker`).
 

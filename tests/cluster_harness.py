@@ -34,11 +34,17 @@ ANSWER = "cluster-harness: "  # how the harness's answers start, among whatever 
 class ClusterHandle:
     """The test side: starts the harness process and asks it for changes, each answer within ``timeout_s``."""
 
-    def __init__(self, *, workers: int = 2, num_cpus: int = 1, env: dict[str, str] | None = None, timeout_s: float = 120) -> None:
+    def __init__(
+        self, *, workers: int = 2, num_cpus: int = 1, env: dict[str, str] | None = None, timeout_s: float = 120
+    ) -> None:
         self._timeout = timeout_s
         self._proc = subprocess.Popen(
             [sys.executable, str(Path(__file__)), "--workers", str(workers), "--num-cpus", str(num_cpus)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
         )
         self._answers: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -55,7 +61,7 @@ class ClusterHandle:
         assert self._proc.stdout is not None
         for line in self._proc.stdout:
             if line.startswith(ANSWER):  # Ray may print too
-                self._answers.put(line[len(ANSWER):])
+                self._answers.put(line[len(ANSWER) :])
 
     def _answer(self) -> dict[str, Any]:
         try:
@@ -116,7 +122,11 @@ def serve(workers: int, num_cpus: int) -> None:
             node = cluster.add_node(num_cpus=num_cpus)
             nodes[node.node_id] = node
         cluster.wait_for_nodes()
-        reply(address=cluster.address, head=cluster.head_node.node_id, workers=[n for n in nodes if n != cluster.head_node.node_id])
+        reply(
+            address=cluster.address,
+            head=cluster.head_node.node_id,
+            workers=[n for n in nodes if n != cluster.head_node.node_id],
+        )
         for line in sys.stdin:
             request = json.loads(line)
             if request["op"] == "add":

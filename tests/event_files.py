@@ -11,5 +11,6 @@ def event_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
 
     accumulator = EventAccumulator(str(logdir), size_guidance={"scalars": 0})  # 0: keep every point
     accumulator.Reload()
-    return {tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
-            for tag in accumulator.Tags()["scalars"]}
+    return {
+        tag: [(event.step, event.value) for event in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]
+    }

@@ -38,7 +38,22 @@ for _pickler in (ray.cloudpickle, cloudpickle):
     _pickler.register_pickle_by_value(sys.modules[__name__])
 
 #: flowrl's own algorithms (list_algorithms() also lists those a test session registers, e.g. the docs').
-BUILT_IN_ALGORITHMS = ("pg", "a2c", "a3c", "ppo", "dqn", "apex", "apex_ddpg", "ddpg", "td3", "impala", "appo", "ppo_dqn", "es", "ars")
+BUILT_IN_ALGORITHMS = (
+    "pg",
+    "a2c",
+    "a3c",
+    "ppo",
+    "dqn",
+    "apex",
+    "apex_ddpg",
+    "ddpg",
+    "td3",
+    "impala",
+    "appo",
+    "ppo_dqn",
+    "es",
+    "ars",
+)
 
 # --- dataflow builders ---
 
@@ -245,7 +260,12 @@ class RecordsContext(gym.Wrapper):
 
     def __init__(self, env_config: EnvContext) -> None:
         super().__init__(gym.make("CartPole-v1"))
-        self.context = (env_config.worker_index, env_config.vector_index, env_config.num_workers, env_config.recreated_worker)
+        self.context = (
+            env_config.worker_index,
+            env_config.vector_index,
+            env_config.num_workers,
+            env_config.recreated_worker,
+        )
         self.user_keys = dict(env_config)
 
 
@@ -268,7 +288,6 @@ class CloseRaises(gym.Wrapper):
         raise OSError("simulator socket already gone")
 
 
-
 def train_to_reward(trainer: Trainer, threshold: float, budget: int) -> None:
     """Train (then stop) ``trainer`` until its mean episode reward reaches ``threshold``; fail past ``budget`` env steps."""
     curve: list[float] = []
@@ -280,4 +299,6 @@ def train_to_reward(trainer: Trainer, threshold: float, budget: int) -> None:
                 break
     finally:
         trainer.stop()
-    assert result["episode_reward_mean"] >= threshold, f"mean reward {curve[-1]} after {result['timesteps_total']} steps; curve {curve}"
+    assert result["episode_reward_mean"] >= threshold, (
+        f"mean reward {curve[-1]} after {result['timesteps_total']} steps; curve {curve}"
+    )

@@ -29,7 +29,9 @@ def build_policies(
         # Parameters only: buffers hold constants (DDPG's action bounds, which share memory with its action space).
         parameters = {name for name, _ in policy.model.named_parameters()}  # type: ignore[attr-defined]
         weights = policy.get_weights()
-        policy.set_weights({k: rng.normal(0, 1.0, v.shape).astype(v.dtype) if k in parameters else v for k, v in weights.items()})
+        policy.set_weights(
+            {k: rng.normal(0, 1.0, v.shape).astype(v.dtype) if k in parameters else v for k, v in weights.items()}
+        )
     return policy_map, config
 
 

@@ -53,7 +53,11 @@ class AggregatorWorker(ParallelIteratorWorker):
     """
 
     def __init__(
-        self, rollout_workers: Sequence[Any], make_stream: StreamFn, num_async: int = 2, shard_timeout_s: float | None = None
+        self,
+        rollout_workers: Sequence[Any],
+        make_stream: StreamFn,
+        num_async: int = 2,
+        shard_timeout_s: float | None = None,
     ) -> None:
         if not rollout_workers:
             raise FlowRLError("AggregatorWorker needs at least one rollout worker")
@@ -71,7 +75,10 @@ class AggregatorWorker(ParallelIteratorWorker):
     def _stream(self) -> Iterator[Aggregated]:
         fragments = (
             from_actors(
-                self.rollout_workers, name="rollout_workers", on_shard_failure=_report, shard_timeout_s=self.shard_timeout_s
+                self.rollout_workers,
+                name="rollout_workers",
+                on_shard_failure=_report,
+                shard_timeout_s=self.shard_timeout_s,
             )
             .gather_async(num_async=self.num_async)
             .zip_with_source_actor()
@@ -155,7 +162,9 @@ class AggregatorSet(Sequence[Any]):
             return PlaceholderActor(AggregatorWorker.__name__)
         # In its bundle of the run's reservation (if aggregators have some), as its predecessors were.
         options = self.workers.reservation.options(AGGREGATOR, index)
-        return self._remote_cls.options(**options).remote(self._members[index], self.make_stream, self.num_async, self.workers.sample_timeout_s)
+        return self._remote_cls.options(**options).remote(
+            self._members[index], self.make_stream, self.num_async, self.workers.sample_timeout_s
+        )
 
     def _live(self) -> list[Any]:
         return [actor for actor in self._actors if actor is not None]
@@ -180,7 +189,9 @@ class AggregatorSet(Sequence[Any]):
             raise error  # the aggregator's own code failed: not a fault a restart fixes
         ray.kill(failed, no_restart=True)
         replacement = self._create(index)
-        logger.warning("aggregator %d failed (%s); %s", index, error, "recreated" if replacement else "its workers are gone")
+        logger.warning(
+            "aggregator %d failed (%s); %s", index, error, "recreated" if replacement else "its workers are gone"
+        )
         self._actors[index] = replacement
         self._replacements[failed] = replacement
         self.num_restarts += 1

@@ -130,8 +130,10 @@ def _multi_agent_episode(
     returns: dict[Any, float] = {}
     length = 0
     while env.agents:
-        actions = {agent: policy_map[policy_ids[agent]].compute_single_action(obs[agent], explore=explore)
-                   for agent in env.agents}
+        actions = {
+            agent: policy_map[policy_ids[agent]].compute_single_action(obs[agent], explore=explore)
+            for agent in env.agents
+        }
         obs, rewards, _, _, _ = env.step(actions)
         for agent, reward in rewards.items():
             returns[agent] = returns.get(agent, 0.0) + float(reward)
@@ -204,8 +206,15 @@ class EvaluationWorker:
             return EvaluationOutput(episodes, files[0].read_bytes() if files else None)
 
     def _run(self, seeds: Sequence[int | None], **video: Any) -> list[dict[str, Any]]:
-        return run_episodes(self.policy_map, self._env_creator, self.config, seeds, explore=self.explore,
-                            obs_filter=self.obs_filter, **video)
+        return run_episodes(
+            self.policy_map,
+            self._env_creator,
+            self.config,
+            seeds,
+            explore=self.explore,
+            obs_filter=self.obs_filter,
+            **video,
+        )
 
     def ping(self) -> str:
         """Answer a health check."""
@@ -255,7 +264,12 @@ class EvaluationWorkers:
         reservation: Reservation,
         explore: bool = False,
     ) -> None:
-        self._kwargs = {"env_creator": env_creator, "policy_specs": dict(policy_specs), "config": config, "explore": explore}
+        self._kwargs = {
+            "env_creator": env_creator,
+            "policy_specs": dict(policy_specs),
+            "config": config,
+            "explore": explore,
+        }
         self._reservation = reservation
         self._timeout_s = config.sample_timeout_s or CALL_TIMEOUT_S
         self._startup_timeout_s = config.worker_startup_timeout_s

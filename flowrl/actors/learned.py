@@ -40,7 +40,9 @@ class LearnerInfo(dict[str, dict[str, float]]):
     unless the batch was replayed and the loss gave TD errors). The priorities are an attribute,
     never an entry: the statistics stay what ``result["info"]["learner"]`` shows."""
 
-    def __init__(self, stats: Mapping[str, dict[str, float]] | None = None, priorities: Priorities | None = None) -> None:
+    def __init__(
+        self, stats: Mapping[str, dict[str, float]] | None = None, priorities: Priorities | None = None
+    ) -> None:
         super().__init__(stats or {})
         self.priorities: Priorities = priorities if priorities is not None else {}
 

@@ -51,7 +51,12 @@ class LearnerActor:
     """
 
     def __init__(
-        self, policy_specs: Mapping[str, PolicySpec], num_gpus: float, num_threads: int, seed: int | None, incarnation: int
+        self,
+        policy_specs: Mapping[str, PolicySpec],
+        num_gpus: float,
+        num_threads: int,
+        seed: int | None,
+        incarnation: int,
     ) -> None:
         torch.set_num_threads(num_threads)
         overrides = {"num_gpus": num_gpus}
@@ -71,7 +76,10 @@ class LearnerActor:
         """Join the group of ``size`` replicas as ``rank``; gradients are averaged with the others from now on."""
         on_gpu = any(isinstance(p, TorchPolicy) and p.device.type == "cuda" for p in self.policies.values())
         dist.init_process_group(
-            "nccl" if on_gpu else "gloo", init_method=f"tcp://{host}:{port}", rank=rank, world_size=size,
+            "nccl" if on_gpu else "gloo",
+            init_method=f"tcp://{host}:{port}",
+            rank=rank,
+            world_size=size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
         self.shard = Shard(rank, size)
@@ -102,15 +110,28 @@ class LearnerActor:
     def learner_state(self, policies: Sequence[str]) -> dict[str, tuple[Any, Any, dict[str, float], int]]:
         """Per policy, what learning changed: its weights, its optimizer's state (on CPU), its loss
         coefficients (TD3 counts its steps there) and its count of skipped non-finite updates."""
-        return {pid: (policy.get_weights(), _on_cpu(policy.optimizer.state_dict()), dict(policy.coeffs), policy.num_nonfinite_updates)
-                for pid, policy in self._torch(policies)}
+        return {
+            pid: (
+                policy.get_weights(),
+                _on_cpu(policy.optimizer.state_dict()),
+                dict(policy.coeffs),
+                policy.num_nonfinite_updates,
+            )
+            for pid, policy in self._torch(policies)
+        }
 
     def _torch(self, policies: Sequence[str]) -> list[tuple[str, TorchPolicy[Any]]]:
         return [(pid, policy) for pid in policies if isinstance(policy := self.policies[pid], TorchPolicy)]
 
     def learn(
-        self, batch: Batch, policies: Sequence[str], coeffs: Mapping[str, Mapping[str, float]], num_sgd_iter: int,
-        sgd_minibatch_size: int, seed: int | list[int] | None, sequence_length: int,
+        self,
+        batch: Batch,
+        policies: Sequence[str],
+        coeffs: Mapping[str, Mapping[str, float]],
+        num_sgd_iter: int,
+        sgd_minibatch_size: int,
+        seed: int | list[int] | None,
+        sequence_length: int,
     ) -> tuple[dict[str, dict[str, float]], dict[str, tuple[np.ndarray, np.ndarray]], dict[str, tuple[float, float]]]:
         """Learn on this replica's shard of ``batch`` with the driver's loss ``coeffs``: per policy its
         statistics, the new priorities of its shard's replayed rows (a single step whose loss gives TD errors),
@@ -162,11 +183,21 @@ class LearnerGroup:
     """
 
     def __init__(
-        self, workers: WorkerSet, policies: Sequence[str], size: int, *, timeout_s: float = 600.0,
-        startup_timeout_s: float = 120.0, num_cpus: float = 1.0, num_gpus: float = 0.0, seed: int | None = None,
+        self,
+        workers: WorkerSet,
+        policies: Sequence[str],
+        size: int,
+        *,
+        timeout_s: float = 600.0,
+        startup_timeout_s: float = 120.0,
+        num_cpus: float = 1.0,
+        num_gpus: float = 0.0,
+        seed: int | None = None,
     ) -> None:
         if size < 2:
-            raise FlowRLError(f"LearnerGroup(size={size}): a group has at least 2 learners (fewer: learn in the driver)")
+            raise FlowRLError(
+                f"LearnerGroup(size={size}): a group has at least 2 learners (fewer: learn in the driver)"
+            )
         self.workers = workers
         self.policies = list(policies)
         self.size = size
@@ -204,15 +235,20 @@ class LearnerGroup:
         specs = {pid: self.workers.policy_specs[pid] for pid in self.policies}
         reservation = self.workers.reservation
         self._actors = [
-            _remote_learner_actor().options(**self._options, **reservation.options(LEARNER, rank)).remote(
-                specs, self.num_gpus, self._num_threads, self.seed, self.num_restarts
-            )
+            _remote_learner_actor()
+            .options(**self._options, **reservation.options(LEARNER, rank))
+            .remote(specs, self.num_gpus, self._num_threads, self.seed, self.num_restarts)
             for rank in range(self.size)
         ]
         try:
             # The first call waits for the actors to be scheduled and their processes to import flowrl.
             [(host, port)] = ray.get([self._actors[0].address.remote()], timeout=self.startup_timeout_s)
-            self._wait([actor.join.remote(host, port, rank, self.size, self.timeout_s) for rank, actor in enumerate(self._actors)])
+            self._wait(
+                [
+                    actor.join.remote(host, port, rank, self.size, self.timeout_s)
+                    for rank, actor in enumerate(self._actors)
+                ]
+            )
             if self._config_changes:
                 self._call_all("update_config", self._config_changes)
             self._call_all("set_state", self._driver_states())
@@ -239,7 +275,9 @@ class LearnerGroup:
 
     def _check_usable(self) -> None:
         if self._stopped or not self._actors:
-            raise FlowRLError("the learner group was stopped (or could not be rebuilt after a failure): it has no learners")
+            raise FlowRLError(
+                "the learner group was stopped (or could not be rebuilt after a failure): it has no learners"
+            )
 
     def sync(self) -> None:
         """Set every replica to the driver's policies as they are now: weights, optimizer state,
@@ -271,8 +309,14 @@ class LearnerGroup:
             raise FlowRLError(f"a learner of the group failed and the group could not be rebuilt: {error}") from error
 
     def learn(
-        self, batch: Batch, *, policies: Sequence[str] | None = None, num_sgd_iter: int = 1, sgd_minibatch_size: int = 0,
-        seed: int | list[int] | None = None, sequence_length: int = 1,
+        self,
+        batch: Batch,
+        *,
+        policies: Sequence[str] | None = None,
+        num_sgd_iter: int = 1,
+        sgd_minibatch_size: int = 0,
+        seed: int | list[int] | None = None,
+        sequence_length: int = 1,
     ) -> Learned:
         """Learn on ``batch`` (``policies`` of the group's, default all) across the group, then set rank 0's
         weights and optimizer state in the driver's policies.
@@ -283,16 +327,20 @@ class LearnerGroup:
         self._check_usable()
         wanted = self.policies if policies is None else list(policies)
         if not set(wanted) <= set(self.policies):
-            raise FlowRLError(f"learn policies {sorted(set(wanted) - set(self.policies))} in a learner group of {self.policies}")
+            raise FlowRLError(
+                f"learn policies {sorted(set(wanted) - set(self.policies))} in a learner group of {self.policies}"
+            )
         local = self.workers.local_worker()
         coeffs = {pid: dict(coeffs) for pid in wanted if (coeffs := getattr(local.get_policy(pid), "coeffs", None))}
         ref = ray.put(batch)
         for attempt in range(2):
             try:
-                results = self._wait([
-                    actor.learn.remote(ref, wanted, coeffs, num_sgd_iter, sgd_minibatch_size, seed, sequence_length)
-                    for actor in self._actors
-                ])
+                results = self._wait(
+                    [
+                        actor.learn.remote(ref, wanted, coeffs, num_sgd_iter, sgd_minibatch_size, seed, sequence_length)
+                        for actor in self._actors
+                    ]
+                )
                 [learned_state] = self._wait([self._actors[0].learner_state.remote(wanted)])
                 break
             except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as error:
@@ -313,7 +361,10 @@ class LearnerGroup:
             local.get_policy(pid).learn_times.add(load_s, update_s)
         info = {pid: _mean_stats([stats[pid] for stats, _, _ in results]) for pid in results[0][0]}
         priorities = {
-            pid: (np.concatenate([p[pid][0] for _, p, _ in results]), np.concatenate([p[pid][1] for _, p, _ in results]))
+            pid: (
+                np.concatenate([p[pid][0] for _, p, _ in results]),
+                np.concatenate([p[pid][1] for _, p, _ in results]),
+            )
             for pid in results[0][1]
         }
         return Learned(None, info, batch.env_steps(), priorities)
@@ -331,9 +382,14 @@ def learner_group(workers: WorkerSet, config: TrainerConfig) -> LearnerGroup | N
     if config.num_learners < 2:
         return None
     return LearnerGroup(
-        workers, workers.trainable_policies(), config.num_learners, timeout_s=config.learner_timeout_s,
-        startup_timeout_s=config.worker_startup_timeout_s, num_cpus=config.num_cpus_per_learner,
-        num_gpus=config.num_gpus_per_learner, seed=config.seed,
+        workers,
+        workers.trainable_policies(),
+        config.num_learners,
+        timeout_s=config.learner_timeout_s,
+        startup_timeout_s=config.worker_startup_timeout_s,
+        num_cpus=config.num_cpus_per_learner,
+        num_gpus=config.num_gpus_per_learner,
+        seed=config.seed,
     )
 
 

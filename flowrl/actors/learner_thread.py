@@ -53,8 +53,14 @@ class GroupLearner(Protocol):
         """The longest one :meth:`learn` can take."""
 
     def learn(
-        self, batch: Batch, *, policies: Sequence[str] | None = None, num_sgd_iter: int = 1, sgd_minibatch_size: int = 0,
-        seed: int | list[int] | None = None, sequence_length: int = 1,
+        self,
+        batch: Batch,
+        *,
+        policies: Sequence[str] | None = None,
+        num_sgd_iter: int = 1,
+        sgd_minibatch_size: int = 0,
+        seed: int | list[int] | None = None,
+        sequence_length: int = 1,
     ) -> Learned:
         """Learn on ``batch`` across the group; the local worker's policies take the result."""
 
@@ -98,7 +104,12 @@ def learn_on_local_worker(
 
 
 def learn_in_group(
-    learners: GroupLearner, worker: RolloutWorker, batch: Batch, *, policies: Sequence[str] | None = None, **settings: Any
+    learners: GroupLearner,
+    worker: RolloutWorker,
+    batch: Batch,
+    *,
+    policies: Sequence[str] | None = None,
+    **settings: Any,
 ) -> Learned:
     """:func:`learn_on_local_worker` done by a learner group: it learns data-parallel and ``worker``'s
     policies take rank 0's weights (see :meth:`~flowrl.actors.LearnerGroup.learn`)."""
@@ -148,7 +159,9 @@ class LearnerThread(threading.Thread):
                 "queue sizes must be >= 0 (0 = unbounded)"
             )
         if learn_fn is not None and (
-            policies is not None or learners is not None or (num_sgd_iter, sgd_minibatch_size, sequence_length) != (1, 0, 1)
+            policies is not None
+            or learners is not None
+            or (num_sgd_iter, sgd_minibatch_size, sequence_length) != (1, 0, 1)
         ):
             raise FlowRLError(
                 "LearnerThread: a custom learn_fn decides itself what to learn; drop policies, learners and the SGD settings"
@@ -265,7 +278,9 @@ class LearnerThread(threading.Thread):
         if self._stop_event.is_set():
             return False
         if self.ident is None:
-            raise FlowRLError(f"learner thread {self.name!r} was never started; call start() before reading its outqueue")
+            raise FlowRLError(
+                f"learner thread {self.name!r} was never started; call start() before reading its outqueue"
+            )
         return self.is_alive()
 
     def stop(self, timeout: float = 5.0) -> bool:

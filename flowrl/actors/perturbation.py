@@ -152,7 +152,14 @@ class PerturbationResult:
 
     def take(self, n: int) -> PerturbationResult:
         """The first ``n`` pairs (the counts of evaluation episodes and observations kept whole)."""
-        return PerturbationResult(self.noise_indices[:n], self.returns[:n], self.lengths[:n], self.eval_episodes, self.eval_steps, self.obs_stats)
+        return PerturbationResult(
+            self.noise_indices[:n],
+            self.returns[:n],
+            self.lengths[:n],
+            self.eval_episodes,
+            self.eval_steps,
+            self.obs_stats,
+        )
 
     @staticmethod
     def concat(results: Sequence[PerturbationResult]) -> PerturbationResult:
@@ -266,7 +273,11 @@ class EvaluatePerturbations:
     def rounds(self, worker: RolloutWorker) -> Iterator[PerturbationResult]:
         """Rounds forever on ``worker``."""
         evaluator = PerturbationEvaluator(
-            worker, self.noise, noise_stdev=self.noise_stdev, eval_prob=self.eval_prob, collect_obs_stats=self.collect_obs_stats
+            worker,
+            self.noise,
+            noise_stdev=self.noise_stdev,
+            eval_prob=self.eval_prob,
+            collect_obs_stats=self.collect_obs_stats,
         )
         while True:
             yield evaluator.run_round(self.pairs_per_round)

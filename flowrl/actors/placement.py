@@ -73,16 +73,24 @@ def driver_request(config: TrainerConfig) -> BundleRequest:
 def worker_request(config: TrainerConfig, num_workers: int, num_cpus_per_worker: float) -> BundleRequest:
     """One bundle per remote rollout worker: its CPUs, GPUs and custom resources."""
     resources = {"CPU": num_cpus_per_worker, "GPU": config.num_gpus_per_worker, **config.custom_resources_per_worker}
-    keys = {"CPU": "num_cpus_per_worker", "GPU": "num_gpus_per_worker",
-            **{name: f"custom_resources_per_worker[{name!r}]" for name in config.custom_resources_per_worker}}
+    keys = {
+        "CPU": "num_cpus_per_worker",
+        "GPU": "num_gpus_per_worker",
+        **{name: f"custom_resources_per_worker[{name!r}]" for name in config.custom_resources_per_worker},
+    }
     return BundleRequest(WORKER, num_workers, resources, keys, count_key="num_workers")
 
 
 def learner_request(config: TrainerConfig) -> BundleRequest:
     """One bundle per learner actor of a learner group (none unless ``num_learners >= 2``)."""
     count = config.num_learners if config.num_learners >= 2 else 0
-    return BundleRequest(LEARNER, count, {"CPU": config.num_cpus_per_learner, "GPU": config.num_gpus_per_learner},
-                         {"CPU": "num_cpus_per_learner", "GPU": "num_gpus_per_learner"}, count_key="num_learners")
+    return BundleRequest(
+        LEARNER,
+        count,
+        {"CPU": config.num_cpus_per_learner, "GPU": config.num_gpus_per_learner},
+        {"CPU": "num_cpus_per_learner", "GPU": "num_gpus_per_learner"},
+        count_key="num_learners",
+    )
 
 
 def asks_for_actors(num_workers: int, requests: Sequence[BundleRequest]) -> bool:
@@ -121,27 +129,38 @@ def check_resources(requests: Sequence[BundleRequest], strategy: str) -> None:
         need = sum(r.count * r.bundle()[name] for r in asking)
         if need > total.get(name, 0.0) + 1e-9:
             terms = " + ".join(r.term(name) for r in asking)
-            problems.append(f"{terms} needs {need:g} {name}, but the Ray cluster has {total.get(name, 0.0):g} in all; "
-                            "lower them or add nodes")
+            problems.append(
+                f"{terms} needs {need:g} {name}, but the Ray cluster has {total.get(name, 0.0):g} in all; "
+                "lower them or add nodes"
+            )
     here = _driver_node_resources()
     for r in requests:
         if r.on_driver_node:
             for name, amount in r.bundle().items():
                 if r.count * amount > here.get(name, 0.0) + 1e-9:
-                    problems.append(f"{r.term(name)} on the driver's node needs {r.count * amount:g} {name}, "
-                                    f"but that node has {here.get(name, 0.0):g}")
+                    problems.append(
+                        f"{r.term(name)} on the driver's node needs {r.count * amount:g} {name}, "
+                        f"but that node has {here.get(name, 0.0):g}"
+                    )
     nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
     count = sum(r.count for r in requests)
     if strategy == "STRICT_SPREAD" and count > len(nodes):
-        problems.append(f"placement_strategy='STRICT_SPREAD' puts each of {count} bundles ({'; '.join(map(_describe, requests))}) "
-                        f"on its own node, but the Ray cluster has {len(nodes)} nodes; use SPREAD or add nodes")
+        problems.append(
+            f"placement_strategy='STRICT_SPREAD' puts each of {count} bundles ({'; '.join(map(_describe, requests))}) "
+            f"on its own node, but the Ray cluster has {len(nodes)} nodes; use SPREAD or add nodes"
+        )
     if strategy == "STRICT_PACK":
         sums = {name: sum(r.count * r.bundle().get(name, 0.0) for r in requests) for name in total}
-        short = [f"{amount:g} {name}" for name, amount in sums.items()
-                 if amount > 0 and not any(amount <= node.get(name, 0.0) + 1e-9 for node in nodes)]
+        short = [
+            f"{amount:g} {name}"
+            for name, amount in sums.items()
+            if amount > 0 and not any(amount <= node.get(name, 0.0) + 1e-9 for node in nodes)
+        ]
         if short:
-            problems.append(f"placement_strategy='STRICT_PACK' puts every bundle on one node, but no node has "
-                            f"{' and '.join(short)}; use PACK or ask for less")
+            problems.append(
+                f"placement_strategy='STRICT_PACK' puts every bundle on one node, but no node has "
+                f"{' and '.join(short)}; use PACK or ask for less"
+            )
     if problems:
         raise ConfigError(problems)
 
@@ -211,7 +230,10 @@ class Reservation:
                 self._first[r.role] = first
                 first += r.count
         self._counts.setdefault(DRIVER, 1)
-        self.requests = [BundleRequest(DRIVER, 1, group.bundle_specs[0], {}), *(r for r in self.requests if r.role != DRIVER)]
+        self.requests = [
+            BundleRequest(DRIVER, 1, group.bundle_specs[0], {}),
+            *(r for r in self.requests if r.role != DRIVER),
+        ]
 
     @property
     def placement_group(self) -> PlacementGroup | None:
@@ -228,7 +250,9 @@ class Reservation:
             return None
         if not 0 <= index < self._counts[role]:
             raise FlowRLError(f"Reservation: {role} {index} has no bundle (the role has {self._counts[role]})")
-        return ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=self._first[role] + index)
+        return ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy(
+            self._group, placement_group_bundle_index=self._first[role] + index
+        )
 
     def options(self, role: str, index: int) -> dict[str, Any]:
         """Keyword arguments of ``ActorClass.options`` that put actor ``index`` of ``role`` in its bundle ({} if none)."""
@@ -240,8 +264,11 @@ class Reservation:
         if self._group is None:
             return []
         nodes = ray.util.placement_group_table(self._group).get("bundles_to_node_id", {})
-        return [{"role": r.role, "index": i, "resources": r.bundle(), "node_id": nodes.get(self._first[r.role] + i)}
-                for r in self.requests for i in range(r.count)]
+        return [
+            {"role": r.role, "index": i, "resources": r.bundle(), "node_id": nodes.get(self._first[r.role] + i)}
+            for r in self.requests
+            for i in range(r.count)
+        ]
 
     def release(self) -> None:
         """Give the reservation back to Ray (actors still in it are killed by Ray); an adopted one stays its owner's."""

@@ -65,8 +65,13 @@ class ReplayActor(ParallelIteratorWorker):
     def stats(self) -> dict[str, Any]:
         """The buffer's statistics, the seconds spent storing, replaying and serializing replayed batches
         so far, and the Ray node this shard runs on (``node_id``)."""
-        return {**self.buffer.stats(), "add_time_total_s": self.add_s, "sample_time_total_s": self.sample_s,
-                "serialize_time_total_s": self.handoff_s, "node_id": ray.get_runtime_context().get_node_id()}
+        return {
+            **self.buffer.stats(),
+            "add_time_total_s": self.add_s,
+            "sample_time_total_s": self.sample_s,
+            "serialize_time_total_s": self.handoff_s,
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
 
     def get_state(self, include_contents: bool = False) -> dict[str, Any]:
         """The buffer's state (optionally with its contents)."""

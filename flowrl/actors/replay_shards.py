@@ -18,6 +18,7 @@ from flowrl.errors import FlowRLError, ReplayShardError
 
 logger = logging.getLogger(__name__)
 
+
 def _first_line(error: BaseException | None) -> str:
     """``Type: first line of its message``: Ray's error texts run to many lines."""
     if error is None:
@@ -83,8 +84,12 @@ class ReplayShards(Sequence[Any]):
 
         # ray.remote's stubs keep the class type, which has no .options.
         actor_class: Any = ReplayActor
-        if self._reservation is not None and self._reservation.reserved(REPLAY_SHARD):  # in its bundle, wherever that is
-            return actor_class.options(num_cpus=self._num_cpus, **self._reservation.options(REPLAY_SHARD, position)).remote(**args)
+        if self._reservation is not None and self._reservation.reserved(
+            REPLAY_SHARD
+        ):  # in its bundle, wherever that is
+            return actor_class.options(
+                num_cpus=self._num_cpus, **self._reservation.options(REPLAY_SHARD, position)
+            ).remote(**args)
         # Ray's SPREAD and soft node affinity are best effort: they put shards on the nodes with free
         # CPUs, e.g. two on one node, or one off the driver's node. A shard that asks for no CPUs fits on
         # any node, so it gets a hard affinity; one that asks for CPUs may go elsewhere rather than wait.
@@ -94,7 +99,9 @@ class ReplayShards(Sequence[Any]):
         else:  # the driver's node, which lives as long as the run
             node = ray.get_runtime_context().get_node_id()
         # A replacement's target may be the node just lost (still listed as alive): it may go elsewhere.
-        strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=self._num_cpus > 0 or replacement)
+        strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
+            node, soft=self._num_cpus > 0 or replacement
+        )
         return actor_class.options(num_cpus=self._num_cpus, scheduling_strategy=strategy).remote(**args)
 
     @overload
@@ -132,11 +139,15 @@ class ReplayShards(Sequence[Any]):
             if failed_actor in self._replaced:
                 return self._actors[self._replaced[failed_actor]]
             if self._stopped:
-                raise ReplayShardError(f"replay shard {failed_actor} failed after the replay tier was stopped") from error
+                raise ReplayShardError(
+                    f"replay shard {failed_actor} failed after the replay tier was stopped"
+                ) from error
             try:
                 index = self._actors.index(failed_actor)
             except ValueError:
-                raise ReplayShardError(f"{failed_actor} failed but is not one of the replay shards {self._actors}") from error
+                raise ReplayShardError(
+                    f"{failed_actor} failed but is not one of the replay shards {self._actors}"
+                ) from error
             ray.kill(failed_actor)
             self._actors[index] = self._start(self._shard_args[index], index, replacement=True)
             self._replaced[failed_actor] = index

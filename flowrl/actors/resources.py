@@ -95,19 +95,25 @@ class PlanResources:
     def need_replay_buffer(self) -> LocalReplayBuffer:
         """The local replay buffer; a plan that needs one raises a clear error without it."""
         if self.replay_buffer is None:
-            raise FlowRLError("this plan replays from a local buffer: declare PlanResources(replay_buffer=...) in make_resources")
+            raise FlowRLError(
+                "this plan replays from a local buffer: declare PlanResources(replay_buffer=...) in make_resources"
+            )
         return self.replay_buffer
 
     def need_learner(self) -> LearnerThread:
         """The learner thread; a plan that needs one raises a clear error without it."""
         if self.learner is None:
-            raise FlowRLError("this plan trains in a learner thread: declare PlanResources(learner=...) in make_resources")
+            raise FlowRLError(
+                "this plan trains in a learner thread: declare PlanResources(learner=...) in make_resources"
+            )
         return self.learner
 
     def need_replay_actors(self) -> Sequence[Any]:
         """The replay shard actors; a plan that needs them raises a clear error without them."""
         if not self.replay_actors:
-            raise FlowRLError("this plan replays from shard actors: declare PlanResources(replay_actors=...) in make_resources")
+            raise FlowRLError(
+                "this plan replays from shard actors: declare PlanResources(replay_actors=...) in make_resources"
+            )
         return self.replay_actors
 
     def stop(self) -> None:
@@ -212,14 +218,18 @@ class PlanResources:
                 raise ReplayShardError(f"replay shard {index} gave no answer to {method} within {timeout_s} s") from e
             except ray.exceptions.RayActorError as e:
                 if not (replace_dead and isinstance(self.replay_actors, ReplayShards)):
-                    raise ReplayShardError(f"replay shard {index} died before it answered {method}: its rows are lost") from e
+                    raise ReplayShardError(
+                        f"replay shard {index} died before it answered {method}: its rows are lost"
+                    ) from e
                 replacement = self.replay_actors.replace(actor, e)
                 ref = getattr(replacement, method).remote(*args[index])
                 try:
                     # A time of its own: a new actor starts a process and imports flowrl first.
                     answers.append(ray.get(ref, timeout=timeout_s))
                 except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as e2:
-                    raise ReplayShardError(f"replay shard {index} was recreated; its replacement did not answer {method}") from e2
+                    raise ReplayShardError(
+                        f"replay shard {index} was recreated; its replacement did not answer {method}"
+                    ) from e2
         return answers
 
 
@@ -235,9 +245,20 @@ def local_replay_buffer(config: ReplayConfig) -> LocalReplayBuffer:
 
 
 def replay_shards(
-    config: ReplayConfig, num_shards: int, *, num_cpus: float = 0.0, placement: str = "driver_node", reservation: Reservation | None = None
+    config: ReplayConfig,
+    num_shards: int,
+    *,
+    num_cpus: float = 0.0,
+    placement: str = "driver_node",
+    reservation: Reservation | None = None,
 ) -> ReplayShards:
     """``num_shards`` replay shard actors of ``num_cpus`` CPUs each, splitting ``config``'s replay capacity
     and ``learning_starts`` (a dead one is recreated empty), placed as :class:`~flowrl.actors.ReplayShards` says."""
-    return create_replay_actors(num_shards, num_cpus=num_cpus, placement=placement, reservation=reservation,
-                                time_handoffs=config.profile, **replay_buffer_args(config))
+    return create_replay_actors(
+        num_shards,
+        num_cpus=num_cpus,
+        placement=placement,
+        reservation=reservation,
+        time_handoffs=config.profile,
+        **replay_buffer_args(config),
+    )

@@ -10,6 +10,7 @@ import random
 from typing import Any, Mapping
 
 import numpy as np
+
 from flowrl.deferred import torch
 
 

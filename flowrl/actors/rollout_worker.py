@@ -11,9 +11,9 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, TypeVar, cast
 import gymnasium as gym
 import numpy as np
 
+from flowrl.actors.rng import process_rng_state, set_process_rng_state
 from flowrl.actors.sampling.episode_hooks import EpisodeHooks
 from flowrl.actors.sampling.multi_agent import MultiAgentSampler
-from flowrl.actors.rng import process_rng_state, set_process_rng_state
 from flowrl.actors.sampling.recovery import EpisodeStats
 from flowrl.actors.sampling.vector import VectorSampler
 from flowrl.callbacks import EPISODE_HOOKS, make_callbacks, overrides, run_hook
@@ -268,9 +268,17 @@ class RolloutWorker(ParallelIteratorWorker):
             self.sample_s += time.perf_counter() - started
             self.num_samples += 1
         if spans is not None:
-            spans.append(SampleSpan(started_ns, time.time_ns() - started_ns, self.sampler.env_s - env_s,
-                                    self.sampler.inference_s - inference_s, batch.count, os.getpid(),
-                                    threading.get_native_id()))
+            spans.append(
+                SampleSpan(
+                    started_ns,
+                    time.time_ns() - started_ns,
+                    self.sampler.env_s - env_s,
+                    self.sampler.inference_s - inference_s,
+                    batch.count,
+                    os.getpid(),
+                    threading.get_native_id(),
+                )
+            )
         return batch
 
     def trace_samples(self, on: bool) -> TracedWork:
@@ -310,7 +318,9 @@ class RolloutWorker(ParallelIteratorWorker):
         """One gradient step of ``policy_id`` on ``batch``; its learner statistics."""
         return self.policy_map[policy_id].learn_on_batch(batch)
 
-    def compute_gradients(self, batch: SampleBatch, policy_id: str = DEFAULT_POLICY_ID) -> tuple[list[np.ndarray], dict[str, float]]:
+    def compute_gradients(
+        self, batch: SampleBatch, policy_id: str = DEFAULT_POLICY_ID
+    ) -> tuple[list[np.ndarray], dict[str, float]]:
         """Gradients of ``policy_id``'s loss on ``batch``."""
         return self.policy_map[policy_id].compute_gradients(batch)
 
@@ -349,9 +359,15 @@ class RolloutWorker(ParallelIteratorWorker):
 
     def _phase_totals(self) -> dict[str, float]:
         sampler = self.sampler
-        return {"wall_s": time.perf_counter(), "sample_s": self.sample_s, "samples": self.num_samples,
-                "env_s": sampler.env_s, "inference_s": sampler.inference_s, "serialize_s": self.handoff_s,
-                "handoffs": self.handoffs}
+        return {
+            "wall_s": time.perf_counter(),
+            "sample_s": self.sample_s,
+            "samples": self.num_samples,
+            "env_s": sampler.env_s,
+            "inference_s": sampler.inference_s,
+            "serialize_s": self.handoff_s,
+            "handoffs": self.handoffs,
+        }
 
     def rng_stream(self, name: str) -> np.random.Generator:
         """A named random stream of this worker (e.g. ES's perturbation draws), seeded from the

@@ -154,7 +154,11 @@ class WorkerSet:
     ) -> RolloutWorker:
         if not self._placeholders:
             return RolloutWorker(
-                env_creator=env_creator, policy_specs=policy_specs, config=config, worker_index=0, num_workers=num_workers
+                env_creator=env_creator,
+                policy_specs=policy_specs,
+                config=config,
+                worker_index=0,
+                num_workers=num_workers,
             )
         env = env_creator(EnvContext(config.env_config, num_workers=num_workers))
         try:
@@ -202,8 +206,10 @@ class WorkerSet:
             ) from e
         if pending:
             self._kill_remote()
-            wanted = ", ".join(f"{amount:g} {name}" for name, amount in
-                               worker_request(self._config, 1, num_cpus_per_worker).bundle().items())
+            wanted = ", ".join(
+                f"{amount:g} {name}"
+                for name, amount in worker_request(self._config, 1, num_cpus_per_worker).bundle().items()
+            )
             raise ResourceUnavailableError(
                 f"rollout workers {sorted(probes[r] for r in pending)} did not start within "
                 f"worker_startup_timeout_s={timeout:g}: each needs {wanted or 'no resources'}, and Ray has "
@@ -314,13 +320,20 @@ class WorkerSet:
         afresh on restore.
         """
         deadline = time.monotonic() + (self._config.sample_timeout_s or CALL_TIMEOUT_S)
-        asked = [(index, worker, worker.get_state.remote(weights=False)) for index, worker in zip(self._indices, self._remote)]
+        asked = [
+            (index, worker, worker.get_state.remote(weights=False))
+            for index, worker in zip(self._indices, self._remote)
+        ]
         states = {}
         for index, worker, ref in asked:
             try:
                 states[index] = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
             except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError) as e:
-                logger.warning("rollout worker %d gave no state for the checkpoint (%s); it will start afresh", index, _how_it_failed(e))
+                logger.warning(
+                    "rollout worker %d gave no state for the checkpoint (%s); it will start afresh",
+                    index,
+                    _how_it_failed(e),
+                )
                 self.handle_failure(worker, e)
         return states
 
@@ -332,13 +345,19 @@ class WorkerSet:
         index, the envs that started a new episode because their state could not be restored.
         """
         deadline = time.monotonic() + (self._config.sample_timeout_s or CALL_TIMEOUT_S)
-        asked = [(index, worker.set_state.remote(states[index])) for index, worker in zip(self._indices, self._remote) if index in states]
+        asked = [
+            (index, worker.set_state.remote(states[index]))
+            for index, worker in zip(self._indices, self._remote)
+            if index in states
+        ]
         fresh = {}
         for index, ref in asked:
             try:
                 fresh[index] = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
             except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError) as e:
-                raise FlowRLError(f"rollout worker {index} could not restore its checkpointed state: {_how_it_failed(e)}") from e
+                raise FlowRLError(
+                    f"rollout worker {index} could not restore its checkpointed state: {_how_it_failed(e)}"
+                ) from e
         return fresh
 
     def collect_metrics(self) -> list[tuple[int, WorkerMetrics]]:
@@ -347,7 +366,9 @@ class WorkerSet:
         cannot answer is handled as failed (its report is lost with it)."""
         if not self._remote:
             return [(0, self._local.get_metrics())]
-        asked = [(index, worker, control_call(worker, "get_metrics")) for index, worker in zip(self._indices, self._remote)]
+        asked = [
+            (index, worker, control_call(worker, "get_metrics")) for index, worker in zip(self._indices, self._remote)
+        ]
         reports = []
         for index, worker, ref in asked:
             try:
@@ -420,7 +441,9 @@ class WorkerSet:
         from timing out a worker that is still starting.
         """
         try:
-            self._node_ids[worker_index] = ray.get(control_call(replacement, "node_id"), timeout=self._config.worker_startup_timeout_s)
+            self._node_ids[worker_index] = ray.get(
+                control_call(replacement, "node_id"), timeout=self._config.worker_startup_timeout_s
+            )
         except ray.exceptions.RayActorError as e:
             return self.handle_failure(replacement, e)
         except ray.exceptions.GetTimeoutError:
@@ -483,10 +506,12 @@ class WorkerSet:
     def placement(self) -> dict[str, Any]:
         """Where the plan runs: the placement strategy, the Ray node of the driver (the local worker and
         the learner), each remote worker's (by worker index) and each reserved bundle's."""
-        return {"strategy": self._config.placement_strategy,
-                "driver_node": ray.get_runtime_context().get_node_id(),
-                "worker_nodes": {index: self._node_ids.get(index) for index in self._indices},
-                "bundles": self.reservation.layout()}
+        return {
+            "strategy": self._config.placement_strategy,
+            "driver_node": ray.get_runtime_context().get_node_id(),
+            "worker_nodes": {index: self._node_ids.get(index) for index in self._indices},
+            "bundles": self.reservation.layout(),
+        }
 
 
 def _how_it_failed(error: BaseException) -> str:

@@ -69,13 +69,18 @@ class A2CConfig(TrainerConfig):
         if self.microbatch_size is not None and self.microbatch_size > self.train_batch_size:
             problems.append(f"microbatch_size={self.microbatch_size} > train_batch_size={self.train_batch_size}")
         if self.microbatch_size is not None and self.num_learners >= 2:
-            problems.append(f"microbatch_size={self.microbatch_size} accumulates gradients in the driver, but num_learners="
-                            f"{self.num_learners} learns in a learner group; leave microbatch_size unset")
+            problems.append(
+                f"microbatch_size={self.microbatch_size} accumulates gradients in the driver, but num_learners="
+                f"{self.num_learners} learns in a learner group; leave microbatch_size unset"
+            )
         return problems
 
 
 def actor_critic_loss(
-    policy: TorchPolicy[A2CConfig], model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]
+    policy: TorchPolicy[A2CConfig],
+    model: nn.Module,
+    dist_class: type[ActionDistribution],
+    batch: dict[str, torch.Tensor],
 ) -> LossOutput:
     """Policy gradient on advantages + ``vf_loss_coeff`` * squared value error - ``entropy_coeff`` * entropy."""
     config = policy.config
@@ -98,12 +103,16 @@ def execution_plan(workers: WorkerSet, config: A2CConfig, resources: PlanResourc
     """Rollouts -> ConcatBatches -> TrainOneStep (or microbatched gradient accumulation) -> metrics."""
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
     if config.microbatch_size is None:
-        train_op = rollouts.combine(ConcatBatches(config.train_batch_size)).for_each(TrainOneStep(workers, resources=resources))
+        train_op = rollouts.combine(ConcatBatches(config.train_batch_size)).for_each(
+            TrainOneStep(workers, resources=resources)
+        )
     else:
         if workers.trainable_policies() != [DEFAULT_POLICY_ID]:
             raise ConfigError(
-                [f"microbatch_size={config.microbatch_size} accumulates the gradients of one policy, but this run "
-                 f"trains {workers.trainable_policies()}; leave microbatch_size unset"]
+                [
+                    f"microbatch_size={config.microbatch_size} accumulates the gradients of one policy, but this run "
+                    f"trains {workers.trainable_policies()}; leave microbatch_size unset"
+                ]
             )
         num_microbatches = math.ceil(config.train_batch_size / config.microbatch_size)
         train_op = (

@@ -41,6 +41,11 @@ def execution_plan(workers: WorkerSet, config: A3CConfig, resources: PlanResourc
 
 # Workers compute A3C's gradients with their own copy of the loss coefficients: only lr (the driver's optimizer) is live.
 ALGORITHM = Algorithm(
-    "a3c", "asynchronous advantage actor-critic", A3CConfig, make_actor_critic_policy, execution_plan, live_keys=frozenset({"lr"}),
+    "a3c",
+    "asynchronous advantage actor-critic",
+    A3CConfig,
+    make_actor_critic_policy,
+    execution_plan,
+    live_keys=frozenset({"lr"}),
     asynchronous=True,
 )

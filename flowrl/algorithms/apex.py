@@ -102,20 +102,36 @@ class ApexConfig(DQNConfig):
 
 def bundles(config: ApexConfig) -> list[BundleRequest]:
     """A bundle per replay shard when they ask for CPUs (on the driver's node unless spread)."""
-    return [BundleRequest(REPLAY_SHARD, config.num_replay_shards, {"CPU": config.num_cpus_per_replay_shard},
-                          {"CPU": "num_cpus_per_replay_shard"}, "num_replay_shards", on_driver_node=config.replay_shard_placement == "driver_node")]
+    return [
+        BundleRequest(
+            REPLAY_SHARD,
+            config.num_replay_shards,
+            {"CPU": config.num_cpus_per_replay_shard},
+            {"CPU": "num_cpus_per_replay_shard"},
+            "num_replay_shards",
+            on_driver_node=config.replay_shard_placement == "driver_node",
+        )
+    ]
 
 
 def make_resources(workers: WorkerSet, config: ApexConfig) -> PlanResources:
     """The replay shards and a learner thread (one gradient step per replayed batch, in the
     learner group the config asks for)."""
-    shards = replay_shards(config, config.num_replay_shards, num_cpus=config.num_cpus_per_replay_shard,
-                           placement=config.replay_shard_placement, reservation=workers.reservation)
+    shards = replay_shards(
+        config,
+        config.num_replay_shards,
+        num_cpus=config.num_cpus_per_replay_shard,
+        placement=config.replay_shard_placement,
+        reservation=workers.reservation,
+    )
     learners = learner_group(workers, config)
     return PlanResources(
         replay_actors=shards,
         learner=LearnerThread(
-            workers.local_worker(), inqueue_size=config.learner_queue_size, timeout_s=config.learner_timeout_s, learners=learners
+            workers.local_worker(),
+            inqueue_size=config.learner_queue_size,
+            timeout_s=config.learner_timeout_s,
+            learners=learners,
         ),
         learners=learners,
         checkpoint_replay_contents=config.store_buffer_in_checkpoints,
@@ -127,14 +143,18 @@ def execution_plan(workers: WorkerSet, config: ApexConfig, resources: PlanResour
     learner, shards = resources.need_learner(), resources.need_replay_actors()
     rollouts = ParallelRollouts(workers, mode="async", num_async=2)
     if config.training_intensity is not None:
-        rollouts = rollouts.transform(ThrottleSampling(config.training_intensity, config.learning_starts, replay_shards=shards))
+        rollouts = rollouts.transform(
+            ThrottleSampling(config.training_intensity, config.learning_starts, replay_shards=shards)
+        )
     store_op = (
         rollouts.for_each(StoreToReplayBuffer(actors=shards))
         .zip_with_source_actor()
         .for_each(SendWeightsToSource(learner, workers, min_steps=config.max_weight_sync_delay))
     )
     replay_op, learned = LearnInThread(Replay(actors=shards, num_async=4).zip_with_source_actor(), learner)
-    update_op = learned.for_each(UpdatePriorities(actors=shards)).for_each(UpdateTargetNetwork(workers, config, resources=resources))
+    update_op = learned.for_each(UpdatePriorities(actors=shards)).for_each(
+        UpdateTargetNetwork(workers, config, resources=resources)
+    )
     merged = Concurrently([store_op, replay_op, update_op], mode="async", output_indexes=[2])
     # Episode statistics from the lowest-epsilon third of the workers (the highest indices): what the policy can do.
     n = config.num_workers

@@ -51,12 +51,20 @@ class APPOConfig(impala.ImpalaConfig):
     }
 
     clip_param: float = cfg_field(
-        0.4, "Clip the ratio to the target policy to [1 - clip_param, 1 + clip_param].", min=0, min_exclusive=True, per_policy=True
+        0.4,
+        "Clip the ratio to the target policy to [1 - clip_param, 1 + clip_param].",
+        min=0,
+        min_exclusive=True,
+        per_policy=True,
     )
     target_update_frequency: int = cfg_field(1, "Train batches learned between target network syncs.", min=1)
-    use_kl_loss: bool = cfg_field(False, "Add a KL(target || policy) penalty with an adaptive coefficient.", per_policy=True)
+    use_kl_loss: bool = cfg_field(
+        False, "Add a KL(target || policy) penalty with an adaptive coefficient.", per_policy=True
+    )
     kl_coeff: float = cfg_field(1.0, "Initial weight of the KL penalty (with use_kl_loss).", min=0, per_policy=True)
-    kl_target: float = cfg_field(0.01, "KL the coefficient is adapted towards.", min=0, min_exclusive=True, per_policy=True)
+    kl_target: float = cfg_field(
+        0.01, "KL the coefficient is adapted towards.", min=0, min_exclusive=True, per_policy=True
+    )
 
     #: What ``target_update_frequency`` counts, for ``UpdateTargetNetwork``: train batches learned.
     target_update_counter: ClassVar[str] = NUM_LEARNER_UPDATES
@@ -73,7 +81,10 @@ class APPOConfig(impala.ImpalaConfig):
 
 
 def appo_loss(
-    policy: TorchPolicy[APPOConfig], model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]
+    policy: TorchPolicy[APPOConfig],
+    model: nn.Module,
+    dist_class: type[ActionDistribution],
+    batch: dict[str, torch.Tensor],
 ) -> LossOutput:
     """Clipped surrogate (ratio to the target policy) on V-trace advantages + value loss + KL penalty - entropy."""
     config = policy.config
@@ -114,7 +125,9 @@ def execution_plan(workers: WorkerSet, config: APPOConfig, resources: PlanResour
     """IMPALA's train batches -> learner queue || learner results -> target sync -> KL update -> metrics."""
     enqueue_op, learned = impala.learning_flows(workers, config, resources)
     sync_target = UpdateTargetNetwork(workers, config, resources=resources)
-    merged = Concurrently([enqueue_op, learned.for_each(sync_target).for_each(UpdateKL(workers))], mode="async", output_indexes=[1])
+    merged = Concurrently(
+        [enqueue_op, learned.for_each(sync_target).for_each(UpdateKL(workers))], mode="async", output_indexes=[1]
+    )
     return StandardMetricsReporting(merged, workers, config)
 
 

@@ -65,7 +65,9 @@ def make_ars_policy(obs_space: gym.Space, action_space: gym.Space, config: ARSCo
     return perturbation_policy_spec(obs_space, action_space, config, make_ars_optimizer, zero_init=True)
 
 
-def ars_direction(result: PerturbationResult, noise: NoiseTable, dim: int, rollouts_used: int) -> tuple[np.ndarray, float]:
+def ars_direction(
+    result: PerturbationResult, noise: NoiseTable, dim: int, rollouts_used: int
+) -> tuple[np.ndarray, float]:
     """The ARS search direction (before the step size) and sigma_R, the std of the returns it used.
 
     Keeps the ``rollouts_used`` pairs with the highest ``max(r+, r-)`` and returns
@@ -102,4 +104,6 @@ def execution_plan(workers: WorkerSet, config: ARSConfig, resources: PlanResourc
     return StandardMetricsReporting(search, workers, config)
 
 
-ALGORITHM = Algorithm("ars", "augmented random search (V2-t, linear policy)", ARSConfig, make_ars_policy, execution_plan)
+ALGORITHM = Algorithm(
+    "ars", "augmented random search (V2-t, linear policy)", ARSConfig, make_ars_policy, execution_plan
+)

@@ -24,8 +24,8 @@ from flowrl.data import SampleBatch
 from flowrl.deferred import DeferredModule, nn, torch
 from flowrl.errors import ConfigError
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy, nstep_postprocess
-from flowrl.policy.distributions import ActionDistribution
 from flowrl.policy.custom_model import ModelInterface, probe_observations
+from flowrl.policy.distributions import ActionDistribution
 from flowrl.policy.postprocessing import DISCOUNTS
 from flowrl.policy.torch_policy import adam
 
@@ -56,8 +56,14 @@ class DDPGConfig(DQNConfig):
     #: RLlib's default exploration for this algorithm, into which an RLlib ``exploration_config``
     #: without a type is merged (see :mod:`flowrl.config.rllib`).
     rllib_exploration: ClassVar[Mapping[str, Any]] = {
-        "type": "OrnsteinUhlenbeckNoise", "random_timesteps": 1000, "ou_base_scale": 0.1, "ou_theta": 0.15,
-        "ou_sigma": 0.2, "initial_scale": 1.0, "final_scale": 0.02, "scale_timesteps": 10000,
+        "type": "OrnsteinUhlenbeckNoise",
+        "random_timesteps": 1000,
+        "ou_base_scale": 0.1,
+        "ou_theta": 0.15,
+        "ou_sigma": 0.2,
+        "initial_scale": 1.0,
+        "final_scale": 0.02,
+        "scale_timesteps": 10000,
     }
 
     defaults = {
@@ -90,7 +96,9 @@ class DDPGConfig(DQNConfig):
     actor_hiddens: list[int] = cfg_field([256, 256], "Hidden layer sizes of the actor (ReLU).", per_policy=True)
     critic_hiddens: list[int] = cfg_field([256, 256], "Hidden layer sizes of each critic (ReLU).", per_policy=True)
     actor_lr: float = cfg_field(1e-3, "Adam learning rate of the actor.", min=0, min_exclusive=True, per_policy=True)
-    critic_lr: float = cfg_field(1e-3, "Adam learning rate of the critic(s).", min=0, min_exclusive=True, per_policy=True)
+    critic_lr: float = cfg_field(
+        1e-3, "Adam learning rate of the critic(s).", min=0, min_exclusive=True, per_policy=True
+    )
     twin_q: bool = cfg_field(False, "Two critics; targets use the smaller (TD3).", per_policy=True)
     policy_delay: int = cfg_field(1, "Critic updates per actor update (TD3: 2).", min=1, per_policy=True)
     smooth_target_policy: bool = cfg_field(False, "Add clipped noise to target actions (TD3).", per_policy=True)
@@ -101,21 +109,32 @@ class DDPGConfig(DQNConfig):
     exploration_noise: float = cfg_field(
         0.1, "Std of the Gaussian noise added to actions while sampling (action units).", min=0, per_policy=True
     )
-    use_huber: bool = cfg_field(False, "Critic loss: the Huber loss of the TD error instead of its square.", per_policy=True)
+    use_huber: bool = cfg_field(
+        False, "Critic loss: the Huber loss of the TD error instead of its square.", per_policy=True
+    )
     huber_threshold: float = cfg_field(
-        1.0, "With use_huber: the TD error where the loss turns from quadratic to linear.", min=0, min_exclusive=True, per_policy=True
+        1.0,
+        "With use_huber: the TD error where the loss turns from quadratic to linear.",
+        min=0,
+        min_exclusive=True,
+        per_policy=True,
     )
     l2_reg: float = cfg_field(
-        0.0, "L2 regularization: l2_reg * sum(w^2) / 2 over the actor's weights (not biases) is added to its loss, "
-        "and over the critics' to theirs. 0: none.", min=0, per_policy=True
+        0.0,
+        "L2 regularization: l2_reg * sum(w^2) / 2 over the actor's weights (not biases) is added to its loss, "
+        "and over the critics' to theirs. 0: none.",
+        min=0,
+        per_policy=True,
     )
 
     def check(self) -> list[str]:
         problems = super().check()
         kind = self.exploration_config.get("type")
         if self.exploration_config and kind not in ("GaussianNoise", "OrnsteinUhlenbeckNoise"):
-            problems.append(f"exploration_config type={kind!r}: DDPG and TD3 explore with 'GaussianNoise' or "
-                            "'OrnsteinUhlenbeckNoise' (or leave it empty: Gaussian noise of exploration_noise)")
+            problems.append(
+                f"exploration_config type={kind!r}: DDPG and TD3 explore with 'GaussianNoise' or "
+                "'OrnsteinUhlenbeckNoise' (or leave it empty: Gaussian noise of exploration_noise)"
+            )
         return problems
 
 
@@ -125,7 +144,11 @@ class TD3Config(DDPGConfig):
 
     defaults = {"twin_q": True, "policy_delay": 2, "smooth_target_policy": True}
     rllib_exploration: ClassVar[Mapping[str, Any]] = {
-        "type": "GaussianNoise", "random_timesteps": 10000, "stddev": 0.1, "initial_scale": 1.0, "final_scale": 1.0,
+        "type": "GaussianNoise",
+        "random_timesteps": 10000,
+        "stddev": 0.1,
+        "initial_scale": 1.0,
+        "final_scale": 1.0,
         "scale_timesteps": 1,
     }
     # RLlib 2.0-2.1's TD3 (rllib/algorithms/td3/td3.py over DDPG's), whose keys RLlib's TD3 tuned example
@@ -142,7 +165,10 @@ class TD3Config(DDPGConfig):
 
 
 def ddpg_loss(
-    policy: TorchPolicy[DDPGConfig], model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]
+    policy: TorchPolicy[DDPGConfig],
+    model: nn.Module,
+    dist_class: type[ActionDistribution],
+    batch: dict[str, torch.Tensor],
 ) -> LossOutput:
     """Critic: n-step TD on (twin-min) target Q; actor (every ``policy_delay`` steps): maximise Q(s, pi(s)).
 
@@ -154,7 +180,9 @@ def ddpg_loss(
     with torch.no_grad():
         next_actions = target.act(new_obs)
         if config.smooth_target_policy:
-            noise = (torch.randn_like(next_actions) * config.target_noise).clamp_(-config.target_noise_clip, config.target_noise_clip)
+            noise = (torch.randn_like(next_actions) * config.target_noise).clamp_(
+                -config.target_noise_clip, config.target_noise_clip
+            )
             next_actions = torch.addcmul(next_actions, noise, target.half_range).clamp_(target.low, target.high)
         next_q = functools.reduce(torch.minimum, target.q(new_obs, next_actions))
         # Bootstrap unless the episode terminated (a truncated one goes on).
@@ -162,7 +190,9 @@ def ddpg_loss(
         q_target = torch.addcmul(batch[SampleBatch.REWARDS], batch[DISCOUNTS], next_q)
     q_values = model.q(obs, batch[SampleBatch.ACTIONS].float())
     if config.use_huber:
-        errors = [nn.functional.huber_loss(q, q_target, reduction="none", delta=config.huber_threshold) for q in q_values]
+        errors = [
+            nn.functional.huber_loss(q, q_target, reduction="none", delta=config.huber_threshold) for q in q_values
+        ]
     else:
         errors = [(q - q_target).square() for q in q_values]
     weights = batch.get(SampleBatch.WEIGHTS)
@@ -188,7 +218,9 @@ def ddpg_loss(
             actor_loss = actor_loss + _l2(model.actor, config.l2_reg)
         loss = loss + actor_loss
         reported["actor_loss"] = actor_loss
-    stats = dict(zip(reported, torch.stack(list(reported.values())).detach().tolist()))  # one conversion, not an .item() each
+    stats = dict(
+        zip(reported, torch.stack(list(reported.values())).detach().tolist())
+    )  # one conversion, not an .item() each
     td_error = q_values[0] - q_target if config.prioritized_replay else None
     return LossOutput(loss, stats, td_error)
 
@@ -209,7 +241,9 @@ class _ModelFactory:
     def __init__(self, config: DDPGConfig) -> None:
         self.config = config
 
-    def __call__(self, obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Mapping[str, Any]) -> nn.Module:
+    def __call__(
+        self, obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Mapping[str, Any]
+    ) -> nn.Module:
         assert isinstance(action_space, gym.spaces.Box)  # make_ddpg_policy refuses other action spaces
         return networks.ActorCritics(obs_space, action_space, **_sizes(self.config))
 
@@ -228,22 +262,28 @@ class _CustomActorCritics:
         wanted = 2 if self.config.twin_q else 1
         if not isinstance(actor, nn.Module) or not isinstance(critics, nn.ModuleList) or len(critics) != wanted:
             raise ConfigError(
-                [f"{shown} does not implement the {DETERMINISTIC_ACTOR_CRITIC.name} interface "
-                 f"({DETERMINISTIC_ACTOR_CRITIC.contract}): it needs an nn.Module attribute actor and an "
-                 f"nn.ModuleList critics of {wanted} (twin_q={self.config.twin_q})"]
+                [
+                    f"{shown} does not implement the {DETERMINISTIC_ACTOR_CRITIC.name} interface "
+                    f"({DETERMINISTIC_ACTOR_CRITIC.contract}): it needs an nn.Module attribute actor and an "
+                    f"nn.ModuleList critics of {wanted} (twin_q={self.config.twin_q})"
+                ]
             )
         model = networks.ActorCritics(obs_space, action_space, **_sizes(self.config), actor=actor, critics=critics)
         batch, act_dim = 2, int(np.prod(action_space.shape))
         try:
             with torch.random.fork_rng(devices=[]), torch.no_grad():
                 obs = probe_observations(obs_space, batch)
-                shapes = [tuple(model.actor(obs.flatten(1)).shape)] + [tuple(q.shape) for q in model.q(obs, model.act(obs))]
+                shapes = [tuple(model.actor(obs.flatten(1)).shape)] + [
+                    tuple(q.shape) for q in model.q(obs, model.act(obs))
+                ]
         except Exception as e:  # noqa: BLE001 - whatever the user's modules raise is the answer
             raise ConfigError([f"{shown}: its actor or critics raised {type(e).__name__}: {e}"]) from e
         if shapes != [(batch, act_dim)] + [(batch,)] * wanted:
             raise ConfigError(
-                [f"{shown}: for a batch of {batch}, its actor gives {list(shapes[0])} (wanted [{batch}, {act_dim}]) "
-                 f"and its critics {[list(s) for s in shapes[1:]]} after squeezing (wanted [{batch}, 1] each)"]
+                [
+                    f"{shown}: for a batch of {batch}, its actor gives {list(shapes[0])} (wanted [{batch}, {act_dim}]) "
+                    f"and its critics {[list(s) for s in shapes[1:]]} after squeezing (wanted [{batch}, 1] each)"
+                ]
             )
         return model
 
@@ -272,7 +312,8 @@ def make_ddpg_policy(obs_space: gym.Space, action_space: gym.Space, config: DDPG
         "make_optimizer": _optimizer,
         "dist_kind": "deterministic",
         "target_network": True,
-        "exploration_config": dict(config.exploration_config) or {
+        "exploration_config": dict(config.exploration_config)
+        or {
             "type": "GaussianNoise",
             "stddev": config.exploration_noise,
             "random_timesteps": config.learning_starts,
@@ -282,10 +323,21 @@ def make_ddpg_policy(obs_space: gym.Space, action_space: gym.Space, config: DDPG
 
 
 DDPG = Algorithm(
-    "ddpg", "deep deterministic policy gradient", DDPGConfig, make_ddpg_policy, dqn_execution_plan, make_resources=dqn_resources,
+    "ddpg",
+    "deep deterministic policy gradient",
+    DDPGConfig,
+    make_ddpg_policy,
+    dqn_execution_plan,
+    make_resources=dqn_resources,
     learner_group=True,
 )
 TD3 = Algorithm(
-    "td3", "twin delayed DDPG", TD3Config, make_ddpg_policy, dqn_execution_plan, make_resources=dqn_resources, learner_group=True
+    "td3",
+    "twin delayed DDPG",
+    TD3Config,
+    make_ddpg_policy,
+    dqn_execution_plan,
+    make_resources=dqn_resources,
+    learner_group=True,
 )
 ALGORITHM = DDPG

@@ -33,8 +33,8 @@ from flowrl.operators import (
     UpdateTargetNetwork,
 )
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy, nstep_postprocess
-from flowrl.policy.distributions import ActionDistribution
 from flowrl.policy.custom_model import Q_VALUES
+from flowrl.policy.distributions import ActionDistribution
 from flowrl.policy.postprocessing import DISCOUNTS
 
 if TYPE_CHECKING:
@@ -57,7 +57,12 @@ class DQNConfig(TrainerConfig):
         "lr": 1e-3,
         "grad_clip": 10.0,
         "timesteps_per_iteration": 1000,
-        "exploration_config": {"type": "EpsilonGreedy", "initial_epsilon": 1.0, "final_epsilon": 0.02, "epsilon_timesteps": 10_000},
+        "exploration_config": {
+            "type": "EpsilonGreedy",
+            "initial_epsilon": 1.0,
+            "final_epsilon": 0.02,
+            "epsilon_timesteps": 10_000,
+        },
     }
     # RLlib 1.13's DQN (rllib/agents/dqn/dqn.py over simple_q.py; 2.0-2.1 the same, 2.2 made
     # rollout_fragment_length 'auto'). Its Q head's hidden layer (hiddens: [256]) flowrl does not have.
@@ -74,7 +79,9 @@ class DQNConfig(TrainerConfig):
     target_network_update_freq: int = cfg_field(
         500, "Env steps sampled between target network updates (0: after every training step).", min=0
     )
-    tau: float = cfg_field(1.0, "Target update rate: 1 copies the network, smaller values blend it in.", min=0, max=1, min_exclusive=True)
+    tau: float = cfg_field(
+        1.0, "Target update rate: 1 copies the network, smaller values blend it in.", min=0, max=1, min_exclusive=True
+    )
     n_step: int = cfg_field(3, "Steps of reward summed into each transition's return.", min=1, per_policy=True)
     double_q: bool = cfg_field(
         True, "Pick next actions with the online network, value them with the target network.", per_policy=True
@@ -103,7 +110,10 @@ class DQNConfig(TrainerConfig):
 
 
 def dqn_loss(
-    policy: TorchPolicy[DQNConfig], model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]
+    policy: TorchPolicy[DQNConfig],
+    model: nn.Module,
+    dist_class: type[ActionDistribution],
+    batch: dict[str, torch.Tensor],
 ) -> LossOutput:
     """Importance-weighted Huber loss on the n-step TD error, with (double) target Q-values; the TD errors set priorities."""
     q_values, _ = model(batch[SampleBatch.OBS])
@@ -139,11 +149,15 @@ def make_dqn_policy(obs_space: gym.Space, action_space: gym.Space, config: DQNCo
     return PolicySpec(TorchPolicy, obs_space, action_space, config, kwargs)
 
 
-def _q_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Mapping[str, Any]) -> nn.Module:
+def _q_model(
+    obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Mapping[str, Any]
+) -> nn.Module:
     return networks.QModel(obs_space, num_outputs, model_config, dueling=False)
 
 
-def _dueling_q_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Mapping[str, Any]) -> nn.Module:
+def _dueling_q_model(
+    obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Mapping[str, Any]
+) -> nn.Module:
     return networks.QModel(obs_space, num_outputs, model_config, dueling=True)
 
 

@@ -40,13 +40,21 @@ class ESConfig(PerturbationConfig):
     rllib_defaults = {"episodes_per_batch": 1000, "train_batch_size": 10_000, "model": {"fcnet_hiddens": [256, 256]}}
 
     episodes_per_batch: int = cfg_field(
-        100, "Perturbed episodes (2 per antithetic pair) per update, at least; a round asks the workers for this many.", min=2
+        100,
+        "Perturbed episodes (2 per antithetic pair) per update, at least; a round asks the workers for this many.",
+        min=2,
     )
     train_batch_size: int = cfg_field(
-        1000, "Env steps of perturbed episodes per update, at least (more rounds are run until both minimums are met).", min=1
+        1000,
+        "Env steps of perturbed episodes per update, at least (more rounds are run until both minimums are met).",
+        min=1,
     )
     stepsize: float = cfg_field(
-        0.01, "Step size (learning rate) of the optimizer applying the ES gradient.", min=0, min_exclusive=True, per_policy=True
+        0.01,
+        "Step size (learning rate) of the optimizer applying the ES gradient.",
+        min=0,
+        min_exclusive=True,
+        per_policy=True,
     )
     optimizer: Literal["adam", "sgd"] = cfg_field(
         "adam", "Optimizer of the update: 'adam' or 'sgd' (with sgd_momentum).", per_policy=True
@@ -104,4 +112,6 @@ def execution_plan(workers: WorkerSet, config: ESConfig, resources: PlanResource
     return StandardMetricsReporting(search, workers, config)
 
 
-ALGORITHM = Algorithm("es", "evolution strategies (antithetic perturbations, centered ranks)", ESConfig, make_es_policy, execution_plan)
+ALGORITHM = Algorithm(
+    "es", "evolution strategies (antithetic perturbations, centered ranks)", ESConfig, make_es_policy, execution_plan
+)

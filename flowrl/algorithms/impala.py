@@ -40,6 +40,7 @@ from flowrl.policy.vtrace import batch_vtrace, next_state_values, time_major
 
 Batch = SampleBatch | MultiAgentBatch
 
+
 @dataclass(kw_only=True)
 class ImpalaConfig(TrainerConfig):
     """IMPALA settings (shared keys: see :class:`~flowrl.config.TrainerConfig`).
@@ -71,14 +72,18 @@ class ImpalaConfig(TrainerConfig):
     vtrace_clip_pg_rho_threshold: float = cfg_field(
         1.0, "Clip of the importance weights in the policy gradient.", min=0, per_policy=True
     )
-    vtrace_clip_c_threshold: float = cfg_field(1.0, "c-bar: clip of the trace-cutting coefficients.", min=0, per_policy=True)
+    vtrace_clip_c_threshold: float = cfg_field(
+        1.0, "c-bar: clip of the trace-cutting coefficients.", min=0, per_policy=True
+    )
     broadcast_interval: int = cfg_field(1, "Learner updates between weight refreshes of a worker.", min=1)
     learner_queue_size: int = cfg_field(16, "Train batches the learner thread may have waiting.", min=1)
     num_sgd_iter: int = cfg_field(1, "Epochs the learner makes over each train batch.", min=1)
     sgd_minibatch_size: int = cfg_field(
         0, "Env steps per learner minibatch, rounded down to whole fragments (0: the whole train batch).", min=0
     )
-    replay_proportion: float = cfg_field(0.0, "Replayed fragments mixed in per fresh fragment, on average (0: no replay).", min=0)
+    replay_proportion: float = cfg_field(
+        0.0, "Replayed fragments mixed in per fresh fragment, on average (0: no replay).", min=0
+    )
     replay_buffer_num_slots: int = cfg_field(100, "Most recent fragments kept for MixInReplay.", min=1)
     num_aggregation_workers: int = cfg_field(
         0,
@@ -111,7 +116,10 @@ class ImpalaConfig(TrainerConfig):
 
 
 def impala_loss(
-    policy: TorchPolicy[ImpalaConfig], model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]
+    policy: TorchPolicy[ImpalaConfig],
+    model: nn.Module,
+    dist_class: type[ActionDistribution],
+    batch: dict[str, torch.Tensor],
 ) -> LossOutput:
     """Policy gradient on V-trace advantages + value loss to the V-trace targets - entropy bonus."""
     config = policy.config
@@ -143,14 +151,23 @@ class TrainBatching:
     def __call__(self, fragments: LocalIterator[Batch]) -> LocalIterator[Batch]:
         config = self.config
         if config.replay_proportion > 0:
-            fragments = fragments.combine(MixInReplay(config.replay_buffer_num_slots, config.replay_proportion, config.seed))
+            fragments = fragments.combine(
+                MixInReplay(config.replay_buffer_num_slots, config.replay_proportion, config.seed)
+            )
         return fragments.combine(ConcatBatches(config.train_batch_size))
 
 
 def bundles(config: ImpalaConfig) -> list[BundleRequest]:
     """A bundle per aggregator actor (none without tree aggregation)."""
-    return [BundleRequest(AGGREGATOR, config.num_aggregation_workers, {"CPU": config.num_cpus_per_aggregator},
-                          {"CPU": "num_cpus_per_aggregator"}, "num_aggregation_workers")]
+    return [
+        BundleRequest(
+            AGGREGATOR,
+            config.num_aggregation_workers,
+            {"CPU": config.num_cpus_per_aggregator},
+            {"CPU": "num_cpus_per_aggregator"},
+            "num_aggregation_workers",
+        )
+    ]
 
 
 def make_resources(workers: WorkerSet, config: ImpalaConfig) -> PlanResources:
@@ -169,7 +186,9 @@ def make_resources(workers: WorkerSet, config: ImpalaConfig) -> PlanResources:
     )
     aggregators = None
     if config.num_aggregation_workers:
-        aggregators = AggregatorSet(workers, config.num_aggregation_workers, TrainBatching(config), config.num_cpus_per_aggregator)
+        aggregators = AggregatorSet(
+            workers, config.num_aggregation_workers, TrainBatching(config), config.num_cpus_per_aggregator
+        )
     return PlanResources(learner=learner, aggregators=aggregators, learners=learners)
 
 
@@ -181,7 +200,9 @@ def learning_flows(workers: WorkerSet, config: ImpalaConfig, resources: PlanReso
         sources, source_class = AggregatedRollouts(workers, aggregators), "AggregatorWorker"
     else:
         sources, source_class = ParallelRollouts(workers, mode="async", num_async=2), "RolloutWorker"
-    weights_back = SendWeightsToSource(learner, workers, min_learner_updates=config.broadcast_interval, source_class=source_class)
+    weights_back = SendWeightsToSource(
+        learner, workers, min_learner_updates=config.broadcast_interval, source_class=source_class
+    )
     fed_back = sources.zip_with_source_actor().for_each(weights_back)
     return LearnInThread(fed_back if aggregators is not None else TrainBatching(config)(fed_back), learner)
 

@@ -36,7 +36,10 @@ class PGConfig(TrainerConfig):
 
 
 def pg_loss(
-    policy: TorchPolicy[PGConfig], model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]
+    policy: TorchPolicy[PGConfig],
+    model: nn.Module,
+    dist_class: type[ActionDistribution],
+    batch: dict[str, torch.Tensor],
 ) -> LossOutput:
     """``-mean(log pi(a|s) * G)`` where G is the discounted return from each step."""
     logits, _ = model(batch[SampleBatch.OBS])
@@ -58,14 +61,21 @@ def _policy_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: in
 
 def make_pg_policy(obs_space: gym.Space, action_space: gym.Space, config: PGConfig) -> PolicySpec:
     """A TorchPolicy with the PG loss and return postprocessing."""
-    kwargs = {"loss_fn": pg_loss, "postprocess_fn": pg_postprocess, "make_model": _policy_model, "model_interface": POLICY}
+    kwargs = {
+        "loss_fn": pg_loss,
+        "postprocess_fn": pg_postprocess,
+        "make_model": _policy_model,
+        "model_interface": POLICY,
+    }
     return PolicySpec(TorchPolicy, obs_space, action_space, config, kwargs)
 
 
 def execution_plan(workers: WorkerSet, config: PGConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """Rollouts -> ConcatBatches -> TrainOneStep -> metrics."""
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
-    train_op = rollouts.combine(ConcatBatches(config.train_batch_size)).for_each(TrainOneStep(workers, resources=resources))
+    train_op = rollouts.combine(ConcatBatches(config.train_batch_size)).for_each(
+        TrainOneStep(workers, resources=resources)
+    )
     return StandardMetricsReporting(train_op, workers, config)
 
 

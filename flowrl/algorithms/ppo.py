@@ -50,9 +50,15 @@ class PPOConfig(TrainerConfig):
     sgd_minibatch_size: int = cfg_field(128, "Env steps per SGD minibatch.", min=1)
     num_sgd_iter: int = cfg_field(10, "Epochs over each train batch.", min=1)
     lambda_: float = cfg_field(0.95, "GAE lambda.", min=0, max=1, per_policy=True)
-    use_gae: bool = cfg_field(True, "Use generalised advantage estimation (else returns minus values).", per_policy=True)
+    use_gae: bool = cfg_field(
+        True, "Use generalised advantage estimation (else returns minus values).", per_policy=True
+    )
     clip_param: float = cfg_field(
-        0.2, "Clip the probability ratio to [1 - clip_param, 1 + clip_param].", min=0, min_exclusive=True, per_policy=True
+        0.2,
+        "Clip the probability ratio to [1 - clip_param, 1 + clip_param].",
+        min=0,
+        min_exclusive=True,
+        per_policy=True,
     )
     vf_clip_param: float = cfg_field(
         10.0, "Clip value updates to this distance from the sampled values.", min=0, min_exclusive=True, per_policy=True
@@ -63,7 +69,11 @@ class PPOConfig(TrainerConfig):
         0.2, "Initial weight of the KL penalty (adapted towards kl_target; 0 disables it).", min=0, per_policy=True
     )
     kl_target: float = cfg_field(
-        0.01, "KL divergence per SGD pass the KL coefficient is adapted towards.", min=0, min_exclusive=True, per_policy=True
+        0.01,
+        "KL divergence per SGD pass the KL coefficient is adapted towards.",
+        min=0,
+        min_exclusive=True,
+        per_policy=True,
     )
 
     def check(self) -> list[str]:
@@ -74,7 +84,10 @@ class PPOConfig(TrainerConfig):
 
 
 def ppo_loss(
-    policy: TorchPolicy[PPOConfig], model: nn.Module, dist_class: type[ActionDistribution], batch: dict[str, torch.Tensor]
+    policy: TorchPolicy[PPOConfig],
+    model: nn.Module,
+    dist_class: type[ActionDistribution],
+    batch: dict[str, torch.Tensor],
 ) -> LossOutput:
     """Clipped surrogate + KL penalty + clipped value loss - entropy bonus (Schulman et al. 2017)."""
     config = policy.config

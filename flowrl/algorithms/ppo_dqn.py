@@ -104,14 +104,18 @@ class PPODQNConfig(TrainerConfig):
             problems.append(f"policies={sorted(self.policies)}: ppo_dqn trains exactly {[PPO_POLICY, DQN_POLICY]}")
         for pid, spec in self.policies.items():
             if spec and "config" in spec:
-                problems.append(f"policies[{pid!r}]['config']: ppo_dqn takes each policy's keys from 'ppo' and 'dqn' instead")
+                problems.append(
+                    f"policies[{pid!r}]['config']: ppo_dqn takes each policy's keys from 'ppo' and 'dqn' instead"
+                )
         if self.policies_to_train is not None and sorted(self.policies_to_train) != sorted([PPO_POLICY, DQN_POLICY]):
             problems.append(f"policies_to_train={self.policies_to_train}: ppo_dqn trains both of its policies")
         # Learning keys at the top level would reach neither sub-flow: say where they go.
         for f in dataclasses.fields(TrainerConfig):
             if f.name in LEARNING_KEYS and getattr(self, f.name) != field_default(f):
                 value = getattr(self, f.name)
-                problems.append(f"{f.name}={value!r} applies to neither policy in ppo_dqn; set ppo.{f.name} or dqn.{f.name}")
+                problems.append(
+                    f"{f.name}={value!r} applies to neither policy in ppo_dqn; set ppo.{f.name} or dqn.{f.name}"
+                )
         for name, sub in (("ppo", self.ppo), ("dqn", self.dqn)):
             for key in sorted(set(sub) & set(SHARED_KEYS)):
                 problems.append(f"{name}[{key!r}]: a sampling key shared by both policies; set {key} at the top level")
@@ -140,12 +144,16 @@ def make_policies(spaces: dict[str, tuple[gym.Space, gym.Space]], config: PPODQN
 
 
 def _needs_multi_agent(obs_space: gym.Space, action_space: gym.Space, config: PPODQNConfig) -> PolicySpec:
-    raise ConfigError(["ppo_dqn trains the policies of a multi-agent env (e.g. MultiAgentCartPole), not a single-agent one"])
+    raise ConfigError(
+        ["ppo_dqn trains the policies of a multi-agent env (e.g. MultiAgentCartPole), not a single-agent one"]
+    )
 
 
 def make_resources(workers: WorkerSet, config: PPODQNConfig) -> PlanResources:
     """DQN's replay buffer, for dqn_policy's experience, and the learner group the config asks for (both policies)."""
-    return dataclasses.replace(dqn.make_resources(workers, config.dqn_config()), learners=learner_group(workers, config))
+    return dataclasses.replace(
+        dqn.make_resources(workers, config.dqn_config()), learners=learner_group(workers, config)
+    )
 
 
 def execution_plan(workers: WorkerSet, config: PPODQNConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:

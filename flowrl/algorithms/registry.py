@@ -90,17 +90,25 @@ _MODULES: dict[str, _BuiltIn] = {
     "a2c": _BuiltIn("flowrl.algorithms.a2c", "ALGORITHM", "synchronous advantage actor-critic"),
     "a3c": _BuiltIn("flowrl.algorithms.a3c", "ALGORITHM", "asynchronous advantage actor-critic"),
     "ppo": _BuiltIn("flowrl.algorithms.ppo", "ALGORITHM", "proximal policy optimisation"),
-    "dqn": _BuiltIn("flowrl.algorithms.dqn", "ALGORITHM", "deep Q-network (double, dueling, n-step, prioritized replay)"),
+    "dqn": _BuiltIn(
+        "flowrl.algorithms.dqn", "ALGORITHM", "deep Q-network (double, dueling, n-step, prioritized replay)"
+    ),
     "apex": _BuiltIn("flowrl.algorithms.apex", "ALGORITHM", "Ape-X DQN: distributed prioritized replay"),
     "apex_ddpg": _BuiltIn("flowrl.algorithms.apex", "APEX_DDPG", "Ape-X DDPG: DDPG on distributed prioritized replay"),
     "ddpg": _BuiltIn("flowrl.algorithms.ddpg", "DDPG", "deep deterministic policy gradient"),
     "td3": _BuiltIn("flowrl.algorithms.ddpg", "TD3", "twin delayed DDPG"),
     "impala": _BuiltIn("flowrl.algorithms.impala", "ALGORITHM", "IMPALA: async actor-learner with V-trace"),
-    "appo": _BuiltIn("flowrl.algorithms.appo", "ALGORITHM", "APPO: IMPALA with a clipped surrogate around a target network"),
-    "ppo_dqn": _BuiltIn(
-        "flowrl.algorithms.ppo_dqn", "ALGORITHM", "PPO and DQN policies trained side by side on one multi-agent rollout stream"
+    "appo": _BuiltIn(
+        "flowrl.algorithms.appo", "ALGORITHM", "APPO: IMPALA with a clipped surrogate around a target network"
     ),
-    "es": _BuiltIn("flowrl.algorithms.es", "ALGORITHM", "evolution strategies (antithetic perturbations, centered ranks)"),
+    "ppo_dqn": _BuiltIn(
+        "flowrl.algorithms.ppo_dqn",
+        "ALGORITHM",
+        "PPO and DQN policies trained side by side on one multi-agent rollout stream",
+    ),
+    "es": _BuiltIn(
+        "flowrl.algorithms.es", "ALGORITHM", "evolution strategies (antithetic perturbations, centered ranks)"
+    ),
     "ars": _BuiltIn("flowrl.algorithms.ars", "ALGORITHM", "augmented random search (V2-t, linear policy)"),
 }
 _REGISTERED: dict[str, Algorithm] = {}

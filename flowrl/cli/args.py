@@ -58,7 +58,9 @@ def parse_set(items: Sequence[str]) -> list[tuple[list[str], Any]]:
     return parsed
 
 
-def apply_set(config: dict[str, Any], assignments: Sequence[tuple[list[str], Any]], defaults: Mapping[str, Any]) -> dict[str, Any]:
+def apply_set(
+    config: dict[str, Any], assignments: Sequence[tuple[list[str], Any]], defaults: Mapping[str, Any]
+) -> dict[str, Any]:
     """A copy of ``config`` with each ``(path, value)`` set; a dotted path sets a key inside a dict value.
 
     A dict a nested key goes into starts from ``config``'s value, else from the algorithm's
@@ -89,7 +91,9 @@ def _get_algorithm(name: str | None, source: str) -> Algorithm:
     from flowrl.algorithms import get_algorithm, list_algorithms
 
     if not name:
-        raise CLIError(f"{source} needs --algo NAME (or 'algo' in the --config file); available: {', '.join(list_algorithms())}")
+        raise CLIError(
+            f"{source} needs --algo NAME (or 'algo' in the --config file); available: {', '.join(list_algorithms())}"
+        )
     return get_algorithm(name)  # UnknownAlgorithmError names the closest algorithms
 
 
@@ -121,7 +125,9 @@ def stop_from_flags(args: argparse.Namespace) -> dict[str, float]:
     return {key: value for key, value in given.items() if value is not None}
 
 
-def train_settings(args: argparse.Namespace, command: str = "train") -> tuple[Algorithm, str, dict[str, Any], dict[str, float]]:
+def train_settings(
+    args: argparse.Namespace, command: str = "train"
+) -> tuple[Algorithm, str, dict[str, Any], dict[str, float]]:
     """``(algorithm, env, config, stop)`` of a new run from the flags and the ``--config`` file."""
     from flowrl.envs import get_env_creator
 
@@ -217,18 +223,32 @@ RUN_DIR_HELP = "a run directory (flowrl train's)"
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """The flags that say what to run: ``--algo``, ``--env``, ``--num-workers``, ``--config``, ``--set``, ``--address``."""
     parser.add_argument("--algo", help="algorithm name (see `flowrl list`)")
-    parser.add_argument("--env", help="Gymnasium id or flowrl env name, e.g. CartPole-v1 or the multi-agent MultiAgentCartPole")
-    parser.add_argument("--num-workers", type=int_at_least(0), metavar="N",
-                        help="remote rollout workers (0: sample in this process); overrides --config and --set")
-    parser.add_argument("--config", metavar="FILE", help="YAML or JSON experiment file (algo, env, stop, config; or flat config keys)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="set a config key (repeatable); VALUE is JSON if it parses, else a string; "
-                             "dotted keys set inside dicts: model.fcnet_hiddens=[64,64]")
+    parser.add_argument(
+        "--env", help="Gymnasium id or flowrl env name, e.g. CartPole-v1 or the multi-agent MultiAgentCartPole"
+    )
+    parser.add_argument(
+        "--num-workers",
+        type=int_at_least(0),
+        metavar="N",
+        help="remote rollout workers (0: sample in this process); overrides --config and --set",
+    )
+    parser.add_argument(
+        "--config", metavar="FILE", help="YAML or JSON experiment file (algo, env, stop, config; or flat config keys)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set a config key (repeatable); VALUE is JSON if it parses, else a string; "
+        "dotted keys set inside dicts: model.fcnet_hiddens=[64,64]",
+    )
     parser.add_argument("--address", default=None, help=ADDRESS_HELP)
 
 
-def add_run_dir_parser(subparsers: Subparsers, name: str, *, help: str, description: str,
-                       run_dir_help: str = RUN_DIR_HELP) -> argparse.ArgumentParser:
+def add_run_dir_parser(
+    subparsers: Subparsers, name: str, *, help: str, description: str, run_dir_help: str = RUN_DIR_HELP
+) -> argparse.ArgumentParser:
     """The parser of subcommand ``name``, which reads the run directory given as its RUN_DIR argument."""
     parser = subparsers.add_parser(name, help=help, description=description)
     parser.add_argument("run_dir", metavar="RUN_DIR", help=run_dir_help)

@@ -10,8 +10,8 @@ from flowrl.cli.args import int_at_least
 from flowrl.cli.exits import EXIT_OK
 from flowrl.errors import CheckpointError
 from flowrl.outputs.progress import format_number
-from flowrl.storage.rundir import CHECKPOINTS_DIR
 from flowrl.storage.checkpoints import METADATA_FILE, latest_checkpoint
+from flowrl.storage.rundir import CHECKPOINTS_DIR
 
 if TYPE_CHECKING:
     from flowrl.cli.args import Subparsers
@@ -36,10 +36,12 @@ def run(args: argparse.Namespace) -> int:
     stats = evaluate_checkpoint(checkpoint, num_episodes=args.episodes, seed=args.seed, video_dir=args.video)
     print(f"checkpoint: {checkpoint} ({stats['algo']} on {stats['env']}, iteration {stats['iteration']})")
     print(f"{args.episodes} episode{'s' if args.episodes != 1 else ''}, deterministic actions:")
-    print(f"episode_reward_mean {format_number(stats.get('episode_reward_mean'), '.2f')}  "
-          f"min {format_number(stats.get('episode_reward_min'), '.2f')}  "
-          f"max {format_number(stats.get('episode_reward_max'), '.2f')}  "
-          f"episode_len_mean {format_number(stats.get('episode_len_mean'), '.1f')}")
+    print(
+        f"episode_reward_mean {format_number(stats.get('episode_reward_mean'), '.2f')}  "
+        f"min {format_number(stats.get('episode_reward_min'), '.2f')}  "
+        f"max {format_number(stats.get('episode_reward_max'), '.2f')}  "
+        f"episode_len_mean {format_number(stats.get('episode_len_mean'), '.1f')}"
+    )
     if args.video is not None:
         print(f"videos: {args.video}")
     return EXIT_OK
@@ -49,8 +51,13 @@ def add_parser(subparsers: Subparsers) -> None:
     """Register ``flowrl evaluate`` and its flags."""
     evaluate = subparsers.add_parser("evaluate", help="run episodes with a checkpoint's policy (deterministic actions)")
     evaluate.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its latest checkpoint)")
-    evaluate.add_argument("--episodes", type=int_at_least(1), default=10, metavar="N", help="episodes to run (default 10)")
+    evaluate.add_argument(
+        "--episodes", type=int_at_least(1), default=10, metavar="N", help="episodes to run (default 10)"
+    )
     evaluate.add_argument("--seed", type=int, default=None, help="reset episode i with seed + i (default: unseeded)")
-    evaluate.add_argument("--video", metavar="DIR",
-                          help="record every episode as an MP4 file in DIR (needs pip install 'flowrl-ray[video]')")
+    evaluate.add_argument(
+        "--video",
+        metavar="DIR",
+        help="record every episode as an MP4 file in DIR (needs pip install 'flowrl-ray[video]')",
+    )
     evaluate.set_defaults(func=run)

@@ -22,7 +22,15 @@ from flowrl.errors import (
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
-USAGE_ERRORS = (CLIError, ConfigError, EnvError, UnknownAlgorithmError, CheckpointError, RunError, ClusterConnectionError)
+USAGE_ERRORS = (
+    CLIError,
+    ConfigError,
+    EnvError,
+    UnknownAlgorithmError,
+    CheckpointError,
+    RunError,
+    ClusterConnectionError,
+)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C
 
 

@@ -18,7 +18,9 @@ def run(args: argparse.Namespace) -> int:
     """``flowrl export RUN_DIR``: write the model and say what it takes and gives."""
     from flowrl.serve.export import export_policy  # loads PyTorch: only for this command
 
-    model = export_policy(args.run_dir, format=args.format, out=args.out, policy_id=args.policy, checkpoint=args.checkpoint)
+    model = export_policy(
+        args.run_dir, format=args.format, out=args.out, policy_id=args.policy, checkpoint=args.checkpoint
+    )
     description = json.loads(model.with_name(model.name + ".json").read_text(encoding="utf-8"))
 
     def shown(tensor: Mapping[str, Any]) -> str:
@@ -34,15 +36,30 @@ def run(args: argparse.Namespace) -> int:
 def add_parser(subparsers: Subparsers) -> None:
     """Register ``flowrl export`` and its flags."""
     exporter = add_run_dir_parser(
-        subparsers, "export", help="export a checkpoint's policy as a TorchScript or ONNX model for serving",
+        subparsers,
+        "export",
+        help="export a checkpoint's policy as a TorchScript or ONNX model for serving",
         description="Write a model mapping a batch of observations to greedy actions (and what "
-                    "they were chosen from), loadable with torch or onnxruntime alone, and a "
-                    "JSON file beside it describing its input and outputs.",
-        run_dir_help="a run directory or a checkpoint directory")
-    exporter.add_argument("--checkpoint", type=int_at_least(0), metavar="N",
-                          help="export the run's checkpoint_N (default: its latest checkpoint)")
-    exporter.add_argument("--format", choices=("torchscript", "onnx"), required=True,
-                          help="torchscript (.pt, needs torch) or onnx (.onnx, needs onnxruntime; pip install 'flowrl-ray[export]')")
-    exporter.add_argument("--out", metavar="DIR", help="directory to write into (default: exports/<checkpoint> in the run directory)")
-    exporter.add_argument("--policy", metavar="ID", help="the policy to export, for checkpoints holding several (multi-agent)")
+        "they were chosen from), loadable with torch or onnxruntime alone, and a "
+        "JSON file beside it describing its input and outputs.",
+        run_dir_help="a run directory or a checkpoint directory",
+    )
+    exporter.add_argument(
+        "--checkpoint",
+        type=int_at_least(0),
+        metavar="N",
+        help="export the run's checkpoint_N (default: its latest checkpoint)",
+    )
+    exporter.add_argument(
+        "--format",
+        choices=("torchscript", "onnx"),
+        required=True,
+        help="torchscript (.pt, needs torch) or onnx (.onnx, needs onnxruntime; pip install 'flowrl-ray[export]')",
+    )
+    exporter.add_argument(
+        "--out", metavar="DIR", help="directory to write into (default: exports/<checkpoint> in the run directory)"
+    )
+    exporter.add_argument(
+        "--policy", metavar="ID", help="the policy to export, for checkpoints holding several (multi-agent)"
+    )
     exporter.set_defaults(func=run)

@@ -25,15 +25,27 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers: Subparsers) -> None:
     """Register ``flowrl plot`` and its flags."""
-    plotter = subparsers.add_parser("plot", help="draw learning curves of runs (seeds of one setting as mean ± std)",
-                                    description="Draw learning curves from runs' progress.jsonl: runs of one algorithm, env "
-                                                "and config that differ only in their seed as their mean ± std, each trial "
-                                                "of a flowrl tune experiment as its own curve. Needs pip install 'flowrl-ray[plot]'.")
-    plotter.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories or flowrl tune experiment directories")
+    plotter = subparsers.add_parser(
+        "plot",
+        help="draw learning curves of runs (seeds of one setting as mean ± std)",
+        description="Draw learning curves from runs' progress.jsonl: runs of one algorithm, env "
+        "and config that differ only in their seed as their mean ± std, each trial "
+        "of a flowrl tune experiment as its own curve. Needs pip install 'flowrl-ray[plot]'.",
+    )
+    plotter.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="run directories or flowrl tune experiment directories"
+    )
     plotter.add_argument("--x", metavar="KEY", help="result key on the x axis (default timesteps_total)")
-    plotter.add_argument("--y", metavar="KEY",
-                         help="result key on the y axis; nested keys with /, e.g. evaluation/episode_reward_mean "
-                              "(default episode_reward_mean)")
-    plotter.add_argument("-o", "--output", metavar="FILE.png",
-                         help="image to write; its suffix sets the format: .png, .svg, .pdf (default curve.png)")
+    plotter.add_argument(
+        "--y",
+        metavar="KEY",
+        help="result key on the y axis; nested keys with /, e.g. evaluation/episode_reward_mean "
+        "(default episode_reward_mean)",
+    )
+    plotter.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE.png",
+        help="image to write; its suffix sets the format: .png, .svg, .pdf (default curve.png)",
+    )
     plotter.set_defaults(func=run)

@@ -36,8 +36,11 @@ def _report_summary(summary: RunSummary) -> int:
     """Print how training ended; returns the exit status."""
     interrupted_by = summary.interrupted_by or signal.SIGINT
     if summary.save_interrupted:
-        print(f"interrupted again while saving; the last complete checkpoint is {summary.checkpoint or 'none'}",
-              file=sys.stderr, flush=True)
+        print(
+            f"interrupted again while saving; the last complete checkpoint is {summary.checkpoint or 'none'}",
+            file=sys.stderr,
+            flush=True,
+        )
         if summary.checkpoint:
             print(f"resume with: flowrl train --resume {summary.directory}", file=sys.stderr, flush=True)
         return exit_status_for(interrupted_by)

@@ -24,8 +24,10 @@ def run(args: argparse.Namespace) -> int:
     workers = len({event["args"]["worker"] for event in actor_spans})
     iterations = trace["otherData"]["iterations"]
     shown = f"iteration {iterations[0]}" if len(iterations) == 1 else f"iterations {', '.join(map(str, iterations))}"
-    print(f"{args.output}: {shown} of {args.run_dir}: {operators} operator calls, {samples} samples "
-          f"and {len(actor_spans) - samples} hand-offs of {workers} rollout worker{'s' if workers != 1 else ''}")
+    print(
+        f"{args.output}: {shown} of {args.run_dir}: {operators} operator calls, {samples} samples "
+        f"and {len(actor_spans) - samples} hand-offs of {workers} rollout worker{'s' if workers != 1 else ''}"
+    )
     print("open it in https://ui.perfetto.dev or chrome://tracing")
     return EXIT_OK
 
@@ -33,13 +35,21 @@ def run(args: argparse.Namespace) -> int:
 def add_parser(subparsers: Subparsers) -> None:
     """Register ``flowrl trace`` and its flags."""
     tracer = add_run_dir_parser(
-        subparsers, "trace", help="write a run's traced iterations as a Chrome / Perfetto trace",
+        subparsers,
+        "trace",
+        help="write a run's traced iterations as a Chrome / Perfetto trace",
         description="Merge the spans a run recorded (trace/iteration_<n>.json, for the iterations its "
-                    "config's trace_iterations names) into one Chrome trace file: the plan's operators "
-                    "nested as they pull from each other, and the rollout workers' sample() calls "
-                    "with their env and inference seconds.")
-    tracer.add_argument("-o", "--output", default="trace.json", metavar="FILE.json",
-                        help="the trace file to write (default trace.json)")
-    tracer.add_argument("--iterations", type=iteration_window, metavar="A:B",
-                        help="the traced iterations from A to B (or N alone) to include (default: every one recorded)")
+        "config's trace_iterations names) into one Chrome trace file: the plan's operators "
+        "nested as they pull from each other, and the rollout workers' sample() calls "
+        "with their env and inference seconds.",
+    )
+    tracer.add_argument(
+        "-o", "--output", default="trace.json", metavar="FILE.json", help="the trace file to write (default trace.json)"
+    )
+    tracer.add_argument(
+        "--iterations",
+        type=iteration_window,
+        metavar="A:B",
+        help="the traced iterations from A to B (or N alone) to include (default: every one recorded)",
+    )
     tracer.set_defaults(func=run)

@@ -57,8 +57,10 @@ def _announce(args: argparse.Namespace, message: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """``flowrl train``: a new run, or (``--resume``) the rest of one; returns the exit status."""
     if args.storage_path is not None and args.results_dir is not None:
-        raise CLIError("--storage-path and --results-dir both say where run directories go: give one "
-                       "(--storage-path for a filesystem every node of the cluster mounts)")
+        raise CLIError(
+            "--storage-path and --results-dir both say where run directories go: give one "
+            "(--storage-path for a filesystem every node of the cluster mounts)"
+        )
     if args.resume:
         return _resume(args)
     algorithm, env, config, stop = train_settings(args)
@@ -75,13 +77,18 @@ def resume_conflicts(args: argparse.Namespace, spec: RunSpec, params: Path) -> l
     ``--algo`` and ``--env`` may be given when they name the run's own (in any case), and
     ``--seed`` when it is the run's seed; flags that would change its config are refused.
     """
-    refused = [flag for flag, value in (("--config", args.config), ("--set", args.set),
-                                        ("--results-dir", args.results_dir)) if value not in (None, [])]
+    refused = [
+        flag
+        for flag, value in (("--config", args.config), ("--set", args.set), ("--results-dir", args.results_dir))
+        if value not in (None, [])
+    ]
     conflicts = []
     if refused:
-        conflicts.append(f"{', '.join(refused)} cannot be used with --resume: a resumed run keeps the settings in "
-                         f"{params} (stop flags, --num-workers, the checkpoint flags, --wandb, --mlflow and --address "
-                         f"may change)")
+        conflicts.append(
+            f"{', '.join(refused)} cannot be used with --resume: a resumed run keeps the settings in "
+            f"{params} (stop flags, --num-workers, the checkpoint flags, --wandb, --mlflow and --address "
+            f"may change)"
+        )
     for key, value in (("algo", args.algo), ("env", args.env)):
         if value and value.lower() != getattr(spec, key).lower():
             conflicts.append(f"--{key} {value} differs from the run's {key} {getattr(spec, key)} (in {params})")
@@ -100,8 +107,13 @@ def _resume(args: argparse.Namespace) -> int:
         raise CLIError("; ".join(conflicts))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RunWarning)  # the skipped checkpoints are printed below, in full
-        point = find_resume_point(run_dir, storage_path=args.storage_path, stop=stop_from_flags(args),
-                                  **checkpoint_settings(args), **tracker_settings(args))
+        point = find_resume_point(
+            run_dir,
+            storage_path=args.storage_path,
+            stop=stop_from_flags(args),
+            **checkpoint_settings(args),
+            **tracker_settings(args),
+        )
     run_dir = point.directory  # absolute for a run on a storage path
     for skipped in point.skipped:
         print(f"flowrl: warning: skipped checkpoint {skipped.path}: {skipped.problem}", file=sys.stderr, flush=True)
@@ -110,57 +122,102 @@ def _resume(args: argparse.Namespace) -> int:
         return EXIT_OK
     with resume_run(point, num_workers=args.num_workers, address=args.address) as resumed:
         if point.drops_results:
-            _announce(args, f"{run_dir / PROGRESS_FILE}: dropped the results after iteration {point.iteration}, "
-                            f"the checkpoint's")
-        _announce(args, f"resuming {spec.algo} on {spec.env} from {point.checkpoint} "
-                        f"(iteration {resumed.trainer.iteration}); {describe_stop(resumed.spec.stop)}")
+            _announce(
+                args,
+                f"{run_dir / PROGRESS_FILE}: dropped the results after iteration {point.iteration}, the checkpoint's",
+            )
+        _announce(
+            args,
+            f"resuming {spec.algo} on {spec.env} from {point.checkpoint} "
+            f"(iteration {resumed.trainer.iteration}); {describe_stop(resumed.spec.stop)}",
+        )
         _announce(args, f"run directory: {run_dir}")
         return train_until_stopped(resumed, _verbosity(args))
 
 
 def add_parser(subparsers: Subparsers) -> None:
     """Register ``flowrl train`` and its flags."""
-    train = subparsers.add_parser("train", help="train an algorithm on an env, writing a run directory",
-                                  description="Train an algorithm on an env. Config precedence: algorithm defaults "
-                                              "< --config file < --set < --num-workers/--seed.")
+    train = subparsers.add_parser(
+        "train",
+        help="train an algorithm on an env, writing a run directory",
+        description="Train an algorithm on an env. Config precedence: algorithm defaults "
+        "< --config file < --set < --num-workers/--seed.",
+    )
     add_config_flags(train)
     train.add_argument("--seed", type=int, help="random seed (config key seed); overrides --config and --set")
     train.add_argument("--stop-reward", type=finite_float, metavar="R", help="stop when episode_reward_mean >= R")
     train.add_argument("--stop-timesteps", type=int_at_least(1), metavar="T", help="stop when timesteps_total >= T")
     train.add_argument("--stop-iters", type=int_at_least(1), metavar="I", help="stop when training_iteration >= I")
-    train.add_argument("--results-dir", metavar="DIR", help=f"where run directories go (default ./{DEFAULT_RESULTS_DIR})")
-    train.add_argument("--storage-path", metavar="DIR",
-                       help="put the run directory under DIR instead: an absolute path that every node of the Ray "
-                            "cluster mounts (NFS, a bucket mount), so that any node can resume the run; checked "
-                            "before training starts (writable; fsync and rename work there). "
-                            "With --resume, RUN may be a run directory's name under DIR")
-    train.add_argument("--checkpoint-freq", type=int_at_least(0), metavar="N",
-                       help="also checkpoint every N iterations (default 0: off)")
-    train.add_argument("--checkpoint-interval-s", type=seconds, metavar="S",
-                       help=f"checkpoint when S seconds have passed since the last one "
-                            f"(default {DEFAULT_CHECKPOINT_INTERVAL_S:g}; 0: off); "
-                            f"a run also checkpoints at the end, on an error and on Ctrl-C, SIGTERM or SIGHUP")
-    train.add_argument("--keep-checkpoints", type=int_at_least(1), metavar="K",
-                       help=f"keep the newest K checkpoints, deleting older ones (default {DEFAULT_KEEP_CHECKPOINTS})")
-    train.add_argument("--keep-best", metavar="METRIC",
-                       help="also keep a copy of the checkpoint with the highest METRIC (a result key, e.g. "
-                            "episode_reward_mean; a/b for a nested key) in checkpoints/best (default with "
-                            "evaluation_interval set: evaluation/episode_reward_mean)")
-    train.add_argument("--wandb", metavar="PROJECT",
-                       help="also log the run to this Weights & Biases project (needs pip install 'flowrl-ray[tracking]'; "
-                            "WANDB_MODE=offline logs without an account)")
-    train.add_argument("--mlflow", metavar="TRACKING_URI",
-                       help="also log the run to this MLflow tracking server or store, e.g. http://localhost:5000 "
-                            "(needs pip install 'flowrl-ray[tracking]'); the experiment is $MLFLOW_EXPERIMENT_NAME, "
-                            "default flowrl")
+    train.add_argument(
+        "--results-dir", metavar="DIR", help=f"where run directories go (default ./{DEFAULT_RESULTS_DIR})"
+    )
+    train.add_argument(
+        "--storage-path",
+        metavar="DIR",
+        help="put the run directory under DIR instead: an absolute path that every node of the Ray "
+        "cluster mounts (NFS, a bucket mount), so that any node can resume the run; checked "
+        "before training starts (writable; fsync and rename work there). "
+        "With --resume, RUN may be a run directory's name under DIR",
+    )
+    train.add_argument(
+        "--checkpoint-freq",
+        type=int_at_least(0),
+        metavar="N",
+        help="also checkpoint every N iterations (default 0: off)",
+    )
+    train.add_argument(
+        "--checkpoint-interval-s",
+        type=seconds,
+        metavar="S",
+        help=f"checkpoint when S seconds have passed since the last one "
+        f"(default {DEFAULT_CHECKPOINT_INTERVAL_S:g}; 0: off); "
+        f"a run also checkpoints at the end, on an error and on Ctrl-C, SIGTERM or SIGHUP",
+    )
+    train.add_argument(
+        "--keep-checkpoints",
+        type=int_at_least(1),
+        metavar="K",
+        help=f"keep the newest K checkpoints, deleting older ones (default {DEFAULT_KEEP_CHECKPOINTS})",
+    )
+    train.add_argument(
+        "--keep-best",
+        metavar="METRIC",
+        help="also keep a copy of the checkpoint with the highest METRIC (a result key, e.g. "
+        "episode_reward_mean; a/b for a nested key) in checkpoints/best (default with "
+        "evaluation_interval set: evaluation/episode_reward_mean)",
+    )
+    train.add_argument(
+        "--wandb",
+        metavar="PROJECT",
+        help="also log the run to this Weights & Biases project (needs pip install 'flowrl-ray[tracking]'; "
+        "WANDB_MODE=offline logs without an account)",
+    )
+    train.add_argument(
+        "--mlflow",
+        metavar="TRACKING_URI",
+        help="also log the run to this MLflow tracking server or store, e.g. http://localhost:5000 "
+        "(needs pip install 'flowrl-ray[tracking]'); the experiment is $MLFLOW_EXPERIMENT_NAME, "
+        "default flowrl",
+    )
     shown = train.add_mutually_exclusive_group()
-    shown.add_argument("-q", "--quiet", action="store_true",
-                       help="print no line per iteration: only the summary at the end, and errors")
-    shown.add_argument("-v", "--verbose", action="store_true",
-                       help="print each iteration's line (also on a terminal, above the live display) followed by "
-                            "its learner statistics, health counters and evaluation and custom metrics")
-    train.add_argument("--resume", metavar="RUN",
-                       help="continue the run in run directory RUN (with --storage-path DIR: RUN's name under DIR) "
-                            "from its latest usable checkpoint (stop and checkpoint flags given here replace its own; "
-                            "--algo, --env and --seed may repeat its own)")
+    shown.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="print no line per iteration: only the summary at the end, and errors",
+    )
+    shown.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print each iteration's line (also on a terminal, above the live display) followed by "
+        "its learner statistics, health counters and evaluation and custom metrics",
+    )
+    train.add_argument(
+        "--resume",
+        metavar="RUN",
+        help="continue the run in run directory RUN (with --storage-path DIR: RUN's name under DIR) "
+        "from its latest usable checkpoint (stop and checkpoint flags given here replace its own; "
+        "--algo, --env and --seed may repeat its own)",
+    )
     train.set_defaults(func=run)

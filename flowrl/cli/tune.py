@@ -23,11 +23,15 @@ if TYPE_CHECKING:
 def run(args: argparse.Namespace) -> int:
     """``flowrl tune``: run or resume an experiment; returns the exit status."""
     if args.resume and (args.config or args.results_dir):
-        raise CLIError("--config and --results-dir cannot be used with --resume: a resumed experiment keeps its "
-                       "settings and its directory")
+        raise CLIError(
+            "--config and --results-dir cannot be used with --resume: a resumed experiment keeps its "
+            "settings and its directory"
+        )
     if not args.resume and not args.config:
-        raise CLIError("tune needs --config FILE (an experiment file, e.g. tuned_examples/tune-cartpole-ppo-grid.yaml) "
-                       "or --resume EXP_DIR")
+        raise CLIError(
+            "tune needs --config FILE (an experiment file, e.g. tuned_examples/tune-cartpole-ppo-grid.yaml) "
+            "or --resume EXP_DIR"
+        )
     from flowrl.tune import run as run_experiment  # Ray Tune is imported only for this command
 
     summary = run_experiment(args.config, results_dir=args.results_dir, address=args.address, resume=args.resume)
@@ -38,33 +42,52 @@ def run(args: argparse.Namespace) -> int:
     best = summary.best
     if best is not None:
         config = ", ".join(f"{key}={json.dumps(value)}" for key, value in best.config.items()) or "no searched keys"
-        print(f"best trial: {best.trial_id} ({config}): {summary.metric} {format_number(best.last, '.4g')} at iteration "
-              f"{best.iterations} (its best: {format_number(best.best, '.4g')})")
+        print(
+            f"best trial: {best.trial_id} ({config}): {summary.metric} {format_number(best.last, '.4g')} at iteration "
+            f"{best.iterations} (its best: {format_number(best.best, '.4g')})"
+        )
         print(f"best trial directory: {best.directory}")
     print(f"all trials: {summary.trials_csv}")
     print(f"experiment: {summary.directory}", flush=True)
     for trial in summary.errored:
-        print(f"flowrl: error: trial {trial.trial_id} failed: {trial.error} (traceback: {trial.error_file})",
-              file=sys.stderr, flush=True)
+        print(
+            f"flowrl: error: trial {trial.trial_id} failed: {trial.error} (traceback: {trial.error_file})",
+            file=sys.stderr,
+            flush=True,
+        )
     if summary.interrupted_by is not None:
-        print(f"interrupted ({signal_label(summary.interrupted_by)}); "
-              f"resume with: flowrl tune --resume {summary.directory}", file=sys.stderr, flush=True)
+        print(
+            f"interrupted ({signal_label(summary.interrupted_by)}); "
+            f"resume with: flowrl tune --resume {summary.directory}",
+            file=sys.stderr,
+            flush=True,
+        )
         return exit_status_for(summary.interrupted_by)
     return EXIT_FAILURE if summary.errored else EXIT_OK
 
 
 def add_parser(subparsers: Subparsers) -> None:
     """Register ``flowrl tune`` and its flags."""
-    tuner = subparsers.add_parser("tune", help="search hyperparameters or train a population (PBT) on Ray Tune",
-                                  description="Run the trials of an experiment file on Ray Tune, side by side, and write "
-                                              "an experiment directory with one run directory per trial and trials.csv.")
-    tuner.add_argument("--config", metavar="FILE",
-                       help="YAML or JSON experiment file: a tuned example with search spaces in its config, and "
-                            "num_samples, metric, mode, scheduler, search_alg (see docs/tune.md)")
-    tuner.add_argument("--results-dir", metavar="DIR",
-                       help=f"where the experiment directory goes (default ./{DEFAULT_RESULTS_DIR})")
-    tuner.add_argument("--resume", metavar="EXP_DIR",
-                       help="continue the interrupted experiment in EXP_DIR: its unfinished and failed trials go on "
-                            "from their latest checkpoints, with the experiment's own settings")
+    tuner = subparsers.add_parser(
+        "tune",
+        help="search hyperparameters or train a population (PBT) on Ray Tune",
+        description="Run the trials of an experiment file on Ray Tune, side by side, and write "
+        "an experiment directory with one run directory per trial and trials.csv.",
+    )
+    tuner.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML or JSON experiment file: a tuned example with search spaces in its config, and "
+        "num_samples, metric, mode, scheduler, search_alg (see docs/tune.md)",
+    )
+    tuner.add_argument(
+        "--results-dir", metavar="DIR", help=f"where the experiment directory goes (default ./{DEFAULT_RESULTS_DIR})"
+    )
+    tuner.add_argument(
+        "--resume",
+        metavar="EXP_DIR",
+        help="continue the interrupted experiment in EXP_DIR: its unfinished and failed trials go on "
+        "from their latest checkpoints, with the experiment's own settings",
+    )
     tuner.add_argument("--address", default=None, help=ADDRESS_HELP)
     tuner.set_defaults(func=run)

@@ -9,10 +9,9 @@ from __future__ import annotations
 import inspect
 from typing import Any, Mapping
 
+from flowrl.config.fields import _suggestion
 from flowrl.errors import FlowRLError
 from flowrl.importing import import_callable
-from flowrl.config.fields import _suggestion
-
 
 # --- validators of dict-valued keys ------------------------------------------------------------
 
@@ -53,7 +52,9 @@ def exploration_problems(exploration_config: dict[str, Any]) -> list[str]:
     known = sorted(EXPLORATIONS)
     if not isinstance(name, str) or name not in EXPLORATIONS:
         hint = _suggestion(name, known) if isinstance(name, str) else ""
-        return [f"exploration_config['type']={name!r} is not a known exploration{hint} (known: {', '.join(map(repr, known))})"]
+        return [
+            f"exploration_config['type']={name!r} is not a known exploration{hint} (known: {', '.join(map(repr, known))})"
+        ]
     params = inspect.signature(EXPLORATIONS[name]).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return []
@@ -85,7 +86,10 @@ def policies_problems(policies: dict[str, Any]) -> list[str]:
             continue
         for key in spec:
             if key not in _POLICY_SPEC_KEYS:
-                hint = _suggestion(str(key), _POLICY_SPEC_KEYS) or f"; valid keys are {', '.join(map(repr, _POLICY_SPEC_KEYS))}"
+                hint = (
+                    _suggestion(str(key), _POLICY_SPEC_KEYS)
+                    or f"; valid keys are {', '.join(map(repr, _POLICY_SPEC_KEYS))}"
+                )
                 problems.append(f"policies[{pid!r}] has the unknown key {key!r}{hint}")
         if "config" in spec and not isinstance(spec["config"], Mapping):
             problems.append(f"policies[{pid!r}]['config']={spec['config']!r} must be a dict of config overrides")
@@ -102,13 +106,17 @@ def policy_mapping_fn_problems(fn: Any) -> list[str]:
         except FlowRLError as e:
             return [f"policy_mapping_fn={fn!r}: {e}"]
         return []
-    return [f"policy_mapping_fn={fn!r} must be a callable agent_id -> policy id, a 'module:function' path to one, or None"]
+    return [
+        f"policy_mapping_fn={fn!r} must be a callable agent_id -> policy id, a 'module:function' path to one, or None"
+    ]
 
 
 def info_keys_problems(keys: list[Any]) -> list[str]:
     """Entries of ``custom_metrics_from_info`` that are not info keys (strings)."""
     return [
-        f"custom_metrics_from_info[{i}]={key!r} must be an info key (a str)" for i, key in enumerate(keys) if not isinstance(key, str)
+        f"custom_metrics_from_info[{i}]={key!r} must be an info key (a str)"
+        for i, key in enumerate(keys)
+        if not isinstance(key, str)
     ]
 
 
@@ -121,7 +129,9 @@ def parse_iteration_window(text: str | None) -> tuple[int, int] | None:
     try:
         window = (int(first), int(last) if sep else int(first))
     except ValueError:
-        raise ValueError(f"{text!r} is not 'A:B' (iterations A to B, e.g. '2:3'), 'N' (iteration N alone) or '' (none)") from None
+        raise ValueError(
+            f"{text!r} is not 'A:B' (iterations A to B, e.g. '2:3'), 'N' (iteration N alone) or '' (none)"
+        ) from None
     if window[0] < 1 or window[1] < window[0]:
         raise ValueError(f"{text!r}: iterations start at 1 and A:B needs 1 <= A <= B")
     return window

@@ -12,10 +12,10 @@ accepted as numbers; strings are never parsed (the CLI converts ``--set lr=1e-3`
 from __future__ import annotations
 
 import copy
-import keyword
 import dataclasses
 import difflib
 import functools
+import keyword
 import numbers
 import textwrap
 import types
@@ -23,8 +23,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence, TypeVar, Union
 
-from flowrl.errors import ConfigError, FrozenConfigError
 from flowrl.config.rllib import read_rllib_keys
+from flowrl.errors import ConfigError, FrozenConfigError
 
 C = TypeVar("C", bound="BaseConfig")
 
@@ -173,7 +173,11 @@ def _coerce_kind(kind: Any, value: Any) -> tuple[bool, Any]:
     if kind is dict:  # a plain dict stays the same object: validate() must not detach a caller's reference
         return (True, value if type(value) is dict else dict(value)) if isinstance(value, Mapping) else (False, value)
     if kind is list:
-        return (True, value if type(value) is list else list(value)) if isinstance(value, (list, tuple)) else (False, value)
+        return (
+            (True, value if type(value) is list else list(value))
+            if isinstance(value, (list, tuple))
+            else (False, value)
+        )
     raise AssertionError(kind)
 
 
@@ -238,7 +242,8 @@ def _suggestion(key: str, valid: Sequence[str]) -> str:
         close = sorted([name for name in containing if name.lower().startswith(typed)] or containing, key=len)[:3]
     if not close:
         scored = sorted(
-            ((difflib.SequenceMatcher(None, typed, lower).ratio(), name) for lower, name in by_lower.items()), reverse=True
+            ((difflib.SequenceMatcher(None, typed, lower).ratio(), name) for lower, name in by_lower.items()),
+            reverse=True,
         )
         # Only names about as close as the best one: a typo has one intended key, rarely three.
         close = [name for score, name in scored[:3] if score >= 0.6 and score >= scored[0][0] - 0.1]
@@ -335,7 +340,10 @@ class BaseConfig:
             raise ConfigError(f"config must be a mapping of key to value, got {type(values).__name__}")
         specs = {spec.name: spec for spec in _specs(cls)}
         # RLlib's key names that are Python keywords live in fields with a trailing underscore.
-        values = {(f"{k}_" if isinstance(k, str) and keyword.iskeyword(k) and f"{k}_" in specs else k): v for k, v in values.items()}
+        values = {
+            (f"{k}_" if isinstance(k, str) and keyword.iskeyword(k) and f"{k}_" in specs else k): v
+            for k, v in values.items()
+        }
         # RLlib's other names for keys, and its keys that change nothing here, become flowrl's (each noted once).
         values, problems = read_rllib_keys(cls, values, {name: spec.default for name, spec in specs.items()})
         for key in values:

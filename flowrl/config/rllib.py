@@ -64,7 +64,11 @@ NESTED: dict[str, dict[str, str]] = {
         "prioritized_replay_eps": "prioritized_replay_eps",
         "store_buffer_in_checkpoints": "store_buffer_in_checkpoints",
     },
-    "multiagent": {"policies": "policies", "policy_mapping_fn": "policy_mapping_fn", "policies_to_train": "policies_to_train"},
+    "multiagent": {
+        "policies": "policies",
+        "policy_mapping_fn": "policy_mapping_fn",
+        "policies_to_train": "policies_to_train",
+    },
 }
 
 #: ``replay_buffer_config.type`` values and the ``prioritized_replay`` they mean.
@@ -151,15 +155,21 @@ class Conditional:
 
 #: RLlib keys that change nothing at some values and that flowrl does not implement at the others.
 IGNORED_AT: dict[str, Conditional] = {
-    "horizon": Conditional(_NONE, "no horizon", "cuts episodes after that many steps; wrap the env in gymnasium's TimeLimit"),
+    "horizon": Conditional(
+        _NONE, "no horizon", "cuts episodes after that many steps; wrap the env in gymnasium's TimeLimit"
+    ),
     "soft_horizon": Conditional((False,), "off", "resets the horizon without ending episodes"),
     "clip_rewards": Conditional(_NONE_OR_FALSE, "off", "clips (or signs) every reward"),
     "env_task_fn": Conditional(_NONE, "none", "sets curriculum tasks"),
     "fake_sampler": Conditional((False,), "off", "replays one sample for ever"),
     "sample_async": Conditional((False,), "off", "samples in a background thread of each worker"),
-    "synchronize_filters": Conditional((True,), "flowrl always sends the merged filter back", "keeps each worker's own filter"),
+    "synchronize_filters": Conditional(
+        (True,), "flowrl always sends the merged filter back", "keeps each worker's own filter"
+    ),
     "custom_eval_function": Conditional(_NONE, "none", "runs a custom evaluation"),
-    "evaluation_duration_unit": Conditional(("episodes",), "flowrl evaluates episodes", "evaluates for a number of timesteps"),
+    "evaluation_duration_unit": Conditional(
+        ("episodes",), "flowrl evaluates episodes", "evaluates for a number of timesteps"
+    ),
     "input": Conditional(("sampler",), "the envs are sampled", "learns from offline data"),
     "output": Conditional(_NONE, "none", "writes experiences to files"),
     "postprocess_inputs": Conditional((False,), "off", "postprocesses offline data"),
@@ -168,14 +178,20 @@ IGNORED_AT: dict[str, Conditional] = {
     "entropy_coeff_schedule": Conditional(_NONE, "none", "anneals the entropy coefficient"),
     "use_critic": Conditional((True,), "flowrl's actor-critics use their critic", "drops the value baseline"),
     "vtrace": Conditional((True,), "IMPALA and APPO use V-trace", "uses plain advantages"),
-    "vtrace_drop_last_ts": Conditional((False,), "flowrl's V-trace uses every timestep", "drops each fragment's last step"),
+    "vtrace_drop_last_ts": Conditional(
+        (False,), "flowrl's V-trace uses every timestep", "drops each fragment's last step"
+    ),
     "opt_type": Conditional(("adam",), "flowrl's optimizer is Adam", "picks another optimizer"),
     "_separate_vf_optimizer": Conditional((False,), "off", "adds a second optimizer for the value function"),
     "after_train_step": Conditional(_NONE, "none", "runs a custom step after training"),
     "before_learn_on_batch": Conditional(_NONE, "none", "runs a custom step before learning"),
     "num_atoms": Conditional((1,), "plain Q-values", "learns distributional Q-values"),
     "noisy": Conditional((False,), "off", "adds noisy layers"),
-    "hiddens": Conditional(([],), "flowrl's Q head is one linear layer", "adds hidden layers to the Q head; give them in model.fcnet_hiddens"),
+    "hiddens": Conditional(
+        ([],),
+        "flowrl's Q head is one linear layer",
+        "adds hidden layers to the Q head; give them in model.fcnet_hiddens",
+    ),
     "adam_epsilon": Conditional((1e-8,), "Adam's default", "changes Adam's epsilon"),
     "worker_side_prioritization": Conditional((False,), "off", "computes priorities on the workers"),
     "replay_sequence_length": Conditional((1,), "single steps", "replays sequences"),
@@ -320,7 +336,9 @@ class _Reader:
         elif key == "evaluation_duration":
             self._map(key, "evaluation_num_episodes", value)
         elif key == "disable_env_checking" and isinstance(value, bool):
-            self._map(key, "check_env", not value, f"RLlib key disable_env_checking={value} is check_env={not value} here")
+            self._map(
+                key, "check_env", not value, f"RLlib key disable_env_checking={value} is check_env={not value} here"
+            )
         elif key in IGNORED:
             self.result.ignored[key] = IGNORED[key]
         elif key in IGNORED_AT:
@@ -333,7 +351,9 @@ class _Reader:
     def _set_own(self, key: Any, value: Any) -> None:
         """A key the config declares, with RLlib's spellings of some values read as flowrl's."""
         if key == "observation_filter" and value == "ConcurrentMeanStdFilter":
-            self._note("RLlib's observation_filter='ConcurrentMeanStdFilter' is 'MeanStdFilter' here (it is thread-safe)")
+            self._note(
+                "RLlib's observation_filter='ConcurrentMeanStdFilter' is 'MeanStdFilter' here (it is thread-safe)"
+            )
             value = "MeanStdFilter"
         elif key == EXPLORATION_KEY and isinstance(value, Mapping) and value and "type" not in value:
             value = self._exploration(dict(value))
@@ -345,16 +365,21 @@ class _Reader:
         if value == "torch":
             return
         if value in FRAMEWORKS:
-            self._note(f"RLlib key framework={value!r} is ignored: flowrl trains PyTorch policies only, so this config runs on PyTorch")
+            self._note(
+                f"RLlib key framework={value!r} is ignored: flowrl trains PyTorch policies only, so this config runs on PyTorch"
+            )
             return
-        self.result.problems.append(f"RLlib key framework={value!r} must be one of {', '.join(map(repr, FRAMEWORKS))} "
-                                    "(flowrl runs every one of them on PyTorch)")
+        self.result.problems.append(
+            f"RLlib key framework={value!r} must be one of {', '.join(map(repr, FRAMEWORKS))} "
+            "(flowrl runs every one of them on PyTorch)"
+        )
 
     def _map(self, rllib_key: str, key: str, value: Any, note: str | None = None) -> None:
         """Set flowrl's ``key`` from ``rllib_key``; a problem if the config lacks ``key`` or another key set it otherwise."""
         if key not in self.defaults:
-            self.result.problems.append(f"RLlib key {rllib_key} is {key} in flowrl, which {self.config_class.__name__} "
-                                        f"has no key for")
+            self.result.problems.append(
+                f"RLlib key {rllib_key} is {key} in flowrl, which {self.config_class.__name__} has no key for"
+            )
             return
         self._note(note or f"RLlib key {rllib_key} is {key} here")
         self._put(key, value, rllib_key)
@@ -363,7 +388,9 @@ class _Reader:
         """Set ``key`` (from ``source``, a key of the config given); a problem if another key set it otherwise."""
         values = self.result.values
         if key in values and not _same(values[key], value):
-            self.result.problems.append(f"{self.sources[key]}={values[key]!r} and {source}={value!r} both set {key}; keep one")
+            self.result.problems.append(
+                f"{self.sources[key]}={values[key]!r} and {source}={value!r} both set {key}; keep one"
+            )
             return
         values[key] = value
         self.sources[key] = source
@@ -386,17 +413,27 @@ class _Reader:
             elif name in NOT_IMPLEMENTED:
                 self._not_implemented(name, sub_value, NOT_IMPLEMENTED[name])
             else:
-                self.result.problems.append(f"RLlib key {name} is not one flowrl reads; {key} may hold "
-                                            f"{', '.join(sorted([*NESTED[key], *NESTED_IGNORED.get(key, {})]))}")
+                self.result.problems.append(
+                    f"RLlib key {name} is not one flowrl reads; {key} may hold "
+                    f"{', '.join(sorted([*NESTED[key], *NESTED_IGNORED.get(key, {})]))}"
+                )
 
     def _replay_type(self, value: Any) -> None:
         if value not in REPLAY_BUFFER_TYPES:
-            self._not_implemented("replay_buffer_config.type", value, "picks another replay buffer; flowrl has uniform "
-                                  "and prioritized replay (" + ", ".join(REPLAY_BUFFER_TYPES) + ")")
+            self._not_implemented(
+                "replay_buffer_config.type",
+                value,
+                "picks another replay buffer; flowrl has uniform "
+                "and prioritized replay (" + ", ".join(REPLAY_BUFFER_TYPES) + ")",
+            )
             return
         prioritized = REPLAY_BUFFER_TYPES[value]
-        self._map("replay_buffer_config.type", "prioritized_replay", prioritized,
-                  f"RLlib key replay_buffer_config.type={value!r} is prioritized_replay={prioritized} here")
+        self._map(
+            "replay_buffer_config.type",
+            "prioritized_replay",
+            prioritized,
+            f"RLlib key replay_buffer_config.type={value!r} is prioritized_replay={prioritized} here",
+        )
 
     def _conditional(self, key: str, value: Any, rule: Conditional) -> None:
         if any(_same(value, ok) for ok in rule.values):
@@ -410,12 +447,16 @@ class _Reader:
 
     def _exploration(self, partial: dict[str, Any]) -> dict[str, Any]:
         """RLlib merged an ``exploration_config`` without ``type`` into its algorithm's default one."""
-        base: Mapping[str, Any] = getattr(self.config_class, "rllib_exploration", None) or self.defaults.get(EXPLORATION_KEY) or {}
+        base: Mapping[str, Any] = (
+            getattr(self.config_class, "rllib_exploration", None) or self.defaults.get(EXPLORATION_KEY) or {}
+        )
         if "type" not in base:
             return partial  # nothing to merge into: the config's own check says what is wrong
         merged = {**base, **partial}
-        self._note(f"RLlib's exploration_config without a type is merged into the default {base['type']} exploration, "
-                   f"as RLlib did: {merged}")
+        self._note(
+            f"RLlib's exploration_config without a type is merged into the default {base['type']} exploration, "
+            f"as RLlib did: {merged}"
+        )
         return merged
 
     def _model(self, model: Mapping[str, Any]) -> dict[str, Any]:
@@ -444,8 +485,10 @@ class _Reader:
                 self.sources[key] = "RLlib's default"
                 applied.append(f"{_rllib_name(key)}={default!r}")
         if applied:
-            self._note(f"RLlib config (it has a {RLLIB_MARKER} key): the keys it leaves out take RLlib's defaults "
-                       f"where flowrl's differ: {', '.join(applied)}")
+            self._note(
+                f"RLlib config (it has a {RLLIB_MARKER} key): the keys it leaves out take RLlib's defaults "
+                f"where flowrl's differ: {', '.join(applied)}"
+            )
 
     def _rllib_model_defaults(self, defaults: Mapping[str, Any]) -> list[str]:
         """RLlib's ``model`` defaults for the model keys the config leaves out; returns what was applied
@@ -467,16 +510,25 @@ class _Reader:
             self._rllib_defaults()  # first: 'auto' may be RLlib's default, and it needs the batch size
         values = self.result.values
         if values.get("rollout_fragment_length") == "auto":
-            batch, workers, envs = (values.get(key, self.defaults.get(key)) for key in ("train_batch_size", "num_workers", "num_envs_per_worker"))
+            batch, workers, envs = (
+                values.get(key, self.defaults.get(key))
+                for key in ("train_batch_size", "num_workers", "num_envs_per_worker")
+            )
             if isinstance(batch, int) and isinstance(workers, int) and isinstance(envs, int) and envs > 0:
                 length = max(1, math.ceil(batch / ((workers or 1) * envs)))
                 values["rollout_fragment_length"] = length
-                self._note(f"RLlib's rollout_fragment_length='auto' is rollout_fragment_length={length} here "
-                           "(train_batch_size / (num_workers or 1) / num_envs_per_worker, rounded up)")
+                self._note(
+                    f"RLlib's rollout_fragment_length='auto' is rollout_fragment_length={length} here "
+                    "(train_batch_size / (num_workers or 1) / num_envs_per_worker, rounded up)"
+                )
         if "policies" in values and self.sources.get("policies") == "multiagent.policies":
             values["policies"] = _policies(values["policies"])
         mapping = values.get("policy_mapping_fn")
-        if self.sources.get("policy_mapping_fn") == "multiagent.policy_mapping_fn" and callable(mapping) and _takes_episode(mapping):
+        if (
+            self.sources.get("policy_mapping_fn") == "multiagent.policy_mapping_fn"
+            and callable(mapping)
+            and _takes_episode(mapping)
+        ):
             values["policy_mapping_fn"] = RLlibPolicyMapping(mapping)
 
     def _note(self, text: str) -> None:
@@ -516,7 +568,9 @@ def _policies(policies: Any) -> Any:
     converted: dict[Any, Any] = {}
     for pid, spec in policies.items():
         if isinstance(spec, (list, tuple)) and len(spec) == 4 and spec[0] is None:
-            entry = {name: part for name, part in zip(("observation_space", "action_space", "config"), spec[1:]) if part}
+            entry = {
+                name: part for name, part in zip(("observation_space", "action_space", "config"), spec[1:]) if part
+            }
             converted[pid] = entry or None
         else:
             converted[pid] = spec
@@ -529,7 +583,9 @@ def _takes_episode(fn: Callable[..., Any]) -> bool:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return False
-    required = [p for p in parameters if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [
+        p for p in parameters if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
     return len(required) > 1
 
 
@@ -552,7 +608,9 @@ _shown: set[str] = set()
 _shown_lock = threading.Lock()
 
 
-def read_rllib_keys(config_class: type, values: Mapping[str, Any], defaults: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def read_rllib_keys(
+    config_class: type, values: Mapping[str, Any], defaults: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
     """:func:`translate_rllib_config`, with each note not shown yet in this process warned as a
     :class:`RLlibConfigNote`; returns the translated values and the problems."""
     translation = translate_rllib_config(config_class, values, defaults)

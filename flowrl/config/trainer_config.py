@@ -89,7 +89,9 @@ class TrainerConfig(BaseConfig):
         2, "Remote rollout-worker actors. 0: sample in the driver's local worker (the same plan, one process).", min=0
     )
     num_envs_per_worker: int = cfg_field(
-        1, "Envs each worker steps together; a sample call returns rollout_fragment_length x num_envs_per_worker steps.", min=1
+        1,
+        "Envs each worker steps together; a sample call returns rollout_fragment_length x num_envs_per_worker steps.",
+        min=1,
     )
     rollout_fragment_length: int = cfg_field(
         200, "Steps per env per sample call (env steps; whole episodes may add more in complete_episodes mode).", min=1
@@ -102,7 +104,9 @@ class TrainerConfig(BaseConfig):
     )
     train_batch_size: int = cfg_field(4000, "Steps (env transitions) per training batch.", min=1)
     # Learning.
-    lr: float = cfg_field(5e-4, "Learning rate of the policy's optimizer (Adam).", min=0, min_exclusive=True, per_policy=True)
+    lr: float = cfg_field(
+        5e-4, "Learning rate of the policy's optimizer (Adam).", min=0, min_exclusive=True, per_policy=True
+    )
     gamma: float = cfg_field(0.99, "Discount factor per env step, in [0, 1].", min=0, max=1, per_policy=True)
     grad_clip: float | None = cfg_field(
         None,
@@ -143,7 +147,9 @@ class TrainerConfig(BaseConfig):
         "'module:function' path. None: every agent acts with the only policy.",
         validator=policy_mapping_fn_problems,
     )
-    policies_to_train: list[str] | None = cfg_field(None, "Ids of the policies to train; the others only act. None: all.")
+    policies_to_train: list[str] | None = cfg_field(
+        None, "Ids of the policies to train; the others only act. None: all."
+    )
     # Environment.
     env_config: dict[str, Any] = cfg_field({}, "Passed to the env creator (each env gets its own copy).")
     check_env: bool = cfg_field(True, "Check one env against the Gymnasium API before any worker actor starts.")
@@ -166,12 +172,19 @@ class TrainerConfig(BaseConfig):
     )
     # Resources and faults.
     seed: int | None = cfg_field(
-        None, "Random seed; worker i seeds torch, numpy and its envs from seed + 10000*i. None: unseeded runs.", per_policy=True
+        None,
+        "Random seed; worker i seeds torch, numpy and its envs from seed + 10000*i. None: unseeded runs.",
+        per_policy=True,
     )
     num_gpus: float = cfg_field(
-        0.0, "GPUs for the learner policy in the driver (fractions share one); without CUDA it runs on CPU.", min=0, per_policy=True
+        0.0,
+        "GPUs for the learner policy in the driver (fractions share one); without CUDA it runs on CPU.",
+        min=0,
+        per_policy=True,
     )
-    num_cpus_per_worker: float = cfg_field(1.0, "CPUs Ray reserves for each remote rollout worker (fractions allowed).", min=0)
+    num_cpus_per_worker: float = cfg_field(
+        1.0, "CPUs Ray reserves for each remote rollout worker (fractions allowed).", min=0
+    )
     num_cpus_for_driver: float = cfg_field(
         0.0,
         "CPUs Ray reserves on the driver's node for the driver (local worker and learner), in the run's placement "
@@ -240,7 +253,9 @@ class TrainerConfig(BaseConfig):
     )
     num_cpus_per_learner: float = cfg_field(1.0, "CPUs Ray reserves for each learner actor (num_learners >= 2).", min=0)
     num_gpus_per_learner: float = cfg_field(
-        0.0, "GPUs Ray reserves for each learner actor (num_learners >= 2): 1 puts each on its own GPU, with NCCL.", min=0
+        0.0,
+        "GPUs Ray reserves for each learner actor (num_learners >= 2): 1 puts each on its own GPU, with NCCL.",
+        min=0,
     )
     custom_resources_per_worker: dict[str, float] = cfg_field(
         {}, "Custom Ray resources (name -> amount) reserved for each remote rollout worker."
@@ -269,7 +284,9 @@ class TrainerConfig(BaseConfig):
     metrics_smoothing_episodes: int = cfg_field(
         100, "Most recent episodes averaged into episode_reward_mean/min/max and episode_len_mean.", min=1
     )
-    min_iter_time_s: float = cfg_field(0.0, "Minimum seconds per train() call; it runs plan steps until then. 0: none.", min=0)
+    min_iter_time_s: float = cfg_field(
+        0.0, "Minimum seconds per train() call; it runs plan steps until then. 0: none.", min=0
+    )
     timesteps_per_iteration: int = cfg_field(
         0, "Minimum env steps sampled per train() call; it runs plan steps until then. 0: none.", min=0
     )
@@ -308,7 +325,9 @@ class TrainerConfig(BaseConfig):
         min=0,
     )
     evaluation_num_episodes: int = cfg_field(
-        10, "Episodes per evaluation (split among the evaluation workers); they never count as training episodes.", min=1
+        10,
+        "Episodes per evaluation (split among the evaluation workers); they never count as training episodes.",
+        min=1,
     )
     evaluation_num_workers: int = cfg_field(
         0,
@@ -348,13 +367,17 @@ class TrainerConfig(BaseConfig):
                 "recreate_failed_workers replaces: set restart_failed_sub_environments=False"
             )
         if self.num_learners >= 2 and self.num_gpus_per_learner % 1:
-            problems.append(f"num_gpus_per_learner={self.num_gpus_per_learner:g}: each learner of a group needs whole GPUs "
-                            "of its own (NCCL puts one rank on one device); use 0 (CPU, gloo), 1 or more")
+            problems.append(
+                f"num_gpus_per_learner={self.num_gpus_per_learner:g}: each learner of a group needs whole GPUs "
+                "of its own (NCCL puts one rank on one device); use 0 (CPU, gloo), 1 or more"
+            )
         if self.num_gpus > 0:
             import torch
 
             if not torch.cuda.is_available():
-                warnings.warn(f"num_gpus={self.num_gpus} but CUDA is not available; the policy will run on CPU", stacklevel=2)
+                warnings.warn(
+                    f"num_gpus={self.num_gpus} but CUDA is not available; the policy will run on CPU", stacklevel=2
+                )
         return problems
 
     def _evaluation_problems(self) -> list[str]:
@@ -370,8 +393,10 @@ class TrainerConfig(BaseConfig):
             else:
                 problems += [f"evaluation_config: {problem}" for problem in _check_value(specs[name], value)[1]]
         if self.evaluation_video and not self.evaluation_interval:
-            problems.append(f"evaluation_video=True records evaluation episodes, but evaluation_interval="
-                            f"{self.evaluation_interval!r} turns evaluation off; set it to how often to evaluate")
+            problems.append(
+                f"evaluation_video=True records evaluation episodes, but evaluation_interval="
+                f"{self.evaluation_interval!r} turns evaluation off; set it to how often to evaluate"
+            )
         return problems
 
     def for_policy(self: C, policy_id: str) -> C:

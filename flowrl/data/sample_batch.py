@@ -181,7 +181,10 @@ def concat_samples(batches: Sequence[SampleBatch | "MultiAgentBatch"]) -> Any:
     keys = list(sample_batches[0].keys())
     for sb in sample_batches[1:]:
         if set(sb.keys()) != set(keys):
-            raise ValueError(f"cannot concatenate batches with different columns: {sorted(keys)} vs {sorted(sb.keys())}")
+            raise ValueError(
+                f"cannot concatenate batches with different columns: {sorted(keys)} vs {sorted(sb.keys())}"
+            )
+
     def column(b: SampleBatch, key: str) -> np.ndarray:
         value = dict.__getitem__(b, key)
         return decompress_array(value) if isinstance(value, CompressedColumn) else value

@@ -9,22 +9,22 @@ from typing import Any, Callable, Mapping
 
 import gymnasium as gym
 
-from flowrl.algorithms import Algorithm, get_algorithm, list_algorithms
 from flowrl.actors import PlanResources, WorkerSet
 from flowrl.actors.evaluation import evaluation_request
 from flowrl.actors.placement import BundleRequest, learner_request
-from flowrl.storage.checkpoints import read_checkpoint
+from flowrl.algorithms import Algorithm, get_algorithm, list_algorithms
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
+from flowrl.engine.evaluator import evaluate_policies
 from flowrl.envs import get_env_creator, is_multi_agent_env
 from flowrl.envs.context import EnvContext
 from flowrl.envs.registry import EnvCreator, close_env
 from flowrl.errors import CheckpointError, ConfigError, FlowRLError
-from flowrl.engine.evaluator import evaluate_policies
 from flowrl.plan.graph import Plan
 from flowrl.policy import PolicySpec
 from flowrl.policy.filters import MeanStdFilter
 from flowrl.policy.mapping import policy_mapping
+from flowrl.storage.checkpoints import read_checkpoint
 
 EnvSpec = str | Callable[[dict[str, Any]], gym.Env]
 
@@ -36,8 +36,12 @@ def validated_config(algorithm: Algorithm, config: Mapping[str, Any] | TrainerCo
     settings = algorithm.config_class.from_dict(config).frozen()
     if settings.num_learners >= 2 and not algorithm.learner_group:
         able = [name for name in list_algorithms() if get_algorithm(name).learner_group]
-        raise ConfigError([f"num_learners={settings.num_learners}: {algorithm.name!r} does not train in a learner group "
-                           f"(its plan learns in the driver or on the rollout workers); algorithms that do: {', '.join(able)}"])
+        raise ConfigError(
+            [
+                f"num_learners={settings.num_learners}: {algorithm.name!r} does not train in a learner group "
+                f"(its plan learns in the driver or on the rollout workers); algorithms that do: {', '.join(able)}"
+            ]
+        )
     return settings
 
 
@@ -47,7 +51,9 @@ def plan_bundles(algorithm: Algorithm, config: TrainerConfig) -> list[BundleRequ
     return [*algorithm.bundles(config), learner_request(config), evaluation_request(config)]
 
 
-def make_workers(algorithm: Algorithm, config: TrainerConfig, env_creator: EnvCreator, bundles: list[BundleRequest]) -> WorkerSet:
+def make_workers(
+    algorithm: Algorithm, config: TrainerConfig, env_creator: EnvCreator, bundles: list[BundleRequest]
+) -> WorkerSet:
     """The run's rollout workers: a local one and ``config.num_workers`` remote ones, reserved with ``bundles``."""
     return WorkerSet(
         env_creator=env_creator,
@@ -66,7 +72,9 @@ def build_plan(algorithm: Algorithm, workers: WorkerSet, config: TrainerConfig, 
     return Plan(algorithm.execution_plan(workers, config, resources), name=algorithm.name)
 
 
-def policy_specs(algorithm: Algorithm, config: TrainerConfig, env_creator: Callable[[dict[str, Any]], Any]) -> dict[str, PolicySpec]:
+def policy_specs(
+    algorithm: Algorithm, config: TrainerConfig, env_creator: Callable[[dict[str, Any]], Any]
+) -> dict[str, PolicySpec]:
     """The policies to build for ``env_creator``'s env: ``default_policy`` for a Gymnasium env; for
     a multi-agent env, ``config.policies`` with spaces from the agents mapped to each.
 
@@ -78,14 +86,18 @@ def policy_specs(algorithm: Algorithm, config: TrainerConfig, env_creator: Calla
         if not is_multi_agent_env(probe):
             if config.policies:
                 raise ConfigError(
-                    [f"policies={sorted(config.policies)} needs a multi-agent env, but {type(probe).__name__} is a single-agent Gymnasium env"]
+                    [
+                        f"policies={sorted(config.policies)} needs a multi-agent env, but {type(probe).__name__} is a single-agent Gymnasium env"
+                    ]
                 )
             return {DEFAULT_POLICY_ID: algorithm.make_policy(probe.observation_space, probe.action_space, config)}
         if not algorithm.multi_agent:
             able = [name for name in list_algorithms() if get_algorithm(name).multi_agent]
             raise ConfigError(
-                [f"algorithm {algorithm.name!r} trains single-agent envs, but {type(probe).__name__} is multi-agent; "
-                 f"algorithms for multi-agent envs: {', '.join(able)}"]
+                [
+                    f"algorithm {algorithm.name!r} trains single-agent envs, but {type(probe).__name__} is multi-agent; "
+                    f"algorithms for multi-agent envs: {', '.join(able)}"
+                ]
             )
         spaces = multi_agent_policy_spaces(probe, config)
     finally:
@@ -124,13 +136,18 @@ def multi_agent_policy_spaces(env: Any, config: TrainerConfig) -> dict[str, tupl
     for agent in env.possible_agents:
         pid = mapping(agent)
         if pid not in policy_ids:
-            problems.append(f"policy_mapping_fn({agent!r}) returned {pid!r}, which is not a policy; the policies are {policy_ids}")
+            problems.append(
+                f"policy_mapping_fn({agent!r}) returned {pid!r}, which is not a policy; the policies are {policy_ids}"
+            )
             continue
         agent_spaces = (env.observation_space(agent), env.action_space(agent))
         if pid not in found:
             found[pid] = (*agent_spaces, f"agent {agent!r}")
             continue
-        for kind, mine, theirs in (("observation", agent_spaces[0], found[pid][0]), ("action", agent_spaces[1], found[pid][1])):
+        for kind, mine, theirs in (
+            ("observation", agent_spaces[0], found[pid][0]),
+            ("action", agent_spaces[1], found[pid][1]),
+        ):
             if mine != theirs:
                 problems.append(
                     f"the {kind} space of agent {agent!r}, {mine}, does not match that of policy {pid!r}, {theirs} (from {found[pid][2]})"
@@ -138,7 +155,9 @@ def multi_agent_policy_spaces(env: Any, config: TrainerConfig) -> dict[str, tupl
     mapping_failed = bool(problems)
     for pid in policy_ids:
         if pid not in found and not mapping_failed:  # after a bad mapping this would only add noise
-            problems.append(f"no agent maps to policy {pid!r}: give its 'observation_space' and 'action_space' in policies[{pid!r}]")
+            problems.append(
+                f"no agent maps to policy {pid!r}: give its 'observation_space' and 'action_space' in policies[{pid!r}]"
+            )
     if problems:
         raise ConfigError(problems)
     return {pid: (found[pid][0], found[pid][1]) for pid in policy_ids}
@@ -155,7 +174,9 @@ def evaluate_checkpoint(
     state, _ = read_checkpoint(checkpoint_path)
     for key in ("algo", "env", "config", "worker"):
         if key not in state:
-            raise CheckpointError(f"checkpoint {str(checkpoint_path)!r} has no {key!r}: not a flowrl Trainer checkpoint")
+            raise CheckpointError(
+                f"checkpoint {str(checkpoint_path)!r} has no {key!r}: not a flowrl Trainer checkpoint"
+            )
     algorithm = get_algorithm(state["algo"])
     config = algorithm.config_class.from_dict(state["config"])
     policy_map = {}
@@ -166,5 +187,7 @@ def evaluate_checkpoint(
     if state["worker"].get("obs_filter") is not None:  # the run filtered observations: so does its evaluation
         obs_filter = MeanStdFilter()
         obs_filter.set_state(state["worker"]["obs_filter"])
-    stats = evaluate_policies(policy_map, state["env"], config, num_episodes, seed, video_dir=video_dir, obs_filter=obs_filter)
+    stats = evaluate_policies(
+        policy_map, state["env"], config, num_episodes, seed, video_dir=video_dir, obs_filter=obs_filter
+    )
     return {**stats, "algo": state["algo"], "env": state["env"], "iteration": state["iteration"]}

@@ -15,9 +15,9 @@ from typing import Any
 from flowrl.actors.placeholders import placeholder_actors
 from flowrl.algorithms import get_algorithm
 from flowrl.config import TrainerConfig
+from flowrl.engine.build import EnvSpec, build_plan, make_workers, plan_bundles, validated_config
 from flowrl.envs import get_env_creator
 from flowrl.plan.graph import Plan
-from flowrl.engine.build import EnvSpec, build_plan, make_workers, plan_bundles, validated_config
 
 
 def dry_plan(algo: str, env: EnvSpec, config: Mapping[str, Any] | TrainerConfig | None = None) -> Plan:

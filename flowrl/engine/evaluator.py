@@ -73,9 +73,16 @@ def evaluate_policies(
     every episode is recorded there as an MP4 file (``pip install 'flowrl-ray[video]'``). ``obs_filter``:
     the run's observation filter (see :mod:`flowrl.policy.filters`), applied without updating it.
     """
-    episodes = run_episodes(policy_map, get_env_creator(env), config, episode_seeds(seed, num_episodes),
-                            explore=explore, video_dir=video_dir, record=num_episodes if video_dir is not None else 0,
-                            obs_filter=obs_filter)
+    episodes = run_episodes(
+        policy_map,
+        get_env_creator(env),
+        config,
+        episode_seeds(seed, num_episodes),
+        explore=explore,
+        video_dir=video_dir,
+        record=num_episodes if video_dir is not None else 0,
+        obs_filter=obs_filter,
+    )
     return {**summarize_episodes(episodes), "episodes": num_episodes}
 
 
@@ -122,11 +129,18 @@ class Evaluator:
         self._seed = settings.seed
         explore = evaluation_explores(config)
         if config.evaluation_num_workers:
-            self._remote = EvaluationWorkers(env_creator=env_creator, policy_specs=policy_specs, config=settings,
-                                             num_workers=config.evaluation_num_workers, reservation=workers.reservation,
-                                             explore=explore)
+            self._remote = EvaluationWorkers(
+                env_creator=env_creator,
+                policy_specs=policy_specs,
+                config=settings,
+                num_workers=config.evaluation_num_workers,
+                reservation=workers.reservation,
+                explore=explore,
+            )
         else:
-            self._local = EvaluationWorker(env_creator=env_creator, policy_specs=policy_specs, config=settings, explore=explore)
+            self._local = EvaluationWorker(
+                env_creator=env_creator, policy_specs=policy_specs, config=settings, explore=explore
+            )
 
     def due(self, iteration: int) -> bool:
         """Whether training iteration ``iteration`` (1-based) ends with an evaluation."""

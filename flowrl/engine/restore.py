@@ -45,7 +45,9 @@ def state_layout(state: Mapping[str, Any]) -> Layout:
         algo=state["algo"],
         env=state["env"] if isinstance(state["env"], str) else None,
         spaces=state.get("spaces"),
-        weight_shapes={pid: {name: tuple(np.shape(w)) for name, w in p["weights"].items()} for pid, p in policies.items()},
+        weight_shapes={
+            pid: {name: tuple(np.shape(w)) for name, w in p["weights"].items()} for pid, p in policies.items()
+        },
         target_networks=frozenset(pid for pid, p in policies.items() if p.get("target") is not None),
         # Before version 3 some operators' state was not saved: which ones a plan had is unknown.
         operators=frozenset(state["plan"].get("operators", {})) if state.get("upgraded_from", 3) >= 3 else None,
@@ -63,7 +65,9 @@ class RestoreCheck:
     overrides: dict[str, dict[str, Any]]
 
 
-def check_restore(saved: Layout, target: Layout, saved_config: Mapping[str, Any], config: Mapping[str, Any]) -> RestoreCheck:
+def check_restore(
+    saved: Layout, target: Layout, saved_config: Mapping[str, Any], config: Mapping[str, Any]
+) -> RestoreCheck:
     """Compare a checkpoint (``saved``) with the trainer it would be restored into (``target``)."""
     mismatches: list[str] = []
     if saved.algo != target.algo:
@@ -71,12 +75,16 @@ def check_restore(saved: Layout, target: Layout, saved_config: Mapping[str, Any]
     if saved.env is not None and target.env is not None and saved.env != target.env:
         mismatches.append(f"env: the checkpoint's is {saved.env!r}, this trainer's {target.env!r}")
     if set(saved.weight_shapes) != set(target.weight_shapes):
-        mismatches.append(f"policies: the checkpoint has {sorted(saved.weight_shapes)}, this trainer {sorted(target.weight_shapes)}")
+        mismatches.append(
+            f"policies: the checkpoint has {sorted(saved.weight_shapes)}, this trainer {sorted(target.weight_shapes)}"
+        )
     for pid in sorted(set(saved.weight_shapes) & set(target.weight_shapes)):
         if saved.spaces is not None and target.spaces is not None and pid in saved.spaces and pid in target.spaces:
             for kind, mine, theirs in zip(("observation", "action"), target.spaces[pid], saved.spaces[pid]):
                 if mine != theirs:
-                    mismatches.append(f"policy {pid!r}: the checkpoint's {kind} space is {theirs}, this trainer's {mine}")
+                    mismatches.append(
+                        f"policy {pid!r}: the checkpoint's {kind} space is {theirs}, this trainer's {mine}"
+                    )
         mismatches += _shape_mismatches(pid, saved.weight_shapes[pid], target.weight_shapes[pid])
     partial: list[str] = []
     if saved.replay_shards != target.replay_shards:
@@ -85,27 +93,37 @@ def check_restore(saved: Layout, target: Layout, saved_config: Mapping[str, Any]
             "their contents would not be restored (restore with the checkpoint's num_replay_shards to keep them)"
         )
     if saved.replay_buffer != target.replay_buffer:
-        partial.append(f"replay buffer: the checkpoint {'has' if saved.replay_buffer else 'has none'}, this trainer "
-                       f"{'has one' if target.replay_buffer else 'has none'}")
+        partial.append(
+            f"replay buffer: the checkpoint {'has' if saved.replay_buffer else 'has none'}, this trainer "
+            f"{'has one' if target.replay_buffer else 'has none'}"
+        )
     if saved.operators is not None and target.operators is not None:
         for key in sorted(saved.operators - target.operators):
             partial.append(f"operator state {key!r} is in the checkpoint but this plan has no such operator")
         for key in sorted(target.operators - saved.operators):
-            partial.append(f"operator state {key!r}: this plan's operator has no state in the checkpoint and would start afresh")
+            partial.append(
+                f"operator state {key!r}: this plan's operator has no state in the checkpoint and would start afresh"
+            )
     for pid in sorted((target.target_networks - saved.target_networks) & set(saved.weight_shapes)):
         partial.append(f"policy {pid!r}: the checkpoint has no target network; it would start as a copy of the model")
     return RestoreCheck(mismatches, partial, config_overrides(saved_config, config))
 
 
-def _shape_mismatches(pid: str, saved: Mapping[str, tuple[int, ...]], target: Mapping[str, tuple[int, ...]]) -> list[str]:
+def _shape_mismatches(
+    pid: str, saved: Mapping[str, tuple[int, ...]], target: Mapping[str, tuple[int, ...]]
+) -> list[str]:
     found = []
     if set(saved) != set(target):
         only_saved, only_target = sorted(set(saved) - set(target)), sorted(set(target) - set(saved))
-        found.append(f"policy {pid!r}: model parameters differ: only in the checkpoint {only_saved}, only in this trainer {only_target}")
+        found.append(
+            f"policy {pid!r}: model parameters differ: only in the checkpoint {only_saved}, only in this trainer {only_target}"
+        )
     for name in sorted(set(saved) & set(target)):
         if saved[name] != target[name]:
-            found.append(f"policy {pid!r}: parameter {name!r} has shape {list(saved[name])} in the checkpoint, "
-                         f"{list(target[name])} in this trainer (check model.fcnet_hiddens and the other model keys)")
+            found.append(
+                f"policy {pid!r}: parameter {name!r} has shape {list(saved[name])} in the checkpoint, "
+                f"{list(target[name])} in this trainer (check model.fcnet_hiddens and the other model keys)"
+            )
     return found
 
 

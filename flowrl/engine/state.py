@@ -10,19 +10,19 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from flowrl.algorithms import Algorithm
 from flowrl.actors import PlanResources, WorkerSet
 from flowrl.actors.rng import process_rng_state, set_process_rng_state
+from flowrl.algorithms import Algorithm
 from flowrl.callbacks import Callbacks, run_hook
-from flowrl.storage.checkpoints import read_checkpoint, write_checkpoint
 from flowrl.config import TrainerConfig
-from flowrl.serve.inference import policy_files
-from flowrl.errors import CheckpointError
 from flowrl.engine.build import EnvSpec
 from flowrl.engine.evaluator import Evaluator
+from flowrl.engine.restore import Layout, check_restore, state_layout
+from flowrl.errors import CheckpointError
 from flowrl.operators import STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER
 from flowrl.plan.graph import Plan
-from flowrl.engine.restore import Layout, check_restore, state_layout
+from flowrl.serve.inference import policy_files
+from flowrl.storage.checkpoints import read_checkpoint, write_checkpoint
 
 CHECKPOINT_VERSION = 3
 
@@ -94,14 +94,20 @@ class TrainerState:
             algo=self.algorithm.name,
             env=self.env if isinstance(self.env, str) else None,
             spaces={pid: (p.observation_space, p.action_space) for pid, p in local.policy_map.items()},
-            weight_shapes={pid: {k: tuple(v.shape) for k, v in p.get_weights().items()} for pid, p in local.policy_map.items()},
-            target_networks=frozenset(pid for pid, p in local.policy_map.items() if getattr(p, "target_model", None) is not None),
+            weight_shapes={
+                pid: {k: tuple(v.shape) for k, v in p.get_weights().items()} for pid, p in local.policy_map.items()
+            },
+            target_networks=frozenset(
+                pid for pid, p in local.policy_map.items() if getattr(p, "target_model", None) is not None
+            ),
             operators=self.plan.state_keys(),
             replay_shards=len(self.resources.replay_actors),
             replay_buffer=self.resources.replay_buffer is not None,
         )
 
-    def set_state(self, state: Mapping[str, Any], *, allow_partial: bool = False, source: str = "the checkpoint") -> None:
+    def set_state(
+        self, state: Mapping[str, Any], *, allow_partial: bool = False, source: str = "the checkpoint"
+    ) -> None:
         """Restore :meth:`get_state`'s output into this trainer; older layouts are upgraded.
 
         Everything is checked first (see :mod:`flowrl.engine.restore`): a checkpoint of another
@@ -115,7 +121,9 @@ class TrainerState:
         state = upgraded_state(state)
         check = check_restore(state_layout(state), self.layout(), state["config"], self.config.to_dict(jsonable=False))
         if check.mismatches:
-            raise CheckpointError(f"{source} does not fit this trainer:\n" + "\n".join(f"  - {m}" for m in check.mismatches))
+            raise CheckpointError(
+                f"{source} does not fit this trainer:\n" + "\n".join(f"  - {m}" for m in check.mismatches)
+            )
         if check.partial and not allow_partial:
             raise CheckpointError(
                 f"{source} can only be restored in part (pass allow_partial=True to accept that):\n"
@@ -135,7 +143,9 @@ class TrainerState:
         self.evaluator.set_state(state.get("evaluation", {}))
         self._finished_metrics = self.plan.metrics.save()
         learner = self.resources.learner
-        self._learner_steps_taken = learner.num_steps_trained - learner.steps_not_delivered() if learner is not None else 0
+        self._learner_steps_taken = (
+            learner.num_steps_trained - learner.steps_not_delivered() if learner is not None else 0
+        )
         self.iteration = int(state["iteration"])
         self.time_total_s = float(state["time_total_s"])
         # The whole run's restarts: max_worker_restarts caps them across resumed sessions too.
@@ -153,8 +163,12 @@ class TrainerState:
             "envs_restarted": restarted,
         }
         if restarted:
-            logger.warning("restored from %s, but these envs (worker index: vector indices) could not be saved "
-                           "mid-episode and started new episodes: %s", source, restarted)
+            logger.warning(
+                "restored from %s, but these envs (worker index: vector indices) could not be saved "
+                "mid-episode and started new episodes: %s",
+                source,
+                restarted,
+            )
 
     def _apply_overrides(self, overrides: Mapping[str, Any]) -> None:
         # Loss coefficients an algorithm adapts (PPO's kl_coeff) are saved state; a value the
@@ -228,7 +242,9 @@ def upgraded_state(state: Mapping[str, Any]) -> dict[str, Any]:
     """
     version = state.get("version", 1)
     if version not in (1, 2, CHECKPOINT_VERSION):
-        raise CheckpointError(f"the checkpoint's layout is version {version!r}; this flowrl reads versions 1 to {CHECKPOINT_VERSION}")
+        raise CheckpointError(
+            f"the checkpoint's layout is version {version!r}; this flowrl reads versions 1 to {CHECKPOINT_VERSION}"
+        )
     if version != 1:
         return {**state, "version": CHECKPOINT_VERSION, "upgraded_from": version}
     operators: dict[str, Any] = {}
@@ -236,10 +252,17 @@ def upgraded_state(state: Mapping[str, Any]) -> dict[str, Any]:
     for key, op_state in state["plan"].get("operators", {}).items():
         label = key.partition(":")[2]
         if "StoreToReplayBuffer" in label:
-            resources.update({"replay_buffer": op_state["buffer"]} if "buffer" in op_state else {"replay_shards": op_state["shards"]})
+            resources.update(
+                {"replay_buffer": op_state["buffer"]} if "buffer" in op_state else {"replay_shards": op_state["shards"]}
+            )
         for name, state_key in _V1_OPERATOR_KEYS.items():
             if name in label:  # numbered as Plan numbers repeated keys, in dataflow order
                 repeats = sum(1 for k in operators if k.partition("#")[0] == state_key)
                 operators[f"{state_key}#{repeats}" if repeats else state_key] = op_state
-    return {**state, "version": CHECKPOINT_VERSION, "upgraded_from": 1, "plan": {**state["plan"], "operators": operators},
-            "resources": resources}
+    return {
+        **state,
+        "version": CHECKPOINT_VERSION,
+        "upgraded_from": 1,
+        "plan": {**state["plan"], "operators": operators},
+        "resources": resources,
+    }

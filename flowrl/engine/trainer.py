@@ -10,21 +10,21 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from flowrl.algorithms import Algorithm, get_algorithm
 from flowrl.actors import PlanResources
 from flowrl.actors.placement import asks_for_actors
+from flowrl.algorithms import Algorithm, get_algorithm
 from flowrl.callbacks import Callbacks, run_hook
-from flowrl.storage.checkpoints import read_checkpoint
 from flowrl.config import TrainerConfig
 from flowrl.deferred import torch
-from flowrl.envs import get_env_creator
-from flowrl.errors import CheckpointError, ConfigError, FlowRLError, PlanStoppedError
 from flowrl.engine.build import EnvSpec, build_plan, make_workers, plan_bundles, validated_config
 from flowrl.engine.evaluator import Evaluator, evaluate_policies
-from flowrl.engine.state import TrainerState
-from flowrl.operators import STEPS_SAMPLED_COUNTER
 from flowrl.engine.ray_runtime import start_ray, stop_ray
+from flowrl.engine.state import TrainerState
+from flowrl.envs import get_env_creator
+from flowrl.errors import CheckpointError, ConfigError, FlowRLError, PlanStoppedError
+from flowrl.operators import STEPS_SAMPLED_COUNTER
 from flowrl.plan.xray import XRay
+from flowrl.storage.checkpoints import read_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,11 @@ class Trainer(TrainerState):
                 self.xray = XRay(self.plan, profile=self.config.profile)
                 #: Evaluation during training (``evaluation_interval``); its actors live in the workers' reservation.
                 self.evaluator = Evaluator(
-                    self.config, env_creator, self.workers.policy_specs, self.workers, parallel=self.algorithm.asynchronous
+                    self.config,
+                    env_creator,
+                    self.workers.policy_specs,
+                    self.workers,
+                    parallel=self.algorithm.asynchronous,
                 )
             except BaseException:
                 for release in (self.resources.stop, self.workers.stop):
@@ -136,15 +140,24 @@ class Trainer(TrainerState):
         planned = time.perf_counter()
         self.workers.sync_filters()  # once per iteration, as RLlib did: the workers' new observation statistics
         synced = time.perf_counter()
-        result.update(self.evaluator.after_iteration(self.iteration + 1, self.plan.metrics.counters[STEPS_SAMPLED_COUNTER]))
+        result.update(
+            self.evaluator.after_iteration(self.iteration + 1, self.plan.metrics.counters[STEPS_SAMPLED_COUNTER])
+        )
         elapsed = time.perf_counter() - start
         evaluation_s += elapsed - (synced - start)
         self.iteration += 1
         self.time_total_s += elapsed
-        result.update(training_iteration=self.iteration, time_this_iter_s=elapsed, time_total_s=self.time_total_s, timestamp=time.time())
+        result.update(
+            training_iteration=self.iteration,
+            time_this_iter_s=elapsed,
+            time_total_s=self.time_total_s,
+            timestamp=time.time(),
+        )
         result.setdefault("info", {}).update(self.resources.stats())  # may replace a dead replay shard: first
         driver = {"sync_filters_s": synced - planned, "evaluation_s": evaluation_s}
-        learn_times = [self.workers.local_worker().get_policy(pid).learn_times for pid in self.workers.trainable_policies()]
+        learn_times = [
+            self.workers.local_worker().get_policy(pid).learn_times for pid in self.workers.trainable_policies()
+        ]
         result["plan"] = self.xray.report(elapsed, result.get("plan", {}), result["info"], driver, learn_times)
         if self.workers.remote_workers():
             result["info"]["placement"] = self.workers.placement()
@@ -170,8 +183,13 @@ class Trainer(TrainerState):
         not_live = sorted(set(changes) - self.algorithm.live_keys)
         if not_live:
             live = ", ".join(sorted(self.algorithm.live_keys)) or "none"
-            raise ConfigError([f"{key} cannot change on a running {self.algorithm.name} trainer (keys that can: {live}); "
-                               "build a new trainer and restore a checkpoint into it" for key in not_live])
+            raise ConfigError(
+                [
+                    f"{key} cannot change on a running {self.algorithm.name} trainer (keys that can: {live}); "
+                    "build a new trainer and restore a checkpoint into it"
+                    for key in not_live
+                ]
+            )
         config = self.config.replace(**changes)  # validates them all before anything changes
         local = self.workers.local_worker()
         with local.lock:  # a learner thread takes it for each update
@@ -184,7 +202,9 @@ class Trainer(TrainerState):
     def evaluate(self, num_episodes: int = 10, seed: int | None = None) -> dict[str, Any]:
         """Run ``num_episodes`` episodes with deterministic actions in this process; return their statistics."""
         local = self.workers.local_worker()
-        return evaluate_policies(local.policy_map, self.env, self.config, num_episodes, seed, obs_filter=local.obs_filter)
+        return evaluate_policies(
+            local.policy_map, self.env, self.config, num_episodes, seed, obs_filter=local.obs_filter
+        )
 
     # -- checkpoints (saving and restoring: TrainerState, in flowrl.engine.state) -----
 
@@ -206,7 +226,9 @@ class Trainer(TrainerState):
         state, _ = read_checkpoint(checkpoint_path)
         for key in ("algo", "env", "config"):
             if key not in state:
-                raise CheckpointError(f"checkpoint {str(checkpoint_path)!r} has no {key!r}: not a flowrl Trainer checkpoint")
+                raise CheckpointError(
+                    f"checkpoint {str(checkpoint_path)!r} has no {key!r}: not a flowrl Trainer checkpoint"
+                )
         trainer = cls(state["algo"], state["env"], {**state["config"], **(config_overrides or {})}, address=address)
         try:
             trainer.set_state(state, allow_partial=allow_partial, source=f"checkpoint {str(checkpoint_path)!r}")
@@ -236,7 +258,9 @@ class Trainer(TrainerState):
         stop_ray(self._owns_ray)
         self._owns_ray = False
         if problems:
-            raise FlowRLError("Trainer.stop(): everything was released, but:\n" + "\n".join(f"  - {p}" for p in problems))
+            raise FlowRLError(
+                "Trainer.stop(): everything was released, but:\n" + "\n".join(f"  - {p}" for p in problems)
+            )
 
     def __enter__(self) -> "Trainer":
         return self

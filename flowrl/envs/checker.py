@@ -100,7 +100,9 @@ def _checked_reset(env: Any, method: str, observation_space: spaces.Space, **kwa
         )
     obs, info = result
     if not isinstance(info, dict):
-        raise EnvCheckError(f"{method} returned info {abbreviate(info)} of type {type(info).__name__}; info must be a dict")
+        raise EnvCheckError(
+            f"{method} returned info {abbreviate(info)} of type {type(info).__name__}; info must be a dict"
+        )
     _check_obs(obs, observation_space, method, "obs", "observation_space")
     return obs
 
@@ -192,7 +194,9 @@ def _check_obs(obs: Any, space: spaces.Space, method: str, obs_name: str, space_
             isinstance(obs, (int, np.integer))
             or (isinstance(obs, np.ndarray) and obs.ndim == 0 and np.issubdtype(obs.dtype, np.integer))
         ):
-            raise fail(f"{abbreviate(obs)} of type {type(obs).__name__}, but {space_name} is {space}; it must be an int")
+            raise fail(
+                f"{abbreviate(obs)} of type {type(obs).__name__}, but {space_name} is {space}; it must be an int"
+            )
         value, low, high = int(obs), int(space.start), int(space.start + space.n - 1)
         if value < low:
             raise fail(f"{obs_name}={value} below {space_name}.start={low}")
@@ -201,8 +205,13 @@ def _check_obs(obs: Any, space: spaces.Space, method: str, obs_name: str, space_
     elif isinstance(space, spaces.MultiDiscrete):
         _check_array(obs, space, fail, obs_name, space_name, integer=True)
         _check_bounds(
-            np.asarray(obs), space.start, space.start + space.nvec - 1, fail, obs_name,
-            f"{space_name}.start", f"({space_name}.start + {space_name}.nvec - 1)",
+            np.asarray(obs),
+            space.start,
+            space.start + space.nvec - 1,
+            fail,
+            obs_name,
+            f"{space_name}.start",
+            f"({space_name}.start + {space_name}.nvec - 1)",
         )
     elif isinstance(space, spaces.MultiBinary):
         _check_array(obs, space, fail, obs_name, space_name, integer=True)
@@ -211,7 +220,9 @@ def _check_obs(obs: Any, space: spaces.Space, method: str, obs_name: str, space_
         if len(bad):
             index = tuple(bad[0])
             shown = abbreviate(array[index])
-            raise fail(f"with {element_name(obs_name, index)}={shown}, but {space_name} is {space}: values must be 0 or 1")
+            raise fail(
+                f"with {element_name(obs_name, index)}={shown}, but {space_name} is {space}: values must be 0 or 1"
+            )
     elif isinstance(space, spaces.Dict):
         if not isinstance(obs, dict) or set(obs) != set(space.spaces):
             keys = sorted(map(str, obs)) if isinstance(obs, dict) else None
@@ -263,7 +274,9 @@ def _check_bounds(
         if len(offending):
             index = tuple(offending[0])
             value, limit = abbreviate(array[index]), abbreviate(bound[index])
-            raise fail(f"with {element_name(obs_name, index)}={value} {relation} {element_name(bound_name, index)}={limit}")
+            raise fail(
+                f"with {element_name(obs_name, index)}={value} {relation} {element_name(bound_name, index)}={limit}"
+            )
 
 
 def element_name(name: str, index: tuple) -> str:

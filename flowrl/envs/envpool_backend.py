@@ -33,7 +33,9 @@ from flowrl.envs.atari import is_atari_id
 from flowrl.envs.registry import GymnasiumCreator
 from flowrl.errors import EnvError
 
-MISSING_ENVPOOL_MESSAGE = "env_backend 'envpool' needs the optional dependency envpool: pip install 'flowrl-ray[envpool]'"
+MISSING_ENVPOOL_MESSAGE = (
+    "env_backend 'envpool' needs the optional dependency envpool: pip install 'flowrl-ray[envpool]'"
+)
 
 #: flowrl's Atari options (:func:`flowrl.envs.make_atari_env`) as EnvPool's keyword arguments, with flowrl's defaults.
 ATARI_OPTIONS: dict[str, tuple[str, Any]] = {
@@ -119,8 +121,13 @@ class EnvPoolVector:
                 # EnvPool builds classic-control Box spaces from float64 bounds; Gymnasium warns on the cast to float32.
                 warnings.filterwarnings("ignore", message=".*precision lowered by casting", category=UserWarning)
                 self._pool = envpool.make(
-                    task, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs, seed=seed,
-                    num_threads=num_threads, **options,
+                    task,
+                    env_type="gymnasium",
+                    num_envs=num_envs,
+                    batch_size=num_envs,
+                    seed=seed,
+                    num_threads=num_threads,
+                    **options,
                 )
                 self.observation_space: gym.Space[Any] = self._pool.observation_space
                 self.action_space: gym.Space[Any] = self._pool.action_space
@@ -207,7 +214,9 @@ class PoolEnv:
         self.observation_space = vector.observation_space
         self.action_space = vector.action_space
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
         """A new game (``seed`` is not used: EnvPool seeds its envs once, when it creates them)."""
         return self.vector.reset(self.index)
 

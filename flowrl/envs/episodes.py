@@ -34,7 +34,9 @@ def recorded_episode(info: Any) -> tuple[float, int] | None:
     return None if episode is None else (float(episode["r"]), int(episode["l"]))
 
 
-def run_episode(env: gym.Env, actor: Callable[[np.ndarray], Any], seed: int | None, observations: list[np.ndarray] | None = None) -> tuple[float, int]:
+def run_episode(
+    env: gym.Env, actor: Callable[[np.ndarray], Any], seed: int | None, observations: list[np.ndarray] | None = None
+) -> tuple[float, int]:
     """One episode of ``actor`` from ``env.reset(seed=seed)``: its return and length.
 
     For an env that records its own episodes (:func:`records_episodes`) that is the recorded

@@ -122,7 +122,9 @@ def _agent_space(env: Any, method: str, agent: AgentID) -> spaces.Space:
             f"but it must be a gymnasium.spaces.Space (e.g. gymnasium.spaces.Box)"
         )
     if again != space:
-        raise EnvCheckError(f"{call} returned {abbreviate(space)} and then {abbreviate(again)}; an agent's space must not change")
+        raise EnvCheckError(
+            f"{call} returned {abbreviate(space)} and then {abbreviate(again)}; an agent's space must not change"
+        )
     return space
 
 
@@ -224,7 +226,11 @@ def _check_step_result(
     """Check one step's return and the agents' bookkeeping; return the obs and the agents that finished."""
     method = "env.step()"
     _check_step_arity(
-        result, method, f"the Parallel API's 5-tuple of dicts {_STEP_API}", "(obs, rewards, dones, infos), the old API", where
+        result,
+        method,
+        f"the Parallel API's 5-tuple of dicts {_STEP_API}",
+        "(obs, rewards, dones, infos), the old API",
+        where,
     )
     for field, value in zip(_STEP_FIELDS, result):
         if not isinstance(value, dict):

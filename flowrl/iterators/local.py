@@ -220,7 +220,11 @@ class LocalIterator(Generic[T]):
                 if metrics.profile:
                     it = _measured(it, stats[self.stages[0].id], self.stages[0].id, metrics)
                 for transform, stage in zip(self.local_transforms, self.stages[1:]):
-                    it = _measured(transform(it), stats[stage.id], stage.id, metrics) if metrics.profile else transform(it)
+                    it = (
+                        _measured(transform(it), stats[stage.id], stage.id, metrics)
+                        if metrics.profile
+                        else transform(it)
+                    )
                 self._built = it
             return next(self._built)
         finally:
@@ -258,10 +262,14 @@ class LocalIterator(Generic[T]):
             )
 
     def _copy(self, timeout: float | None) -> "LocalIterator[T]":
-        return LocalIterator(self.base_iterator, self.shared_metrics, self.local_transforms, timeout, self.name, self.stages)
+        return LocalIterator(
+            self.base_iterator, self.shared_metrics, self.local_transforms, timeout, self.name, self.stages
+        )
 
     def _renamed(self, name: str) -> "LocalIterator[T]":
-        return LocalIterator(self.base_iterator, self.shared_metrics, self.local_transforms, self.timeout, name, self.stages)
+        return LocalIterator(
+            self.base_iterator, self.shared_metrics, self.local_transforms, self.timeout, name, self.stages
+        )
 
     def _chain(self, transform: Transform, suffix: str, fn: Any = None) -> "LocalIterator[Any]":
         """Append ``transform``; ``suffix`` (``".for_each()"``) names it, ``fn`` is what it applies."""

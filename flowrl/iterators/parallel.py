@@ -77,7 +77,9 @@ class ParallelIterator(Generic[T]):
     shard with :meth:`get_shard`.
     """
 
-    def __init__(self, actor_sets: list[_ActorSet], name: str, parent_iterators: Sequence["ParallelIterator[Any]"] = ()) -> None:
+    def __init__(
+        self, actor_sets: list[_ActorSet], name: str, parent_iterators: Sequence["ParallelIterator[Any]"] = ()
+    ) -> None:
         self.actor_sets = actor_sets
         self.name = name
         self.parent_iterators = list(parent_iterators)
@@ -139,7 +141,9 @@ class ParallelIterator(Generic[T]):
         shards: list[_Shard] = []
         for actor_set in self.actor_sets:
             for actor in actor_set.actors:
-                shards.append(_Shard(len(shards), actor, actor_set.transforms, actor_set.on_failure, actor_set.timeout_s))
+                shards.append(
+                    _Shard(len(shards), actor, actor_set.transforms, actor_set.on_failure, actor_set.timeout_s)
+                )
         return shards
 
     def num_shards(self) -> int:
@@ -163,9 +167,12 @@ class ParallelIterator(Generic[T]):
         shards = self._shards()
         for i in shards_to_keep:
             if not 0 <= i < len(shards):
-                raise IteratorUsageError(f"select_shards({list(shards_to_keep)}): {self!r} has shards 0..{len(shards) - 1}")
+                raise IteratorUsageError(
+                    f"select_shards({list(shards_to_keep)}): {self!r} has shards 0..{len(shards) - 1}"
+                )
         sets = [
-            _ActorSet([shards[i].actor], shards[i].transforms, shards[i].on_failure, shards[i].timeout_s) for i in shards_to_keep
+            _ActorSet([shards[i].actor], shards[i].transforms, shards[i].on_failure, shards[i].timeout_s)
+            for i in shards_to_keep
         ]
         return ParallelIterator(sets, f"{self.name}.select_shards({len(sets)} shards)", [self])
 
@@ -286,6 +293,7 @@ class ParallelIterator(Generic[T]):
         Deterministic. A shard's next item is requested only after all of this round's
         items were consumed downstream.
         """
+
         def base(timeout: float | None) -> Iterator[Any]:
             for round_items in self._sync_rounds(timeout):
                 if isinstance(round_items, NextValueNotReady):
@@ -295,7 +303,9 @@ class ParallelIterator(Generic[T]):
                     current_metrics().current_actor = shard.actor
                     yield item
 
-        return LocalIterator(base, SharedMetrics(), name=f"{self.name}.gather_sync()", stages=[self._source_stage("gather_sync")])
+        return LocalIterator(
+            base, SharedMetrics(), name=f"{self.name}.gather_sync()", stages=[self._source_stage("gather_sync")]
+        )
 
     def batch_across_shards(self, min_fraction: float = 1.0) -> LocalIterator[list[T]]:
         """Yield one list per round holding the next item of every live shard.
@@ -314,7 +324,12 @@ class ParallelIterator(Generic[T]):
                 else:
                     yield [item for _, item in round_items]
 
-        return LocalIterator(base, SharedMetrics(), name=f"{self.name}.batch_across_shards()", stages=[self._source_stage("batch_across_shards")])
+        return LocalIterator(
+            base,
+            SharedMetrics(),
+            name=f"{self.name}.batch_across_shards()",
+            stages=[self._source_stage("batch_across_shards")],
+        )
 
     def gather_async(self, num_async: int = 1) -> LocalIterator[T]:
         """Yield items as shards produce them, with ``num_async`` requests in flight per shard.
@@ -402,7 +417,9 @@ class ParallelIterator(Generic[T]):
             finally:
                 streams.close()
 
-        return LocalIterator(base, SharedMetrics(), name=f"{self.name}.gather_async()", stages=[self._source_stage("gather_async")])
+        return LocalIterator(
+            base, SharedMetrics(), name=f"{self.name}.gather_async()", stages=[self._source_stage("gather_async")]
+        )
 
 
 def _check_num_shards(num_shards: int) -> None:
@@ -426,7 +443,9 @@ def from_range(n: int, num_shards: int = 2, repeat: bool = False) -> ParallelIte
     return from_iterators(shards, repeat=repeat, name=f"from_range[{n}, shards={num_shards}]")
 
 
-def from_iterators(generators: Sequence[ItemSource], repeat: bool = False, name: str | None = None) -> ParallelIterator[Any]:
+def from_iterators(
+    generators: Sequence[ItemSource], repeat: bool = False, name: str | None = None
+) -> ParallelIterator[Any]:
     """A parallel iterator with one shard actor per element of ``generators``.
 
     Each element is an iterable or a zero-argument callable returning one.

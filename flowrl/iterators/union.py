@@ -167,7 +167,9 @@ def _check_weights(weights: Sequence[int | str] | None, n: int) -> list[int | No
         elif isinstance(w, int) and w >= 1:
             checked.append(w)
         else:
-            raise IteratorUsageError(f"round_robin_weights={weights}: each weight must be an int >= 1 or '*', got {w!r}")
+            raise IteratorUsageError(
+                f"round_robin_weights={weights}: each weight must be an int >= 1 or '*', got {w!r}"
+            )
     return checked
 
 

@@ -137,7 +137,9 @@ def Dequeue(input_queue: queue.Queue[Any], check: Callable[[], bool] = lambda: T
             else:
                 yield NextValueNotReady(events=[events.not_empty_event])
 
-    return LocalIterator(base, SharedMetrics(), name="dequeue", stages=[StageNode("source", "dequeue", (), _LearnerResults())])
+    return LocalIterator(
+        base, SharedMetrics(), name="dequeue", stages=[StageNode("source", "dequeue", (), _LearnerResults())]
+    )
 
 
 class _LearnerResults(Operator):

@@ -69,7 +69,10 @@ class SendWeightsToSource(Operator):
         version = self.learner.num_batches_trained
         self.policy_lag_total += version - self.version_sent.get(actor, 0)
         self.batches_received += 1
-        if self.steps_since[actor] >= self.min_steps and version - self.version_sent.get(actor, 0) >= self.min_learner_updates:
+        if (
+            self.steps_since[actor] >= self.min_steps
+            and version - self.version_sent.get(actor, 0) >= self.min_learner_updates
+        ):
             if self.weights_version != version:
                 with self.learner.lock:  # not halfway through a learner step
                     weights = self.workers.local_worker().get_weights()

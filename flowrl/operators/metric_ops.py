@@ -80,7 +80,12 @@ def summarize_episodes(episodes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     lengths = np.array([e["episode_length"] for e in episodes], dtype=np.float64)
     if not len(rewards):
         nan = float("nan")
-        return {"episode_reward_mean": nan, "episode_reward_min": nan, "episode_reward_max": nan, "episode_len_mean": nan}
+        return {
+            "episode_reward_mean": nan,
+            "episode_reward_min": nan,
+            "episode_reward_max": nan,
+            "episode_len_mean": nan,
+        }
     summary: dict[str, Any] = {
         "episode_reward_mean": float(rewards.mean()),
         "episode_reward_min": float(rewards.min()),
@@ -130,7 +135,9 @@ class CollectMetrics(StatefulOperator):
 
     state_key = "collect_metrics"
 
-    def __init__(self, workers: WorkerSet, min_history: int = 100, selected_workers: Sequence[int] | None = None) -> None:
+    def __init__(
+        self, workers: WorkerSet, min_history: int = 100, selected_workers: Sequence[int] | None = None
+    ) -> None:
         self.workers = workers
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=min_history)
         self.selected_workers = set(selected_workers) if selected_workers is not None else None
@@ -221,9 +228,12 @@ def worker_phases(reports: Sequence[tuple[int, WorkerMetrics]], *, in_driver: bo
         "per_worker": {
             str(index): {
                 "busy_share": round(min(1.0, (phases["sample_s"] + phases["serialize_s"]) / phases["wall_s"]), 4)
-                if phases["wall_s"] > 0 else 0.0,
+                if phases["wall_s"] > 0
+                else 0.0,
                 "fragments": int(phases["samples"]),
-                "sample_s_per_fragment": round(phases["sample_s"] / phases["samples"], 6) if phases["samples"] else None,
+                "sample_s_per_fragment": round(phases["sample_s"] / phases["samples"], 6)
+                if phases["samples"]
+                else None,
             }
             for index, phases in timed
         },

@@ -25,12 +25,12 @@ from flowrl.deferred import DeferredModule
 from flowrl.errors import FlowRLError
 from flowrl.iterators import LocalIterator, SharedMetrics
 from flowrl.operators.metric_ops import record_learner_info
-from flowrl.operators.rollout_ops import count_sampled, rollout_actors
 from flowrl.operators.names import (
     LEARN_ON_BATCH_TIMER,
     STEPS_TRAINED_COUNTER,
 )
 from flowrl.operators.protocol import ActorLink, Operator
+from flowrl.operators.rollout_ops import count_sampled, rollout_actors
 from flowrl.operators.weight_sync import broadcast_weights
 from flowrl.policy import TorchPolicy
 from flowrl.policy.perturbation_spec import num_perturbed_parameters
@@ -102,9 +102,17 @@ def PerturbationRollouts(
     evaluate = EvaluatePerturbations(noise, per_worker, noise_stdev, eval_prob, collect_obs_stats)
     if not remote:
         local = workers.local_worker()
-        source: LocalIterator[PerturbationResult] = LocalIterator(lambda timeout: evaluate.rounds(local), SharedMetrics(), name="local_worker.evaluate_perturbations()")
+        source: LocalIterator[PerturbationResult] = LocalIterator(
+            lambda timeout: evaluate.rounds(local), SharedMetrics(), name="local_worker.evaluate_perturbations()"
+        )
         return source.for_each(count_perturbation_steps)
-    return rollout_actors(workers).transform(evaluate).batch_across_shards().for_each(PerturbationResult.concat).for_each(count_perturbation_steps)
+    return (
+        rollout_actors(workers)
+        .transform(evaluate)
+        .batch_across_shards()
+        .for_each(PerturbationResult.concat)
+        .for_each(count_perturbation_steps)
+    )
 
 
 class CollectPerturbations:
@@ -144,7 +152,9 @@ class PerturbationUpdate:
         # Checked from the policy's spec when the plan is built; the policy itself is read on the first update.
         policy_class = workers.local_worker().policy_class()
         if not issubclass(policy_class, TorchPolicy):
-            raise FlowRLError(f"perturbation searches step a TorchPolicy over a PerturbableModel (ES/ARS policies), got {policy_class.__name__}")
+            raise FlowRLError(
+                f"perturbation searches step a TorchPolicy over a PerturbableModel (ES/ARS policies), got {policy_class.__name__}"
+            )
         self.dim = num_perturbed_parameters(workers.policy_specs[DEFAULT_POLICY_ID])
         noise.check_dim(self.dim)
         self.workers = workers
@@ -155,7 +165,9 @@ class PerturbationUpdate:
     def policy(self) -> TorchPolicy[Any]:
         """The local worker's policy, which the updates step."""
         policy = perturbable_policy(self.workers)
-        assert len(perturbable.flat_parameters(policy.model)) == self.dim, "num_perturbed_parameters() disagrees with the model"
+        assert len(perturbable.flat_parameters(policy.model)) == self.dim, (
+            "num_perturbed_parameters() disagrees with the model"
+        )
         return policy
 
     def estimate(self, result: PerturbationResult) -> tuple[np.ndarray, PerturbationResult, dict[str, float]]:

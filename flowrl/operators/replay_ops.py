@@ -25,14 +25,14 @@ from flowrl.data import (
 )
 from flowrl.deferred import ray
 from flowrl.errors import FlowRLError, ReplayShardError, ShardFailedError
-from flowrl.iterators.local import StreamTransform
-from flowrl.iterators.metrics import BLOCKED, HELD, account
 from flowrl.iterators import (
     LocalIterator,
     NextValueNotReady,
     SharedMetrics,
     from_actors,
 )
+from flowrl.iterators.local import StreamTransform
+from flowrl.iterators.metrics import BLOCKED, HELD, account
 from flowrl.operators.names import (
     STEPS_SAMPLED_COUNTER,
     STEPS_TRAINED_COUNTER,
@@ -211,7 +211,9 @@ class _ReplaceFailedShard:
         if error.reason == "raised":
             cause = error.__cause__
             cause = cause.cause if isinstance(cause, ray.exceptions.RayTaskError) else cause
-            raise ReplayShardError(f"replay shard {shard_index} failed to replay: {type(cause).__name__}: {cause}") from error
+            raise ReplayShardError(
+                f"replay shard {shard_index} failed to replay: {type(cause).__name__}: {cause}"
+            ) from error
         return self.shards.replace(failed_actor, error)
 
 
@@ -353,7 +355,9 @@ class UpdatePriorities(Operator):
         elif isinstance(item, Learned) and item.source is not None:
             self._send(item.source, dict(item.priorities))
         else:
-            raise FlowRLError("UpdatePriorities without local_buffer= needs Learned items whose source is a replay shard")
+            raise FlowRLError(
+                "UpdatePriorities without local_buffer= needs Learned items whose source is a replay shard"
+            )
         return item
 
     def _send(self, shard: Any, priorities: dict[str, Any]) -> None:
@@ -382,7 +386,9 @@ class ThrottleSampling(StreamTransform):
     shard training would otherwise wait on sampling and sampling on training for ever.
     """
 
-    def __init__(self, training_intensity: float, start_after: int, *, replay_shards: Sequence[Any] | None = None) -> None:
+    def __init__(
+        self, training_intensity: float, start_after: int, *, replay_shards: Sequence[Any] | None = None
+    ) -> None:
         if training_intensity <= 0:
             raise FlowRLError(f"ThrottleSampling(training_intensity={training_intensity}): must be > 0")
         self.training_intensity = training_intensity

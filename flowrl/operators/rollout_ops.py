@@ -116,8 +116,10 @@ def AggregatedRollouts(workers: WorkerSet, aggregators: AggregatorSet) -> LocalI
     """
     if not len(aggregators):
         raise FlowRLError("AggregatedRollouts needs at least one aggregator actor")
-    return from_actors(list(aggregators), name="aggregators", on_shard_failure=aggregators.replace).gather_async().for_each(
-        _CountAggregatedSteps(len(workers.remote_workers()))
+    return (
+        from_actors(list(aggregators), name="aggregators", on_shard_failure=aggregators.replace)
+        .gather_async()
+        .for_each(_CountAggregatedSteps(len(workers.remote_workers())))
     )
 
 
@@ -150,7 +152,9 @@ def AsyncGradients(workers: WorkerSet) -> LocalIterator[ComputedGradients]:
     """
     if not workers.remote_workers():
         raise FlowRLError("AsyncGradients needs remote workers (num_workers >= 1)")
-    return rollout_actors(workers).for_each(_sample_and_compute_gradients).gather_async().for_each(_record_gradient_source)
+    return (
+        rollout_actors(workers).for_each(_sample_and_compute_gradients).gather_async().for_each(_record_gradient_source)
+    )
 
 
 class ConcatBatches:
@@ -185,7 +189,9 @@ class SelectExperiences:
     def __call__(self, batch: Batch) -> Batch:
         if not isinstance(batch, MultiAgentBatch):
             if self.policy_ids != [DEFAULT_POLICY_ID]:
-                raise FlowRLError(f"SelectExperiences({self.policy_ids}) got a single-agent batch (policy {DEFAULT_POLICY_ID!r})")
+                raise FlowRLError(
+                    f"SelectExperiences({self.policy_ids}) got a single-agent batch (policy {DEFAULT_POLICY_ID!r})"
+                )
             return batch
         return MultiAgentBatch(
             {pid: b for pid, b in batch.policy_batches.items() if pid in self.policy_ids}, batch.env_steps()

@@ -147,7 +147,9 @@ class TrainOneStep(Operator):
         self.seed: int | None = None
         if not isinstance(num_sgd_iter, int):
             if sgd_minibatch_size:
-                raise FlowRLError("TrainOneStep: a config given as num_sgd_iter sets sgd_minibatch_size too; drop the argument")
+                raise FlowRLError(
+                    "TrainOneStep: a config given as num_sgd_iter sets sgd_minibatch_size too; drop the argument"
+                )
             config = num_sgd_iter
             num_sgd_iter, sgd_minibatch_size, self.seed = config.num_sgd_iter, config.sgd_minibatch_size, config.seed
         if num_sgd_iter < 1:
@@ -160,7 +162,11 @@ class TrainOneStep(Operator):
 
     def plan_links(self) -> list[PlanLink]:
         """Broadcasts to the rollout workers, naming the policies unless it is only the default one; the learner group."""
-        label = "broadcast weights" if self.policies == [DEFAULT_POLICY_ID] else f"broadcast weights of {', '.join(self.policies)}"
+        label = (
+            "broadcast weights"
+            if self.policies == [DEFAULT_POLICY_ID]
+            else f"broadcast weights of {', '.join(self.policies)}"
+        )
         return [*learner_group_links(self.learners), ActorLink("RolloutWorker", label)]
 
     def plan_actor_counts(self) -> dict[str, int]:
@@ -173,8 +179,12 @@ class TrainOneStep(Operator):
         # Shuffles seeded by (seed, steps trained): reproducible, also after a restore.
         seed = None if self.seed is None else [self.seed, metrics.counters[STEPS_TRAINED_COUNTER]]
         with metrics.timers[LEARN_ON_BATCH_TIMER] as timer:
-            settings: dict[str, Any] = {"policies": self.policies, "num_sgd_iter": self.num_sgd_iter,
-                        "sgd_minibatch_size": self.sgd_minibatch_size, "seed": seed}
+            settings: dict[str, Any] = {
+                "policies": self.policies,
+                "num_sgd_iter": self.num_sgd_iter,
+                "sgd_minibatch_size": self.sgd_minibatch_size,
+                "seed": seed,
+            }
             if self.learners is not None:
                 learned = self.learners.learn(batch, **settings)
             else:
@@ -197,7 +207,9 @@ class ComputeGradients:
     def __call__(self, batch: Batch) -> ComputedGradients:
         metrics = LocalIterator.get_metrics()
         with metrics.timers[COMPUTE_GRADS_TIMER]:
-            grads, info = self.workers.local_worker().compute_gradients(as_policy_batches(batch)[self.policy_id], self.policy_id)
+            grads, info = self.workers.local_worker().compute_gradients(
+                as_policy_batches(batch)[self.policy_id], self.policy_id
+            )
         record_learner_info({self.policy_id: info})
         return ComputedGradients(grads, batch.env_steps())
 
@@ -210,7 +222,8 @@ class AverageGradients:
             raise FlowRLError("AverageGradients got an empty list")
         total = sum(item.steps for item in items)
         averaged = [
-            np.sum([item.gradients[i] * (item.steps / total) for item in items], axis=0) for i in range(len(items[0].gradients))
+            np.sum([item.gradients[i] * (item.steps / total) for item in items], axis=0)
+            for i in range(len(items[0].gradients))
         ]
         return ComputedGradients(averaged, total)
 
@@ -245,7 +258,9 @@ class ApplyGradients(Operator):
         else:
             actor = metrics.current_actor
             if actor is None:
-                raise FlowRLError("ApplyGradients(update_all=False) needs the source actor; use it right after AsyncGradients")
+                raise FlowRLError(
+                    "ApplyGradients(update_all=False) needs the source actor; use it right after AsyncGradients"
+                )
             send_weights(self.workers, actor, local.get_weights([self.policy_id]))
         info: LearnerStats = metrics.info.get(LEARNER_INFO, {})
         return info
@@ -280,9 +295,15 @@ class UpdateTargetNetwork(Operator):
         self.counter = STEPS_TRAINED_COUNTER if by_steps_trained else STEPS_SAMPLED_COUNTER
         if not isinstance(target_update_freq, int):
             if by_steps_trained:
-                raise FlowRLError("UpdateTargetNetwork: a config given as target_update_freq names the counter; drop by_steps_trained")
+                raise FlowRLError(
+                    "UpdateTargetNetwork: a config given as target_update_freq names the counter; drop by_steps_trained"
+                )
             config = target_update_freq
-            target_update_freq, self.tau, self.counter = config.target_network_update_freq, config.tau, config.target_update_counter
+            target_update_freq, self.tau, self.counter = (
+                config.target_network_update_freq,
+                config.tau,
+                config.target_update_counter,
+            )
         self.target_update_freq = target_update_freq
         learner = resources.learner if resources is not None else None
         self.lock: ContextManager[Any] = learner.lock if learner is not None else contextlib.nullcontext()

@@ -196,14 +196,29 @@ class WandbLogger:
     ``WANDB_ENTITY``, ``WANDB_API_KEY``).
     """
 
-    def __init__(self, project: str, *, run_dir: str | os.PathLike[str], name: str, config: Mapping[str, Any],
-                 run_id: str | None = None) -> None:
+    def __init__(
+        self,
+        project: str,
+        *,
+        run_dir: str | os.PathLike[str],
+        name: str,
+        config: Mapping[str, Any],
+        run_id: str | None = None,
+    ) -> None:
         import wandb
 
         # create_new: a run of the user's own script, or of another flowrl run in this process, stays untouched.
         # allow_val_change: a resumed run may have new stop criteria, checkpoint settings or num_workers.
-        self._run = wandb.init(project=project, name=name, dir=str(run_dir), config=dict(config), id=run_id,
-                               resume="allow" if run_id else None, reinit="create_new", allow_val_change=True)
+        self._run = wandb.init(
+            project=project,
+            name=name,
+            dir=str(run_dir),
+            config=dict(config),
+            id=run_id,
+            resume="allow" if run_id else None,
+            reinit="create_new",
+            allow_val_change=True,
+        )
         self._run.define_metric(STEP_KEY)
         self._run.define_metric("*", step_metric=STEP_KEY)
         self.run_id: str = self._run.id
@@ -222,7 +237,7 @@ def mlflow_key(key: str) -> str:
 
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]
 
 
 class MLflowLogger:
@@ -259,8 +274,10 @@ class MLflowLogger:
         else:
             experiment_id = self._client.create_experiment(experiment_name)
         run_id: str = self._client.create_run(experiment_id, run_name=name).info.run_id
-        flat = [Param(mlflow_key(key), json.dumps(value) if isinstance(value, (list, tuple)) else str(value))
-                for key, value in flatten_result(params).items()]
+        flat = [
+            Param(mlflow_key(key), json.dumps(value) if isinstance(value, (list, tuple)) else str(value))
+            for key, value in flatten_result(params).items()
+        ]
         for chunk in _chunks(flat, _MLFLOW_PARAMS_BATCH):
             self._client.log_batch(run_id, params=list(chunk))
         return run_id
@@ -327,17 +344,27 @@ def open_loggers(
         new_ids: dict[str, Any] = {}
         if wandb_project is not None:
             try:
-                wandb_logger = WandbLogger(wandb_project, run_dir=directory, name=directory.name, config=params,
-                                           run_id=_previous_id(ids, "wandb", "project", wandb_project))
+                wandb_logger = WandbLogger(
+                    wandb_project,
+                    run_dir=directory,
+                    name=directory.name,
+                    config=params,
+                    run_id=_previous_id(ids, "wandb", "project", wandb_project),
+                )
             except Exception as e:  # noqa: BLE001 - W&B raises many kinds (not logged in, no network)
-                raise RunError(f"cannot start a Weights & Biases run in project {wandb_project!r}: "
-                               f"{type(e).__name__}: {e}") from e
+                raise RunError(
+                    f"cannot start a Weights & Biases run in project {wandb_project!r}: {type(e).__name__}: {e}"
+                ) from e
             loggers.append(wandb_logger)
             new_ids["wandb"] = {"project": wandb_project, "run_id": wandb_logger.run_id}
         if mlflow_tracking_uri is not None:
             try:
-                mlflow_logger = MLflowLogger(mlflow_tracking_uri, name=directory.name, params=params,
-                                             run_id=_previous_id(ids, "mlflow", "tracking_uri", mlflow_tracking_uri))
+                mlflow_logger = MLflowLogger(
+                    mlflow_tracking_uri,
+                    name=directory.name,
+                    params=params,
+                    run_id=_previous_id(ids, "mlflow", "tracking_uri", mlflow_tracking_uri),
+                )
             except Exception as e:  # noqa: BLE001 - MLflow's errors, and its HTTP client's
                 raise RunError(f"cannot start an MLflow run at {mlflow_tracking_uri!r}: {type(e).__name__}: {e}") from e
             loggers.append(mlflow_logger)

@@ -109,7 +109,9 @@ def plot_runs(
     runs = [run for path in paths for run in _read_runs(Path(path))]
     with_results = [run for run in runs if run.results]
     if not with_results:
-        raise RunError(f"no results to plot: {_names(runs)} {'has' if len(runs) == 1 else 'have'} an empty {PROGRESS_FILE}")
+        raise RunError(
+            f"no results to plot: {_names(runs)} {'has' if len(runs) == 1 else 'have'} an empty {PROGRESS_FILE}"
+        )
     skipped = [(run.directory, f"its {PROGRESS_FILE} is empty") for run in runs if not run.results]
     series: list[tuple[_Run, np.ndarray, np.ndarray]] = []
     for run in with_results:
@@ -130,7 +132,9 @@ def plot_runs(
         single_point = len(group.x) == 1
         (line,) = axes.plot(group.x, group.mean, label=group.label, marker="o" if single_point else None)
         if len(group.runs) > 1:
-            axes.fill_between(group.x, group.mean - group.std, group.mean + group.std, color=line.get_color(), alpha=0.2)
+            axes.fill_between(
+                group.x, group.mean - group.std, group.mean + group.std, color=line.get_color(), alpha=0.2
+            )
     axes.set_xlabel(x)
     axes.set_ylabel(y)
     axes.grid(True, alpha=0.3)
@@ -140,8 +144,10 @@ def plot_runs(
     path = Path(out)
     supported = sorted(figure.canvas.get_supported_filetypes())
     if path.suffix.lstrip(".").lower() not in supported:
-        raise RunError(f"cannot write the plot to {str(path)!r}: its suffix {path.suffix!r} is not an image format "
-                       f"matplotlib writes ({', '.join('.' + s for s in supported)})")
+        raise RunError(
+            f"cannot write the plot to {str(path)!r}: its suffix {path.suffix!r} is not an image format "
+            f"matplotlib writes ({', '.join('.' + s for s in supported)})"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)
     return PlotResult(path, x, y, tuple(groups), len(axes.get_lines()), tuple(skipped))
@@ -151,7 +157,9 @@ def _figure_class() -> Any:
     try:
         from matplotlib.figure import Figure
     except ImportError as e:
-        raise RunError(f"plotting needs the optional dependency matplotlib ({e}): pip install 'flowrl-ray[{PLOT_EXTRA}]'") from None
+        raise RunError(
+            f"plotting needs the optional dependency matplotlib ({e}): pip install 'flowrl-ray[{PLOT_EXTRA}]'"
+        ) from None
     return Figure
 
 
@@ -167,9 +175,15 @@ def _read_runs(path: Path) -> list[_Run]:
     if not path.is_dir():
         raise RunError(f"{str(path)!r}: no such directory")
     inside = sorted(entry.name for entry in path.iterdir() if (entry / PARAMS_FILE).is_file())
-    hint = f"; it holds run directories ({', '.join(inside[:3])}{', ...' if len(inside) > 3 else ''}): name them" if inside else ""
-    raise RunError(f"{str(path)!r} is neither a flowrl run directory (with {PARAMS_FILE} and {PROGRESS_FILE}) nor "
-                   f"a flowrl tune experiment directory (with {TUNE_SPEC_FILE}){hint}")
+    hint = (
+        f"; it holds run directories ({', '.join(inside[:3])}{', ...' if len(inside) > 3 else ''}): name them"
+        if inside
+        else ""
+    )
+    raise RunError(
+        f"{str(path)!r} is neither a flowrl run directory (with {PARAMS_FILE} and {PROGRESS_FILE}) nor "
+        f"a flowrl tune experiment directory (with {TUNE_SPEC_FILE}){hint}"
+    )
 
 
 def _read_run(directory: Path) -> _Run:
@@ -203,7 +217,9 @@ def _read_progress(directory: Path) -> list[dict[str, Any]]:
 def _read_experiment(directory: Path) -> list[_Run]:
     """Each trial of a Tune experiment: its run directory, labelled by its searched config."""
     try:
-        searched = [str(key) for key in json.loads((directory / TUNE_SPEC_FILE).read_text(encoding="utf-8")).get("searched", [])]
+        searched = [
+            str(key) for key in json.loads((directory / TUNE_SPEC_FILE).read_text(encoding="utf-8")).get("searched", [])
+        ]
     except (OSError, ValueError, AttributeError) as e:
         raise RunError(f"experiment directory {str(directory)!r}: cannot read {TUNE_SPEC_FILE} ({e})") from None
     trials = sorted(entry for entry in directory.iterdir() if (entry / PARAMS_FILE).is_file())
@@ -218,7 +234,13 @@ def _read_experiment(directory: Path) -> list[_Run]:
 
 
 def _text(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return (
+        f"{value:.4g}"
+        if isinstance(value, float)
+        else json.dumps(value)
+        if isinstance(value, (list, dict))
+        else str(value)
+    )
 
 
 def _names(runs: Sequence[_Run]) -> str:
@@ -237,7 +259,15 @@ def _points(results: Sequence[Mapping[str, Any]], x: str, y: str) -> tuple[np.nd
 
 
 def _raise_for_missing_keys(runs: Sequence[_Run], x: str, y: str) -> None:
-    numeric = sorted({key for run in runs for result in run.results for key, value in result.items() if finite_number(value) is not None})
+    numeric = sorted(
+        {
+            key
+            for run in runs
+            for result in run.results
+            for key, value in result.items()
+            if finite_number(value) is not None
+        }
+    )
     problems = []
     for role, key in (("--x", x), ("--y", y)):
         if key in numeric:
@@ -245,7 +275,11 @@ def _raise_for_missing_keys(runs: Sequence[_Run], x: str, y: str) -> None:
         close = difflib.get_close_matches(key, numeric, n=_CLOSE_KEYS, cutoff=0.6)
         tail = key.rsplit("/", 1)[-1]
         close += [k for k in numeric if tail in k and k not in close][: _CLOSE_KEYS - len(close)]
-        hint = f"keys close to it: {', '.join(close)}" if close else f"numeric keys: {', '.join(numeric[:_CLOSE_KEYS])}, ..."
+        hint = (
+            f"keys close to it: {', '.join(close)}"
+            if close
+            else f"numeric keys: {', '.join(numeric[:_CLOSE_KEYS])}, ..."
+        )
         problems.append(f"{role} {key!r} is in no result ({hint})")
     if not problems:
         problems.append(f"no result holds finite values of both {x!r} and {y!r}")
@@ -255,7 +289,9 @@ def _raise_for_missing_keys(runs: Sequence[_Run], x: str, y: str) -> None:
 # --- groups -----------------------------------------------------------------------------------------
 
 
-def _group(series: Sequence[tuple[_Run, np.ndarray, np.ndarray]]) -> list[tuple[str, list[tuple[np.ndarray, np.ndarray, Path]]]]:
+def _group(
+    series: Sequence[tuple[_Run, np.ndarray, np.ndarray]],
+) -> list[tuple[str, list[tuple[np.ndarray, np.ndarray, Path]]]]:
     """``(label, [(xs, ys, run directory), ...])`` per curve, in the order the runs were given."""
     members: dict[Any, list[tuple[np.ndarray, np.ndarray, Path]]] = {}
     settings: dict[Any, _Run] = {}
@@ -276,8 +312,14 @@ def _label(run: _Run, others: Sequence[_Run], count: int) -> str:
     label = f"{run.algo} {run.env}"
     # Groups of one algorithm and env differ in their configs: name the keys they differ in.
     same = [other for other in others if other.trial_label is None and (other.algo, other.env) == (run.algo, run.env)]
-    differing = sorted({key for other in same for key in set(run.config) | set(other.config)
-                        if key != "seed" and other.config.get(key) != run.config.get(key)})
+    differing = sorted(
+        {
+            key
+            for other in same
+            for key in set(run.config) | set(other.config)
+            if key != "seed" and other.config.get(key) != run.config.get(key)
+        }
+    )
     if differing:
         label += " " + ", ".join(f"{key}={_text(run.config.get(key))}" for key in differing[:3])
     if count > 1:
@@ -297,8 +339,10 @@ def _aggregate(label: str, members: Sequence[tuple[np.ndarray, np.ndarray, Path]
     high = min(float(xs[-1]) for xs, _, _ in members)
     if low > high:
         ranges = "; ".join(f"{directory}: {xs[0]:g} to {xs[-1]:g}" for xs, _, directory in members)
-        raise RunError(f"the runs of {label!r} share no range of x to average them over ({ranges}); "
-                       "plot them one by one, or choose another --x")
+        raise RunError(
+            f"the runs of {label!r} share no range of x to average them over ({ranges}); "
+            "plot them one by one, or choose another --x"
+        )
     grid = np.unique(np.concatenate([xs[(xs >= low) & (xs <= high)] for xs, _, _ in members]))
     values = np.stack([np.interp(grid, xs, ys) for xs, ys, _ in members])
     return CurveGroup(label, runs, grid, values.mean(axis=0), values.std(axis=0))

@@ -124,7 +124,9 @@ def progress_toward_stop(stop: Mapping[str, float], values: Mapping[str, Any]) -
 
 def _detail_line(label: str, values: Mapping[str, Any]) -> list[str]:
     """``["  label: key value, ..."]`` for the finite numbers of ``values``, or no line if it has none."""
-    shown = ", ".join(f"{key} {_fmt(value, '.4g')}" for key, value in values.items() if finite_number(value) is not None)
+    shown = ", ".join(
+        f"{key} {_fmt(value, '.4g')}" for key, value in values.items() if finite_number(value) is not None
+    )
     return [f"  {label}: {shown}"] if shown else []
 
 
@@ -138,11 +140,12 @@ def format_details(result: Mapping[str, Any]) -> list[str]:
         for policy, stats in sorted(learner.items()):
             if isinstance(stats, Mapping):
                 lines += _detail_line(f"learner {policy}", flatten_result(stats))
-    lines += _detail_line("counters", {key: value for key, value in result.items()
-                                       if key.startswith("num_") and isinstance(value, int)})
+    lines += _detail_line(
+        "counters", {key: value for key, value in result.items() if key.startswith("num_") and isinstance(value, int)}
+    )
     for group in _DETAIL_GROUPS:
         prefix = group + "/"
-        values = {key[len(prefix):]: value for key, value in flat.items() if key.startswith(prefix)}
+        values = {key[len(prefix) :]: value for key, value in flat.items() if key.startswith(prefix)}
         lines += _detail_line(group, values)
     return lines
 
@@ -227,12 +230,25 @@ class ProgressDisplay:
         self._live: Any = None  # rich.live.Live while the display is on
 
     @classmethod
-    def for_run(cls, run: RunView, *, format_line: Callable[[Mapping[str, Any], int], str], verbosity: Verbosity = "normal",
-                console: Console | None = None) -> Self:
+    def for_run(
+        cls,
+        run: RunView,
+        *,
+        format_line: Callable[[Mapping[str, Any], int], str],
+        verbosity: Verbosity = "normal",
+        console: Console | None = None,
+    ) -> Self:
         """A display of ``run`` from where it stands (a resumed run's iteration, timesteps and best reward)."""
-        return cls(run.spec.stop, format_line=format_line, verbosity=verbosity, console=console,
-                   title=f"{run.spec.algo} on {run.spec.env}", iteration=run.trainer.iteration,
-                   timesteps=run.timesteps_total, best=run.best)
+        return cls(
+            run.spec.stop,
+            format_line=format_line,
+            verbosity=verbosity,
+            console=console,
+            title=f"{run.spec.algo} on {run.spec.env}",
+            iteration=run.trainer.iteration,
+            timesteps=run.timesteps_total,
+            best=run.best,
+        )
 
     @property
     def live(self) -> bool:
@@ -248,8 +264,9 @@ class ProgressDisplay:
             self._live.start(refresh=True)  # the frame that waits for the first iteration
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self._live is not None:
             self._live.stop()  # the last frame stays on screen, above what is printed next
             self._live = None
@@ -269,8 +286,9 @@ class ProgressDisplay:
             return
         if self._live is not None:
             if self.verbosity == "verbose":
-                self._live.console.print(Text("\n".join([self._format_line(result, steps_this_iter),
-                                                         *format_details(result)])))
+                self._live.console.print(
+                    Text("\n".join([self._format_line(result, steps_this_iter), *format_details(result)]))
+                )
             self._live.refresh()
             return
         lines = [self._format_line(result, steps_this_iter)]
@@ -306,7 +324,10 @@ class ProgressDisplay:
         else:
             key, fraction = toward
             bar = ProgressBar(total=1.0, completed=fraction, width=_BAR_WIDTH)
-            done, target = f"{fraction:4.0%}", f"{key} {finite_number(result.get(key)) or 0.0:,.0f}/{self.stop[key]:,.0f}"
+            done, target = (
+                f"{fraction:4.0%}",
+                f"{key} {finite_number(result.get(key)) or 0.0:,.0f}/{self.stop[key]:,.0f}",
+            )
         eta = "-:--:--" if self._eta_at is None else _duration(max(0.0, self._eta_at - now))
         head = Table.grid(padding=(0, 1))
         head.add_row(Text(self.title, style="bold"), bar, Text(f"{done}  ETA {eta}".strip()))
@@ -314,7 +335,9 @@ class ProgressDisplay:
         if self._last is None:
             return Group(head, progress, Text("waiting for the first iteration...", style="dim"))
         best = "n/a" if self._best is None else f"{self._best[0]:.1f} (iteration {self._best[1]})"
-        stats = Text(f"iteration {result.get('training_iteration', 0)}  "
-                     f"timesteps {int(finite_number(result.get('timesteps_total')) or 0):,}  "
-                     f"reward {_fmt(result.get('episode_reward_mean'))}  best {best}")
+        stats = Text(
+            f"iteration {result.get('training_iteration', 0)}  "
+            f"timesteps {int(finite_number(result.get('timesteps_total')) or 0):,}  "
+            f"reward {_fmt(result.get('episode_reward_mean'))}  best {best}"
+        )
         return Group(head, progress, stats)

@@ -131,10 +131,16 @@ def diagnose_run(run_dir: str | os.PathLike[str], *, last: int = 5) -> Diagnosis
     return diagnose(read_results(run_dir), last=last, run_dir=str(run_dir), algo=spec.algo, env=str(spec.env))
 
 
-def diagnose(results: Sequence[Mapping[str, Any]], *, last: int = 5, run_dir: str = "", algo: str = "", env: str = "") -> Diagnosis:
+def diagnose(
+    results: Sequence[Mapping[str, Any]], *, last: int = 5, run_dir: str = "", algo: str = "", env: str = ""
+) -> Diagnosis:
     """Diagnose a run from its results (``progress.jsonl``'s dicts): the last ``last`` that carry an X-ray,
     leaving out the first iteration (start-up) when there are more."""
-    rayed = [r for r in results if isinstance(r.get("plan"), Mapping) and r["plan"].get("profile") and r["plan"].get("operators")]
+    rayed = [
+        r
+        for r in results
+        if isinstance(r.get("plan"), Mapping) and r["plan"].get("profile") and r["plan"].get("operators")
+    ]
     if not rayed:
         raise FlowRLError(
             f"{run_dir or 'the results'}: no iteration carries a plan X-ray (result['plan'] with operators); "
@@ -214,9 +220,18 @@ def _parts(window: Sequence[Mapping[str, Any]]) -> tuple[dict[str, float], dict[
         if thread:
             learner_busy.append(thread["busy_share"])
             learner = max(learner, thread["busy_share"] * span)
-        per_iteration.append({part: value / span for part, value in
-                              {"learner": learner, "env": env_part, "inference": inference_part,
-                               "transfer": transfer, "driver": driver}.items()})
+        per_iteration.append(
+            {
+                part: value / span
+                for part, value in {
+                    "learner": learner,
+                    "env": env_part,
+                    "inference": inference_part,
+                    "transfer": transfer,
+                    "driver": driver,
+                }.items()
+            }
+        )
         driver_waiting.append(idle / span)
         for shard, latency in plan.get("latency_s", {}).items():
             if shard.startswith("rollout_workers["):
@@ -224,7 +239,9 @@ def _parts(window: Sequence[Mapping[str, Any]]) -> tuple[dict[str, float], dict[
     shares = {part: _mean([it[part] for it in per_iteration]) for part in per_iteration[0]}
     figures: dict[str, Any] = {"iteration_s (mean)": round(_mean([float(r["plan"]["iteration_s"]) for r in window]), 4)}
     if any(driver_waiting):
-        figures["driver waiting on the learner, replay or other branches (mean share)"] = round(_mean(driver_waiting), 3)
+        figures["driver waiting on the learner, replay or other branches (mean share)"] = round(
+            _mean(driver_waiting), 3
+        )
     if busy:
         figures["rollout workers busy (mean share)"] = round(_mean(busy), 3)
     if learner_busy:
@@ -242,13 +259,22 @@ def _verdict(shares: Mapping[str, float], figures: dict[str, Any], stragglers: M
     if len(stragglers) >= 2:
         shard, slowest = max(stragglers.items(), key=lambda kv: kv[1])
         others = statistics.median([p50 for name, p50 in stragglers.items() if name != shard])
-        figures["seconds per fragment, median per worker"] = {name: round(p50, 4) for name, p50 in sorted(stragglers.items())}
+        figures["seconds per fragment, median per worker"] = {
+            name: round(p50, 4) for name, p50 in sorted(stragglers.items())
+        }
         if others > 0 and slowest >= STRAGGLER_RATIO * others:
-            return "straggler", (f"{shard} takes {slowest / others:.1f}x its siblings' median per fragment "
-                                 f"({slowest:.3f} s against {others:.3f} s), and the others wait for it")
+            return "straggler", (
+                f"{shard} takes {slowest / others:.1f}x its siblings' median per fragment "
+                f"({slowest:.3f} s against {others:.3f} s), and the others wait for it"
+            )
     part = max(shares, key=lambda p: shares[p])
-    verdict = {"learner": "learner-bound", "env": "env-bound", "inference": "inference-bound",
-               "transfer": "transfer-bound", "driver": "driver-bound"}[part]
+    verdict = {
+        "learner": "learner-bound",
+        "env": "env-bound",
+        "inference": "inference-bound",
+        "transfer": "transfer-bound",
+        "driver": "driver-bound",
+    }[part]
     what = {
         "learner": "training takes",
         "env": "waiting for the rollout workers' env steps takes",

@@ -61,7 +61,9 @@ class PlanGraph:
     def operator_keys(self) -> dict[int, str]:
         """Stage id -> ``"<position in dataflow order>:<label>"``, how results (``result["plan"]["operators"]``)
         name the operators."""
-        return {stage_id: f"{position}:{stage.label}" for position, (stage_id, stage) in enumerate(self.operators.items())}
+        return {
+            stage_id: f"{position}:{stage.label}" for position, (stage_id, stage) in enumerate(self.operators.items())
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """The graph as plain JSON data, independent of the process that built it.
@@ -75,13 +77,25 @@ class PlanGraph:
         keys = self.operator_keys()
 
         def end(node_id: str) -> dict[str, Any]:
-            return {"operator": positions[node_id]} if node_id in positions else {"actor": node_id.removeprefix("actor_")}
+            return (
+                {"operator": positions[node_id]} if node_id in positions else {"actor": node_id.removeprefix("actor_")}
+            )
 
         return {
-            "operators": [{"position": position, "key": keys[stage.id], "label": stage.label, "kind": stage.kind,
-                           "stage_id": stage.id} for position, stage in enumerate(self.operators.values())],
+            "operators": [
+                {
+                    "position": position,
+                    "key": keys[stage.id],
+                    "label": stage.label,
+                    "kind": stage.kind,
+                    "stage_id": stage.id,
+                }
+                for position, stage in enumerate(self.operators.values())
+            ],
             "actors": [{"class": actor_class, "count": count} for actor_class, count in self.actors.items()],
-            "edges": [{"source": end(source), "target": end(target), "label": label} for source, target, label in self.edges],
+            "edges": [
+                {"source": end(source), "target": end(target), "label": label} for source, target, label in self.edges
+            ],
         }
 
 
@@ -91,8 +105,10 @@ def graph_from_dict(data: Any) -> PlanGraph:
     is missing or malformed."""
     try:
         stages = [StageNode(str(op["kind"]), str(op["label"]), id=int(op["stage_id"])) for op in data["operators"]]
-        graph = PlanGraph(operators={stage.id: stage for stage in stages},
-                          actors={str(actor["class"]): int(actor["count"]) for actor in data["actors"]})
+        graph = PlanGraph(
+            operators={stage.id: stage for stage in stages},
+            actors={str(actor["class"]): int(actor["count"]) for actor in data["actors"]},
+        )
 
         def node(end: Mapping[str, Any]) -> str:
             if "operator" in end:
@@ -235,7 +251,11 @@ class Plan:
         for position, (stage_id, stage) in enumerate(self.graph.operators.items()):
             now = dataclasses.replace(stage_stats.get(stage_id) or StageStats())
             last, self._last[stage_id] = self._last.get(stage_id, StageStats()), now
-            time_s, wait_s, transfer_s = now.time_s - last.time_s, now.wait_s - last.wait_s, now.transfer_s - last.transfer_s
+            time_s, wait_s, transfer_s = (
+                now.time_s - last.time_s,
+                now.wait_s - last.wait_s,
+                now.transfer_s - last.transfer_s,
+            )
             blocked_s, held_s = now.blocked_s - last.blocked_s, now.held_s - last.held_s
             items, nbytes = now.items - last.items, now.bytes - last.bytes
             entry = {
@@ -260,7 +280,12 @@ class Plan:
             operators[f"{position}:{stage.label}"] = entry
         latencies = self.metrics.latencies
         latency = {
-            name: {"count": len(values), "p50": _percentile(values, 50), "p90": _percentile(values, 90), "max": round(max(values), 6)}
+            name: {
+                "count": len(values),
+                "p50": _percentile(values, 50),
+                "p90": _percentile(values, 90),
+                "max": round(max(values), 6),
+            }
             for name, values in sorted(latencies.items())
             if values
         }
@@ -287,4 +312,3 @@ class Plan:
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return round(ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], 6)
-

@@ -149,14 +149,20 @@ def actor_summary(actor_class: str, figures: Mapping[str, Any]) -> str:
         where = " (sampling in the driver)" if figures.get("in_driver") else ""
         # A worker in the driver hands its fragments to no one: there is no serialization to show.
         serializing = "" if figures.get("in_driver") else f"serializing {_seconds(figures.get('serialize_s'))}, "
-        return (f"{busy}{where}; env {_seconds(figures.get('env_s'))}, inference {_seconds(figures.get('inference_s'))}, "
-                f"other {_seconds(figures.get('other_s'))}, {serializing}idle {_seconds(figures.get('idle_s'))}")
+        return (
+            f"{busy}{where}; env {_seconds(figures.get('env_s'))}, inference {_seconds(figures.get('inference_s'))}, "
+            f"other {_seconds(figures.get('other_s'))}, {serializing}idle {_seconds(figures.get('idle_s'))}"
+        )
     if actor_class == "LearnerThread":
-        return (f"{busy}; learning {_seconds(figures.get('learn_s'))}, waiting for batches {_seconds(figures.get('wait_s'))}; "
-                f"in-queue {as_number(figures.get('inqueue_size_mean')):.1f} of {figures.get('inqueue_capacity')}")
+        return (
+            f"{busy}; learning {_seconds(figures.get('learn_s'))}, waiting for batches {_seconds(figures.get('wait_s'))}; "
+            f"in-queue {as_number(figures.get('inqueue_size_mean')):.1f} of {figures.get('inqueue_capacity')}"
+        )
     if actor_class == "ReplayActor":
-        return (f"{busy}; adding {_seconds(figures.get('add_s'))}, replaying {_seconds(figures.get('sample_s'))}, "
-                f"serializing {_seconds(figures.get('serialize_s'))}")
+        return (
+            f"{busy}; adding {_seconds(figures.get('add_s'))}, replaying {_seconds(figures.get('sample_s'))}, "
+            f"serializing {_seconds(figures.get('serialize_s'))}"
+        )
     return busy + "; " + ", ".join(f"{key} {value}" for key, value in figures.items() if key != "busy_share")
 
 
@@ -189,22 +195,31 @@ def render_text(view: PlanView) -> str:
     graph, figures = view.graph, view.figures
     names = [f"  [{position}] {stage.label}" for position, stage in enumerate(graph.operators.values())]
     width = max(len(name) for name in [*names, "operators (dataflow order)"]) + 2
-    lines = [f"plan {view.name} of {view.run_dir}: {_iterations(view)}", "",
-             f"{'operators (dataflow order)':<{width}} {'share':>7} {'busy':>11} {'wait':>11} {'transfer':>11} "
-             f"{'blocked':>11} {'held':>11}   rates"]
+    lines = [
+        f"plan {view.name} of {view.run_dir}: {_iterations(view)}",
+        "",
+        f"{'operators (dataflow order)':<{width}} {'share':>7} {'busy':>11} {'wait':>11} {'transfer':>11} "
+        f"{'blocked':>11} {'held':>11}   rates",
+    ]
     for name, stage in zip(names, graph.operators.values()):
         entry = view.operator(stage.id)
         if not entry:
             lines.append(f"{name:<{width}} {'n/a':>7}   (no figures in the results)")
             continue
-        lines.append(f"{name:<{width}} {_percent(entry.get('share')):>7} {_seconds(entry.get('busy_s')):>11} "
-                     f"{_seconds(entry.get('wait_s')):>11} {_seconds(entry.get('transfer_s')):>11} "
-                     f"{_seconds(entry.get('blocked_out_s')):>11} {_seconds(entry.get('held_out_s')):>11}   {_rate(entry)}")
+        lines.append(
+            f"{name:<{width}} {_percent(entry.get('share')):>7} {_seconds(entry.get('busy_s')):>11} "
+            f"{_seconds(entry.get('wait_s')):>11} {_seconds(entry.get('transfer_s')):>11} "
+            f"{_seconds(entry.get('blocked_out_s')):>11} {_seconds(entry.get('held_out_s')):>11}   {_rate(entry)}"
+        )
     lines.append("driver (the Trainer's steps around the plan)")
     for key, share in figures.get("driver_share", {}).items():
-        lines.append(f"{'  ' + key.removesuffix('_s'):<{width}} {_percent(share):>7} {_seconds(figures['driver'].get(key)):>11}")
-    lines.append(f"{'unattributed':<{width}} {_percent(figures.get('unattributed_share')):>7} "
-                 f"{_seconds(figures.get('unattributed_s')):>11}")
+        lines.append(
+            f"{'  ' + key.removesuffix('_s'):<{width}} {_percent(share):>7} {_seconds(figures['driver'].get(key)):>11}"
+        )
+    lines.append(
+        f"{'unattributed':<{width}} {_percent(figures.get('unattributed_share')):>7} "
+        f"{_seconds(figures.get('unattributed_s')):>11}"
+    )
     lines.append(f"{'total':<{width}} {_percent(view.total_share()):>7} {_seconds(figures.get('iteration_s')):>11}")
     lines += ["", "actors"]
     for actor_class in dict.fromkeys([*graph.actors, *figures.get("actors", {})]):
@@ -212,24 +227,34 @@ def render_text(view: PlanView) -> str:
         lines.append(f"  {label}: {actor_summary(actor_class, view.actor(actor_class))}")
         per_worker = view.actor(actor_class).get("per_worker") or {}
         if per_worker:
-            lines.append("    busy per worker: " + ", ".join(f"{index} {_percent(entry.get('busy_share'))}"
-                                                            for index, entry in per_worker.items()))
+            lines.append(
+                "    busy per worker: "
+                + ", ".join(f"{index} {_percent(entry.get('busy_share'))}" for index, entry in per_worker.items())
+            )
     learner = figures.get("learner")
     if learner:
-        lines.append("  learner: " + ", ".join(f"{key.removesuffix('_s').replace('_', ' ')} {_seconds(value)}"
-                                                           for key, value in learner.items()))
+        lines.append(
+            "  learner: "
+            + ", ".join(
+                f"{key.removesuffix('_s').replace('_', ' ')} {_seconds(value)}" for key, value in learner.items()
+            )
+        )
     lag = figures.get("policy_lag")
     if lag:
-        lines.append(f"  policy lag: {as_number(lag.get('mean_updates')):.2f} learner updates on average "
-                     "between the weights a batch was sampled with and its arrival")
+        lines.append(
+            f"  policy lag: {as_number(lag.get('mean_updates')):.2f} learner updates on average "
+            "between the weights a batch was sampled with and its arrival"
+        )
     latency = figures.get("latency_s") or {}
     if latency:
         heading = "latency per shard (request to arrival)"
         shard_width = max(len(name) + 2 for name in [*latency, heading]) + 2
         lines += ["", f"{heading:<{shard_width}} {'count':>7} {'p50':>11} {'p90':>11} {'max':>11}"]
         for name, entry in latency.items():
-            lines.append(f"{'  ' + name:<{shard_width}} {as_number(entry.get('count')):>7.1f} {_seconds(entry.get('p50')):>11} "
-                         f"{_seconds(entry.get('p90')):>11} {_seconds(entry.get('max')):>11}")
+            lines.append(
+                f"{'  ' + name:<{shard_width}} {as_number(entry.get('count')):>7.1f} {_seconds(entry.get('p50')):>11} "
+                f"{_seconds(entry.get('p90')):>11} {_seconds(entry.get('max')):>11}"
+            )
     labels = _node_labels(view)
     lines += ["", "flows (edges; into an operator: the rate of what flows along it)"]
     for source, target, label in graph.edges:
@@ -316,8 +341,10 @@ def render_dot(view: PlanView) -> str:
         shape = "ellipse" if node.startswith("actor_") else "box"
         if measured:
             share = _node_share(view, node)
-            lines.append(f"    {node} [shape={shape}, fillcolor=\"{share_colour(share)}\", "
-                         f"fontcolor=\"{_ink(share)}\", label={quoted(label + chr(10) + _node_figure(view, node))}];")
+            lines.append(
+                f'    {node} [shape={shape}, fillcolor="{share_colour(share)}", '
+                f'fontcolor="{_ink(share)}", label={quoted(label + chr(10) + _node_figure(view, node))}];'
+            )
         else:
             lines.append(f"    {node} [shape={shape}, label={quoted(label)}];")
     for source, target, label in view.graph.edges:
@@ -356,18 +383,27 @@ def _svg(view: PlanView) -> str:
         next_free = boxes[node][1] + _NODE_H + _GAP / 2
     height = max(y for _, y, _ in boxes.values()) + _NODE_H + _MARGIN if boxes else 2 * _MARGIN
     width = actor_x + _ACTOR_W + _MARGIN
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-             f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="Helvetica, Arial, sans-serif" font-size="12">',
-             '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
-             'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+        f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="Helvetica, Arial, sans-serif" font-size="12">',
+        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
+        'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>',
+    ]
     for source, target, label in graph.edges:
         (x0, y0, w0), (x1, y1, w1) = boxes[source], boxes[target]
         text = _edge_text(view, source, target, label)
         if source in ops and target in ops and ops[target] == ops[source] + 1:
-            path, tx, ty, anchor = f"M{x0 + w0 / 2},{y0 + _NODE_H} L{x1 + w1 / 2},{y1}", x0 + w0 / 2 + 8, (y0 + _NODE_H + y1) / 2 + 4, "start"
+            path, tx, ty, anchor = (
+                f"M{x0 + w0 / 2},{y0 + _NODE_H} L{x1 + w1 / 2},{y1}",
+                x0 + w0 / 2 + 8,
+                (y0 + _NODE_H + y1) / 2 + 4,
+                "start",
+            )
         elif source in ops and target in ops:
             bend = x0 - 40 - 14 * (skipping.index((source, target, label)) % 4)
-            path = f"M{x0},{y0 + _NODE_H / 2} C{bend},{y0 + _NODE_H / 2} {bend},{y1 + _NODE_H / 2} {x1},{y1 + _NODE_H / 2}"
+            path = (
+                f"M{x0},{y0 + _NODE_H / 2} C{bend},{y0 + _NODE_H / 2} {bend},{y1 + _NODE_H / 2} {x1},{y1 + _NODE_H / 2}"
+            )
             # A cubic curve's farthest point from its ends is 3/4 of the way to its control points.
             tx, ty, anchor = x0 - 0.75 * (x0 - bend) - 6, (y0 + y1 + _NODE_H) / 2 + 4, "end"
         elif source.startswith("op") or target.startswith("op"):
@@ -384,22 +420,28 @@ def _svg(view: PlanView) -> str:
             path = f"M{sx},{sy} C{sx + 60},{sy} {ex + 60},{ey} {ex},{ey}"
             tx, ty, anchor = sx + 48, (sy + ey) / 2, "start"
         title = html.escape(f"{labels[source]} -> {labels[target]}" + (f": {text}" if text else ""))
-        parts.append(f'<path d="{path}" fill="none" stroke="#555" stroke-width="1.3" marker-end="url(#arrow)">'
-                     f"<title>{title}</title></path>")
+        parts.append(
+            f'<path d="{path}" fill="none" stroke="#555" stroke-width="1.3" marker-end="url(#arrow)">'
+            f"<title>{title}</title></path>"
+        )
         if text:
-            parts.append(f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="{anchor}" font-size="10" fill="#333" '
-                         f'stroke="#fff" stroke-width="3" paint-order="stroke">'
-                         f"{html.escape(text)}</text>")
+            parts.append(
+                f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="{anchor}" font-size="10" fill="#333" '
+                f'stroke="#fff" stroke-width="3" paint-order="stroke">'
+                f"{html.escape(text)}</text>"
+            )
     for node, (x, y, w) in boxes.items():
         share = _node_share(view, node)
         rounded = 22 if node.startswith("actor_") else 4
-        parts.append(f'<g><title>{html.escape(labels[node])}</title>'
-                     f'<rect x="{x}" y="{y}" width="{w}" height="{_NODE_H}" rx="{rounded}" fill="{share_colour(share)}" '
-                     f'stroke="#555"/>'
-                     f'<text x="{x + w / 2}" y="{y + 19}" text-anchor="middle" fill="{_ink(share)}" font-weight="bold">'
-                     f"{html.escape(labels[node])}</text>"
-                     f'<text x="{x + w / 2}" y="{y + 36}" text-anchor="middle" fill="{_ink(share)}">'
-                     f"{html.escape(_node_figure(view, node))}</text></g>")
+        parts.append(
+            f"<g><title>{html.escape(labels[node])}</title>"
+            f'<rect x="{x}" y="{y}" width="{w}" height="{_NODE_H}" rx="{rounded}" fill="{share_colour(share)}" '
+            f'stroke="#555"/>'
+            f'<text x="{x + w / 2}" y="{y + 19}" text-anchor="middle" fill="{_ink(share)}" font-weight="bold">'
+            f"{html.escape(labels[node])}</text>"
+            f'<text x="{x + w / 2}" y="{y + 36}" text-anchor="middle" fill="{_ink(share)}">'
+            f"{html.escape(_node_figure(view, node))}</text></g>"
+        )
     parts.append("</svg>")
     return "\n".join(parts)
 
@@ -424,30 +466,81 @@ def render_html(view: PlanView) -> str:
     for position, stage in enumerate(graph.operators.values()):
         entry = view.operator(stage.id)
         share = as_number(entry.get("share"))
-        rows.append("<tr>" + _cell(str(position)) + _cell(stage.label) + _cell(_percent(share), share)
-                    + "".join(_cell(_seconds(entry.get(key))) for key in ("busy_s", "wait_s", "transfer_s", "blocked_out_s", "held_out_s"))
-                    + _cell(_rate(entry) if entry else "no figures") + "</tr>")
+        rows.append(
+            "<tr>"
+            + _cell(str(position))
+            + _cell(stage.label)
+            + _cell(_percent(share), share)
+            + "".join(
+                _cell(_seconds(entry.get(key)))
+                for key in ("busy_s", "wait_s", "transfer_s", "blocked_out_s", "held_out_s")
+            )
+            + _cell(_rate(entry) if entry else "no figures")
+            + "</tr>"
+        )
     for key, share in figures.get("driver_share", {}).items():
-        rows.append("<tr>" + _cell("") + _cell(f"driver: {key.removesuffix('_s')}") + _cell(_percent(share), share)
-                    + _cell(_seconds(figures["driver"].get(key))) + _cell("") * 5 + "</tr>")
+        rows.append(
+            "<tr>"
+            + _cell("")
+            + _cell(f"driver: {key.removesuffix('_s')}")
+            + _cell(_percent(share), share)
+            + _cell(_seconds(figures["driver"].get(key)))
+            + _cell("") * 5
+            + "</tr>"
+        )
     unattributed = as_number(figures.get("unattributed_share"))
-    rows.append("<tr>" + _cell("") + _cell("unattributed") + _cell(_percent(unattributed), unattributed)
-                + _cell(_seconds(figures.get("unattributed_s"))) + _cell("") * 5 + "</tr>")
-    rows.append("<tr class=total>" + _cell("") + _cell("total") + _cell(_percent(view.total_share()))
-                + _cell(_seconds(figures.get("iteration_s"))) + _cell("") * 5 + "</tr>")
+    rows.append(
+        "<tr>"
+        + _cell("")
+        + _cell("unattributed")
+        + _cell(_percent(unattributed), unattributed)
+        + _cell(_seconds(figures.get("unattributed_s")))
+        + _cell("") * 5
+        + "</tr>"
+    )
+    rows.append(
+        "<tr class=total>"
+        + _cell("")
+        + _cell("total")
+        + _cell(_percent(view.total_share()))
+        + _cell(_seconds(figures.get("iteration_s")))
+        + _cell("") * 5
+        + "</tr>"
+    )
     actors = []
     for actor_class in dict.fromkeys([*graph.actors, *figures.get("actors", {})]):
         found = view.actor(actor_class)
         busy = as_number(found.get("busy_share"))
         label = graph.actor_label(actor_class) if actor_class in graph.actors else actor_class
-        per_worker = ", ".join(f"{index}: {_percent(entry.get('busy_share'))}" for index, entry in (found.get("per_worker") or {}).items())
-        actors.append("<tr>" + _cell(label) + _cell(_percent(busy) if found else "n/a", busy if found else None)
-                      + _cell(actor_summary(actor_class, found)) + _cell(per_worker) + "</tr>")
-    latency = [("<tr>" + _cell(name) + _cell(f"{as_number(entry.get('count')):.1f}")
-                + "".join(_cell(_seconds(entry.get(key))) for key in ("p50", "p90", "max")) + "</tr>")
-               for name, entry in (figures.get("latency_s") or {}).items()]
-    flows = ["<tr>" + _cell(labels[source]) + _cell(labels[target]) + _cell(_edge_text(view, source, target, label) or "-") + "</tr>"
-             for source, target, label in graph.edges]
+        per_worker = ", ".join(
+            f"{index}: {_percent(entry.get('busy_share'))}" for index, entry in (found.get("per_worker") or {}).items()
+        )
+        actors.append(
+            "<tr>"
+            + _cell(label)
+            + _cell(_percent(busy) if found else "n/a", busy if found else None)
+            + _cell(actor_summary(actor_class, found))
+            + _cell(per_worker)
+            + "</tr>"
+        )
+    latency = [
+        (
+            "<tr>"
+            + _cell(name)
+            + _cell(f"{as_number(entry.get('count')):.1f}")
+            + "".join(_cell(_seconds(entry.get(key))) for key in ("p50", "p90", "max"))
+            + "</tr>"
+        )
+        for name, entry in (figures.get("latency_s") or {}).items()
+    ]
+    flows = [
+        "<tr>"
+        + _cell(labels[source])
+        + _cell(labels[target])
+        + _cell(_edge_text(view, source, target, label) or "-")
+        + "</tr>"
+        for source, target, label in graph.edges
+    ]
     scale = ", ".join(share_colour(s / 4) for s in range(5))
     title = html.escape(f"plan {view.name}: {view.run_dir}")
     return f"""<!DOCTYPE html>
@@ -487,7 +580,10 @@ they were: 0% <span class="scale"></span> 100%. Edges into an operator carry the
 
 
 _RENDERERS: dict[str, Callable[[PlanView], str]] = {
-    "text": render_text, "mermaid": render_mermaid, "dot": render_dot, "html": render_html,
+    "text": render_text,
+    "mermaid": render_mermaid,
+    "dot": render_dot,
+    "html": render_html,
 }
 
 

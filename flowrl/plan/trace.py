@@ -98,7 +98,9 @@ def traced_window(trainer: TracedTrainer) -> tuple[int, int] | None:
     return parse_iteration_window(trainer.config.trace_iterations) if trainer.config.profile else None
 
 
-def train_iteration(trainer: TracedTrainer, run_dir: str | os.PathLike[str], traced: tuple[int, int] | None) -> dict[str, Any]:
+def train_iteration(
+    trainer: TracedTrainer, run_dir: str | os.PathLike[str], traced: tuple[int, int] | None
+) -> dict[str, Any]:
     """One training iteration of ``trainer``; when ``traced`` (first, last) holds it, its spans are recorded and
     written to ``<run_dir>/trace/iteration_<n>.json`` (see :mod:`flowrl.plan.trace`)."""
     iteration = trainer.iteration + 1
@@ -137,10 +139,21 @@ def traced_iteration(trainer: TracedTrainer) -> tuple[dict[str, Any], dict[str, 
         "start_ns": start_ns,
         "end_ns": end_ns,
         "driver": {"pid": os.getpid(), "thread_id": threading.get_native_id()},
-        "operators": [{"operator": keys[span.stage_id], "thread_id": span.thread_id, "start_ns": span.start_ns,
-                       "end_ns": span.end_ns, "ready": span.ready} for span in spans if span.stage_id in keys],
+        "operators": [
+            {
+                "operator": keys[span.stage_id],
+                "thread_id": span.thread_id,
+                "start_ns": span.start_ns,
+                "end_ns": span.end_ns,
+                "ready": span.ready,
+            }
+            for span in spans
+            if span.stage_id in keys
+        ],
         "samples": [{"worker": index, **span._asdict()} for index, traced in work for span in traced.samples],
-        "handoffs": [{"worker": index, "pid": traced.pid, **span._asdict()} for index, traced in work for span in traced.handoffs],
+        "handoffs": [
+            {"worker": index, "pid": traced.pid, **span._asdict()} for index, traced in work for span in traced.handoffs
+        ],
         "workers_unreported": sorted(set(unreported) | set(unreported_at_end)),
     }
     return result, record
@@ -155,7 +168,10 @@ def _tell_workers(workers: WorkerSet, on: bool, *, wait: bool = True) -> tuple[l
     remote = workers.remote_workers()
     if not remote:
         return spans, []
-    refs = {control_call(worker, "trace_samples", on): index for worker, index in zip(remote, workers.remote_worker_indices())}
+    refs = {
+        control_call(worker, "trace_samples", on): index
+        for worker, index in zip(remote, workers.remote_worker_indices())
+    }
     if not wait:
         return spans, []
     ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=WORKER_CALL_TIMEOUT_S)
@@ -198,8 +214,10 @@ def build_trace(run_dir: str | os.PathLike[str], iterations: tuple[int, int] | N
             held = f"the traced iterations are {', '.join(map(str, recorded))}"
         else:
             config = spec.config
-            held = (f"it traced none (its config: trace_iterations={config.get('trace_iterations')!r}, "
-                    f"profile={config.get('profile')!r}; runs started before flowrl recorded traces have none)")
+            held = (
+                f"it traced none (its config: trace_iterations={config.get('trace_iterations')!r}, "
+                f"profile={config.get('profile')!r}; runs started before flowrl recorded traces have none)"
+            )
         raise RunError(f"run directory {str(directory)!r}: no traced iteration{asked}; {held}")
     records = [_read_record(trace_file(directory, n)) for n in chosen]
     return chrome_trace(records, run_dir=str(directory))
@@ -211,7 +229,9 @@ def _read_record(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise RunError(f"cannot read the trace file {str(path)!r} ({e})") from None
     if not isinstance(record, dict) or not all(key in record for key in ("iteration", "start_ns", "end_ns", "driver")):
-        raise RunError(f"{str(path)!r} is not a trace file written by a flowrl run (no iteration, start_ns, end_ns, driver)")
+        raise RunError(
+            f"{str(path)!r} is not a trace file written by a flowrl run (no iteration, start_ns, end_ns, driver)"
+        )
     return record
 
 
@@ -221,50 +241,111 @@ def chrome_trace(records: Sequence[Mapping[str, Any]], *, run_dir: str = "") -> 
     key, whether it gave an item), a ``RolloutWorker.sample()`` span per sample (``args``: worker,
     env steps, env, inference and other seconds) and a hand-off span per fragment Ray serialized and
     stored after it, on each recording process and thread."""
-    origin = min(int(entry["start_ns"]) for record in records
-                 for entry in (record, *record.get("operators", ()), *record.get("samples", ()), *record.get("handoffs", ())))
+    origin = min(
+        int(entry["start_ns"])
+        for record in records
+        for entry in (record, *record.get("operators", ()), *record.get("samples", ()), *record.get("handoffs", ()))
+    )
     events: list[dict[str, Any]] = []
     processes: dict[int, str] = {}
     threads: dict[tuple[int, int], str] = {}
 
     def span(name: str, category: str, pid: int, tid: int, start_ns: int, end_ns: int, args: dict[str, Any]) -> None:
-        events.append({"ph": "X", "name": name, "cat": category, "pid": pid, "tid": tid,
-                       "ts": (start_ns - origin) / 1000, "dur": max(0, end_ns - start_ns) / 1000, "args": args})
+        events.append(
+            {
+                "ph": "X",
+                "name": name,
+                "cat": category,
+                "pid": pid,
+                "tid": tid,
+                "ts": (start_ns - origin) / 1000,
+                "dur": max(0, end_ns - start_ns) / 1000,
+                "args": args,
+            }
+        )
 
     for record in records:
-        iteration, pid, main = int(record["iteration"]), int(record["driver"]["pid"]), int(record["driver"]["thread_id"])
+        iteration, pid, main = (
+            int(record["iteration"]),
+            int(record["driver"]["pid"]),
+            int(record["driver"]["thread_id"]),
+        )
         processes[pid] = f"driver (pid {pid})"
         threads[(pid, main)] = "training loop"
-        span(f"iteration {iteration}", "iteration", pid, main, int(record["start_ns"]), int(record["end_ns"]),
-             {"iteration": iteration, "workers_unreported": record.get("workers_unreported", [])})
+        span(
+            f"iteration {iteration}",
+            "iteration",
+            pid,
+            main,
+            int(record["start_ns"]),
+            int(record["end_ns"]),
+            {"iteration": iteration, "workers_unreported": record.get("workers_unreported", [])},
+        )
         for op in record.get("operators", ()):
             tid = int(op["thread_id"])
             threads.setdefault((pid, tid), f"thread {tid}")
             label = str(op["operator"]).partition(":")[2]
-            span(label, "operator", pid, tid, int(op["start_ns"]), int(op["end_ns"]),
-                 {"operator": op["operator"], "ready": op["ready"], "iteration": iteration})
+            span(
+                label,
+                "operator",
+                pid,
+                tid,
+                int(op["start_ns"]),
+                int(op["end_ns"]),
+                {"operator": op["operator"], "ready": op["ready"], "iteration": iteration},
+            )
         for sample in record.get("samples", ()):
             worker_pid, tid, start = int(sample["pid"]), int(sample["thread_id"]), int(sample["start_ns"])
             processes.setdefault(worker_pid, f"RolloutWorker {sample['worker']} (pid {worker_pid})")
             threads.setdefault((worker_pid, tid), "sample")
             env_s, inference_s = float(sample["env_s"]), float(sample["inference_s"])
             duration_s = int(sample["duration_ns"]) / 1e9
-            span("RolloutWorker.sample()", "actor", worker_pid, tid, start, start + int(sample["duration_ns"]),
-                 {"worker": sample["worker"], "steps": sample["steps"], "env_s": env_s, "inference_s": inference_s,
-                  "other_s": round(max(0.0, duration_s - env_s - inference_s), 9), "iteration": iteration})
+            span(
+                "RolloutWorker.sample()",
+                "actor",
+                worker_pid,
+                tid,
+                start,
+                start + int(sample["duration_ns"]),
+                {
+                    "worker": sample["worker"],
+                    "steps": sample["steps"],
+                    "env_s": env_s,
+                    "inference_s": inference_s,
+                    "other_s": round(max(0.0, duration_s - env_s - inference_s), 9),
+                    "iteration": iteration,
+                },
+            )
         for handoff in record.get("handoffs", ()):
             worker_pid, tid, start = int(handoff["pid"]), int(handoff["thread_id"]), int(handoff["start_ns"])
             processes.setdefault(worker_pid, f"RolloutWorker {handoff['worker']} (pid {worker_pid})")
             threads.setdefault((worker_pid, tid), "sample")
-            span("Ray hand-off (serialize + store)", "actor", worker_pid, tid, start, start + int(handoff["duration_ns"]),
-                 {"worker": handoff["worker"], "iteration": iteration})
-    metadata = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "ts": 0, "args": {"name": name}}
-                for pid, name in processes.items()]
-    metadata += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "ts": 0, "args": {"name": name}}
-                 for (pid, tid), name in threads.items()]
-    return {"traceEvents": metadata + events, "displayTimeUnit": "ms",
-            "otherData": {"run_dir": run_dir, "iterations": [int(record["iteration"]) for record in records],
-                          "clock": "time.time_ns() of each process, from the earliest span"}}
+            span(
+                "Ray hand-off (serialize + store)",
+                "actor",
+                worker_pid,
+                tid,
+                start,
+                start + int(handoff["duration_ns"]),
+                {"worker": handoff["worker"], "iteration": iteration},
+            )
+    metadata = [
+        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "ts": 0, "args": {"name": name}}
+        for pid, name in processes.items()
+    ]
+    metadata += [
+        {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "ts": 0, "args": {"name": name}}
+        for (pid, tid), name in threads.items()
+    ]
+    return {
+        "traceEvents": metadata + events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "run_dir": run_dir,
+            "iterations": [int(record["iteration"]) for record in records],
+            "clock": "time.time_ns() of each process, from the earliest span",
+        },
+    }
 
 
 def write_trace(

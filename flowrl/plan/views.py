@@ -51,9 +51,11 @@ def _read_graph(directory: Path, spec: RunSpec) -> PlanGraph:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise RunError(f"run directory {str(directory)!r} has no {PLAN_FILE}: it was started by an older flowrl, which "
-                       f"did not record the plan's graph; `flowrl plan --algo {spec.algo} --env {spec.env}` prints "
-                       f"the graph without figures") from None
+        raise RunError(
+            f"run directory {str(directory)!r} has no {PLAN_FILE}: it was started by an older flowrl, which "
+            f"did not record the plan's graph; `flowrl plan --algo {spec.algo} --env {spec.env}` prints "
+            f"the graph without figures"
+        ) from None
     except (OSError, ValueError) as e:
         raise RunError(f"cannot read {str(path)!r} ({e})") from None
     try:
@@ -64,7 +66,9 @@ def _read_graph(directory: Path, spec: RunSpec) -> PlanGraph:
 
 def xray_window(results: Sequence[Mapping[str, Any]], last: int = DEFAULT_LAST) -> list[Mapping[str, Any]]:
     """The last ``last`` results holding X-ray figures, leaving out the run's first iteration when there are others."""
-    measured = [r for r in results if isinstance(r.get("plan"), Mapping) and isinstance(r["plan"].get("operators"), Mapping)]
+    measured = [
+        r for r in results if isinstance(r.get("plan"), Mapping) and isinstance(r["plan"].get("operators"), Mapping)
+    ]
     if len(measured) > 1 and measured[0].get("training_iteration") == 1:
         measured = measured[1:]
     return measured[-last:] if last > 0 else []
@@ -76,9 +80,13 @@ def average_xray(plans: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     shared = []
     for plan in plans:
         span = as_number(plan.get("iteration_s")) or 1.0
-        shared.append({**plan,
-                       "driver_share": {key: as_number(value) / span for key, value in plan.get("driver", {}).items()},
-                       "unattributed_share": as_number(plan.get("unattributed_s")) / span})
+        shared.append(
+            {
+                **plan,
+                "driver_share": {key: as_number(value) / span for key, value in plan.get("driver", {}).items()},
+                "unattributed_share": as_number(plan.get("unattributed_s")) / span,
+            }
+        )
     return _mean_tree(shared)
 
 
@@ -111,8 +119,10 @@ def load_view(run_dir: str | os.PathLike[str], last: int = DEFAULT_LAST) -> Plan
         if not results:
             why = f"no iteration has finished yet ({PROGRESS_FILE} holds no result)"
         else:
-            why = (f"none of its {len(results)} results has X-ray figures (its config has profile: false, which "
-                   f"measures nothing; train with --set profile=true)")
+            why = (
+                f"none of its {len(results)} results has X-ray figures (its config has profile: false, which "
+                f"measures nothing; train with --set profile=true)"
+            )
         raise NoXRayError(f"run directory {str(directory)!r}: {why}")
     iterations = tuple(int(r.get("training_iteration") or 0) for r in window)
     return PlanView(directory, spec.algo, graph, iterations, average_xray([r["plan"] for r in window]))

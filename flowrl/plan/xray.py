@@ -43,8 +43,12 @@ from flowrl.plan.graph import Plan
 from flowrl.policy import LearnTimes
 
 #: The driver's learning timers the X-ray splits the learner's time by: what each is reported as.
-LEARNER_TIMERS = {LEARN_ON_BATCH_TIMER: "learn_s", COMPUTE_GRADS_TIMER: "compute_grads_s",
-                  APPLY_GRADS_TIMER: "apply_grads_s", WORKER_UPDATE_TIMER: "weight_sync_s"}
+LEARNER_TIMERS = {
+    LEARN_ON_BATCH_TIMER: "learn_s",
+    COMPUTE_GRADS_TIMER: "compute_grads_s",
+    APPLY_GRADS_TIMER: "apply_grads_s",
+    WORKER_UPDATE_TIMER: "weight_sync_s",
+}
 
 
 class XRay:
@@ -58,7 +62,11 @@ class XRay:
         self._totals: dict[str, float] = {}
 
     def report(
-        self, iteration_s: float, reported: Mapping[str, Any], info: Mapping[str, Any], driver: Mapping[str, float],
+        self,
+        iteration_s: float,
+        reported: Mapping[str, Any],
+        info: Mapping[str, Any],
+        driver: Mapping[str, float],
         learn_times: Sequence[LearnTimes] = (),
     ) -> dict[str, Any]:
         """The iteration's X-ray. ``reported``: what the plan's own result said of the actors (the rollout
@@ -126,8 +134,10 @@ class XRay:
     def _learn_phases(self, learn_times: Sequence[LearnTimes]) -> dict[str, float]:
         """The iteration's seconds of the policies' learning phases (wherever they learned: in the driver, a
         learner thread or, for a learner group, its rank 0), the ones that ran."""
-        grown = {"load_s": self._grown("policies.load", sum(times.load_s for times in learn_times)),
-                 "update_s": self._grown("policies.update", sum(times.update_s for times in learn_times))}
+        grown = {
+            "load_s": self._grown("policies.load", sum(times.load_s for times in learn_times)),
+            "update_s": self._grown("policies.update", sum(times.update_s for times in learn_times)),
+        }
         return {key: round(seconds, 6) for key, seconds in grown.items() if seconds > 0}
 
     def _learner(self, learner: Mapping[str, Any], iteration_s: float) -> dict[str, Any]:
@@ -143,10 +153,17 @@ class XRay:
 
     def _shards(self, shards: list[Mapping[str, Any]], iteration_s: float) -> dict[str, Any]:
         def grown(phase: str) -> float:
-            return sum(self._grown(f"replay_shard[{i}].{phase}", float(s.get(f"{phase}_time_total_s", 0.0)))
-                       for i, s in enumerate(shards))
+            return sum(
+                self._grown(f"replay_shard[{i}].{phase}", float(s.get(f"{phase}_time_total_s", 0.0)))
+                for i, s in enumerate(shards)
+            )
 
         add_s, sample_s, serialize_s = grown("add"), grown("sample"), grown("serialize")
         busy = (add_s + sample_s + serialize_s) / (iteration_s * len(shards)) if iteration_s > 0 else 0.0
-        return {"count": len(shards), "add_s": round(add_s, 6), "sample_s": round(sample_s, 6),
-                "serialize_s": round(serialize_s, 6), "busy_share": round(min(1.0, busy), 4)}
+        return {
+            "count": len(shards),
+            "add_s": round(add_s, 6),
+            "sample_s": round(sample_s, 6),
+            "serialize_s": round(serialize_s, 6),
+            "busy_share": round(min(1.0, busy), 4),
+        }

@@ -67,12 +67,32 @@ __all__ = [
 __getattr__ = deferred_attributes(
     __name__,
     {
-        "flowrl.policy.distributions": ["ActionDistribution", "Categorical", "Deterministic", "DiagGaussian", "SquashedGaussian", "dist_class_for"],
-        "flowrl.policy.exploration": ["EpsilonGreedy", "Exploration", "GaussianNoise", "LinearSchedule", "StochasticSampling"],
+        "flowrl.policy.distributions": [
+            "ActionDistribution",
+            "Categorical",
+            "Deterministic",
+            "DiagGaussian",
+            "SquashedGaussian",
+            "dist_class_for",
+        ],
+        "flowrl.policy.exploration": [
+            "EpsilonGreedy",
+            "Exploration",
+            "GaussianNoise",
+            "LinearSchedule",
+            "StochasticSampling",
+        ],
         "flowrl.policy.model_options": ["model_config"],
         "flowrl.policy.models": ["ActorCriticModel", "CNNEncoder", "MLPEncoder"],
         "flowrl.policy.policy": ["LearnOutput", "LearnTimes", "Policy", "PolicyConfig", "PolicySpec"],
-        "flowrl.policy.postprocessing": ["actor_critic_postprocess", "adjust_nstep", "bootstrap_value", "compute_advantages", "discount_cumsum", "nstep_postprocess"],
+        "flowrl.policy.postprocessing": [
+            "actor_critic_postprocess",
+            "adjust_nstep",
+            "bootstrap_value",
+            "compute_advantages",
+            "discount_cumsum",
+            "nstep_postprocess",
+        ],
         "flowrl.policy.torch_policy": ["LossOutput", "TorchPolicy"],
     },
 )

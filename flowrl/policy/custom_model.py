@@ -172,7 +172,9 @@ def build_custom_model(
     cls = custom_model_class(custom)
     structured = model_config["custom_model_obs"] == "structured"
     if structured and not is_structured(obs_space):
-        raise ConfigError([f"model.custom_model_obs='structured' needs a Dict or Tuple observation space, not {obs_space}"])
+        raise ConfigError(
+            [f"model.custom_model_obs='structured' needs a Dict or Tuple observation space, not {obs_space}"]
+        )
     if structured and interface.adapt is not None:
         raise ConfigError([f"model.custom_model_obs='structured': {interface.name} models take flat observations"])
     try:
@@ -185,7 +187,9 @@ def build_custom_model(
         return interface.adapt(model, obs_space, action_space)
     problem = _forward_problem(model, interface, obs_space, num_outputs)
     if problem is not None:
-        raise ConfigError([f"{shown} does not implement the {interface.name} interface {interface.contract}: {problem}"])
+        raise ConfigError(
+            [f"{shown} does not implement the {interface.name} interface {interface.contract}: {problem}"]
+        )
     return model
 
 

@@ -37,7 +37,9 @@ class Shard(NamedTuple):
         return batch.slice(start, end)
 
 
-def synchronize_gradients(model: nn.Module, rows: int, loss_finite: bool, group: dist.ProcessGroup | None = None) -> bool:
+def synchronize_gradients(
+    model: nn.Module, rows: int, loss_finite: bool, group: dist.ProcessGroup | None = None
+) -> bool:
     """Average ``model``'s gradients over the process group's replicas, weighted by their ``rows``.
 
     One all-reduce of a flat buffer carries every gradient (scaled by this replica's rows),
@@ -50,7 +52,8 @@ def synchronize_gradients(model: nn.Module, rows: int, loss_finite: bool, group:
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     has_grad = [0.0 if p.grad is None else 1.0 for p in params]
     flat = torch.cat(
-        [g.reshape(-1) * rows for g in grads] + [grads[0].new_tensor([*has_grad, float(rows), 0.0 if loss_finite else 1.0])]
+        [g.reshape(-1) * rows for g in grads]
+        + [grads[0].new_tensor([*has_grad, float(rows), 0.0 if loss_finite else 1.0])]
     )
     dist.all_reduce(flat, group=group)
     reached, total_rows, nonfinite = flat[-2 - len(params) : -2].tolist(), flat[-2], flat[-1]

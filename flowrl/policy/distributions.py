@@ -106,7 +106,8 @@ class DiagGaussian(ActionDistribution):
     def kl(self, other: ActionDistribution) -> torch.Tensor:
         assert isinstance(other, DiagGaussian)
         return (
-            other.log_std - self.log_std
+            other.log_std
+            - self.log_std
             + (self.std.pow(2) + (self.mean - other.mean).pow(2)) / (2.0 * other.std.pow(2))
             - 0.5
         ).sum(-1)
@@ -154,8 +155,11 @@ class SquashedGaussian(DiagGaussian):
     @classmethod
     def for_bounds(cls, low: np.ndarray, high: np.ndarray) -> type["SquashedGaussian"]:
         """A subclass squashing into ``[low, high]``."""
-        return type("SquashedGaussianBounded", (cls,), {"low": torch.as_tensor(low, dtype=torch.float32),
-                                                          "high": torch.as_tensor(high, dtype=torch.float32)})
+        return type(
+            "SquashedGaussianBounded",
+            (cls,),
+            {"low": torch.as_tensor(low, dtype=torch.float32), "high": torch.as_tensor(high, dtype=torch.float32)},
+        )
 
     def _squash(self, raw: torch.Tensor) -> torch.Tensor:
         low, high = self.low, self.high
@@ -165,7 +169,9 @@ class SquashedGaussian(DiagGaussian):
         if isinstance(low, torch.Tensor) and isinstance(high, torch.Tensor):
             return torch.clamp(squashed, low, high)
         if isinstance(low, torch.Tensor) or isinstance(high, torch.Tensor):
-            raise TypeError(f"{type(self).__name__} bounds must be both tensors or both numbers, got {low!r} and {high!r}")
+            raise TypeError(
+                f"{type(self).__name__} bounds must be both tensors or both numbers, got {low!r} and {high!r}"
+            )
         return torch.clamp(squashed, low, high)
 
     def _unsquash(self, actions: torch.Tensor) -> torch.Tensor:
@@ -205,7 +211,9 @@ def dist_class_for(action_space: gym.Space, kind: str = "auto") -> tuple[type[Ac
         if kind == "deterministic":
             return Deterministic, Deterministic.required_inputs(action_space)
         if kind == "squashed":
-            return SquashedGaussian.for_bounds(action_space.low, action_space.high), DiagGaussian.required_inputs(action_space)
+            return SquashedGaussian.for_bounds(action_space.low, action_space.high), DiagGaussian.required_inputs(
+                action_space
+            )
     raise FlowRLError(
         f"no action distribution of kind {kind!r} for action space {action_space}; supported: Discrete "
         "(kind 'auto') and 1-D Box (kinds 'auto', 'deterministic', 'squashed')"

@@ -41,7 +41,9 @@ class Exploration:
         self.action_space = action_space
         self.last_timestep = 0
 
-    def get_action(self, dist: ActionDistribution, *, timestep: int, explore: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def get_action(
+        self, dist: ActionDistribution, *, timestep: int, explore: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Actions and their log-probabilities under the behaviour policy."""
         raise NotImplementedError
 
@@ -57,7 +59,9 @@ class Exploration:
 class StochasticSampling(Exploration):
     """Samples from the action distribution (greedy when not exploring)."""
 
-    def get_action(self, dist: ActionDistribution, *, timestep: int, explore: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def get_action(
+        self, dist: ActionDistribution, *, timestep: int, explore: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         self.last_timestep = timestep
         actions = dist.sample() if explore else dist.deterministic_sample()
         return actions, dist.logp(actions)
@@ -93,7 +97,9 @@ class EpsilonGreedy(Exploration):
         """The epsilon in force at ``timestep``."""
         return self.fixed_epsilon if self.fixed_epsilon is not None else self.schedule.value(timestep)
 
-    def get_action(self, dist: ActionDistribution, *, timestep: int, explore: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def get_action(
+        self, dist: ActionDistribution, *, timestep: int, explore: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         self.last_timestep = timestep
         greedy = dist.deterministic_sample()
         if explore:
@@ -120,7 +126,9 @@ class PerWorkerEpsilonGreedy(EpsilonGreedy):
     (index 0, which learns and evaluates) acts greedily.
     """
 
-    def __init__(self, action_space: gym.Space, worker_index: int = 0, num_workers: int = 0, seed: int | None = None) -> None:
+    def __init__(
+        self, action_space: gym.Space, worker_index: int = 0, num_workers: int = 0, seed: int | None = None
+    ) -> None:
         super().__init__(action_space, epsilon=self.epsilon_for(worker_index, num_workers), seed=seed)
 
     @staticmethod
@@ -160,7 +168,9 @@ class GaussianNoise(Exploration):
         self.high = torch.as_tensor(action_space.high, dtype=torch.float32)
         self.generator = torch.Generator().manual_seed(seed if seed is not None else 0)
 
-    def get_action(self, dist: ActionDistribution, *, timestep: int, explore: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def get_action(
+        self, dist: ActionDistribution, *, timestep: int, explore: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         self.last_timestep = timestep
         actions = dist.deterministic_sample()
         if explore:

@@ -196,7 +196,9 @@ def _merged(stats: RunningStats | None, other: RunningStats) -> RunningStats:
     return stats
 
 
-def make_observation_filter(name: str, observation_space: gym.Space[Any] | None, *, multi_agent: bool = False) -> MeanStdFilter | None:
+def make_observation_filter(
+    name: str, observation_space: gym.Space[Any] | None, *, multi_agent: bool = False
+) -> MeanStdFilter | None:
     """The filter the ``observation_filter`` config key names for an env: None for ``"NoFilter"``.
 
     Raises :class:`~flowrl.errors.ConfigError` for an unknown name, and for ``"MeanStdFilter"``
@@ -208,11 +210,19 @@ def make_observation_filter(name: str, observation_space: gym.Space[Any] | None,
     if name != "MeanStdFilter":
         raise ConfigError([f"observation_filter={name!r} must be one of {', '.join(map(repr, OBSERVATION_FILTERS))}"])
     if multi_agent:
-        raise ConfigError(["observation_filter='MeanStdFilter' filters single-agent envs only; this env is multi-agent "
-                           "(use 'NoFilter')"])
+        raise ConfigError(
+            [
+                "observation_filter='MeanStdFilter' filters single-agent envs only; this env is multi-agent "
+                "(use 'NoFilter')"
+            ]
+        )
     if isinstance(observation_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
-        raise ConfigError([f"observation_filter='MeanStdFilter' normalizes continuous observations, but the observation "
-                           f"space is {observation_space} (use 'NoFilter')"])
+        raise ConfigError(
+            [
+                f"observation_filter='MeanStdFilter' normalizes continuous observations, but the observation "
+                f"space is {observation_space} (use 'NoFilter')"
+            ]
+        )
     return MeanStdFilter()
 
 

@@ -31,5 +31,7 @@ def policy_mapping(policy_mapping_fn: PolicyMappingFn | str | None, policy_ids: 
     if policy_mapping_fn is not None:
         return policy_mapping_fn
     if len(policy_ids) != 1:
-        raise FlowRLError(f"with several policies {sorted(policy_ids)}, the config needs a policy_mapping_fn(agent_id) -> policy id")
+        raise FlowRLError(
+            f"with several policies {sorted(policy_ids)}, the config needs a policy_mapping_fn(agent_id) -> policy id"
+        )
     return _OnlyPolicy(policy_ids[0])

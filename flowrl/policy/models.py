@@ -51,7 +51,9 @@ class CNNEncoder(nn.Module):
     ``layout`` is the frames' axis order without the batch axis: ``"hwc"``, ``"chw"`` or ``"hw"``.
     """
 
-    def __init__(self, obs_shape: Sequence[int], layout: str, filters: Sequence[Sequence[int]], activation: str) -> None:
+    def __init__(
+        self, obs_shape: Sequence[int], layout: str, filters: Sequence[Sequence[int]], activation: str
+    ) -> None:
         super().__init__()
         self.layout = layout
         if layout == "hw":
@@ -108,7 +110,9 @@ class ActorCriticModel(nn.Module):
     with ``value_head=False`` there is no value head and ``values`` is None.
     """
 
-    def __init__(self, obs_space: gym.Space, num_outputs: int, config: Mapping[str, Any], value_head: bool = True) -> None:
+    def __init__(
+        self, obs_space: gym.Space, num_outputs: int, config: Mapping[str, Any], value_head: bool = True
+    ) -> None:
         super().__init__()
         self.encoder = make_encoder(obs_space, config)
         self.policy_head = nn.Linear(self.encoder.out_dim, num_outputs)

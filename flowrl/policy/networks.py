@@ -62,8 +62,12 @@ class ActorCritics(nn.Module):
         super().__init__()
         obs_dim, act_dim = flat_obs_dim(obs_space), int(np.prod(action_space.shape))
         self.actor = actor if actor is not None else mlp(obs_dim, list(actor_hiddens), "relu", act_dim)
-        self.critics = critics if critics is not None else nn.ModuleList(
-            mlp(obs_dim + act_dim, list(critic_hiddens), "relu", 1) for _ in range(2 if twin_q else 1)
+        self.critics = (
+            critics
+            if critics is not None
+            else nn.ModuleList(
+                mlp(obs_dim + act_dim, list(critic_hiddens), "relu", 1) for _ in range(2 if twin_q else 1)
+            )
         )
         self.register_buffer("low", torch.tensor(action_space.low, dtype=torch.float32))
         self.register_buffer("high", torch.tensor(action_space.high, dtype=torch.float32))

@@ -54,7 +54,9 @@ class PerturbableModel(nn.Module):
     obs_shift: torch.Tensor
     obs_scale: torch.Tensor
 
-    def __init__(self, obs_dim: int, num_outputs: int, hiddens: Sequence[int], activation: str, zero_init: bool = False) -> None:
+    def __init__(
+        self, obs_dim: int, num_outputs: int, hiddens: Sequence[int], activation: str, zero_init: bool = False
+    ) -> None:
         super().__init__()
         if activation not in _NUMPY_ACTIVATIONS:
             raise FlowRLError(f"fcnet_activation={activation!r}: ES/ARS support {sorted(_NUMPY_ACTIVATIONS)}")

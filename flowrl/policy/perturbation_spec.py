@@ -29,15 +29,24 @@ if TYPE_CHECKING:
 
 
 def build_perturbable_model(
-    obs_space: gym.Space, action_space: gym.Space, num_outputs: int, config: Mapping[str, Any], *, zero_init: bool = False
+    obs_space: gym.Space,
+    action_space: gym.Space,
+    num_outputs: int,
+    config: Mapping[str, Any],
+    *,
+    zero_init: bool = False,
 ) -> PerturbableModel:
     """A :class:`~flowrl.policy.perturbable.PerturbableModel` for a flat Box observation space (the ``make_model`` of TorchPolicy)."""
     from flowrl.policy.perturbable import PerturbableModel  # the torch module
 
-    return PerturbableModel(_obs_dim(obs_space), num_outputs, config["fcnet_hiddens"], config["fcnet_activation"], zero_init)
+    return PerturbableModel(
+        _obs_dim(obs_space), num_outputs, config["fcnet_hiddens"], config["fcnet_activation"], zero_init
+    )
 
 
-def no_loss(policy: TorchPolicy[Any], model: nn.Module, dist_class: Any, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+def no_loss(
+    policy: TorchPolicy[Any], model: nn.Module, dist_class: Any, batch: Any
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss function of ES/ARS policies: there is none, they learn from perturbation returns."""
     raise FlowRLError("ES and ARS policies learn from the returns of perturbed rollouts, not from sample batches")
 

@@ -123,8 +123,10 @@ def check_policy_config(config: Any) -> None:
     """Raise :class:`~flowrl.errors.ConfigError` unless ``config`` is a config object (not a dict)."""
     if isinstance(config, Mapping):
         raise ConfigError(
-            [f"a policy takes its algorithm's config object, not a {type(config).__name__} of keys {sorted(config)}; "
-             "build one, e.g. flowrl.config.TrainerConfig(lr=0.01) or PPOConfig.from_dict({...})"]
+            [
+                f"a policy takes its algorithm's config object, not a {type(config).__name__} of keys {sorted(config)}; "
+                "build one, e.g. flowrl.config.TrainerConfig(lr=0.01) or PPOConfig.from_dict({...})"
+            ]
         )
 
 
@@ -153,7 +155,9 @@ class PolicySpec:
         for explorations that differ per worker.
         """
         config = self.config.replace(**config_overrides) if config_overrides else self.config
-        return self.policy_class(self.observation_space, self.action_space, config, worker_index=worker_index, **self.kwargs)
+        return self.policy_class(
+            self.observation_space, self.action_space, config, worker_index=worker_index, **self.kwargs
+        )
 
 
 class Policy(abc.ABC, Generic[ConfigT]):

@@ -45,7 +45,9 @@ def minibatch_sgd(
     :mod:`flowrl.policy.data_parallel`).
     """
     if sequence_length < 1 or batch.count % sequence_length:
-        raise ValueError(f"minibatch_sgd: a batch of {batch.count} rows does not split into runs of sequence_length={sequence_length}")
+        raise ValueError(
+            f"minibatch_sgd: a batch of {batch.count} rows does not split into runs of sequence_length={sequence_length}"
+        )
     rng = np.random.default_rng(seed)
     applied: list[dict[str, float]] = []
     skipped: list[dict[str, float]] = []

@@ -38,7 +38,10 @@ class LossOutput(NamedTuple):
 
 
 # A plain ``(loss, stats)`` tuple is accepted too.
-LossFn = Callable[["TorchPolicy[Any]", "nn.Module", type[ActionDistribution], TensorBatch], "LossOutput | tuple[torch.Tensor, dict[str, float]]"]
+LossFn = Callable[
+    ["TorchPolicy[Any]", "nn.Module", type[ActionDistribution], TensorBatch],
+    "LossOutput | tuple[torch.Tensor, dict[str, float]]",
+]
 PostprocessFn = Callable[["TorchPolicy[Any]", SampleBatch], SampleBatch]
 ModelFn = Callable[[gym.Space, gym.Space, int, Mapping[str, Any]], "nn.Module"]
 OptimizerFn = Callable[["TorchPolicy[Any]"], "torch.optim.Optimizer"]
@@ -52,7 +55,9 @@ def adam(params: Any, device: torch.device, **settings: Any) -> torch.optim.Adam
     return torch.optim.Adam(params, fused=device.type in ("cpu", "cuda"), **settings)
 
 
-def default_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: int, config: Mapping[str, Any]) -> nn.Module:
+def default_model(
+    obs_space: gym.Space, action_space: gym.Space, num_outputs: int, config: Mapping[str, Any]
+) -> nn.Module:
     """An :class:`~flowrl.policy.models.ActorCriticModel` as configured."""
     return models.ActorCriticModel(obs_space, num_outputs, config)
 
@@ -180,7 +185,9 @@ class TorchPolicy(Policy[ConfigT]):
                 return actions_np, extra
         with torch.inference_mode():
             dist_inputs, values = self._forward(obs_batch)
-            actions, logp = self.exploration.get_action(self.dist_class(dist_inputs), timestep=timestep, explore=explore)
+            actions, logp = self.exploration.get_action(
+                self.dist_class(dist_inputs), timestep=timestep, explore=explore
+            )
             extra = {
                 SampleBatch.ACTION_LOGP: logp.cpu().numpy(),
                 SampleBatch.ACTION_DIST_INPUTS: dist_inputs.cpu().numpy(),
@@ -205,7 +212,10 @@ class TorchPolicy(Policy[ConfigT]):
 
     @property
     def postprocesses(self) -> bool:
-        return self.postprocess_fn is not None or type(self).postprocess_trajectory is not TorchPolicy.postprocess_trajectory
+        return (
+            self.postprocess_fn is not None
+            or type(self).postprocess_trajectory is not TorchPolicy.postprocess_trajectory
+        )
 
     # -- learning --------------------------------------------------------------------
 
@@ -293,7 +303,9 @@ class TorchPolicy(Policy[ConfigT]):
         if len(gradients) != len(named):
             raise ValueError(f"got {len(gradients)} gradients for {len(named)} parameters")
         bad = _first_nonfinite(gradients)
-        self.record_update(None if bad is None else f"a non-finite gradient of {named[bad][0]} given to apply_gradients")
+        self.record_update(
+            None if bad is None else f"a non-finite gradient of {named[bad][0]} given to apply_gradients"
+        )
         if bad is not None:
             return
         with self.learn_times.updating():

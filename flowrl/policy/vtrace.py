@@ -88,7 +88,9 @@ def time_major(x: torch.Tensor, horizon: int) -> torch.Tensor:
     return x.reshape(-1, horizon, *x.shape[1:]).transpose(0, 1)
 
 
-def next_state_values(model: nn.Module, batch: dict[str, torch.Tensor], values: torch.Tensor, horizon: int) -> torch.Tensor:
+def next_state_values(
+    model: nn.Module, batch: dict[str, torch.Tensor], values: torch.Tensor, horizon: int
+) -> torch.Tensor:
     """V(x_{t+1}) for each row of a batch of whole ``horizon``-row fragments, without gradient.
 
     ``values`` are the model's values of the batch's observations. Where the episode goes

@@ -75,7 +75,9 @@ def read_experiment_data(path: str | os.PathLike[str]) -> Any:
     file = Path(path)
     suffix = file.suffix.lower()
     if suffix not in (".yaml", ".yml", ".json"):
-        raise RunError(f"experiment file {str(file)!r}: unknown file type {suffix or '(no extension)'!r}; use .yaml, .yml or .json")
+        raise RunError(
+            f"experiment file {str(file)!r}: unknown file type {suffix or '(no extension)'!r}; use .yaml, .yml or .json"
+        )
     try:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -86,7 +88,9 @@ def read_experiment_data(path: str | os.PathLike[str]) -> Any:
         try:
             return json.loads(text)
         except json.JSONDecodeError as e:
-            raise RunError(f"experiment file {str(file)!r} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+            raise RunError(
+                f"experiment file {str(file)!r} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}"
+            ) from None
     try:
         import yaml
     except ImportError:
@@ -120,7 +124,7 @@ def parse_experiment(data: Any, source: str = "the config file") -> Experiment:
     if not isinstance(data, Mapping):
         raise RunError(f"{source} must hold a mapping of keys to values, not {type(data).__name__}")
     if len(data) == 1:
-        (name, inner), = data.items()
+        ((name, inner),) = data.items()
         if name not in EXPERIMENT_KEYS and isinstance(inner, Mapping) and set(inner) & set(EXPERIMENT_KEYS):
             data = inner  # {"cartpole-ppo": {"run": "PPO", "env": ..., "config": ...}}
     data = dict(data)

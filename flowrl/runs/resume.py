@@ -119,7 +119,9 @@ def find_resume_point(
     )
     candidates = list_checkpoints(directory / CHECKPOINTS_DIR)
     if not candidates:
-        raise CheckpointError(f"run directory {str(directory)!r}: no checkpoint under {str(directory / CHECKPOINTS_DIR)!r} to resume from")
+        raise CheckpointError(
+            f"run directory {str(directory)!r}: no checkpoint under {str(directory / CHECKPOINTS_DIR)!r} to resume from"
+        )
     skipped: list[SkippedCheckpoint] = []
     for checkpoint in reversed(candidates):
         try:
@@ -132,14 +134,26 @@ def find_resume_point(
         break
     else:
         tried = "\n".join(f"  - {s.path.name}: {s.problem}" for s in skipped)
-        raise CheckpointError(f"run directory {str(directory)!r}: none of its {len(skipped)} checkpoints is usable:\n{tried}")
+        raise CheckpointError(
+            f"run directory {str(directory)!r}: none of its {len(skipped)} checkpoints is usable:\n{tried}"
+        )
     results, intact = _read_progress(directory / PROGRESS_FILE)
     kept = [r for r in results if int(r.get("training_iteration") or 0) <= iteration]
     # The checkpoint's own counts win: progress.jsonl may lack the line of the checkpoint's iteration.
     at_checkpoint = {**(kept[-1] if kept else {}), "training_iteration": iteration, "timesteps_total": timesteps}
     drops_results = len(kept) != len(results) or not intact
-    return ResumePoint(directory, spec, checkpoint, iteration, timesteps, kept, drops_results,
-                       stop_reason(spec.stop, at_checkpoint), tuple(skipped), storage)
+    return ResumePoint(
+        directory,
+        spec,
+        checkpoint,
+        iteration,
+        timesteps,
+        kept,
+        drops_results,
+        stop_reason(spec.stop, at_checkpoint),
+        tuple(skipped),
+        storage,
+    )
 
 
 def resume_run(point: ResumePoint, *, num_workers: int | None = None, address: str | None = None) -> Run:
@@ -167,15 +181,24 @@ def resume_run(point: ResumePoint, *, num_workers: int | None = None, address: s
         trainer.restore(point.checkpoint)
         if point.drops_results:
             _replace_file(point.directory / PROGRESS_FILE, "".join(json.dumps(r) + "\n" for r in point.results))
-        spec = dataclasses.replace(point.spec, config=trainer.config.to_dict(),
-                                   keep_best=_default_keep_best(point.spec.keep_best, trainer.config.evaluation_interval))
+        spec = dataclasses.replace(
+            point.spec,
+            config=trainer.config.to_dict(),
+            keep_best=_default_keep_best(point.spec.keep_best, trainer.config.evaluation_interval),
+        )
         _write_params(point.directory, spec, point.storage_path)
         write_plan(point.directory, trainer)
-        loggers = open_loggers(point.directory, json_safe(spec.to_params()), wandb_project=spec.wandb_project,
-                               mlflow_tracking_uri=spec.mlflow_tracking_uri, previous_results=point.results,
-                               resumed_at_step=point.timesteps_total)
+        loggers = open_loggers(
+            point.directory,
+            json_safe(spec.to_params()),
+            wandb_project=spec.wandb_project,
+            mlflow_tracking_uri=spec.mlflow_tracking_uri,
+            previous_results=point.results,
+            resumed_at_step=point.timesteps_total,
+        )
     except BaseException:
         trainer.stop()
         raise
-    return Run(point.directory, spec, trainer, checkpoint=point.checkpoint, previous_results=point.results,
-               loggers=loggers)
+    return Run(
+        point.directory, spec, trainer, checkpoint=point.checkpoint, previous_results=point.results, loggers=loggers
+    )

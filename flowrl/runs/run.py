@@ -220,7 +220,8 @@ class Run:
                     self._log_result(result)
                     self._last_result = result
                     self._metric_seen = self._metric_seen or (
-                        self.spec.keep_best is not None and result_value(result, self.spec.keep_best) is not None)
+                        self.spec.keep_best is not None and result_value(result, self.spec.keep_best) is not None
+                    )
                     self._write_video()
                     if on_result is not None:
                         on_result(result)
@@ -246,8 +247,9 @@ class Run:
                 self.failure = self._save_failed(error)
                 raise
         best_reward, best_iteration = self._best if self._best is not None else (None, None)
-        return RunSummary(self.directory, reason, best_reward, best_iteration, self.checkpoint, save_interrupted,
-                          interrupted_by)
+        return RunSummary(
+            self.directory, reason, best_reward, best_iteration, self.checkpoint, save_interrupted, interrupted_by
+        )
 
     def _unsaved(self) -> bool:
         """Whether a finished iteration is not in a checkpoint yet."""
@@ -281,8 +283,12 @@ class Run:
 
     def _save_failed(self, error: BaseException) -> RunFailure:
         """The failure of a checkpoint write itself: nothing new was saved."""
-        return RunFailure(error, self.checkpoint, saved=False,
-                          not_saved_because=f"saving the checkpoint failed ({type(error).__name__})")
+        return RunFailure(
+            error,
+            self.checkpoint,
+            saved=False,
+            not_saved_because=f"saving the checkpoint failed ({type(error).__name__})",
+        )
 
     def _save_after_error(self, error: BaseException) -> RunFailure:
         """Write the emergency checkpoint for ``error`` if there is something worth saving."""
@@ -293,8 +299,9 @@ class Run:
         except Exception as e:  # noqa: BLE001 - a trainer too broken to inspect is not worth saving
             problem = f"its state cannot be inspected ({type(e).__name__}: {e})"
         if problem is not None:
-            return RunFailure(error, self.checkpoint, saved=False,
-                              not_saved_because=f"the trainer's state is not intact: {problem}")
+            return RunFailure(
+                error, self.checkpoint, saved=False, not_saved_because=f"the trainer's state is not intact: {problem}"
+            )
         try:
             self._save()
         except KeyboardInterrupt as interrupt:
@@ -352,9 +359,12 @@ class Run:
     def _logger_failed(self, logger: ResultLogger, action: str, error: Exception) -> None:
         if id(logger) not in self._failed_loggers:
             self._failed_loggers.add(id(logger))
-            warnings.warn(f"{type(logger).__name__} failed while {action} ({type(error).__name__}: {error}); "
-                          f"progress.jsonl has every result (further failures of this logger are not reported)",
-                          RunWarning, stacklevel=3)
+            warnings.warn(
+                f"{type(logger).__name__} failed while {action} ({type(error).__name__}: {error}); "
+                f"progress.jsonl has every result (further failures of this logger are not reported)",
+                RunWarning,
+                stacklevel=3,
+            )
 
     def close(self) -> None:
         """Close the loggers (finishing the tracker runs), then stop the Trainer: its actors, and Ray if it started it.
@@ -377,8 +387,10 @@ class Run:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"Run({str(self.directory)!r}, algo={self.spec.algo!r}, env={self.spec.env!r}, "
-                f"iteration={self.trainer.iteration})")
+        return (
+            f"Run({str(self.directory)!r}, algo={self.spec.algo!r}, env={self.spec.env!r}, "
+            f"iteration={self.trainer.iteration})"
+        )
 
 
 def start_run(
@@ -403,19 +415,29 @@ def start_run(
 
     check_trackers(spec.wandb_project, spec.mlflow_tracking_uri)
     if results_dir is not None and storage_path is not None:
-        raise RunError(f"results_dir={str(results_dir)!r} and storage_path={str(storage_path)!r} both say where "
-                       f"the run directory goes: give one (storage_path for a filesystem every node mounts)")
+        raise RunError(
+            f"results_dir={str(results_dir)!r} and storage_path={str(storage_path)!r} both say where "
+            f"the run directory goes: give one (storage_path for a filesystem every node mounts)"
+        )
     storage = None if storage_path is None else check_storage_path(storage_path)
     parent = storage if storage is not None else Path(DEFAULT_RESULTS_DIR if results_dir is None else results_dir)
     trainer = Trainer(spec.algo, spec.env, dict(spec.config), address=address)
     try:
         directory = _make_run_dir(parent, trainer.algorithm.name, spec.env)
-        spec = dataclasses.replace(spec, algo=trainer.algorithm.name, config=trainer.config.to_dict(),
-                                   keep_best=_default_keep_best(spec.keep_best, trainer.config.evaluation_interval))
+        spec = dataclasses.replace(
+            spec,
+            algo=trainer.algorithm.name,
+            config=trainer.config.to_dict(),
+            keep_best=_default_keep_best(spec.keep_best, trainer.config.evaluation_interval),
+        )
         _write_params(directory, spec, storage)
         write_plan(directory, trainer)
-        loggers = open_loggers(directory, json_safe(spec.to_params()), wandb_project=spec.wandb_project,
-                               mlflow_tracking_uri=spec.mlflow_tracking_uri)
+        loggers = open_loggers(
+            directory,
+            json_safe(spec.to_params()),
+            wandb_project=spec.wandb_project,
+            mlflow_tracking_uri=spec.mlflow_tracking_uri,
+        )
     except BaseException:
         trainer.stop()
         raise

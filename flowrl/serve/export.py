@@ -48,16 +48,16 @@ from gymnasium.spaces.utils import flatdim
 from torch import nn
 
 from flowrl._version import __version__
-from flowrl.storage.checkpoints import list_checkpoints
 from flowrl.data import DEFAULT_POLICY_ID
-from flowrl.errors import CheckpointError, RunError
 from flowrl.envs.flatten import flatten_observation, is_structured
-from flowrl.serve.inference import POLICIES_JSON, InferencePolicy, load_policy, space_to_json
+from flowrl.errors import CheckpointError, RunError
 from flowrl.policy import TorchPolicy
 from flowrl.policy.distributions import Categorical, Deterministic, DiagGaussian, SquashedGaussian
 from flowrl.policy.exploration import EpsilonGreedy
 from flowrl.policy.filters import MeanStdFilter
 from flowrl.policy.model_options import is_image_space
+from flowrl.serve.inference import POLICIES_JSON, InferencePolicy, load_policy, space_to_json
+from flowrl.storage.checkpoints import list_checkpoints
 from flowrl.storage.rundir import CHECKPOINTS_DIR, PARAMS_FILE
 
 FORMATS = ("torchscript", "onnx")
@@ -101,9 +101,15 @@ class GreedyPolicyModule(nn.Module):
     obs_shift: torch.Tensor
     obs_scale: torch.Tensor
 
-    def __init__(self, model: nn.Module, observation_space: gym.Space[Any], kind: str,
-                 bounds: tuple[np.ndarray, np.ndarray] | None, squash: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 normalization: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        observation_space: gym.Space[Any],
+        kind: str,
+        bounds: tuple[np.ndarray, np.ndarray] | None,
+        squash: tuple[torch.Tensor, torch.Tensor] | None = None,
+        normalization: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
         super().__init__()
         self.model = model
         self.kind = kind
@@ -208,8 +214,10 @@ def find_checkpoint(path: str | os.PathLike[str], checkpoint: int | None = None)
     path = Path(path)
     if (path / POLICIES_JSON).is_file():
         if checkpoint is not None:
-            raise CheckpointError(f"{str(path)!r} is a checkpoint directory; checkpoint {checkpoint} picks one of "
-                                  "a run directory's checkpoints: give the run directory")
+            raise CheckpointError(
+                f"{str(path)!r} is a checkpoint directory; checkpoint {checkpoint} picks one of "
+                "a run directory's checkpoints: give the run directory"
+            )
         return path
     if not path.is_dir():
         raise CheckpointError(f"{str(path)!r} does not exist or is not a directory")
@@ -220,8 +228,10 @@ def find_checkpoint(path: str | os.PathLike[str], checkpoint: int | None = None)
         return found[-1]
     numbered = {int(p.name.rpartition("_")[2]): p for p in found}  # list_checkpoints gives checkpoint_<iteration> only
     if checkpoint not in numbered:
-        raise CheckpointError(f"run directory {str(path)!r} has no complete checkpoint {checkpoint}; "
-                              f"its checkpoints are {sorted(numbered)}")
+        raise CheckpointError(
+            f"run directory {str(path)!r} has no complete checkpoint {checkpoint}; "
+            f"its checkpoints are {sorted(numbered)}"
+        )
     return numbered[checkpoint]
 
 
@@ -233,8 +243,10 @@ def _choose_policy(directory: Path, policy_id: str | None) -> str:
     except (OSError, ValueError, KeyError, TypeError):
         return DEFAULT_POLICY_ID  # load_policy reports what is wrong with the file
     if len(ids) > 1:
-        raise RunError(f"checkpoint {str(directory)!r} holds the policies {ids}: choose the one to export "
-                       "(policy_id=..., flowrl export --policy ID)")
+        raise RunError(
+            f"checkpoint {str(directory)!r} holds the policies {ids}: choose the one to export "
+            "(policy_id=..., flowrl export --policy ID)"
+        )
     return ids[0] if ids else DEFAULT_POLICY_ID
 
 
@@ -244,8 +256,10 @@ def _greedy_module(
     """The module acting as ``policy`` (behind ``obs_filter``) acts greedily, and its outputs."""
     obs_space, action_space = policy.observation_space, policy.action_space
     if not isinstance(obs_space, (gym.spaces.Box, gym.spaces.Discrete)) and not is_structured(obs_space):
-        raise RunError(f"{what} takes observations of {obs_space}, which the exporter cannot describe as one array; "
-                       "it exports policies of Box, Discrete, Dict and Tuple observation spaces")
+        raise RunError(
+            f"{what} takes observations of {obs_space}, which the exporter cannot describe as one array; "
+            "it exports policies of Box, Discrete, Dict and Tuple observation spaces"
+        )
     dist = policy.dist_class
     bounds = None
     if isinstance(action_space, gym.spaces.Box) and bool(getattr(policy.config, "clip_actions", True)):
@@ -257,9 +271,17 @@ def _greedy_module(
         values = isinstance(policy.exploration, EpsilonGreedy)
         kind, name = ("q_values", "q_values") if values else ("categorical", "logits")
         outputs = [
-            _Output("actions", "int64", actions_shape, f"the action with the highest {'Q-value' if values else 'logit'}"),
-            _Output(name, "float32", [BATCH, *n], "each action's Q-value" if values else
-                    "each action's unnormalized log-probability (softmax gives the probabilities)"),
+            _Output(
+                "actions", "int64", actions_shape, f"the action with the highest {'Q-value' if values else 'logit'}"
+            ),
+            _Output(
+                name,
+                "float32",
+                [BATCH, *n],
+                "each action's Q-value"
+                if values
+                else "each action's unnormalized log-probability (softmax gives the probabilities)",
+            ),
         ]
     elif dist is Deterministic:
         kind = "deterministic"
@@ -276,8 +298,10 @@ def _greedy_module(
             _Output("log_std", "float32", [BATCH, *n], "the Gaussian's log standard deviation"),
         ]
     else:
-        raise RunError(f"{what} acts through a {dist.__name__} distribution, which the exporter does not know; "
-                       "it exports Categorical, DiagGaussian, SquashedGaussian and Deterministic policies")
+        raise RunError(
+            f"{what} acts through a {dist.__name__} distribution, which the exporter does not know; "
+            "it exports Categorical, DiagGaussian, SquashedGaussian and Deterministic policies"
+        )
     normalization = None
     if obs_filter is not None:
         stats = obs_filter.stats()
@@ -328,8 +352,10 @@ def _check_onnx_dependencies() -> None:
         try:
             __import__(package)
         except ImportError as e:
-            raise RunError(f"exporting to ONNX needs the optional dependency {package} ({e}): "
-                           f"pip install 'flowrl-ray[{EXPORT_EXTRA}]'") from None
+            raise RunError(
+                f"exporting to ONNX needs the optional dependency {package} ({e}): "
+                f"pip install 'flowrl-ray[{EXPORT_EXTRA}]'"
+            ) from None
 
 
 @contextlib.contextmanager
@@ -362,8 +388,15 @@ def _write_torchscript(module: GreedyPolicyModule, example: torch.Tensor, file: 
 def _write_onnx(module: GreedyPolicyModule, example: torch.Tensor, names: Sequence[str], file: Path, what: str) -> None:
     try:
         torch.onnx.export(
-            module, (example,), str(file), input_names=[INPUT_NAME], output_names=list(names),
-            dynamic_shapes=({0: torch.export.Dim(BATCH)},), dynamo=True, external_data=False, verbose=False,
+            module,
+            (example,),
+            str(file),
+            input_names=[INPUT_NAME],
+            output_names=list(names),
+            dynamic_shapes=({0: torch.export.Dim(BATCH)},),
+            dynamo=True,
+            external_data=False,
+            verbose=False,
         )
     except Exception as e:  # noqa: BLE001 - as for TorchScript: the exporter raises many error types
         raise RunError(f"{what}: its model cannot be exported to ONNX: {type(e).__name__}: {e}") from e
@@ -380,8 +413,14 @@ def _run_exported(file: Path, format: str, obs: torch.Tensor) -> list[np.ndarray
     return list(session.run(None, {INPUT_NAME: obs.numpy()}))
 
 
-def _check_export(module: GreedyPolicyModule, file: Path, format: str, obs_space: gym.Space[Any],
-                  outputs: Sequence[_Output], what: str) -> None:
+def _check_export(
+    module: GreedyPolicyModule,
+    file: Path,
+    format: str,
+    obs_space: gym.Space[Any],
+    outputs: Sequence[_Output],
+    what: str,
+) -> None:
     """Run the written model on a batch of another size than the traced one; it must give what ``module`` gives.
 
     Catches a model whose trace fixed the batch size or followed one branch of a data-dependent
@@ -396,12 +435,16 @@ def _check_export(module: GreedyPolicyModule, file: Path, format: str, obs_space
         problems = [f"running it raised {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"]
     if problems:
         file.unlink(missing_ok=True)
-        raise RunError(f"{what}: the exported {format} model does not compute what the policy does on a batch of "
-                       f"{_CHECK_BATCH} observations ({'; '.join(problems)}); a model whose computation depends on "
-                       "the batch size or branches on values cannot be exported")
+        raise RunError(
+            f"{what}: the exported {format} model does not compute what the policy does on a batch of "
+            f"{_CHECK_BATCH} observations ({'; '.join(problems)}); a model whose computation depends on "
+            "the batch size or branches on values cannot be exported"
+        )
 
 
-def _differences(outputs: Sequence[_Output], expected: Sequence[np.ndarray], got: Sequence[np.ndarray], kind: str) -> list[str]:
+def _differences(
+    outputs: Sequence[_Output], expected: Sequence[np.ndarray], got: Sequence[np.ndarray], kind: str
+) -> list[str]:
     """How the exported model's outputs differ from the module's; actions chosen by argmax count only where the
     best two scores are not tied."""
     problems = []
@@ -410,7 +453,9 @@ def _differences(outputs: Sequence[_Output], expected: Sequence[np.ndarray], got
     for output, want, have in zip(outputs, expected, got):
         if have.shape != want.shape or have.dtype != want.dtype:
             problems.append(f"{output.name}: {have.dtype}{list(have.shape)} instead of {want.dtype}{list(want.shape)}")
-        elif want.dtype.kind == "f" and not np.allclose(have, want, rtol=1e-3, atol=1e-3 * max(1.0, float(np.abs(want).max()))):
+        elif want.dtype.kind == "f" and not np.allclose(
+            have, want, rtol=1e-3, atol=1e-3 * max(1.0, float(np.abs(want).max()))
+        ):
             problems.append(f"{output.name}: values differ by up to {float(np.abs(have - want).max()):.3g}")
     if kind in ("categorical", "q_values") and not problems:
         scores = np.sort(expected[1], axis=-1)
@@ -420,23 +465,33 @@ def _differences(outputs: Sequence[_Output], expected: Sequence[np.ndarray], got
     return problems
 
 
-def _describe(inference: InferencePolicy, checkpoint: Path, format: str, model_file: Path,
-              outputs: Sequence[_Output]) -> dict[str, Any]:
+def _describe(
+    inference: InferencePolicy, checkpoint: Path, format: str, model_file: Path, outputs: Sequence[_Output]
+) -> dict[str, Any]:
     policy, policy_id, obs_filter = inference.policy, inference.policy_id, inference.observation_filter
     obs_space = policy.observation_space
     dtype = _input_dtype(obs_space)
     if isinstance(obs_space, gym.spaces.Discrete):
         meaning = "observation indices (the model one-hot encodes them)"
     elif is_structured(obs_space):
-        meaning = ("observations flattened with gymnasium.spaces.utils.flatten(observation_space, obs): the parts in "
-                   "the space's order (a Dict's keys as it lists them), Box parts flattened, Discrete parts one-hot")
+        meaning = (
+            "observations flattened with gymnasium.spaces.utils.flatten(observation_space, obs): the parts in "
+            "the space's order (a Dict's keys as it lists them), Box parts flattened, Discrete parts one-hot"
+        )
     else:
-        cast = "" if np.dtype(obs_space.dtype) == dtype else f" (the observation space's {obs_space.dtype} cast to {dtype})"
+        cast = (
+            ""
+            if np.dtype(obs_space.dtype) == dtype
+            else f" (the observation space's {obs_space.dtype} cast to {dtype})"
+        )
         meaning = "observations as the env returns them" + cast
     if obs_filter is not None:
         meaning += "; the model normalizes them with the run's observation filter (observation_filter below)"
-    loading = ("torch.jit.load(path); model(obs) returns the outputs as a tuple, in this order" if format == "torchscript"
-               else "onnxruntime.InferenceSession(path).run(None, {'obs': obs}) returns the outputs in this order")
+    loading = (
+        "torch.jit.load(path); model(obs) returns the outputs as a tuple, in this order"
+        if format == "torchscript"
+        else "onnxruntime.InferenceSession(path).run(None, {'obs': obs}) returns the outputs in this order"
+    )
     return {
         "format": DESCRIPTION_FORMAT,
         "format_version": DESCRIPTION_VERSION,

@@ -40,15 +40,15 @@ import gymnasium as gym
 import numpy as np
 import safetensors.numpy
 
-from flowrl.deferred import torch
 from flowrl._version import __version__
-from flowrl.storage.checkpoints import latest_checkpoint
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
+from flowrl.deferred import torch
 from flowrl.envs.flatten import flatten_observation, is_structured
 from flowrl.errors import CheckpointError, FlowRLError
 from flowrl.policy import Policy
 from flowrl.policy.filters import MeanStdFilter
+from flowrl.storage.checkpoints import latest_checkpoint
 
 POLICIES_JSON = "policies.json"
 POLICIES_WEIGHTS = "policies.safetensors"
@@ -65,7 +65,10 @@ _NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 
 def policy_files(
-    policy_map: Mapping[str, Policy[Any]], algo: str, config: TrainerConfig, observation_filter: MeanStdFilter | None = None
+    policy_map: Mapping[str, Policy[Any]],
+    algo: str,
+    config: TrainerConfig,
+    observation_filter: MeanStdFilter | None = None,
 ) -> dict[str, bytes]:
     """The contents of ``policies.safetensors`` and ``policies.json`` for a checkpoint of ``policy_map``.
 
@@ -205,7 +208,8 @@ def space_from_json(description: Mapping[str, Any]) -> gym.Space[Any]:
         shape = tuple(int(d) for d in description["shape"])
         # The stored numbers came from arrays of this dtype, so converting back is exact.
         low, high = (
-            np.broadcast_to(np.asarray(_named_to_float(description[k]), dtype=dtype), shape).copy() for k in ("low", "high")
+            np.broadcast_to(np.asarray(_named_to_float(description[k]), dtype=dtype), shape).copy()
+            for k in ("low", "high")
         )
         return gym.spaces.Box(low=low, high=high, shape=shape, dtype=dtype)
     if kind == "Discrete":
@@ -248,7 +252,9 @@ class InferencePolicy:
     policy sees them, its statistics frozen.
     """
 
-    def __init__(self, policy: Policy[Any], policy_id: str, algo: str, observation_filter: MeanStdFilter | None = None) -> None:
+    def __init__(
+        self, policy: Policy[Any], policy_id: str, algo: str, observation_filter: MeanStdFilter | None = None
+    ) -> None:
         self._policy = policy
         self._policy_id = policy_id
         self._algo = algo
@@ -350,7 +356,9 @@ def _read_filter(path: Path, entry: Mapping[str, Any]) -> MeanStdFilter | None:
     try:
         return MeanStdFilter.from_json(description)
     except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{str(path / POLICIES_JSON)!r} is corrupt: its observation_filter: {type(e).__name__}: {e}") from None
+        raise CheckpointError(
+            f"{str(path / POLICIES_JSON)!r} is corrupt: its observation_filter: {type(e).__name__}: {e}"
+        ) from None
 
 
 def _checkpoint_dir(path: Path) -> Path:
@@ -434,7 +442,9 @@ def _load_weights(path: Path, document: Mapping[str, Any], policy: Policy[Any], 
     """Set the policy's weights from the safetensors file, after checking every name and shape."""
     weights_file = document.get("weights_file", POLICIES_WEIGHTS)
     if not isinstance(weights_file, str) or Path(weights_file).name != weights_file:  # beside policies.json only
-        raise CheckpointError(f"{str(path / POLICIES_JSON)!r} is corrupt: weights_file={weights_file!r} is not a file name")
+        raise CheckpointError(
+            f"{str(path / POLICIES_JSON)!r} is corrupt: weights_file={weights_file!r} is not a file name"
+        )
     file = path / weights_file
     if not file.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} has no {file.name}")

@@ -274,8 +274,10 @@ def copy_checkpoint(source: str | Path, dest: str | Path) -> Path:
     if problem is not None:
         raise CheckpointError(f"cannot copy checkpoint {str(source)!r} to {str(dest)!r}: it {problem}")
     entries = _listed_files(source)
-    names = sorted(entries) if entries is not None else sorted(
-        p.name for p in source.iterdir() if p.is_file() and p.name != COMPLETE_FILE
+    names = (
+        sorted(entries)
+        if entries is not None
+        else sorted(p.name for p in source.iterdir() if p.is_file() and p.name != COMPLETE_FILE)
     )
     with _staging(dest) as (tmp, copied):
         for name in names:
@@ -320,7 +322,9 @@ def _listed_files(path: Path) -> dict[str, dict[str, Any]] | None:
     for name, entry in files.items():
         if name in ("", ".", "..", COMPLETE_FILE) or "/" in name or os.sep in name:
             raise ValueError(f"it lists {name!r}, which is not a file of a checkpoint")
-        if not (isinstance(entry, dict) and isinstance(entry.get("size"), int) and isinstance(entry.get("sha256"), str)):
+        if not (
+            isinstance(entry, dict) and isinstance(entry.get("size"), int) and isinstance(entry.get("sha256"), str)
+        ):
             raise TypeError(f"its entry for {name!r} is not {{'size': int, 'sha256': str}}")
     return files
 
@@ -370,8 +374,10 @@ def _problem(path: Path, *, checksums: bool) -> str | None:
             except OSError as e:
                 return f"is corrupt: {name} cannot be read ({type(e).__name__}: {e})"
             if digest != entry["sha256"]:
-                return (f"is corrupt: {name} does not match its SHA-256 in {COMPLETE_FILE} "
-                        f"(damaged or changed after it was written)")
+                return (
+                    f"is corrupt: {name} does not match its SHA-256 in {COMPLETE_FILE} "
+                    f"(damaged or changed after it was written)"
+                )
     return None
 
 
@@ -397,9 +403,13 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         where = "is missing" if path.is_dir() else "is missing (the checkpoint directory does not exist)"
         raise CheckpointError(f"checkpoint {str(path)!r}: {METADATA_FILE} {where}") from None
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"checkpoint {str(path)!r}: unreadable {METADATA_FILE} ({type(e).__name__}: {e})") from None
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: unreadable {METADATA_FILE} ({type(e).__name__}: {e})"
+        ) from None
     if not isinstance(metadata, dict):
-        raise CheckpointError(f"checkpoint {str(path)!r}: {METADATA_FILE} holds a {type(metadata).__name__}, not a JSON object")
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: {METADATA_FILE} holds a {type(metadata).__name__}, not a JSON object"
+        )
     return metadata
 
 
@@ -418,7 +428,9 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     except Exception as e:  # any decoding failure means the file is damaged (a legacy one has no checksum)
         raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {STATE_FILE}: {type(e).__name__}: {e}") from e
     if not isinstance(state, dict):
-        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {STATE_FILE} holds a {type(state).__name__}, not a dict")
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is corrupt: {STATE_FILE} holds a {type(state).__name__}, not a dict"
+        )
     return state, metadata
 
 
@@ -451,8 +463,11 @@ def _clean(directory: Path) -> list[Path]:
         match = _HIDDEN_NAME.fullmatch(entry.name)
         if match is None:
             continue
-        if (match["kind"] == "old" and not os.path.lexists(directory / match["name"])
-                and _problem(entry, checksums=False) is None):
+        if (
+            match["kind"] == "old"
+            and not os.path.lexists(directory / match["name"])
+            and _problem(entry, checksums=False) is None
+        ):
             continue  # the only copy of a checkpoint that could not be renamed back: never delete it
         if _remove(entry):
             removed.append(entry)

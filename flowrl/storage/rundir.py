@@ -138,11 +138,15 @@ class RunSpec:
             problems.append(f"checkpoint_freq={freq!r} must be an integer >= 0 (0: no checkpoints by iteration count)")
         interval = self.checkpoint_interval_s
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 <= interval < math.inf:
-            problems.append(f"checkpoint_interval_s={interval!r} must be a finite number of seconds >= 0 "
-                            "(0: no checkpoints by time)")
+            problems.append(
+                f"checkpoint_interval_s={interval!r} must be a finite number of seconds >= 0 "
+                "(0: no checkpoints by time)"
+            )
         keep = self.keep_checkpoints
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            problems.append(f"keep_checkpoints={keep!r} must be an integer >= 1 (how many of the newest checkpoints stay)")
+            problems.append(
+                f"keep_checkpoints={keep!r} must be an integer >= 1 (how many of the newest checkpoints stay)"
+            )
         best = self.keep_best
         if best is not None and (not isinstance(best, str) or not best.strip()):
             problems.append(f"keep_best={best!r} must be the name of a result key, e.g. 'episode_reward_mean', or None")
@@ -159,9 +163,16 @@ class RunSpec:
 
     def to_params(self) -> dict[str, Any]:
         """The ``params.json`` contents (the tracker settings only when set)."""
-        params = {"algo": self.algo, "env": self.env, "config": dict(self.config), "stop": dict(self.stop),
-                  "checkpoint_freq": self.checkpoint_freq, "checkpoint_interval_s": self.checkpoint_interval_s,
-                  "keep_checkpoints": self.keep_checkpoints, "keep_best": self.keep_best}
+        params = {
+            "algo": self.algo,
+            "env": self.env,
+            "config": dict(self.config),
+            "stop": dict(self.stop),
+            "checkpoint_freq": self.checkpoint_freq,
+            "checkpoint_interval_s": self.checkpoint_interval_s,
+            "keep_checkpoints": self.keep_checkpoints,
+            "keep_best": self.keep_best,
+        }
         params.update({key: getattr(self, key) for key in _TRACKER_SETTINGS if getattr(self, key) is not None})
         return params
 
@@ -184,11 +195,17 @@ def _read_params(run_dir: Path) -> tuple[RunSpec, Path | None]:
     try:
         params = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise RunError(f"run directory {str(run_dir)!r} is not a flowrl run directory: it has no {PARAMS_FILE}") from None
+        raise RunError(
+            f"run directory {str(run_dir)!r} is not a flowrl run directory: it has no {PARAMS_FILE}"
+        ) from None
     except (OSError, ValueError) as e:
         raise RunError(f"run directory {str(run_dir)!r}: cannot read {PARAMS_FILE} ({e})") from None
-    if not isinstance(params, dict) or not all(isinstance(params.get(k), t) for k, t in (("algo", str), ("env", str), ("config", dict))):
-        raise RunError(f"run directory {str(run_dir)!r}: {PARAMS_FILE} lacks algo, env or config; it was not written by flowrl train")
+    if not isinstance(params, dict) or not all(
+        isinstance(params.get(k), t) for k, t in (("algo", str), ("env", str), ("config", dict))
+    ):
+        raise RunError(
+            f"run directory {str(run_dir)!r}: {PARAMS_FILE} lacks algo, env or config; it was not written by flowrl train"
+        )
     stop = parse_stop(params.get("stop") or {}, f"{path}")
     settings = {key: params[key] for key in _CHECKPOINT_SETTINGS + _TRACKER_SETTINGS if params.get(key) is not None}
     try:
@@ -199,6 +216,7 @@ def _read_params(run_dir: Path) -> tuple[RunSpec, Path | None]:
     if storage is not None and not (isinstance(storage, str) and Path(storage).is_absolute()):
         raise RunError(f"{path}: {STORAGE_PATH_KEY}={storage!r} must be an absolute path (or absent)")
     return spec, None if storage is None else Path(storage)
+
 
 # --- files of a run directory -----------------------------------------------------------------------
 
@@ -271,7 +289,9 @@ def find_run_dir(run: str | os.PathLike[str], storage_path: str | os.PathLike[st
     if directory.is_dir():
         return directory
     if not root.is_dir():
-        raise RunError(f"storage path {str(root)!r} does not exist on this node (is the shared filesystem mounted here?)")
+        raise RunError(
+            f"storage path {str(root)!r} does not exist on this node (is the shared filesystem mounted here?)"
+        )
     runs = _runs_under(root)
     shown = ", ".join(path.name for path in runs[:_RUNS_SHOWN])
     if len(runs) > _RUNS_SHOWN:
@@ -324,7 +344,9 @@ def _checkpoint_progress(checkpoint: Path) -> tuple[int, int]:
         metadata = json.loads((checkpoint / METADATA_FILE).read_text(encoding="utf-8"))
         return int(metadata["iteration"]), int(metadata.get("timesteps_total") or 0)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"checkpoint {str(checkpoint)!r}: unreadable {METADATA_FILE} ({type(e).__name__}: {e})") from None
+        raise CheckpointError(
+            f"checkpoint {str(checkpoint)!r}: unreadable {METADATA_FILE} ({type(e).__name__}: {e})"
+        ) from None
 
 
 def _kept_best_value(checkpoints: Path, metric: str | None) -> float | None:

@@ -15,8 +15,8 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from flowrl.storage.checkpoints import fsync_dir
 from flowrl.errors import RunError
+from flowrl.storage.checkpoints import fsync_dir
 
 
 class StorageWarning(UserWarning):
@@ -27,8 +27,10 @@ def storage_root(storage_path: str | os.PathLike[str]) -> Path:
     """``storage_path`` as a Path; :class:`~flowrl.errors.RunError` unless it is absolute."""
     root = Path(storage_path)
     if not root.is_absolute():
-        raise RunError(f"storage path {str(storage_path)!r} is relative; it must be absolute, naming the same "
-                       f"directory on every node of the cluster (e.g. /mnt/shared/flowrl_runs)")
+        raise RunError(
+            f"storage path {str(storage_path)!r} is relative; it must be absolute, naming the same "
+            f"directory on every node of the cluster (e.g. /mnt/shared/flowrl_runs)"
+        )
     return root
 
 
@@ -77,13 +79,19 @@ def probe_storage(directory: Path, what: str) -> None:
             step()
         except OSError as e:
             if not required:
-                warnings.warn(f"{what} {str(directory)!r}: {operation} failed there ({type(e).__name__}: {e}); "
-                              "checkpoints will do without it (copies instead of links, no lock)", StorageWarning, stacklevel=3)
+                warnings.warn(
+                    f"{what} {str(directory)!r}: {operation} failed there ({type(e).__name__}: {e}); "
+                    "checkpoints will do without it (copies instead of links, no lock)",
+                    StorageWarning,
+                    stacklevel=3,
+                )
                 continue
             for leftover in (probe, moved):
                 shutil.rmtree(leftover, ignore_errors=True)
-            raise RunError(f"{what} {str(directory)!r} cannot hold checkpoints: {operation} failed there "
-                           f"({type(e).__name__}: {e}); use a filesystem that supports it") from None
+            raise RunError(
+                f"{what} {str(directory)!r} cannot hold checkpoints: {operation} failed there "
+                f"({type(e).__name__}: {e}); use a filesystem that supports it"
+            ) from None
 
 
 def _write_synced(path: Path) -> None:

@@ -9,5 +9,14 @@ from flowrl.tune.experiment import TrialSummary, TuneSummary, run, write_trials_
 from flowrl.tune.spec import TuneSpec, load_spec, parse_spec
 from flowrl.tune.trainable import live_keys, trainable_for
 
-__all__ = ["TrialSummary", "TuneSpec", "TuneSummary", "live_keys", "load_spec", "parse_spec", "run", "trainable_for",
-           "write_trials_csv"]
+__all__ = [
+    "TrialSummary",
+    "TuneSpec",
+    "TuneSummary",
+    "live_keys",
+    "load_spec",
+    "parse_spec",
+    "run",
+    "trainable_for",
+    "write_trials_csv",
+]

@@ -33,10 +33,10 @@ from ray.tune import Callback, CLIReporter
 from ray.tune.experiment import Trial
 from ray.tune.search.sample import Categorical, Domain, Float, Integer
 
-from flowrl.errors import ResourceUnavailableError, RunError, RunWarning
 from flowrl.engine.ray_runtime import start_ray, stop_ray
-from flowrl.storage.results import finite_number, result_value
+from flowrl.errors import ResourceUnavailableError, RunError, RunWarning
 from flowrl.runs.signals import HANDLED_SIGNALS, SignalInterrupt
+from flowrl.storage.results import finite_number, result_value
 from flowrl.storage.rundir import DEFAULT_RESULTS_DIR, json_safe
 from flowrl.tune.spec import TuneSpec, load_spec, parse_spec
 from flowrl.tune.trainable import RunDirectoryLogger, trainable_for, trial_resources
@@ -189,8 +189,10 @@ def _new_experiment_dir(results_dir: Path, spec: TuneSpec) -> Path:
     if spec.name is not None:
         directory = results_dir / spec.name
         if directory.exists() and any(directory.iterdir()):
-            raise RunError(f"experiment directory {str(directory)!r} already exists: continue it with "
-                           f"flowrl tune --resume {directory}, or give the experiment another name")
+            raise RunError(
+                f"experiment directory {str(directory)!r} already exists: continue it with "
+                f"flowrl tune --resume {directory}, or give the experiment another name"
+            )
         directory.mkdir(exist_ok=True)
         return directory
     stem = f"{spec.algo}_{re.sub(r'[^A-Za-z0-9._-]+', '_', spec.env)}_{time.strftime('%Y%m%d-%H%M%S')}"
@@ -201,13 +203,21 @@ def _new_experiment_dir(results_dir: Path, spec: TuneSpec) -> Path:
         except FileExistsError:
             continue
         return directory
-    raise RunError(f"cannot create an experiment directory {stem!r} under {str(results_dir)!r}: "
-                   "every numbered name is taken")
+    raise RunError(
+        f"cannot create an experiment directory {stem!r} under {str(results_dir)!r}: every numbered name is taken"
+    )
 
 
 def _write_spec_file(path: Path, spec: TuneSpec) -> None:
-    saved = {"name": path.parent.name, "algo": spec.algo, "env": spec.env, "metric": spec.metric, "mode": spec.mode,
-             "searched": list(spec.searched), "spec": spec.source}
+    saved = {
+        "name": path.parent.name,
+        "algo": spec.algo,
+        "env": spec.env,
+        "metric": spec.metric,
+        "mode": spec.mode,
+        "searched": list(spec.searched),
+        "spec": spec.source,
+    }
     path.write_text(json.dumps(json_safe(saved), indent=2) + "\n", encoding="utf-8")
 
 
@@ -219,15 +229,18 @@ def _read_experiment_dir(path: str | os.PathLike[str]) -> tuple[Path, dict[str, 
     try:
         saved = json.loads((directory / SPEC_FILE).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise RunError(f"{str(directory)!r} is not an experiment directory of flowrl tune: "
-                       f"it has no {SPEC_FILE}") from None
+        raise RunError(
+            f"{str(directory)!r} is not an experiment directory of flowrl tune: it has no {SPEC_FILE}"
+        ) from None
     except (OSError, ValueError) as e:
         raise RunError(f"experiment directory {str(directory)!r}: cannot read {SPEC_FILE} ({e})") from None
     if not all(isinstance(saved.get(key), str) for key in ("algo", "env", "metric", "mode")):
         raise RunError(f"experiment directory {str(directory)!r}: {SPEC_FILE} lacks algo, env, metric or mode")
     if not tune.Tuner.can_restore(directory):
-        raise RunError(f"experiment directory {str(directory)!r} holds no Tune experiment state to resume "
-                       "(it was interrupted before its first trial started)")
+        raise RunError(
+            f"experiment directory {str(directory)!r} holds no Tune experiment state to resume "
+            "(it was interrupted before its first trial started)"
+        )
     return directory, saved
 
 
@@ -249,16 +262,25 @@ def _new_tuner(spec: TuneSpec, directory: Path, verbose: bool, extra_callbacks: 
         trainable_for(spec.algo, spec.env),
         param_space=spec.param_space,
         tune_config=tune.TuneConfig(
-            num_samples=spec.num_samples, metric=spec.metric, mode=spec.mode, scheduler=spec.scheduler,
-            search_alg=spec.search_alg, max_concurrent_trials=spec.max_concurrent_trials,
+            num_samples=spec.num_samples,
+            metric=spec.metric,
+            mode=spec.mode,
+            scheduler=spec.scheduler,
+            search_alg=spec.search_alg,
+            max_concurrent_trials=spec.max_concurrent_trials,
             # PBT hands a paused trial's actor the next trial; its trainable takes the new config live or rebuilds.
             reuse_actors=spec.is_pbt,
         ),
         run_config=tune.RunConfig(
-            name=directory.name, storage_path=str(directory.parent), stop=spec.stop, callbacks=callbacks,
-            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=spec.checkpoint_freq, checkpoint_at_end=True,
-                                                    num_to_keep=spec.keep_checkpoints),
-            progress_reporter=reporter, verbose=1 if verbose else 0,
+            name=directory.name,
+            storage_path=str(directory.parent),
+            stop=spec.stop,
+            callbacks=callbacks,
+            checkpoint_config=tune.CheckpointConfig(
+                checkpoint_frequency=spec.checkpoint_freq, checkpoint_at_end=True, num_to_keep=spec.keep_checkpoints
+            ),
+            progress_reporter=reporter,
+            verbose=1 if verbose else 0,
             # What a trial writes beside its results (plan.json, trace/) reaches its trial directory.
             sync_config=tune.SyncConfig(sync_artifacts=True),
         ),
@@ -280,8 +302,11 @@ class TrialLines(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         result = trial.last_result
-        print(f"trial {trial.trial_id} ended after {result.get('training_iteration', 0)} iterations: "
-              f"{self.metric} {_number_text(finite_number(result.get(self.metric)))}", flush=True)
+        print(
+            f"trial {trial.trial_id} ended after {result.get('training_iteration', 0)} iterations: "
+            f"{self.metric} {_number_text(finite_number(result.get(self.metric)))}",
+            flush=True,
+        )
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         error = _last_line(Path(trial.error_file)) if trial.error_file else None
@@ -374,8 +399,10 @@ def _check_trial_fits(spec: TuneSpec, can_grow: bool) -> None:
         return
     have = ", ".join(f"{available.get(resource, 0.0):g} {resource}" for resource in short)
     want = ", ".join(f"{amount:g} {resource}" for resource, amount in short.items())
-    message = (f"a trial of this experiment asks for {want} (its placement group: {bundles}) but Ray has {have}; "
-               "lower num_workers, num_cpus_per_worker or num_cpus_for_driver (fractions such as 0.5 work)")
+    message = (
+        f"a trial of this experiment asks for {want} (its placement group: {bundles}) but Ray has {have}; "
+        "lower num_workers, num_cpus_per_worker or num_cpus_for_driver (fractions such as 0.5 work)"
+    )
     if not can_grow:
         raise ResourceUnavailableError(message + ", or join a larger cluster with --address")
     warnings.warn(message + "; Tune waits until the cluster has them", RunWarning, stacklevel=3)
@@ -395,18 +422,20 @@ def _trial_summaries(directory: Path, metric: str, mode: str, searched: list[str
             synced = Path(trial.path or "") / Path(trial.error_file).name
             error_file = synced if synced.is_file() else Path(trial.error_file)
         result = trial.last_result or {}
-        summaries.append(TrialSummary(
-            trial_id=trial.trial_id,
-            status=trial.status,
-            config={key: result_value(trial.config, key) for key in searched},
-            iterations=int(result.get("training_iteration", 0)),
-            timesteps_total=result.get("timesteps_total"),
-            last=finite_number(analysis.get("last")),
-            best=finite_number(analysis.get(mode)),
-            directory=Path(trial.path) if trial.path else None,
-            error=_last_line(error_file),
-            error_file=error_file,
-        ))
+        summaries.append(
+            TrialSummary(
+                trial_id=trial.trial_id,
+                status=trial.status,
+                config={key: result_value(trial.config, key) for key in searched},
+                iterations=int(result.get("training_iteration", 0)),
+                timesteps_total=result.get("timesteps_total"),
+                last=finite_number(analysis.get("last")),
+                best=finite_number(analysis.get(mode)),
+                directory=Path(trial.path) if trial.path else None,
+                error=_last_line(error_file),
+                error_file=error_file,
+            )
+        )
     return summaries
 
 
@@ -422,13 +451,31 @@ def _last_line(path: Path | None) -> str | None:
 def write_trials_csv(summary: TuneSummary) -> Path:
     """Write the experiment's ``trials.csv``: one row per trial (lists and dicts as JSON); returns its path."""
     searched = list(summary.trials[0].config) if summary.trials else []
-    header = ["trial_id", "status", "iterations", "timesteps_total", f"last_{summary.metric}", f"best_{summary.metric}",
-              *(f"config/{key}" for key in searched), "directory"]
+    header = [
+        "trial_id",
+        "status",
+        "iterations",
+        "timesteps_total",
+        f"last_{summary.metric}",
+        f"best_{summary.metric}",
+        *(f"config/{key}" for key in searched),
+        "directory",
+    ]
     with open(summary.trials_csv, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(header)
         for trial in summary.trials:
             values = [json.dumps(json_safe(v)) if isinstance(v, (list, dict)) else v for v in trial.config.values()]
-            writer.writerow([trial.trial_id, trial.status, trial.iterations, trial.timesteps_total, trial.last,
-                             trial.best, *values, trial.directory])
+            writer.writerow(
+                [
+                    trial.trial_id,
+                    trial.status,
+                    trial.iterations,
+                    trial.timesteps_total,
+                    trial.last,
+                    trial.best,
+                    *values,
+                    trial.directory,
+                ]
+            )
     return summary.trials_csv

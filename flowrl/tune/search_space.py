@@ -35,18 +35,31 @@ SEARCH_SPACES = {
 }
 
 
-def _number_problem(where: str, value: Any, *, integer: bool = False, above: float | None = None,
-                    at_least: float | None = None, at_most: float | None = None) -> str | None:
+def _number_problem(
+    where: str,
+    value: Any,
+    *,
+    integer: bool = False,
+    above: float | None = None,
+    at_least: float | None = None,
+    at_most: float | None = None,
+) -> str | None:
     """Why ``value`` (shown as ``where=value``) is not a number in the given range, or None."""
     kind = "an int" if integer else "a number"
-    bounds = [f"> {above:g}" if above is not None else "", f">= {at_least:g}" if at_least is not None else "",
-              f"<= {at_most:g}" if at_most is not None else ""]
+    bounds = [
+        f"> {above:g}" if above is not None else "",
+        f">= {at_least:g}" if at_least is not None else "",
+        f"<= {at_most:g}" if at_most is not None else "",
+    ]
     wanted = " ".join([kind, " and ".join(b for b in bounds if b)]).strip()
     is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not is_number or (integer and not isinstance(value, int)) or not math.isfinite(value):
         return f"{where}={value!r} must be {wanted}"
-    if (above is not None and not value > above) or (at_least is not None and value < at_least) or (
-            at_most is not None and value > at_most):
+    if (
+        (above is not None and not value > above)
+        or (at_least is not None and value < at_least)
+        or (at_most is not None and value > at_most)
+    ):
         return f"{where}={value!r} must be {wanted}"
     return None
 
@@ -77,10 +90,17 @@ def _domain(where: str, space: str, args: Any, problems: list[str]) -> tuple[Any
         return (tune.grid_search(args) if space == "grid_search" else tune.choice(args)), list(args)
     size = 3 if space == "quniform" else 2
     integer = space == "randint"
-    numbers = isinstance(args, list) and len(args) == size and all(
-        _number_problem("", x, integer=integer) is None for x in args)
-    if not numbers or not args[0] < args[1] or (space == "loguniform" and args[0] <= 0) or (
-            space == "quniform" and args[2] <= 0):
+    numbers = (
+        isinstance(args, list)
+        and len(args) == size
+        and all(_number_problem("", x, integer=integer) is None for x in args)
+    )
+    if (
+        not numbers
+        or not args[0] < args[1]
+        or (space == "loguniform" and args[0] <= 0)
+        or (space == "quniform" and args[2] <= 0)
+    ):
         problems.append(shown)
         return None
     lo, hi = args[0], args[1]
@@ -113,8 +133,9 @@ def _takes_dicts(annotation: Any) -> bool:
 Spaces = dict[tuple[str, ...], tuple[str, list[Any]]]
 
 
-def _search_spaces(config: Mapping[str, Any], config_class: type[TrainerConfig] | None, prefix: tuple[str, ...],
-                   problems: list[str]) -> tuple[dict[str, Any], Spaces]:
+def _search_spaces(
+    config: Mapping[str, Any], config_class: type[TrainerConfig] | None, prefix: tuple[str, ...], problems: list[str]
+) -> tuple[dict[str, Any], Spaces]:
     """``config`` with Tune's objects for its search spaces, and ``{path: (space, values to check)}`` of each.
 
     Mappings inside a dict-valued key are searched too. A one-key mapping on a key that takes
@@ -153,8 +174,12 @@ def _with_value(config: Mapping[str, Any], path: tuple[str, ...], value: Any) ->
 MAX_GRID_CHECKED = 256
 
 
-def _value_problems(config_class: type[TrainerConfig], param_space: Mapping[str, Any],
-                    values_to_check: Mapping[tuple[str, ...], list[Any]], grids: set[tuple[str, ...]]) -> list[str]:
+def _value_problems(
+    config_class: type[TrainerConfig],
+    param_space: Mapping[str, Any],
+    values_to_check: Mapping[tuple[str, ...], list[Any]],
+    grids: set[tuple[str, ...]],
+) -> list[str]:
     """The config class's problems with the configs that the searched keys' values give.
 
     Each value is checked with every other searched key at its first value (the first grid

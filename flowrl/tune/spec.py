@@ -64,8 +64,16 @@ DEFAULT_CHECKPOINT_FREQ = 10
 #: The extra that installs Optuna for ``search_alg: {type: optuna}``.
 OPTUNA_EXTRA = "tune-optuna"
 #: Top-level keys of an experiment file besides the tuned example's (:data:`flowrl.runs.experiment.EXPERIMENT_KEYS`).
-TUNE_KEYS = ("num_samples", "metric", "mode", "max_concurrent_trials", "checkpoint_freq", "keep_checkpoints",
-             "scheduler", "search_alg")
+TUNE_KEYS = (
+    "num_samples",
+    "metric",
+    "mode",
+    "max_concurrent_trials",
+    "checkpoint_freq",
+    "keep_checkpoints",
+    "scheduler",
+    "search_alg",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +136,7 @@ def parse_spec(data: Any, *, source: str = "the experiment") -> TuneSpec:
     name = None
     top_keys = set(EXPERIMENT_KEYS) | set(TUNE_KEYS)
     if len(data) == 1:
-        (key, inner), = data.items()
+        ((key, inner),) = data.items()
         if key not in top_keys and isinstance(inner, Mapping) and set(inner) & top_keys:
             name, data = str(key), inner
     data = dict(data)
@@ -201,9 +209,16 @@ def parse_spec(data: Any, *, source: str = "the experiment") -> TuneSpec:
         )
     searched = tuple(dict.fromkeys(["/".join(path) for path in spaces] + list(mutations)))
     return TuneSpec(
-        algo=algo, env=env, param_space=param_space, name=name, stop=stop,
-        scheduler=_build_scheduler(scheduler_args, mutations), search_alg=_build_search_alg(search_args),
-        searched=searched, source=json_safe({**tune_values, **data, "stop": stop}), **settings,
+        algo=algo,
+        env=env,
+        param_space=param_space,
+        name=name,
+        stop=stop,
+        scheduler=_build_scheduler(scheduler_args, mutations),
+        search_alg=_build_search_alg(search_args),
+        searched=searched,
+        source=json_safe({**tune_values, **data, "stop": stop}),
+        **settings,
     )
 
 
@@ -214,13 +229,18 @@ def _settings(values: Mapping[str, Any], problems: list[str]) -> dict[str, Any]:
     """The valid top-level Tune settings among ``values`` (scheduler and search_alg aside), as TuneSpec keywords."""
     checks: dict[str, Callable[[Any], str | None]] = {
         "num_samples": lambda v: _number_problem("num_samples", v, integer=True, at_least=1),
-        "max_concurrent_trials":
-            lambda v: None if v is None else _number_problem("max_concurrent_trials", v, integer=True, at_least=1),
+        "max_concurrent_trials": lambda v: (
+            None if v is None else _number_problem("max_concurrent_trials", v, integer=True, at_least=1)
+        ),
         "checkpoint_freq": lambda v: _number_problem("checkpoint_freq", v, integer=True, at_least=0),
-        "keep_checkpoints":
-            lambda v: None if v is None else _number_problem("keep_checkpoints", v, integer=True, at_least=1),
-        "metric": lambda v: None if isinstance(v, str) and v else
-        f"metric={v!r} must be a result key (a string, '/' between nested keys), e.g. {DEFAULT_METRIC}",
+        "keep_checkpoints": lambda v: (
+            None if v is None else _number_problem("keep_checkpoints", v, integer=True, at_least=1)
+        ),
+        "metric": lambda v: (
+            None
+            if isinstance(v, str) and v
+            else f"metric={v!r} must be a result key (a string, '/' between nested keys), e.g. {DEFAULT_METRIC}"
+        ),
         "mode": lambda v: None if v in ("max", "min") else f"mode={v!r} must be 'max' or 'min'",
     }
     settings = {}
@@ -234,8 +254,9 @@ def _settings(values: Mapping[str, Any], problems: list[str]) -> dict[str, Any]:
     return settings
 
 
-def _drop_misspelt_tune_keys(config: dict[str, Any], top_level: set[str], config_keys: Mapping[str, Any],
-                             problems: list[str]) -> dict[str, Any]:
+def _drop_misspelt_tune_keys(
+    config: dict[str, Any], top_level: set[str], config_keys: Mapping[str, Any], problems: list[str]
+) -> dict[str, Any]:
     """``config`` without the top-level keys that are no config key but look like one of :data:`TUNE_KEYS`
     (each a problem naming the Tune key), which would otherwise be reported as unknown config keys."""
     kept = dict(config)
@@ -260,8 +281,9 @@ def _boolean(where: str) -> Callable[[Any], str | None]:
 
 def _factors(v: Any) -> str | None:
     pair = isinstance(v, list) and len(v) == 2 and all(_number_problem("", x, above=0) is None for x in v)
-    return None if pair else (f"scheduler.perturbation_factors={v!r} must be [up, down], two numbers > 0, e.g. "
-                              "[1.2, 0.8]")
+    return (
+        None if pair else (f"scheduler.perturbation_factors={v!r} must be [up, down], two numbers > 0, e.g. [1.2, 0.8]")
+    )
 
 
 # Each scheduler's arguments (Tune's names) and their checks; metric and mode come from the top level.
@@ -291,14 +313,22 @@ _SCHEDULER_ARGS: dict[str, dict[str, Callable[[Any], str | None]]] = {
 _SEARCH_ALG_ARGS: dict[str, dict[str, Callable[[Any], str | None]]] = {
     "optuna": {
         "seed": lambda v: _number_problem("search_alg.seed", v, integer=True, at_least=0),
-        "points_to_evaluate": lambda v: None if isinstance(v, list) and all(isinstance(p, Mapping) for p in v) else
-        f"search_alg.points_to_evaluate={v!r} must be a list of configs (mappings of config key to value)",
+        "points_to_evaluate": lambda v: (
+            None
+            if isinstance(v, list) and all(isinstance(p, Mapping) for p in v)
+            else f"search_alg.points_to_evaluate={v!r} must be a list of configs (mappings of config key to value)"
+        ),
     },
 }
 
 
-def _typed_args(section: str, value: Any, known: Mapping[str, Mapping[str, Callable[[Any], str | None]]],
-                example: str, problems: list[str]) -> tuple[str, dict[str, Any]] | None:
+def _typed_args(
+    section: str,
+    value: Any,
+    known: Mapping[str, Mapping[str, Callable[[Any], str | None]]],
+    example: str,
+    problems: list[str],
+) -> tuple[str, dict[str, Any]] | None:
     """``(type, arguments)`` of a ``scheduler`` or ``search_alg`` section (None if absent or of no known type).
 
     Each argument's problems are added to ``problems``; the arguments are only built into
@@ -319,8 +349,9 @@ def _typed_args(section: str, value: Any, known: Mapping[str, Mapping[str, Calla
     checks = known[kind]
     for arg, arg_value in args.items():
         if arg in ("metric", "mode"):
-            problems.append(f"{section}.{arg}: set {arg} at the top level of the experiment "
-                            f"(Tune's {section} takes it from there)")
+            problems.append(
+                f"{section}.{arg}: set {arg} at the top level of the experiment (Tune's {section} takes it from there)"
+            )
         elif arg not in checks:
             problems.append(f"{section} type {kind} has no argument {arg!r}; valid: {', '.join(checks) or 'none'}")
         else:
@@ -341,8 +372,13 @@ def _scheduler_args(value: Any, problems: list[str]) -> tuple[str, dict[str, Any
     return found
 
 
-def _mutations(value: Any, algo: str, config_keys: Mapping[str, Any] | None,
-               values_to_check: dict[tuple[str, ...], list[Any]], problems: list[str]) -> dict[str, Any]:
+def _mutations(
+    value: Any,
+    algo: str,
+    config_keys: Mapping[str, Any] | None,
+    values_to_check: dict[tuple[str, ...], list[Any]],
+    problems: list[str],
+) -> dict[str, Any]:
     """PBT's ``hyperparam_mutations`` as Tune takes them; adds the values each can set to ``values_to_check``.
 
     ``config_keys``: those of algorithm ``algo`` (None when it is unknown), which the mutated keys must be.
@@ -380,8 +416,10 @@ def _mutations(value: Any, algo: str, config_keys: Mapping[str, Any] | None,
             problems.append(_unknown_space(where, mutation))
             continue
         else:
-            problems.append(f"{where}={mutation!r} must be a non-empty list of values or a search space "
-                            f"({', '.join(s for s in SEARCH_SPACES if s != 'grid_search')})")
+            problems.append(
+                f"{where}={mutation!r} must be a non-empty list of values or a search space "
+                f"({', '.join(s for s in SEARCH_SPACES if s != 'grid_search')})"
+            )
             continue
         values_to_check.setdefault((str(key),), []).extend(values)
     return mutations
@@ -397,7 +435,9 @@ def _search_alg_args(value: Any, spaces: Spaces, problems: list[str]) -> tuple[s
     try:
         importlib.import_module("optuna")  # whether it imports: Ray's OptunaSearch needs it whole
     except ImportError as e:
-        problems.append(f"search_alg type optuna needs the optuna package ({e}): pip install 'flowrl-ray[{OPTUNA_EXTRA}]'")
+        problems.append(
+            f"search_alg type optuna needs the optuna package ({e}): pip install 'flowrl-ray[{OPTUNA_EXTRA}]'"
+        )
     return None if grids else found
 
 

@@ -28,12 +28,12 @@ from ray.tune.logger import JsonLoggerCallback
 
 from flowrl.actors.placement import trial_bundles, worker_request
 from flowrl.algorithms import get_algorithm
-from flowrl.storage.checkpoints import list_checkpoints
-from flowrl.errors import CheckpointError, FlowRLError
-from flowrl.plan.trace import traced_window, train_iteration, write_plan
-from flowrl.storage.rundir import PARAMS_FILE, PROGRESS_FILE, RunSpec, json_safe
 from flowrl.engine.build import plan_bundles
 from flowrl.engine.trainer import Trainer
+from flowrl.errors import CheckpointError, FlowRLError
+from flowrl.plan.trace import traced_window, train_iteration, write_plan
+from flowrl.storage.checkpoints import list_checkpoints
+from flowrl.storage.rundir import PARAMS_FILE, PROGRESS_FILE, RunSpec, json_safe
 
 #: CPUs a trial's trainable (the driver: local worker and learner) gets when ``num_cpus_for_driver`` is 0:
 #: Tune runs it as an actor in the trial's first bundle, which must ask for something.
@@ -95,7 +95,9 @@ class FlowRLTrainable(tune.Trainable):
 
     def load_checkpoint(self, checkpoint: str | dict[str, Any] | None) -> None:
         if not isinstance(checkpoint, str):
-            raise CheckpointError(f"a flowrl trial restores from a checkpoint directory, not {type(checkpoint).__name__}")
+            raise CheckpointError(
+                f"a flowrl trial restores from a checkpoint directory, not {type(checkpoint).__name__}"
+            )
         found = list_checkpoints(Path(checkpoint))
         if not found:
             raise CheckpointError(f"Tune checkpoint {checkpoint!r} holds no flowrl checkpoint")

@@ -18,7 +18,13 @@ from flowrl.errors import ConfigError, NonFiniteUpdateError
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240)]
 
-PPO = {"num_workers": 0, "seed": 0, "train_batch_size": 128, "rollout_fragment_length": 128, "model": {"fcnet_hiddens": [16, 16]}}
+PPO = {
+    "num_workers": 0,
+    "seed": 0,
+    "train_batch_size": 128,
+    "rollout_fragment_length": 128,
+    "model": {"fcnet_hiddens": [16, 16]},
+}
 SGD = {"num_sgd_iter": 2, "sgd_minibatch_size": 64, "seed": 5}
 
 
@@ -69,11 +75,18 @@ def assert_replicas_equal_the_driver(trainer: Trainer, *, target: bool = False) 
             driver = trainer.workers.local_worker().get_policy(pid).get_state()
             for rank, state in enumerate(replica_states(trainer, pid)):
                 for name, value in driver["weights"].items():
-                    np.testing.assert_allclose(state["weights"][name], value, atol=1e-6, rtol=0, err_msg=f"rank {rank}: {pid} {name}")
+                    np.testing.assert_allclose(
+                        state["weights"][name], value, atol=1e-6, rtol=0, err_msg=f"rank {rank}: {pid} {name}"
+                    )
                 if target and driver.get("target") is not None:
                     for name, value in driver["target"].items():
-                        np.testing.assert_allclose(state["target"][name].numpy(), value.numpy(), atol=1e-6, rtol=0,
-                                                   err_msg=f"rank {rank}: {pid} target {name}")
+                        np.testing.assert_allclose(
+                            state["target"][name].numpy(),
+                            value.numpy(),
+                            atol=1e-6,
+                            rtol=0,
+                            err_msg=f"rank {rank}: {pid} target {name}",
+                        )
 
 
 def test_a_trainer_with_two_learners_trains_through_them_and_rebuilds_a_killed_one() -> None:
@@ -141,8 +154,17 @@ def test_a_checkpoint_of_a_group_run_restores_into_every_replica(tmp_path: Any) 
 
 
 def test_replicas_follow_the_drivers_targets_coefficients_and_live_config() -> None:
-    dqn = {"num_workers": 0, "seed": 0, "learning_starts": 64, "train_batch_size": 32, "rollout_fragment_length": 16,
-           "target_network_update_freq": 64, "timesteps_per_iteration": 200, "model": {"fcnet_hiddens": [16]}, **GROUP}
+    dqn = {
+        "num_workers": 0,
+        "seed": 0,
+        "learning_starts": 64,
+        "train_batch_size": 32,
+        "rollout_fragment_length": 16,
+        "target_network_update_freq": 64,
+        "timesteps_per_iteration": 200,
+        "model": {"fcnet_hiddens": [16]},
+        **GROUP,
+    }
     with Trainer("dqn", "CartPole-v1", dqn) as trainer:
         result = trainer.train()
         assert result["info"]["num_target_updates"] >= 2
@@ -190,7 +212,9 @@ def test_learner_group_settings_are_checked_before_anything_starts() -> None:
         Trainer("a3c", "CartPole-v1", {"num_workers": 1, "num_learners": 2})
     with pytest.raises(ConfigError, match=r"num_gpus_per_learner=0.5: each learner of a group needs whole GPUs"):
         Trainer("ppo", "CartPole-v1", {"num_workers": 0, "num_learners": 2, "num_gpus_per_learner": 0.5})
-    with pytest.raises(ConfigError, match=r"num_learners=2 x num_gpus_per_learner=1 needs 2 GPU, but the Ray cluster has 0"):
+    with pytest.raises(
+        ConfigError, match=r"num_learners=2 x num_gpus_per_learner=1 needs 2 GPU, but the Ray cluster has 0"
+    ):
         Trainer("ppo", "CartPole-v1", {"num_workers": 0, "num_learners": 2, "num_gpus_per_learner": 1})
     with pytest.raises(ConfigError, match=r"num_learners=4 learners share each minibatch of 100 steps .* it has 2"):
         Trainer("impala", "CartPole-v1", {"num_learners": 4, "sgd_minibatch_size": 100, "rollout_fragment_length": 50})

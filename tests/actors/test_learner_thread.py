@@ -10,6 +10,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+from fakes import bc_loss, from_list
 
 from flowrl.actors import Learned, LearnerThread, RolloutWorker
 from flowrl.config import TrainerConfig
@@ -19,8 +20,6 @@ from flowrl.errors import FlowRLError, LearnerThreadError
 from flowrl.iterators import EventQueue, FromActor, NextValueNotReady
 from flowrl.operators import Concurrently, Dequeue, Enqueue
 from flowrl.policy import LearnOutput, PolicySpec, TorchPolicy
-
-from fakes import bc_loss, from_list
 
 pytestmark = pytest.mark.unit
 
@@ -34,7 +33,9 @@ def make_batch(n: int) -> SampleBatch:
 class FakeWorker:
     """Records learn calls; can block on ``gate`` and fail on its ``fail_at``-th call."""
 
-    def __init__(self, *, gate: threading.Event | None = None, fail_at: int | None = None, delay_s: float = 0.0) -> None:
+    def __init__(
+        self, *, gate: threading.Event | None = None, fail_at: int | None = None, delay_s: float = 0.0
+    ) -> None:
         self.calls: list[tuple[str, int]] = []
         self.gate = gate
         self.fail_at = fail_at

@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import ray
+from fakes import bc_loss, is_dead
 
 import flowrl
 from flowrl import Trainer
@@ -21,8 +22,6 @@ from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
 from flowrl.envs import get_env_creator
 from flowrl.policy import PolicySpec, TorchPolicy
 from flowrl.policy.filters import MeanStdFilter, RunningStats
-
-from fakes import bc_loss, is_dead
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the env below travels to the worker actors
 
@@ -57,7 +56,9 @@ def acted_on(worker: RolloutWorker) -> np.ndarray:
 
 def make_workers(num_workers: int = 2) -> WorkerSet:
     env = gym.make("CartPole-v1")
-    spec = PolicySpec(TorchPolicy, env.observation_space, env.action_space, TrainerConfig(lr=0.01), {"loss_fn": bc_loss})
+    spec = PolicySpec(
+        TorchPolicy, env.observation_space, env.action_space, TrainerConfig(lr=0.01), {"loss_fn": bc_loss}
+    )
     return WorkerSet(
         env_creator=RecordingCartPole,
         policy_specs={DEFAULT_POLICY_ID: spec},
@@ -121,11 +122,20 @@ def test_a_replacement_worker_starts_with_the_merged_statistics() -> None:
 
 
 def filter_config(**extra: Any) -> dict[str, Any]:
-    return {"num_workers": 1, "num_cpus_per_worker": 0.5, "rollout_fragment_length": 100, "train_batch_size": 200,
-            "observation_filter": "MeanStdFilter", "seed": 0, **extra}
+    return {
+        "num_workers": 1,
+        "num_cpus_per_worker": 0.5,
+        "rollout_fragment_length": 100,
+        "train_batch_size": 200,
+        "observation_filter": "MeanStdFilter",
+        "seed": 0,
+        **extra,
+    }
 
 
-def test_checkpoints_restore_the_filter_and_load_policy_applies_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_checkpoints_restore_the_filter_and_load_policy_applies_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with Trainer("pg", "CartPole-v1", filter_config()) as trainer:
         for _ in range(2):
             trainer.train()
@@ -158,7 +168,9 @@ def test_checkpoints_restore_the_filter_and_load_policy_applies_it(tmp_path: Pat
     from flowrl.engine import build as build_module
 
     given: list[MeanStdFilter | None] = []
-    monkeypatch.setattr(build_module, "evaluate_policies", lambda *args, obs_filter=None, **kw: given.append(obs_filter) or {})
+    monkeypatch.setattr(
+        build_module, "evaluate_policies", lambda *args, obs_filter=None, **kw: given.append(obs_filter) or {}
+    )
     build_module.evaluate_checkpoint(path, num_episodes=1)
     [evaluated] = given
     assert evaluated is not None and evaluated.stats().count == saved["total"].count
@@ -186,8 +198,9 @@ def test_es_and_ars_filter_in_their_model_not_in_the_sampler() -> None:
 
 @pytest.mark.parametrize("evaluation_workers", [0, 1])
 def test_evaluation_during_training_filters_with_the_runs_statistics(evaluation_workers: int) -> None:
-    config = filter_config(num_workers=0, evaluation_interval=1, evaluation_num_episodes=1,
-                           evaluation_num_workers=evaluation_workers)
+    config = filter_config(
+        num_workers=0, evaluation_interval=1, evaluation_num_episodes=1, evaluation_num_workers=evaluation_workers
+    )
     with Trainer("pg", "CartPole-v1", config) as trainer:
         trainer.train()
         merged = trainer.workers.local_worker().obs_filter.stats()

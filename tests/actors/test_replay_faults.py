@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
+from fakes import is_dead
 
 from flowrl import Trainer
 from flowrl.actors import Learned, PlanResources, ReplayShards, create_replay_actors
@@ -17,14 +18,19 @@ from flowrl.errors import ReplayShardError, ShardFailedError
 from flowrl.iterators import LocalIterator, NextValueNotReady
 from flowrl.operators import STEPS_SAMPLED_COUNTER, Replay, StoreToReplayBuffer, ThrottleSampling, UpdatePriorities
 from flowrl.operators.replay_ops import _ReplaceFailedShard
-from fakes import is_dead
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]
 
 
 def no_faults(**counts: int) -> dict[str, int]:
     """PlanResources.fault_counters() with every count 0 but ``counts``."""
-    return {"num_replay_shard_restarts": 0, "num_lost_replay_calls": 0, "num_aggregator_restarts": 0, "num_learner_restarts": 0, **counts}
+    return {
+        "num_replay_shard_restarts": 0,
+        "num_lost_replay_calls": 0,
+        "num_aggregator_restarts": 0,
+        "num_learner_restarts": 0,
+        **counts,
+    }
 
 
 def rows(n: int, start: int = 0) -> SampleBatch:
@@ -286,8 +292,16 @@ def test_a_shard_that_stops_answering_writes_is_an_error_not_a_hang() -> None:
 
 
 def test_apex_keeps_training_after_its_replay_shard_is_killed() -> None:
-    config = {"num_workers": 1, "num_cpus_per_worker": 0.25, "num_envs_per_worker": 1, "rollout_fragment_length": 20,
-              "learning_starts": 100, "train_batch_size": 16, "timesteps_per_iteration": 200, "seed": 0}
+    config = {
+        "num_workers": 1,
+        "num_cpus_per_worker": 0.25,
+        "num_envs_per_worker": 1,
+        "rollout_fragment_length": 20,
+        "learning_starts": 100,
+        "train_batch_size": 16,
+        "timesteps_per_iteration": 200,
+        "seed": 0,
+    }
     trainer = Trainer("apex", "CartPole-v1", config)
     try:
         first = trainer.train()

@@ -7,18 +7,23 @@ import threading
 import numpy as np
 import pytest
 import ray
+from fakes import is_dead
 
 from flowrl.actors import LearnerThread, PlanResources, ReplayActor, create_replay_actors
 from flowrl.data import LocalReplayBuffer, SampleBatch
 from flowrl.errors import CheckpointError
 from flowrl.iterators import from_actors
-from fakes import is_dead
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
 
 def rows(n: int, start: int = 0) -> SampleBatch:
-    return SampleBatch({SampleBatch.OBS: np.arange(start, start + n, dtype=np.float32)[:, None], SampleBatch.REWARDS: np.ones(n, np.float32)})
+    return SampleBatch(
+        {
+            SampleBatch.OBS: np.arange(start, start + n, dtype=np.float32)[:, None],
+            SampleBatch.REWARDS: np.ones(n, np.float32),
+        }
+    )
 
 
 def test_replay_actor_is_the_ray_actor_of_a_local_replay_buffer() -> None:
@@ -59,7 +64,9 @@ def test_plan_resources_checkpoint_report_and_release_what_they_hold() -> None:
     learner.start()
     buffer = LocalReplayBuffer(capacity=8, learning_starts=0, replay_batch_size=2, seed=0)
     buffer.add_batch(rows(5))
-    resources = PlanResources(replay_buffer=buffer, replay_actors=shards, learner=learner, checkpoint_replay_contents=True)
+    resources = PlanResources(
+        replay_buffer=buffer, replay_actors=shards, learner=learner, checkpoint_replay_contents=True
+    )
     ray.get([shard.add_batch.remote(rows(4, 10 * i)) for i, shard in enumerate(shards)])
 
     stats = resources.stats()
@@ -69,7 +76,9 @@ def test_plan_resources_checkpoint_report_and_release_what_they_hold() -> None:
 
     state = resources.get_state()
     fresh_shards = create_replay_actors(2, capacity=20, learning_starts=0, replay_batch_size=2, seed=0)
-    fresh = PlanResources(replay_buffer=LocalReplayBuffer(capacity=8, learning_starts=0, replay_batch_size=2), replay_actors=fresh_shards)
+    fresh = PlanResources(
+        replay_buffer=LocalReplayBuffer(capacity=8, learning_starts=0, replay_batch_size=2), replay_actors=fresh_shards
+    )
     fresh.set_state(state)
     assert fresh.stats()["replay_buffer"]["num_steps_added"] == 5
     assert [s["num_steps_added"] for s in fresh.stats()["replay_shards"]] == [4, 4]

@@ -7,14 +7,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+from fakes import bc_loss
 
 from flowrl.actors import RolloutWorker, WorkerMetrics
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
 from flowrl.envs import get_env_creator
 from flowrl.policy import PolicySpec, TorchPolicy, bootstrap_value, compute_advantages
-
-from fakes import bc_loss
 
 pytestmark = pytest.mark.unit
 
@@ -25,7 +24,13 @@ def gae(policy: TorchPolicy, batch: SampleBatch) -> SampleBatch:
 
 def cartpole_spec() -> PolicySpec:
     env = gym.make("CartPole-v1")
-    return PolicySpec(TorchPolicy, env.observation_space, env.action_space, TrainerConfig(), {"loss_fn": bc_loss, "postprocess_fn": gae})
+    return PolicySpec(
+        TorchPolicy,
+        env.observation_space,
+        env.action_space,
+        TrainerConfig(),
+        {"loss_fn": bc_loss, "postprocess_fn": gae},
+    )
 
 
 def make_worker(**config: Any) -> RolloutWorker:
@@ -77,7 +82,9 @@ def test_episode_statistics_match_the_sampled_rewards() -> None:
         assert s["episode_reward"] == pytest.approx(float(episode[SampleBatch.REWARDS].sum()))
     again = worker.get_metrics()
     assert again[:3] == WorkerMetrics([], 0, 0)[:3]  # each episode is reported once
-    assert again.phases is not None and again.phases["samples"] == 0 and again.phases["sample_s"] == 0  # no sample since
+    assert (
+        again.phases is not None and again.phases["samples"] == 0 and again.phases["sample_s"] == 0
+    )  # no sample since
 
 
 def test_truncation_bootstraps_and_termination_does_not() -> None:
@@ -86,7 +93,9 @@ def test_truncation_bootstraps_and_termination_does_not() -> None:
     policy = worker.get_policy()
     for piece in batch.split_by_episode():
         last = piece.count - 1
-        expected_last_r = 0.0 if piece[SampleBatch.TERMINATEDS][last] else float(policy.value(piece[SampleBatch.NEW_OBS][-1:])[0])
+        expected_last_r = (
+            0.0 if piece[SampleBatch.TERMINATEDS][last] else float(policy.value(piece[SampleBatch.NEW_OBS][-1:])[0])
+        )
         # The last row's one-step TD error uses exactly the bootstrap value.
         delta = piece[SampleBatch.REWARDS][last] + 0.99 * expected_last_r - piece[SampleBatch.VF_PREDS][last]
         assert piece[SampleBatch.ADVANTAGES][last] == pytest.approx(delta, rel=1e-5, abs=1e-5)
@@ -108,7 +117,10 @@ def test_weights_and_state_round_trip() -> None:
         np.testing.assert_array_equal(value, target.get_weights()[DEFAULT_POLICY_ID][key])
     assert target.get_policy().global_timestep == 1234
     target.set_state(source.get_state())
-    assert target.get_policy().get_state()["optimizer"]["state"].keys() == source.get_policy().get_state()["optimizer"]["state"].keys()
+    assert (
+        target.get_policy().get_state()["optimizer"]["state"].keys()
+        == source.get_policy().get_state()["optimizer"]["state"].keys()
+    )
 
 
 def test_compressed_observations_and_apply() -> None:

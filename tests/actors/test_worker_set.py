@@ -6,6 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import ray
+from fakes import bc_loss, weights_of
 
 from flowrl.actors import WorkerSet
 from flowrl.config import TrainerConfig
@@ -15,14 +16,14 @@ from flowrl.errors import EnvCheckError
 from flowrl.iterators import from_actors
 from flowrl.policy import PolicySpec, TorchPolicy
 
-from fakes import bc_loss, weights_of
-
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session")]
 
 
 def make_workers(num_workers: int = 2, recreate: bool = True) -> WorkerSet:
     env = gym.make("CartPole-v1")
-    spec = PolicySpec(TorchPolicy, env.observation_space, env.action_space, TrainerConfig(lr=0.01), {"loss_fn": bc_loss})
+    spec = PolicySpec(
+        TorchPolicy, env.observation_space, env.action_space, TrainerConfig(lr=0.01), {"loss_fn": bc_loss}
+    )
     return WorkerSet(
         env_creator=get_env_creator("CartPole-v1"),
         policy_specs={DEFAULT_POLICY_ID: spec},
@@ -121,5 +122,7 @@ def test_a_broken_env_is_rejected_before_any_actor_starts(monkeypatch: pytest.Mo
     started: list[int] = []
     monkeypatch.setattr(WorkerSet, "_make_remote", lambda self, index: started.append(index))
     with pytest.raises(EnvCheckError, match="NaN"):
-        WorkerSet(env_creator=lambda cfg: NaNObservations(), policy_specs={DEFAULT_POLICY_ID: spec}, config={}, num_workers=2)
+        WorkerSet(
+            env_creator=lambda cfg: NaNObservations(), policy_specs={DEFAULT_POLICY_ID: spec}, config={}, num_workers=2
+        )
     assert started == []

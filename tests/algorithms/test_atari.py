@@ -9,8 +9,8 @@ import pytest
 
 from flowrl import Trainer
 from flowrl.algorithms import get_algorithm
-from flowrl.runs.experiment import load_experiment_file
 from flowrl.policy.models import CNNEncoder
+from flowrl.runs.experiment import load_experiment_file
 
 pytestmark = pytest.mark.unit
 

@@ -58,7 +58,9 @@ def test_huber_loss_is_half_the_square_below_the_threshold_and_linear_above() ->
 def test_l2_reg_adds_half_the_squared_weights_of_the_critics() -> None:
     plain = policy_of()
     regularized = policy_of(plain, l2_reg=0.5)
-    weights = sum(float(p.detach().pow(2).sum()) for name, p in plain.model.critics.named_parameters() if name.endswith("weight"))
+    weights = sum(
+        float(p.detach().pow(2).sum()) for name, p in plain.model.critics.named_parameters() if name.endswith("weight")
+    )
     assert critic_loss(regularized) == pytest.approx(critic_loss(plain) + 0.5 * 0.5 * weights, rel=1e-5)
 
 

@@ -41,9 +41,13 @@ def batch(n: int = 16, terminated: bool = False) -> dict[str, torch.Tensor]:
     }
 
 
-def grads_of(policy: Any, actor_step: bool) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None], dict[str, float]]:
+def grads_of(
+    policy: Any, actor_step: bool
+) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None], dict[str, float]]:
     """The actor's and critics' gradients of one TD3 loss (policy_delay 2), with or without its actor step."""
-    policy.coeffs[ACTOR_STEPS] = 1 if actor_step else 0  # the loss counts this step, then updates the actor on even counts
+    policy.coeffs[ACTOR_STEPS] = (
+        1 if actor_step else 0
+    )  # the loss counts this step, then updates the actor on even counts
     policy.model.zero_grad(set_to_none=True)
     torch.manual_seed(0)  # the same target smoothing noise either way
     out = ddpg_loss(policy, policy.model, policy.dist_class, batch())

@@ -13,12 +13,12 @@ import torch
 
 from flowrl import Trainer
 from flowrl.data import DEFAULT_POLICY_ID
+from flowrl.engine.build import evaluate_checkpoint
 from flowrl.operators import STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER
 from flowrl.operators.perturbation_ops import (
     EVAL_STEPS_COUNTER,
     PERTURBED_EPISODES_COUNTER,
 )
-from flowrl.engine.build import evaluate_checkpoint
 from tests.algorithms.test_learning import train_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]

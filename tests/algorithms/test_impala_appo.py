@@ -99,10 +99,16 @@ def test_appo_clips_the_ratio_to_the_target_policy() -> None:
 
 @pytest.mark.usefixtures("ray_session")
 def test_impala_with_minibatch_epochs_and_replay_trains_and_shows_both() -> None:
-    trainer = Trainer("impala", "CartPole-v1", {**SMALL, "num_sgd_iter": 2, "sgd_minibatch_size": 20, "replay_proportion": 1.0})
+    trainer = Trainer(
+        "impala", "CartPole-v1", {**SMALL, "num_sgd_iter": 2, "sgd_minibatch_size": 20, "replay_proportion": 1.0}
+    )
     try:
         labels = [stage.label for stage in trainer.plan.graph.operators.values()]
-        assert labels.index("for_each(SendWeightsToSource)") < labels.index("combine(MixInReplay)") < labels.index("combine(ConcatBatches)")
+        assert (
+            labels.index("for_each(SendWeightsToSource)")
+            < labels.index("combine(MixInReplay)")
+            < labels.index("combine(ConcatBatches)")
+        )
         result = trainer.train()
         # Each train batch is about half replay, so more steps are trained than sampled.
         for _ in range(10):

@@ -64,10 +64,14 @@ def test_two_learners_learn_as_one(example: str) -> None:
     """The tuned examples trained by a learner group of 2 gloo actors (TrainOneStep's, a learner thread's)."""
     group = {"num_learners": 2, "num_cpus_per_learner": 0.25}
     reward, steps, curve = train_until(example, 150.0, 300_000, group)
-    assert reward >= 150.0, f"{example} with 2 learners: mean reward {reward:.1f} < 150 after {steps} steps; curve {curve}"
+    assert reward >= 150.0, (
+        f"{example} with 2 learners: mean reward {reward:.1f} < 150 after {steps} steps; curve {curve}"
+    )
 
 
-def train_until_each_policy(example: str, threshold: float, budget: int) -> tuple[dict[str, float], int, list[dict[str, float]]]:
+def train_until_each_policy(
+    example: str, threshold: float, budget: int
+) -> tuple[dict[str, float], int, list[dict[str, float]]]:
     """Train until every policy's mean return per agent reaches ``threshold`` in one iteration."""
     spec = yaml.safe_load((TUNED / example).read_text())
     trainer = Trainer(spec["algo"], spec["env"], {**spec["config"], "seed": 0, "num_cpus_per_worker": 0.5})

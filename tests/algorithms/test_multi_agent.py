@@ -14,7 +14,13 @@ from flowrl.operators import AGENT_STEPS_SAMPLED_COUNTER, STEPS_SAMPLED_COUNTER
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session")]
 
-SMALL = {"num_workers": 2, "num_cpus_per_worker": 0.1, "num_envs_per_worker": 2, "rollout_fragment_length": 20, "seed": 0}
+SMALL = {
+    "num_workers": 2,
+    "num_cpus_per_worker": 0.1,
+    "num_envs_per_worker": 2,
+    "rollout_fragment_length": 20,
+    "seed": 0,
+}
 
 
 def by_parity(agent: int) -> str:
@@ -44,7 +50,9 @@ def test_ppo_with_two_policies_trains_only_those_to_train_and_syncs_only_their_w
         while "policy_reward_mean" not in result:  # until the first episodes end
             result = trainer.train()
         assert set(result["policy_reward_mean"]) == {"even", "odd"}
-        remote = trainer.workers.foreach_worker(lambda w: {pid: w.get_policy(pid).get_weights() for pid in ("even", "odd")}, local=False)
+        remote = trainer.workers.foreach_worker(
+            lambda w: {pid: w.get_policy(pid).get_weights() for pid in ("even", "odd")}, local=False
+        )
         for weights in [{pid: local.get_policy(pid).get_weights() for pid in ("even", "odd")}, *remote]:
             assert any(not np.array_equal(weights["even"][k], before["even"][k]) for k in before["even"])
             assert all(np.array_equal(weights["odd"][k], before["odd"][k]) for k in before["odd"])
@@ -57,14 +65,19 @@ def test_ppo_with_two_policies_trains_only_those_to_train_and_syncs_only_their_w
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"policies": {"a": None, "b": None}, "policy_mapping_fn": lambda agent: "c"}, "policy_mapping_fn(0) returned 'c'"),
+        (
+            {"policies": {"a": None, "b": None}, "policy_mapping_fn": lambda agent: "c"},
+            "policy_mapping_fn(0) returned 'c'",
+        ),
         ({"policies": {"a": None, "b": None}}, "needs a policy_mapping_fn"),
         ({"policies": {"a": None, "b": None}, "policy_mapping_fn": lambda agent: "a"}, "no agent maps to policy 'b'"),
         ({"policies_to_train": ["nope"]}, "policies_to_train names 'nope'"),
         ({"policies": {"a": {"observation_spaces": 1}}}, "unknown key 'observation_spaces'"),
         ({"policy_mapping_fn": "no.such.module:fn"}, "cannot import 'no.such.module:fn'"),
-        ({"policies": {"a": {"config": {"num_workers": 1}}}, "policy_mapping_fn": lambda agent: "a"},
-         "policies['a']['config'] sets 'num_workers', which is not a policy key"),
+        (
+            {"policies": {"a": {"config": {"num_workers": 1}}}, "policy_mapping_fn": lambda agent: "a"},
+            "policies['a']['config'] sets 'num_workers', which is not a policy key",
+        ),
     ],
 )
 def test_bad_multi_agent_configs_raise_before_any_actor_starts(config: dict[str, Any], message: str) -> None:
@@ -84,7 +97,10 @@ def test_agents_whose_spaces_differ_cannot_share_a_policy() -> None:
             return super().observation_space(agent)
 
     register_env("MixedSpaces", MixedSpaces)
-    with pytest.raises(ConfigError, match=r"the observation space of agent 'agent_1', Box.*\(7,\).*, does not match that of policy 'default_policy'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"the observation space of agent 'agent_1', Box.*\(7,\).*, does not match that of policy 'default_policy'",
+    ):
         Trainer("ppo", "MixedSpaces", {**SMALL, "check_env": False})
 
 
@@ -95,18 +111,35 @@ def test_policies_on_a_single_agent_env_are_rejected() -> None:
         Trainer("ppo_dqn", "CartPole-v1", SMALL)
 
 
-@pytest.mark.parametrize("num_workers", [2, 0])  # 0: both sub-flows pull the driver's rollouts, never waiting on an actor
+@pytest.mark.parametrize(
+    "num_workers", [2, 0]
+)  # 0: both sub-flows pull the driver's rollouts, never waiting on an actor
 def test_ppo_dqn_plan_composes_the_two_sub_flows(num_workers: int) -> None:
-    config = {**SMALL, "num_workers": num_workers, "ppo": {"train_batch_size": 160, "sgd_minibatch_size": 40, "num_sgd_iter": 2},
-              "dqn": {"learning_starts": 100}}
+    config = {
+        **SMALL,
+        "num_workers": num_workers,
+        "ppo": {"train_batch_size": 160, "sgd_minibatch_size": 40, "num_sgd_iter": 2},
+        "dqn": {"learning_starts": 100},
+    }
     trainer = Trainer("ppo_dqn", "MultiAgentCartPole", config)
     try:
         labels = [stage.label for stage in trainer.plan.graph.operators.values()]
-        for expected in ("duplicate[0]", "duplicate[1]", "for_each(SelectExperiences)", "for_each(StoreToReplayBuffer)", "replay",
-                         "for_each(UpdateTargetNetwork)", "for_each(StandardizeFields)", "for_each(UpdateKL)", "union[async]"):
+        for expected in (
+            "duplicate[0]",
+            "duplicate[1]",
+            "for_each(SelectExperiences)",
+            "for_each(StoreToReplayBuffer)",
+            "replay",
+            "for_each(UpdateTargetNetwork)",
+            "for_each(StandardizeFields)",
+            "for_each(UpdateKL)",
+            "union[async]",
+        ):
             assert any(label.startswith(expected) for label in labels), (expected, labels)
         local = trainer.workers.local_worker()
-        assert type(local.get_policy("dqn_policy").model).__name__ != type(local.get_policy("ppo_policy").model).__name__
+        assert (
+            type(local.get_policy("dqn_policy").model).__name__ != type(local.get_policy("ppo_policy").model).__name__
+        )
         learned: set[str] = set()
         for _ in range(10):
             result = trainer.train()
@@ -126,7 +159,9 @@ def test_a_pettingzoo_parallel_env_trains() -> None:
     from flowrl.envs import register_env
 
     register_env("PZCooperative", _pettingzoo_env)
-    trainer = Trainer("ppo", "PZCooperative", {**SMALL, "train_batch_size": 80, "sgd_minibatch_size": 40, "num_sgd_iter": 1})
+    trainer = Trainer(
+        "ppo", "PZCooperative", {**SMALL, "train_batch_size": 80, "sgd_minibatch_size": 40, "num_sgd_iter": 1}
+    )
     try:
         for _ in range(3):
             result = trainer.train()
@@ -191,11 +226,17 @@ def test_ppo_dqn_config_says_where_misplaced_keys_belong() -> None:
     with pytest.raises(ConfigError, match="cannot import 'no.such:fn'"):
         PPODQNConfig.from_dict({"policy_mapping_fn": "no.such:fn"})
     config = PPODQNConfig.from_dict({"seed": 3, "rollout_fragment_length": 20, "dqn": {"lr": 0.01}})
-    assert (config.dqn_config().lr, config.dqn_config().rollout_fragment_length, config.ppo_config().seed) == (0.01, 20, 3)
+    assert (config.dqn_config().lr, config.dqn_config().rollout_fragment_length, config.ppo_config().seed) == (
+        0.01,
+        20,
+        3,
+    )
 
 
 def test_single_agent_algorithms_refuse_a_multi_agent_env_before_any_actor_starts() -> None:
-    with pytest.raises(ConfigError, match=r"algorithm 'impala' trains single-agent envs.*multi-agent envs: a2c, dqn, pg, ppo, ppo_dqn"):
+    with pytest.raises(
+        ConfigError, match=r"algorithm 'impala' trains single-agent envs.*multi-agent envs: a2c, dqn, pg, ppo, ppo_dqn"
+    ):
         Trainer("impala", "MultiAgentCartPole", SMALL)
 
 
@@ -242,8 +283,14 @@ def test_a_plan_that_fails_to_build_leaves_no_actors_behind(monkeypatch: pytest.
 def test_a_checkpoint_keeps_a_lambda_mapping_and_restores(tmp_path: Any) -> None:
     from flowrl.engine.build import evaluate_checkpoint
 
-    config = {**SMALL, "train_batch_size": 80, "sgd_minibatch_size": 40, "num_sgd_iter": 1,
-              "policies": {"even": None, "odd": None}, "policy_mapping_fn": lambda agent: ["even", "odd"][agent % 2]}
+    config = {
+        **SMALL,
+        "train_batch_size": 80,
+        "sgd_minibatch_size": 40,
+        "num_sgd_iter": 1,
+        "policies": {"even": None, "odd": None},
+        "policy_mapping_fn": lambda agent: ["even", "odd"][agent % 2],
+    }
     trainer = Trainer("ppo", "MultiAgentCartPole", config)
     try:
         trainer.train()

@@ -30,7 +30,9 @@ IMPORTED_BY = textwrap.dedent(
 
 @pytest.mark.integration
 def test_listing_the_algorithms_imports_neither_pytorch_nor_ray_nor_gymnasium() -> None:
-    proc = subprocess.run([sys.executable, "-c", IMPORTED_BY, *HEAVY], capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORTED_BY, *HEAVY], capture_output=True, text=True, timeout=120, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout) == {"status": 0, "listed": len(list_algorithms()), "heavy": []}
 

@@ -15,17 +15,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fakes import checkpoints, progress
 
 from flowrl.cli import args as cli_args
 from flowrl.cli import main as cli
+from flowrl.engine.trainer import Trainer
 from flowrl.envs import register_env
 from flowrl.envs.testing import FaultInjectEnv
+from flowrl.errors import CLIError
 from flowrl.runs.experiment import load_experiment_file
 from flowrl.storage.rundir import json_safe
-from flowrl.engine.trainer import Trainer
-from flowrl.errors import CLIError
-
-from fakes import checkpoints, progress
 
 pytestmark = pytest.mark.unit
 
@@ -68,7 +67,9 @@ def test_train_writes_run_directory(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert str(run / "checkpoints" / "checkpoint_000002") in out
 
 
-def test_stop_timesteps_and_checkpoint_freq(tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_session: None) -> None:
+def test_stop_timesteps_and_checkpoint_freq(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_session: None
+) -> None:
     assert train(tmp_path, "--stop-timesteps", "150", "--checkpoint-freq", "1") == 0
     run = run_dir(tmp_path)
     assert [r["timesteps_total"] for r in progress(run)] == [64, 128, 192]
@@ -107,14 +108,19 @@ def test_resume_continues_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "resuming pg on CartPole-v1" in out and "iter    2" in out
 
 
-def test_resume_drops_results_after_the_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_session: None) -> None:
+def test_resume_drops_results_after_the_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_session: None
+) -> None:
     assert train(tmp_path, "--stop-iters", "2", "--checkpoint-freq", "1") == 0
     run = run_dir(tmp_path)
     shutil.rmtree(run / "checkpoints" / "checkpoint_000002")  # as if the run died before saving it
     with open(run / "progress.jsonl", "a") as f:
         f.write('{"training_iteration": 3, "timest')  # and mid-line
     assert cli.main(["train", "--resume", str(run), "--stop-iters", "3", "--seed", "0"]) == 2
-    assert f"--seed 0 differs from the run's seed None (it is unseeded; in {run / 'params.json'})" in capsys.readouterr().err
+    assert (
+        f"--seed 0 differs from the run's seed None (it is unseeded; in {run / 'params.json'})"
+        in capsys.readouterr().err
+    )
     assert cli.main(["train", "--resume", str(run), "--stop-iters", "3"]) == 0
     assert [r["training_iteration"] for r in progress(run)] == [1, 2, 3]
     assert "dropped the results after iteration 1" in capsys.readouterr().out
@@ -131,8 +137,28 @@ def test_resume_accepts_the_runs_own_algo_env_and_seed(
     assert f"--env Pendulum-v1 differs from the run's env CartPole-v1 (in {params})" in err
     assert f"--seed 4 differs from the run's seed 3 (in {params})" in err
     # What users type: the command that started the run, with --resume added.
-    assert cli.main(["train", "--resume", str(run), "--algo", "PG", "--env", "cartpole-v1", "--seed", "3",
-                     "--stop-iters", "2", "--keep-checkpoints", "1", "--checkpoint-interval-s", "0"]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--resume",
+                str(run),
+                "--algo",
+                "PG",
+                "--env",
+                "cartpole-v1",
+                "--seed",
+                "3",
+                "--stop-iters",
+                "2",
+                "--keep-checkpoints",
+                "1",
+                "--checkpoint-interval-s",
+                "0",
+            ]
+        )
+        == 0
+    )
     assert [r["training_iteration"] for r in progress(run)] == [1, 2]
     # The checkpoint resumed from is kept although only the newest one is.
     assert checkpoints(run) == ["checkpoint_000001", "checkpoint_000002"]
@@ -158,13 +184,29 @@ def test_resume_falls_back_from_a_corrupt_checkpoint(
 
 
 def test_checkpoint_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_session: None) -> None:
-    assert train(tmp_path, "--stop-iters", "4", "--checkpoint-interval-s", "0.000001", "--keep-checkpoints", "2",
-                 "--keep-best", "timesteps_total") == 0
+    assert (
+        train(
+            tmp_path,
+            "--stop-iters",
+            "4",
+            "--checkpoint-interval-s",
+            "0.000001",
+            "--keep-checkpoints",
+            "2",
+            "--keep-best",
+            "timesteps_total",
+        )
+        == 0
+    )
     run = run_dir(tmp_path)
     assert checkpoints(run) == ["best", "checkpoint_000003", "checkpoint_000004"]
     assert json.loads((run / "checkpoints" / "best" / "metadata.json").read_text())["iteration"] == 4
     params = json.loads((run / "params.json").read_text())
-    assert (params["checkpoint_interval_s"], params["keep_checkpoints"], params["keep_best"]) == (1e-6, 2, "timesteps_total")
+    assert (params["checkpoint_interval_s"], params["keep_checkpoints"], params["keep_best"]) == (
+        1e-6,
+        2,
+        "timesteps_total",
+    )
     defaults = cli.build_parser().parse_args(["train", "--algo", "pg", "--env", "CartPole-v1"])
     assert cli_args.checkpoint_settings(defaults) == {}  # RunSpec's defaults apply: 600 s, keep 5
     with pytest.raises(SystemExit):
@@ -201,8 +243,20 @@ def test_an_env_error_leaves_an_emergency_checkpoint_and_exits_1(
     register_env("FaultyCartPole", FaultInjectEnv)
     # The driver samples (num_workers 0); 64 steps an iteration: step 150 is in iteration 3.
     faults = {"env": "CartPole-v1", "faults": [{"kind": "raise", "worker_indices": [0], "at_step": 150}]}
-    argv = ["train", "--algo", "pg", "--env", "FaultyCartPole", "--results-dir", str(tmp_path), *TINY,
-            "--set", f"env_config={json.dumps(faults)}", "--stop-iters", "5"]
+    argv = [
+        "train",
+        "--algo",
+        "pg",
+        "--env",
+        "FaultyCartPole",
+        "--results-dir",
+        str(tmp_path),
+        *TINY,
+        "--set",
+        f"env_config={json.dumps(faults)}",
+        "--stop-iters",
+        "5",
+    ]
     assert cli.main(argv) == 1
     run = run_dir(tmp_path)
     assert checkpoints(run) == ["checkpoint_000002"] and len(progress(run)) == 2
@@ -277,7 +331,10 @@ def test_a_second_signal_while_saving_exits_with_the_first_ones_status(
     run = run_dir(tmp_path)
     assert checkpoints(run) == ["checkpoint_000002"]
     err = capsys.readouterr().err
-    assert f"interrupted again while saving; the last complete checkpoint is {run / 'checkpoints' / 'checkpoint_000002'}" in err
+    assert (
+        f"interrupted again while saving; the last complete checkpoint is {run / 'checkpoints' / 'checkpoint_000002'}"
+        in err
+    )
 
 
 def test_a_run_on_a_storage_path_resumes_from_another_directory_and_home(
@@ -307,8 +364,18 @@ def test_a_run_on_a_storage_path_resumes_from_another_directory_and_home(
     elsewhere.mkdir()
     home.mkdir()
     env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "HOME": str(home)}
-    resume = [sys.executable, "-m", "flowrl.cli", "train", "--storage-path", str(storage), "--resume", run.name,
-              "--stop-iters", "2"]
+    resume = [
+        sys.executable,
+        "-m",
+        "flowrl.cli",
+        "train",
+        "--storage-path",
+        str(storage),
+        "--resume",
+        run.name,
+        "--stop-iters",
+        "2",
+    ]
     done = subprocess.run(resume, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "(iteration 1)" in done.stdout and "iter    2" in done.stdout and f"run directory: {run}\n" in done.stdout
@@ -346,8 +413,24 @@ def test_unknown_env_suggests_the_closest(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_invalid_config_lists_every_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    err = error_of(capsys, ["train", "--algo", "pg", "--env", "CartPole-v1", "--results-dir", str(tmp_path),
-                            "--set", "lrr=0.1", "--set", "gamma=2", "--set", "model.fcnet_hidens=[8]"])
+    err = error_of(
+        capsys,
+        [
+            "train",
+            "--algo",
+            "pg",
+            "--env",
+            "CartPole-v1",
+            "--results-dir",
+            str(tmp_path),
+            "--set",
+            "lrr=0.1",
+            "--set",
+            "gamma=2",
+            "--set",
+            "model.fcnet_hidens=[8]",
+        ],
+    )
     assert "invalid config (3 problems)" in err
     assert "'lrr'; did you mean 'lr'" in err and "gamma=2" in err and "'fcnet_hiddens'" in err
     assert not any(tmp_path.iterdir())  # no run directory for a run that never started
@@ -376,9 +459,13 @@ def test_bad_arguments(argv: list[str], expected: str, capsys: pytest.CaptureFix
         ("both.json", '{"lr": 0.1, "config": {"lr": 0.2}}', "both at the top level and under 'config'"),
     ],
 )
-def test_bad_config_files(tmp_path: Path, name: str, text: str, expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_config_files(
+    tmp_path: Path, name: str, text: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / name).write_text(text)
-    assert expected in error_of(capsys, ["train", "--algo", "pg", "--env", "CartPole-v1", "--config", str(tmp_path / name)])
+    assert expected in error_of(
+        capsys, ["train", "--algo", "pg", "--env", "CartPole-v1", "--config", str(tmp_path / name)]
+    )
 
 
 def test_missing_algo_and_unusable_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -392,15 +479,21 @@ def test_missing_algo_and_unusable_resume(tmp_path: Path, capsys: pytest.Capture
 
 def test_storage_path_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     new_run = ["train", "--algo", "pg", "--env", "CartPole-v1"]
-    assert "storage path 'runs' is relative; it must be absolute" in error_of(capsys, [*new_run, "--storage-path", "runs"])
-    both = error_of(capsys, [*new_run, "--storage-path", str(tmp_path / "shared"), "--results-dir", str(tmp_path / "local")])
+    assert "storage path 'runs' is relative; it must be absolute" in error_of(
+        capsys, [*new_run, "--storage-path", "runs"]
+    )
+    both = error_of(
+        capsys, [*new_run, "--storage-path", str(tmp_path / "shared"), "--results-dir", str(tmp_path / "local")]
+    )
     assert "--storage-path and --results-dir both say where run directories go: give one" in both
     assert not any(tmp_path.iterdir())
     (tmp_path / "pg_CartPole-v1_20261124-010203").mkdir()
     (tmp_path / "pg_CartPole-v1_20261124-010203" / "params.json").write_text("{}")
     err = error_of(capsys, ["train", "--storage-path", str(tmp_path), "--resume", "pg_CartPole-v1_20261124"])
-    assert (f"no run directory 'pg_CartPole-v1_20261124' under storage path '{tmp_path}'; "
-            f"the newest there: pg_CartPole-v1_20261124-010203") in err
+    assert (
+        f"no run directory 'pg_CartPole-v1_20261124' under storage path '{tmp_path}'; "
+        f"the newest there: pg_CartPole-v1_20261124-010203"
+    ) in err
 
 
 def test_bad_flag_values_are_argparse_errors(capsys: pytest.CaptureFixture[str]) -> None:
@@ -415,8 +508,17 @@ def test_bad_flag_values_are_argparse_errors(capsys: pytest.CaptureFixture[str])
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("1e-3", 1e-3), ("3", 3), ("true", True), ("False", False), ("null", None), ("[64, 64]", [64, 64]),
-     ('{"a": 1}', {"a": 1}), ("relu", "relu"), ("CartPole-v1", "CartPole-v1")],
+    [
+        ("1e-3", 1e-3),
+        ("3", 3),
+        ("true", True),
+        ("False", False),
+        ("null", None),
+        ("[64, 64]", [64, 64]),
+        ('{"a": 1}', {"a": 1}),
+        ("relu", "relu"),
+        ("CartPole-v1", "CartPole-v1"),
+    ],
 )
 def test_set_values_parse_as_json_else_string(text: str, value: Any) -> None:
     assert cli_args.parse_value(text) == value and type(cli_args.parse_value(text)) is type(value)
@@ -425,18 +527,40 @@ def test_set_values_parse_as_json_else_string(text: str, value: Any) -> None:
 def test_set_nested_keys_merge_into_dicts() -> None:
     assignments = cli_args.parse_set(["model.fcnet_hiddens=[64,64]", "env_config.a.b=2", "lr=0.01"])
     config = cli_args.apply_set({"model": {"fcnet_activation": "relu"}}, assignments, defaults={"model": {}, "lr": 1.0})
-    assert config == {"model": {"fcnet_activation": "relu", "fcnet_hiddens": [64, 64]}, "env_config": {"a": {"b": 2}}, "lr": 0.01}
+    assert config == {
+        "model": {"fcnet_activation": "relu", "fcnet_hiddens": [64, 64]},
+        "env_config": {"a": {"b": 2}},
+        "lr": 0.01,
+    }
     with pytest.raises(CLIError, match="not key=value"):
         cli_args.parse_set(["=3"])
 
 
 def test_config_precedence(tmp_path: Path) -> None:
     file = tmp_path / "experiment.json"
-    file.write_text(json.dumps({"algo": "pg", "env": "CartPole-v1", "stop": {"timesteps_total": 1000},
-                                "config": {"lr": 0.01, "gamma": 0.9, "num_workers": 3, "seed": 1}}))
+    file.write_text(
+        json.dumps(
+            {
+                "algo": "pg",
+                "env": "CartPole-v1",
+                "stop": {"timesteps_total": 1000},
+                "config": {"lr": 0.01, "gamma": 0.9, "num_workers": 3, "seed": 1},
+            }
+        )
+    )
     algorithm, env, config, stop = cli_args.train_settings(
-        args_for("--config", str(file), "--set", "lr=0.02", "--set", "num_workers=2", "--num-workers", "0",
-                 "--stop-iters", "4")
+        args_for(
+            "--config",
+            str(file),
+            "--set",
+            "lr=0.02",
+            "--set",
+            "num_workers=2",
+            "--num-workers",
+            "0",
+            "--stop-iters",
+            "4",
+        )
     )
     assert (algorithm.name, env) == ("pg", "CartPole-v1")
     assert config["gamma"] == 0.9  # file over defaults
@@ -452,16 +576,34 @@ def test_yaml_flat_layout_and_scientific_floats(tmp_path: Path) -> None:
     file = tmp_path / "flat.yml"
     file.write_text("lr: 5e-5\ngamma: 0.95\nmodel:\n  fcnet_hiddens: [32, 32]\n")
     experiment = load_experiment_file(file)
-    assert experiment == {"algo": None, "env": None, "stop": {},
-                          "config": {"lr": 5e-5, "gamma": 0.95, "model": {"fcnet_hiddens": [32, 32]}}}
+    assert experiment == {
+        "algo": None,
+        "env": None,
+        "stop": {},
+        "config": {"lr": 5e-5, "gamma": 0.95, "model": {"fcnet_hiddens": [32, 32]}},
+    }
 
 
 def test_results_are_made_json_safe() -> None:
-    result = {"nan": float("nan"), "inf": float("inf"), "f32": np.float32(0.5), "i64": np.int64(3),
-              "array": np.arange(3), "nested": {"tuple": (1, np.bool_(True))}, 7: "int key"}
+    result = {
+        "nan": float("nan"),
+        "inf": float("inf"),
+        "f32": np.float32(0.5),
+        "i64": np.int64(3),
+        "array": np.arange(3),
+        "nested": {"tuple": (1, np.bool_(True))},
+        7: "int key",
+    }
     safe = json_safe(result)
-    assert safe == {"nan": None, "inf": None, "f32": 0.5, "i64": 3, "array": [0, 1, 2],
-                    "nested": {"tuple": [1, True]}, "7": "int key"}
+    assert safe == {
+        "nan": None,
+        "inf": None,
+        "f32": 0.5,
+        "i64": 3,
+        "array": [0, 1, 2],
+        "nested": {"tuple": [1, True]},
+        "7": "int key",
+    }
     json.dumps(safe, allow_nan=False)
     assert not any(isinstance(v, float) and math.isnan(v) for v in safe.values())
 
@@ -481,13 +623,32 @@ def test_list_algorithms(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize(
     ("fmt", "expected"),
-    [("text", ["plan ppo:", "TrainOneStep", "RolloutWorker"]),
-     ("mermaid", ["flowchart TD", "TrainOneStep", "RolloutWorker"]),
-     ("dot", ["digraph", "TrainOneStep", "RolloutWorker", "->"])],
+    [
+        ("text", ["plan ppo:", "TrainOneStep", "RolloutWorker"]),
+        ("mermaid", ["flowchart TD", "TrainOneStep", "RolloutWorker"]),
+        ("dot", ["digraph", "TrainOneStep", "RolloutWorker", "->"]),
+    ],
 )
-def test_plan_prints_the_graph(fmt: str, expected: list[str], capsys: pytest.CaptureFixture[str], ray_session: None) -> None:
-    argv = ["plan", "--algo", "ppo", "--env", "CartPole-v1", "--format", fmt, "--num-workers", "1",
-            "--set", "num_cpus_per_worker=0.25", "--set", "train_batch_size=64", "--set", "sgd_minibatch_size=32"]
+def test_plan_prints_the_graph(
+    fmt: str, expected: list[str], capsys: pytest.CaptureFixture[str], ray_session: None
+) -> None:
+    argv = [
+        "plan",
+        "--algo",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--format",
+        fmt,
+        "--num-workers",
+        "1",
+        "--set",
+        "num_cpus_per_worker=0.25",
+        "--set",
+        "train_batch_size=64",
+        "--set",
+        "sgd_minibatch_size=32",
+    ]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     for text in expected:
@@ -517,17 +678,61 @@ SMALL_IMPALA = ["--set", "num_envs_per_worker=2", "--set", "train_batch_size=40"
 @pytest.mark.parametrize(
     ("algo", "env", "extra", "expected"),
     [
-        ("impala", "CartPole-v1", [*SMALL_IMPALA, "--set", "num_aggregation_workers=1", "--set", "num_cpus_per_aggregator=0.1"],
-         ["gather_async(aggregators)", "AggregatorWorker", "RolloutWorker x2", "LearnerThread",
-          "RolloutWorker x2 --gather_async--> AggregatorWorker", "AggregatorWorker --forward weights--> RolloutWorker x2"]),
-        ("appo", "CartPole-v1", SMALL_IMPALA, ["transform(Enqueue)", "LearnerThread", "for_each(UpdateTargetNetwork)", "for_each(UpdateKL)"]),
-        ("ppo_dqn", "MultiAgentCartPole", ["--set", "ppo.train_batch_size=40", "--set", "ppo.sgd_minibatch_size=20"],
-         ["duplicate[0]", "for_each(SelectExperiences)", "for_each(StoreToReplayBuffer)", "replay", "for_each(UpdateKL)", "union[async]"]),
-        ("es", "CartPole-v1", ["--set", "noise_table_size=100000"],
-         ["batch_across_shards(rollout_workers.transform())", "combine(CollectPerturbations)", "for_each(ESUpdate)",
-          "for_each(BroadcastWeights)", "RolloutWorker x2"]),
-        ("ars", "CartPole-v1", ["--set", "noise_table_size=100000"],
-         ["combine(CollectPerturbations)", "for_each(ARSUpdate)", "for_each(UpdateObservationFilter)", "for_each(BroadcastWeights)"]),
+        (
+            "impala",
+            "CartPole-v1",
+            [*SMALL_IMPALA, "--set", "num_aggregation_workers=1", "--set", "num_cpus_per_aggregator=0.1"],
+            [
+                "gather_async(aggregators)",
+                "AggregatorWorker",
+                "RolloutWorker x2",
+                "LearnerThread",
+                "RolloutWorker x2 --gather_async--> AggregatorWorker",
+                "AggregatorWorker --forward weights--> RolloutWorker x2",
+            ],
+        ),
+        (
+            "appo",
+            "CartPole-v1",
+            SMALL_IMPALA,
+            ["transform(Enqueue)", "LearnerThread", "for_each(UpdateTargetNetwork)", "for_each(UpdateKL)"],
+        ),
+        (
+            "ppo_dqn",
+            "MultiAgentCartPole",
+            ["--set", "ppo.train_batch_size=40", "--set", "ppo.sgd_minibatch_size=20"],
+            [
+                "duplicate[0]",
+                "for_each(SelectExperiences)",
+                "for_each(StoreToReplayBuffer)",
+                "replay",
+                "for_each(UpdateKL)",
+                "union[async]",
+            ],
+        ),
+        (
+            "es",
+            "CartPole-v1",
+            ["--set", "noise_table_size=100000"],
+            [
+                "batch_across_shards(rollout_workers.transform())",
+                "combine(CollectPerturbations)",
+                "for_each(ESUpdate)",
+                "for_each(BroadcastWeights)",
+                "RolloutWorker x2",
+            ],
+        ),
+        (
+            "ars",
+            "CartPole-v1",
+            ["--set", "noise_table_size=100000"],
+            [
+                "combine(CollectPerturbations)",
+                "for_each(ARSUpdate)",
+                "for_each(UpdateObservationFilter)",
+                "for_each(BroadcastWeights)",
+            ],
+        ),
     ],
 )
 def test_plan_shows_each_algorithms_graph(

@@ -47,14 +47,21 @@ def test_defaults_are_valid_and_use_rllib_names() -> None:
     config = TrainerConfig.from_dict(None)
     assert config == TrainerConfig.from_dict({}) == TrainerConfig()
     assert (config.num_workers, config.num_envs_per_worker, config.rollout_fragment_length) == (2, 1, 200)
-    assert (config.batch_mode, config.train_batch_size, config.lr, config.gamma) == ("truncate_episodes", 4000, 5e-4, 0.99)
+    assert (config.batch_mode, config.train_batch_size, config.lr, config.gamma) == (
+        "truncate_episodes",
+        4000,
+        5e-4,
+        0.99,
+    )
     assert config.seed is None and config.grad_clip is None and config.model == {} and config.explore is True
     assert isinstance(config.num_gpus, float) and isinstance(config.min_iter_time_s, float)
 
 
 def test_unknown_key_suggests_closest_name_case_insensitively() -> None:
     assert problems_of({"lrr": 1e-3}) == ["unknown config key 'lrr'; did you mean 'lr'?"]
-    assert problems_of({"Train_Batch_Size": 10}) == ["unknown config key 'Train_Batch_Size'; did you mean 'train_batch_size'?"]
+    assert problems_of({"Train_Batch_Size": 10}) == [
+        "unknown config key 'Train_Batch_Size'; did you mean 'train_batch_size'?"
+    ]
     assert problems_of({"num_worker": 1}) == ["unknown config key 'num_worker'; did you mean 'num_workers'?"]
     # A part of a long name finds it too.
     assert problems_of({"num_envs": 4}) == ["unknown config key 'num_envs'; did you mean 'num_envs_per_worker'?"]
@@ -182,7 +189,9 @@ def test_choices() -> None:
 def test_model_keys_are_checked_against_default_model_config() -> None:
     config = TrainerConfig.from_dict({"model": {"fcnet_hiddens": [32], "fcnet_activation": "relu"}})
     assert config.model == {"fcnet_hiddens": [32], "fcnet_activation": "relu"}
-    assert problems_of({"model": {"fcnet_hidden": [32]}}) == ["unknown model key 'fcnet_hidden'; did you mean 'fcnet_hiddens'?"]
+    assert problems_of({"model": {"fcnet_hidden": [32]}}) == [
+        "unknown model key 'fcnet_hidden'; did you mean 'fcnet_hiddens'?"
+    ]
     [problem] = problems_of({"model": {"zzz": 1}})
     assert problem.startswith("unknown model key 'zzz'; valid model keys are 'fcnet_hiddens', 'fcnet_activation'")
     [problem] = problems_of({"model": {"fcnet_activation": "sigmoidish"}})
@@ -261,13 +270,21 @@ def test_a_field_without_cfg_field_or_with_a_bad_default_is_a_bug() -> None:
 
 def test_to_dict_from_dict_round_trip_through_json() -> None:
     config = PPOLikeConfig.from_dict(
-        {"seed": 3, "lr": 1e-3, "model": {"fcnet_hiddens": [16, 16]}, "env_config": {"size": 4}, "sgd_minibatch_size": 64}
+        {
+            "seed": 3,
+            "lr": 1e-3,
+            "model": {"fcnet_hiddens": [16, 16]},
+            "env_config": {"size": 4},
+            "sgd_minibatch_size": 64,
+        }
     )
     data = json.loads(json.dumps(config.to_dict()))
     assert set(data) == {f.name for f in dataclasses.fields(PPOLikeConfig)}
     assert PPOLikeConfig.from_dict(data) == config
     # Tuples become lists, so a saved params.json reads back the same.
-    assert TrainerConfig.from_dict({"model": {"conv_filters": [(16, 4, 2)]}}).to_dict()["model"] == {"conv_filters": [[16, 4, 2]]}
+    assert TrainerConfig.from_dict({"model": {"conv_filters": [(16, 4, 2)]}}).to_dict()["model"] == {
+        "conv_filters": [[16, 4, 2]]
+    }
 
 
 def test_replace_validates_and_keeps_the_class() -> None:
@@ -346,7 +363,9 @@ def test_describe_lists_every_field_with_type_default_and_doc() -> None:
 
 
 def test_workers_and_policies_get_a_frozen_copy_with_the_keys_their_readers_use() -> None:
-    config = TrainerConfig.from_dict({"seed": 5, "env_config": {"size": 3}, "lr": 1e-3, "model": {"fcnet_hiddens": [8]}})
+    config = TrainerConfig.from_dict(
+        {"seed": 5, "env_config": {"size": 3}, "lr": 1e-3, "model": {"fcnet_hiddens": [8]}}
+    )
     frozen = config.frozen()
     assert frozen.seed == 5 and frozen.env_config == {"size": 3}
     frozen.env_config["size"] = 99  # a copy: workers cannot change the config
@@ -355,7 +374,15 @@ def test_workers_and_policies_get_a_frozen_copy_with_the_keys_their_readers_use(
         frozen.seed = 6
     assert frozen.replace(seed=6).seed == 6 and frozen.replace(seed=6).is_frozen and not config.is_frozen
     assert TrainerConfig.per_policy_keys() == {
-        "lr", "model", "grad_clip", "explore", "exploration_config", "num_gpus", "seed", "gamma", "max_consecutive_nonfinite_updates"
+        "lr",
+        "model",
+        "grad_clip",
+        "explore",
+        "exploration_config",
+        "num_gpus",
+        "seed",
+        "gamma",
+        "max_consecutive_nonfinite_updates",
     }
     assert frozen.lr == 1e-3 and frozen.model == {"fcnet_hiddens": [8]}
 
@@ -391,7 +418,11 @@ def test_a_bad_defaults_entry_fails_when_the_class_is_defined(defaults: dict[str
 
 def test_a_key_in_defaults_and_in_the_class_body_is_refused() -> None:
     with pytest.raises(TypeError, match="Twice.lr is declared in the class body and in defaults"):
-        type("Twice", (TrainerConfig,), {"defaults": {"lr": 0.1}, "__annotations__": {"lr": float}, "lr": cfg_field(0.1, "lr")})
+        type(
+            "Twice",
+            (TrainerConfig,),
+            {"defaults": {"lr": 0.1}, "__annotations__": {"lr": float}, "lr": cfg_field(0.1, "lr")},
+        )
 
 
 def test_a_config_class_shipped_by_value_still_validates() -> None:

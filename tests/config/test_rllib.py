@@ -11,14 +11,11 @@ from typing import Any, Iterator
 
 import pytest
 
-from flowrl.config import rllib as rllib_compat
 from flowrl.algorithms import get_algorithm, list_algorithms
 from flowrl.cli.args import build_config
 from flowrl.cli.main import main
 from flowrl.config import TrainerConfig
-from flowrl.errors import ConfigError
-from flowrl.runs.experiment import load_experiment_file
-from flowrl.policy.model_options import DEFAULT_MODEL_CONFIG
+from flowrl.config import rllib as rllib_compat
 from flowrl.config.rllib import (
     IGNORED,
     IGNORED_AT,
@@ -31,6 +28,9 @@ from flowrl.config.rllib import (
     RLlibPolicyMapping,
     translate_rllib_config,
 )
+from flowrl.errors import ConfigError
+from flowrl.policy.model_options import DEFAULT_MODEL_CONFIG
+from flowrl.runs.experiment import load_experiment_file
 
 pytestmark = pytest.mark.unit
 
@@ -44,7 +44,9 @@ def config_of(algo: str, values: dict[str, Any]) -> Any:
 
 def translate(algo: str, values: dict[str, Any]) -> rllib_compat.Translation:
     cls = get_algorithm(algo).config_class
-    return translate_rllib_config(cls, values, {name: value for name, value in cls.from_dict({}).to_dict(jsonable=False).items()})
+    return translate_rllib_config(
+        cls, values, {name: value for name, value in cls.from_dict({}).to_dict(jsonable=False).items()}
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -83,7 +85,9 @@ def fresh_notes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         ("ppo", {"observation_filter": "ConcurrentMeanStdFilter"}, "observation_filter", "MeanStdFilter"),
     ],
 )
-def test_each_rllib_name_becomes_flowrls_key_with_one_note(algo: str, rllib: dict[str, Any], flowrl_key: str, value: Any) -> None:
+def test_each_rllib_name_becomes_flowrls_key_with_one_note(
+    algo: str, rllib: dict[str, Any], flowrl_key: str, value: Any
+) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         config = config_of(algo, rllib)
@@ -114,8 +118,14 @@ def test_framework_tf_runs_on_pytorch_with_one_note_and_torch_says_nothing() -> 
 
 
 def test_keys_that_change_nothing_are_listed_in_one_note() -> None:
-    rllib = {"log_level": "WARN", "enable_connectors": True, "horizon": None, "clip_rewards": False,
-             "optimizer": {"debug": False}, "model": {"use_lstm": False, "fcnet_hiddens": [16]}}
+    rllib = {
+        "log_level": "WARN",
+        "enable_connectors": True,
+        "horizon": None,
+        "clip_rewards": False,
+        "optimizer": {"debug": False},
+        "model": {"use_lstm": False, "fcnet_hiddens": [16]},
+    }
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         config = config_of("apex", rllib)
@@ -135,12 +145,18 @@ def test_keys_that_change_nothing_are_listed_in_one_note() -> None:
         ("dqn", {"hiddens": [256]}, "hiddens=[256]"),
         ("impala", {"opt_type": "rmsprop"}, "opt_type='rmsprop'"),
         ("ppo", {"model": {"use_lstm": True}}, "model.use_lstm=True"),
-        ("dqn", {"replay_buffer_config": {"type": "ReservoirReplayBuffer"}}, "replay_buffer_config.type='ReservoirReplayBuffer'"),
+        (
+            "dqn",
+            {"replay_buffer_config": {"type": "ReservoirReplayBuffer"}},
+            "replay_buffer_config.type='ReservoirReplayBuffer'",
+        ),
         ("dqn", {"exploration_fraction": 0.1}, "exploration_fraction=0.1"),
         ("ppo", {"multiagent": {"observation_fn": "my:fn"}}, "multiagent.observation_fn='my:fn'"),
     ],
 )
-def test_an_rllib_key_that_would_change_the_math_is_a_config_error_naming_it(algo: str, rllib: dict[str, Any], named: str) -> None:
+def test_an_rllib_key_that_would_change_the_math_is_a_config_error_naming_it(
+    algo: str, rllib: dict[str, Any], named: str
+) -> None:
     with pytest.raises(ConfigError) as raised:
         config_of(algo, {**rllib, "lr": -1.0})  # every problem at once: the RLlib key's and the others
     message = str(raised.value)
@@ -149,9 +165,13 @@ def test_an_rllib_key_that_would_change_the_math_is_a_config_error_naming_it(alg
 
 
 def test_an_rllib_key_the_algorithm_lacks_or_a_contradiction_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="optimizer.num_replay_buffer_shards is num_replay_shards in flowrl, which DQNConfig"):
+    with pytest.raises(
+        ConfigError, match="optimizer.num_replay_buffer_shards is num_replay_shards in flowrl, which DQNConfig"
+    ):
         config_of("dqn", {"optimizer": {"num_replay_buffer_shards": 2}})
-    with pytest.raises(ConfigError, match="buffer_size=1000 and replay_buffer_config.capacity=2000 both set buffer_size"):
+    with pytest.raises(
+        ConfigError, match="buffer_size=1000 and replay_buffer_config.capacity=2000 both set buffer_size"
+    ):
         config_of("dqn", {"buffer_size": 1000, "replay_buffer_config": {"capacity": 2000}})
     with pytest.raises(ConfigError, match="replay_buffer_config.capacity=2000 and buffer_size=1000 both set"):
         config_of("dqn", {"replay_buffer_config": {"capacity": 2000}, "buffer_size": 1000})
@@ -161,28 +181,52 @@ def test_an_rllib_key_the_algorithm_lacks_or_a_contradiction_is_a_config_error()
 
 
 def test_rollout_fragment_length_auto_divides_the_batch_among_workers_and_envs() -> None:
-    config = config_of("a2c", {"rollout_fragment_length": "auto", "train_batch_size": 40, "num_workers": 0, "num_envs_per_worker": 1})
+    config = config_of(
+        "a2c", {"rollout_fragment_length": "auto", "train_batch_size": 40, "num_workers": 0, "num_envs_per_worker": 1}
+    )
     assert config.rollout_fragment_length == 40
-    config = config_of("ppo", {"rollout_fragment_length": "auto", "train_batch_size": 1000, "num_workers": 3, "num_envs_per_worker": 2})
+    config = config_of(
+        "ppo", {"rollout_fragment_length": "auto", "train_batch_size": 1000, "num_workers": 3, "num_envs_per_worker": 2}
+    )
     assert config.rollout_fragment_length == 167  # 1000 / 6, rounded up
 
 
 def test_a_partial_exploration_config_is_merged_into_rllibs_default_for_the_algorithm() -> None:
     td3 = config_of("td3", {"exploration_config": {"random_timesteps": 5000}})
-    assert td3.exploration_config == {"type": "GaussianNoise", "random_timesteps": 5000, "stddev": 0.1, "initial_scale": 1.0,
-                                      "final_scale": 1.0, "scale_timesteps": 1}
+    assert td3.exploration_config == {
+        "type": "GaussianNoise",
+        "random_timesteps": 5000,
+        "stddev": 0.1,
+        "initial_scale": 1.0,
+        "final_scale": 1.0,
+        "scale_timesteps": 1,
+    }
     ddpg = config_of("ddpg", {"exploration_config": {"ou_sigma": 0.3}})
     assert ddpg.exploration_config["type"] == "OrnsteinUhlenbeckNoise" and ddpg.exploration_config["ou_sigma"] == 0.3
     dqn = config_of("dqn", {"exploration_config": {"epsilon_timesteps": 2000}})
-    assert dqn.exploration_config == {"type": "EpsilonGreedy", "initial_epsilon": 1.0, "final_epsilon": 0.02, "epsilon_timesteps": 2000}
+    assert dqn.exploration_config == {
+        "type": "EpsilonGreedy",
+        "initial_epsilon": 1.0,
+        "final_epsilon": 0.02,
+        "epsilon_timesteps": 2000,
+    }
 
 
 def test_rllibs_multiagent_dict_becomes_flowrls_keys() -> None:
     def mapping(agent_id: str, episode: Any, worker: Any, **kwargs: Any) -> str:
         return "learner" if agent_id == "a" else "fixed"
 
-    config = config_of("ppo", {"multiagent": {"policies": ["learner", "fixed"], "policy_mapping_fn": mapping,
-                                              "policies_to_train": ["learner"], "count_steps_by": "env_steps"}})
+    config = config_of(
+        "ppo",
+        {
+            "multiagent": {
+                "policies": ["learner", "fixed"],
+                "policy_mapping_fn": mapping,
+                "policies_to_train": ["learner"],
+                "count_steps_by": "env_steps",
+            }
+        },
+    )
     assert config.policies == {"learner": None, "fixed": None}
     assert config.policies_to_train == ["learner"]
     assert isinstance(config.policy_mapping_fn, RLlibPolicyMapping)
@@ -202,12 +246,23 @@ def test_a_flowrl_config_reads_unchanged_and_without_notes() -> None:
 def test_the_mapping_tables_are_disjoint_and_documented() -> None:
     tables = [set(RENAMED), set(NESTED), set(IGNORED), set(IGNORED_AT), set(NOT_IMPLEMENTED)]
     for i, a in enumerate(tables):
-        for b in tables[i + 1:]:
+        for b in tables[i + 1 :]:
             assert not a & b
     page = (REPO / "docs" / "coming-from-rllib.md").read_text(encoding="utf-8")
     documented = set(re.findall(r"^\| `([\w.]+)`", page, flags=re.MULTILINE))
-    keys = {*RENAMED, *IGNORED, *IGNORED_AT, *NOT_IMPLEMENTED, "framework", "evaluation_duration", "disable_env_checking",
-            "replay_buffer_config.type", "rollout_fragment_length", "exploration_config", "observation_filter"}
+    keys = {
+        *RENAMED,
+        *IGNORED,
+        *IGNORED_AT,
+        *NOT_IMPLEMENTED,
+        "framework",
+        "evaluation_duration",
+        "disable_env_checking",
+        "replay_buffer_config.type",
+        "rollout_fragment_length",
+        "exploration_config",
+        "observation_filter",
+    }
     keys |= {f"{outer}.{inner}" for outer, inner_keys in NESTED.items() for inner in inner_keys}
     keys |= {f"{outer}.{inner}" for outer, inner_keys in NESTED_IGNORED.items() for inner in inner_keys}
     keys |= {f"model.{key}" for key in MODEL_IGNORED}
@@ -258,14 +313,21 @@ def test_rllibs_defaults_fill_only_the_keys_the_config_leaves_out() -> None:
     assert (ppo.lambda_, ppo.lr, ppo.model) == (0.9, 1e-3, {"fcnet_hiddens": [32]})  # given, under any of RLlib's names
     assert (ppo.clip_param, ppo.num_sgd_iter, ppo.vf_loss_coeff) == (0.3, 30, 1.0)  # left out: RLlib's
     # RLlib merged a config's model into its model defaults key by key.
-    a2c = config_of("a2c", {"framework": "torch", "model": {"fcnet_hiddens": [32]}, "train_batch_size": 40,
-                            "num_workers": 0})
+    a2c = config_of(
+        "a2c", {"framework": "torch", "model": {"fcnet_hiddens": [32]}, "train_batch_size": 40, "num_workers": 0}
+    )
     assert a2c.model == {"fcnet_hiddens": [32], "vf_share_layers": True}
     assert a2c.rollout_fragment_length == 40 and a2c.num_envs_per_worker == 1  # RLlib's 'auto', of the batch given
     custom = config_of("ppo", {"framework": "torch", "model": {"custom_model": "torch.nn:Identity"}})
     assert custom.model == {"custom_model": "torch.nn:Identity"}  # a custom model builds its own layers
-    ddpg = config_of("ddpg", {"framework": "torch", "exploration_config": {"ou_sigma": 0.3},
-                              "replay_buffer_config": {"type": "MultiAgentReplayBuffer", "capacity": 2000}})
+    ddpg = config_of(
+        "ddpg",
+        {
+            "framework": "torch",
+            "exploration_config": {"ou_sigma": 0.3},
+            "replay_buffer_config": {"type": "MultiAgentReplayBuffer", "capacity": 2000},
+        },
+    )
     assert (ddpg.prioritized_replay, ddpg.buffer_size, ddpg.tau, ddpg.gamma) == (False, 2000, 0.002, 0.99)
     assert ddpg.exploration_config["type"] == "OrnsteinUhlenbeckNoise" and ddpg.exploration_config["ou_sigma"] == 0.3
     apex = config_of("apex", {"framework": "tf", "num_workers": 3, "optimizer": {"num_replay_buffer_shards": 2}})
@@ -287,16 +349,36 @@ def test_the_rllib_defaults_note_lists_what_was_applied_once() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):  # the CLI and the Trainer each read the config
-            config_of("ppo", {"framework": "torch", "lr": 3e-4, "num_sgd_iter": 6, "vf_loss_coeff": 0.01,
-                              "model": {"fcnet_hiddens": [32]}})
+            config_of(
+                "ppo",
+                {
+                    "framework": "torch",
+                    "lr": 3e-4,
+                    "num_sgd_iter": 6,
+                    "vf_loss_coeff": 0.01,
+                    "model": {"fcnet_hiddens": [32]},
+                },
+            )
     notes = [str(w.message) for w in caught if w.category is RLlibConfigNote]
-    assert notes == ["RLlib config (it has a framework key): the keys it leaves out take RLlib's defaults where "
-                     "flowrl's differ: lambda=1.0, clip_param=0.3"]
+    assert notes == [
+        "RLlib config (it has a framework key): the keys it leaves out take RLlib's defaults where "
+        "flowrl's differ: lambda=1.0, clip_param=0.3"
+    ]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         config_of("ppo", {"lambda": 1.0})  # a flowrl config: no note
-        config_of("ppo", {"framework": "torch", "lr": 5e-5, "num_sgd_iter": 30, "lambda": 1.0, "clip_param": 0.3,
-                          "vf_loss_coeff": 1.0, "model": {"fcnet_hiddens": [256, 256]}})  # nothing left to apply
+        config_of(
+            "ppo",
+            {
+                "framework": "torch",
+                "lr": 5e-5,
+                "num_sgd_iter": 30,
+                "lambda": 1.0,
+                "clip_param": 0.3,
+                "vf_loss_coeff": 1.0,
+                "model": {"fcnet_hiddens": [256, 256]},
+            },
+        )  # nothing left to apply
     assert not [w for w in caught if w.category is RLlibConfigNote]
 
 
@@ -350,7 +432,9 @@ def test_rllib_examples_cover_the_algorithms_of_the_issue() -> None:
     assert algos == {"ppo", "dqn", "apex", "a2c", "pg", "impala", "es", "ars", "ddpg", "td3"}
 
 
-def test_flowrl_train_prints_each_note_once(tmp_path: Path, ray_session: None, capsys: pytest.CaptureFixture[str]) -> None:
+def test_flowrl_train_prints_each_note_once(
+    tmp_path: Path, ray_session: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     warnings.simplefilter("always", RLlibConfigNote)  # as a command line shows them: once each, by flowrl itself
     file = tmp_path / "cartpole-pg.yaml"
     file.write_text(
@@ -392,8 +476,11 @@ def test_rllib_tuned_example_reaches_its_stop_reward(
     clip_param it reaches 150 in about 30k of its 100k steps. DQN keeps a fixed seed."""
     path = REPO / "tuned_examples" / "rllib" / f"{example}.yaml"
     stop_reward = load_experiment_file(path)["stop"]["episode_reward_mean"]
-    status = main(["train", "--config", str(path), *flags,
-                   "--results-dir", str(tmp_path), "--checkpoint-interval-s", "0"])
+    status = main(
+        ["train", "--config", str(path), *flags, "--results-dir", str(tmp_path), "--checkpoint-interval-s", "0"]
+    )
     assert status == 0
     result = final_result(tmp_path)
-    assert result["episode_reward_mean"] >= stop_reward, f"{example}: {result['episode_reward_mean']} after {result['timesteps_total']} steps"
+    assert result["episode_reward_mean"] >= stop_reward, (
+        f"{example}: {result['episode_reward_mean']} after {result['timesteps_total']} steps"
+    )

@@ -283,9 +283,7 @@ def test_zero_priority_rows_are_never_sampled_and_do_not_zero_the_weights() -> N
         buffer.sample(1, beta=0.5)
 
 
-@pytest.mark.parametrize(
-    ("bad", "shown"), [(np.nan, "nan"), (np.inf, "inf"), (-np.inf, "-inf"), (-0.5, "-0.5")]
-)
+@pytest.mark.parametrize(("bad", "shown"), [(np.nan, "nan"), (np.inf, "inf"), (-np.inf, "-inf"), (-0.5, "-0.5")])
 def test_update_priorities_rejects_invalid_values_naming_the_index(bad: float, shown: str) -> None:
     buffer = PrioritizedReplayBuffer(10, alpha=0.6)
     buffer.add(make_batch(10))

@@ -19,11 +19,10 @@ from typing import Any
 
 import pytest
 import yaml
-
-from flowrl.algorithms import get_algorithm
-
 from cluster_harness import ClusterHandle
 from fakes import progress
+
+from flowrl.algorithms import get_algorithm
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -60,9 +59,27 @@ def run_directory(results: Path) -> Path:
 def test_a_resource_the_cluster_lacks_fails_before_training(cluster: ClusterHandle, tmp_path: Path) -> None:
     start = time.monotonic()
     proc = subprocess.run(
-        flowrl("train", "--algo", "ppo", "--env", "CartPole-v1", "--num-workers", "2", "--address", cluster.address,
-               "--set", 'custom_resources_per_worker={"TPU": 1}', "--results-dir", str(tmp_path)),
-        capture_output=True, text=True, timeout=120, cwd=REPO, env=environment(), check=False,
+        flowrl(
+            "train",
+            "--algo",
+            "ppo",
+            "--env",
+            "CartPole-v1",
+            "--num-workers",
+            "2",
+            "--address",
+            cluster.address,
+            "--set",
+            'custom_resources_per_worker={"TPU": 1}',
+            "--results-dir",
+            str(tmp_path),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=environment(),
+        check=False,
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "TPU" in proc.stderr and "custom_resources_per_worker" in proc.stderr
@@ -76,8 +93,23 @@ def test_a_driver_without_the_clusters_token_is_refused(cluster: ClusterHandle, 
     home.mkdir()
     env = {k: v for k, v in environment().items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
     proc = subprocess.run(
-        flowrl("train", "--algo", "pg", "--env", "CartPole-v1", "--address", cluster.address, "--results-dir", str(tmp_path / "runs")),
-        capture_output=True, text=True, timeout=120, cwd=REPO, env={**env, "HOME": str(home), "RAY_AUTH_MODE": "token"}, check=False,
+        flowrl(
+            "train",
+            "--algo",
+            "pg",
+            "--env",
+            "CartPole-v1",
+            "--address",
+            cluster.address,
+            "--results-dir",
+            str(tmp_path / "runs"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**env, "HOME": str(home), "RAY_AUTH_MODE": "token"},
+        check=False,
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"flowrl: error: cannot join the Ray cluster at '{cluster.address}'" in proc.stderr
@@ -87,17 +119,40 @@ def test_a_driver_without_the_clusters_token_is_refused(cluster: ClusterHandle, 
 
 @pytest.mark.parametrize(
     ("example", "extra"),
-    [("cartpole-ppo.yaml", ["--set", "num_workers=2"]), ("cartpole-apex.yaml", ["--set", "num_replay_shards=2", "--set", "replay_shard_placement=spread"])],
+    [
+        ("cartpole-ppo.yaml", ["--set", "num_workers=2"]),
+        ("cartpole-apex.yaml", ["--set", "num_replay_shards=2", "--set", "replay_shard_placement=spread"]),
+    ],
     ids=["ppo", "apex-spread-shards"],
 )
 def test_a_run_spreads_its_workers_over_nodes_learns_and_leaves_the_cluster_running(
     cluster: ClusterHandle, example: str, extra: list[str], tmp_path: Path
 ) -> None:
     proc = subprocess.run(
-        flowrl("train", "--config", f"tuned_examples/{example}", "--address", cluster.address, "--seed", "0",
-               "--set", "num_cpus_per_worker=1", "--set", "num_cpus_for_driver=1", *extra, "--stop-reward", "150",
-               "--results-dir", str(tmp_path)),
-        capture_output=True, text=True, timeout=280, cwd=REPO, env=environment(), check=False,
+        flowrl(
+            "train",
+            "--config",
+            f"tuned_examples/{example}",
+            "--address",
+            cluster.address,
+            "--seed",
+            "0",
+            "--set",
+            "num_cpus_per_worker=1",
+            "--set",
+            "num_cpus_for_driver=1",
+            *extra,
+            "--stop-reward",
+            "150",
+            "--results-dir",
+            str(tmp_path),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=REPO,
+        env=environment(),
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = progress(run_directory(tmp_path))
@@ -115,10 +170,33 @@ def test_a_run_spreads_its_workers_over_nodes_learns_and_leaves_the_cluster_runn
 
 def test_replay_shards_run_next_to_the_learner_by_default(cluster: ClusterHandle, tmp_path: Path) -> None:
     proc = subprocess.run(
-        flowrl("train", "--algo", "apex", "--env", "CartPole-v1", "--address", cluster.address, "--set",
-               "num_cpus_per_worker=1", "--set", "num_replay_shards=2", "--set", "learning_starts=100",
-               "--set", "timesteps_per_iteration=200", "--stop-iters", "1", "--results-dir", str(tmp_path)),
-        capture_output=True, text=True, timeout=120, cwd=REPO, env=environment(), check=False,
+        flowrl(
+            "train",
+            "--algo",
+            "apex",
+            "--env",
+            "CartPole-v1",
+            "--address",
+            cluster.address,
+            "--set",
+            "num_cpus_per_worker=1",
+            "--set",
+            "num_replay_shards=2",
+            "--set",
+            "learning_starts=100",
+            "--set",
+            "timesteps_per_iteration=200",
+            "--stop-iters",
+            "1",
+            "--results-dir",
+            str(tmp_path),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=environment(),
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     [result] = progress(run_directory(tmp_path))
@@ -126,16 +204,36 @@ def test_replay_shards_run_next_to_the_learner_by_default(cluster: ClusterHandle
     assert [shard["node_id"] for shard in result["info"]["replay_shards"]] == [driver, driver]
 
 
-def test_losing_a_worker_node_restarts_its_worker_elsewhere_and_training_goes_on(cluster: ClusterHandle, tmp_path: Path) -> None:
+def test_losing_a_worker_node_restarts_its_worker_elsewhere_and_training_goes_on(
+    cluster: ClusterHandle, tmp_path: Path
+) -> None:
     batch, fragment = 400, 100
 
     def a_worker_node(result: dict[str, Any], head: str) -> str:
         return next(node for node in result["info"]["placement"]["worker_nodes"].values() if node != head)
 
     _, results, victim_id = lose_a_node_mid_run(
-        cluster, tmp_path, a_worker_node, "--algo", "ppo", "--env", "CartPole-v1", "--num-workers", "2", "--seed", "0",
-        "--set", "num_cpus_per_worker=1", "--set", f"rollout_fragment_length={fragment}", "--set", f"train_batch_size={batch}",
-        "--set", "sgd_minibatch_size=100", "--set", "num_sgd_iter=1",
+        cluster,
+        tmp_path,
+        a_worker_node,
+        "--algo",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--num-workers",
+        "2",
+        "--seed",
+        "0",
+        "--set",
+        "num_cpus_per_worker=1",
+        "--set",
+        f"rollout_fragment_length={fragment}",
+        "--set",
+        f"train_batch_size={batch}",
+        "--set",
+        "sgd_minibatch_size=100",
+        "--set",
+        "num_sgd_iter=1",
     )
     assert results[-1]["num_worker_restarts"] == 1
     assert results[-1]["num_healthy_workers"] == 2
@@ -145,14 +243,32 @@ def test_losing_a_worker_node_restarts_its_worker_elsewhere_and_training_goes_on
     assert all(batch <= after - before <= batch + fragment for before, after in pairwise(totals)), totals
 
 
-def test_losing_a_node_recreates_its_replay_shard_and_worker_and_apex_goes_on(cluster: ClusterHandle, tmp_path: Path) -> None:
+def test_losing_a_node_recreates_its_replay_shard_and_worker_and_apex_goes_on(
+    cluster: ClusterHandle, tmp_path: Path
+) -> None:
     def a_shard_node(result: dict[str, Any], head: str) -> str:
         return next(shard["node_id"] for shard in result["info"]["replay_shards"] if shard["node_id"] != head)  # spread
 
     before, results, victim_id = lose_a_node_mid_run(
-        cluster, tmp_path, a_shard_node, "--algo", "apex", "--env", "CartPole-v1", "--seed", "0",
-        "--set", "num_cpus_per_worker=1", "--set", "num_replay_shards=2", "--set", "replay_shard_placement=spread",
-        "--set", "learning_starts=100", "--set", "timesteps_per_iteration=200",
+        cluster,
+        tmp_path,
+        a_shard_node,
+        "--algo",
+        "apex",
+        "--env",
+        "CartPole-v1",
+        "--seed",
+        "0",
+        "--set",
+        "num_cpus_per_worker=1",
+        "--set",
+        "num_replay_shards=2",
+        "--set",
+        "replay_shard_placement=spread",
+        "--set",
+        "learning_starts=100",
+        "--set",
+        "timesteps_per_iteration=200",
     )
     shard_nodes = [shard["node_id"] for shard in before[-1]["info"]["replay_shards"]]
     worker_nodes = list(before[-1]["info"]["placement"]["worker_nodes"].values())
@@ -171,8 +287,21 @@ def test_losing_a_node_recreates_its_aggregator_and_impala_goes_on(cluster: Clus
         return next(b["node_id"] for b in bundles if b["role"] == "aggregator" and b["node_id"] != head)
 
     before, results, victim_id = lose_a_node_mid_run(
-        cluster, tmp_path, an_aggregator_node, "--algo", "impala", "--env", "CartPole-v1", "--seed", "0",
-        "--set", "num_cpus_per_worker=0.5", "--set", "num_aggregation_workers=2", "--set", "num_cpus_per_aggregator=1",
+        cluster,
+        tmp_path,
+        an_aggregator_node,
+        "--algo",
+        "impala",
+        "--env",
+        "CartPole-v1",
+        "--seed",
+        "0",
+        "--set",
+        "num_cpus_per_worker=0.5",
+        "--set",
+        "num_aggregation_workers=2",
+        "--set",
+        "num_cpus_per_aggregator=1",
     )
     last = results[-1]
     assert last["num_aggregator_restarts"] >= 1
@@ -191,7 +320,11 @@ def lose_a_node_mid_run(
     """
     proc = subprocess.Popen(
         flowrl("train", *args, "--address", cluster.address, "--results-dir", str(tmp_path)),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=environment(),
     )
     try:
         before = wait_for_iterations(proc, tmp_path, 2)

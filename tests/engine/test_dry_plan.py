@@ -17,12 +17,12 @@ from flowrl import Trainer
 from flowrl.actors.placeholders import PlaceholderActor, PlaceholderLocalWorker, placeholder_actors
 from flowrl.algorithms import get_algorithm, list_algorithms
 from flowrl.data import DEFAULT_POLICY_ID
+from flowrl.engine.build import make_workers, validated_config
 from flowrl.engine.dry_plan import dry_plan
 from flowrl.envs import get_env_creator
 from flowrl.errors import ConfigError, FlowRLError
 from flowrl.plan.graph import Plan, PlanGraph
 from flowrl.policy import TorchPolicy
-from flowrl.engine.build import make_workers, validated_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240)]
 
@@ -65,7 +65,11 @@ def shape(plan: Plan) -> tuple[list[str], dict[str, int], list[tuple[str, str, s
 
 def test_every_built_in_algorithm_has_a_case() -> None:
     # Algorithms other tests register (docs examples) are not built in.
-    built_in = {name for name in list_algorithms() if get_algorithm(name).execution_plan.__module__.startswith("flowrl.algorithms.")}
+    built_in = {
+        name
+        for name in list_algorithms()
+        if get_algorithm(name).execution_plan.__module__.startswith("flowrl.algorithms.")
+    }
     assert {algorithm for algorithm, _ in CASES.values()} == built_in
 
 
@@ -101,12 +105,16 @@ def test_the_local_worker_of_a_dry_plan_builds_a_policy_only_when_asked() -> Non
     """The placeholder local worker serves the classes and specs a plan's build reads; a policy is built
     on request (loading PyTorch), and what only a running plan reads raises."""
     with placeholder_actors():
-        workers = make_workers(get_algorithm("dqn"), validated_config(get_algorithm("dqn"), {}), get_env_creator("CartPole-v1"), [])
+        workers = make_workers(
+            get_algorithm("dqn"), validated_config(get_algorithm("dqn"), {}), get_env_creator("CartPole-v1"), []
+        )
     local = workers.local_worker()
     assert isinstance(local, PlaceholderLocalWorker) and not local.multi_agent
     assert local.policy_class() is TorchPolicy and workers.trainable_policies() == [DEFAULT_POLICY_ID]
     assert isinstance(local.get_policy(), TorchPolicy) and local.get_policy() is local.get_policy()
-    with pytest.raises(FlowRLError, match="local worker's 'sample' was read while building a plan over placeholder actors"):
+    with pytest.raises(
+        FlowRLError, match="local worker's 'sample' was read while building a plan over placeholder actors"
+    ):
         local.sample()
 
 

@@ -10,23 +10,28 @@ from typing import Any
 
 import pytest
 import ray
+from fakes import checkpoints, progress
 
 from flowrl import Trainer
 from flowrl.actors.evaluation import evaluation_request, split_seeds
 from flowrl.algorithms.ppo import PPOConfig
+from flowrl.engine.evaluator import episode_seeds
 from flowrl.envs.testing import FaultInjectEnv
 from flowrl.errors import ConfigError
-from flowrl.engine.evaluator import episode_seeds
 from flowrl.runs.resume import find_resume_point, resume_run
 from flowrl.runs.run import start_run
 from flowrl.storage.rundir import RunSpec, stop_reason
 
-from fakes import checkpoints, progress
-
 pytestmark = pytest.mark.unit
 
 # One process, two tiny SGD steps per iteration; a short CartPole episode per evaluation episode.
-PPO_TINY = {"num_workers": 0, "train_batch_size": 64, "rollout_fragment_length": 32, "sgd_minibatch_size": 32, "seed": 0}
+PPO_TINY = {
+    "num_workers": 0,
+    "train_batch_size": 64,
+    "rollout_fragment_length": 32,
+    "sgd_minibatch_size": 32,
+    "seed": 0,
+}
 EVALUATION = {"evaluation_interval": 2, "evaluation_num_episodes": 3}
 EVALUATION_KEYS = {"episode_reward_mean", "episode_reward_min", "episode_reward_max", "episode_len_mean", "episodes"}
 
@@ -40,18 +45,26 @@ def train(trainer: Trainer, iterations: int) -> list[dict[str, Any]]:
 
 def test_evaluation_config_is_checked_as_config_keys() -> None:
     with pytest.raises(ConfigError) as caught:
-        PPOConfig.from_dict({"evaluation_interval": 1,
-                             "evaluation_config": {"lrr": 0.1, "explore": 1, "evaluation_interval": 3, "clip_param": -1}})
+        PPOConfig.from_dict(
+            {
+                "evaluation_interval": 1,
+                "evaluation_config": {"lrr": 0.1, "explore": 1, "evaluation_interval": 3, "clip_param": -1},
+            }
+        )
     assert caught.value.problems == [
         "evaluation_config: unknown config key 'lrr'; did you mean 'lr'?",
         "evaluation_config: explore=1 must be a bool, got int",
         "evaluation_config sets 'evaluation_interval': evaluation keys go at the top level of the config",
         "evaluation_config: clip_param=-1 must be > 0",
     ]
-    with pytest.raises(ConfigError, match="evaluation_video=True records evaluation episodes, but evaluation_interval=None"):
+    with pytest.raises(
+        ConfigError, match="evaluation_video=True records evaluation episodes, but evaluation_interval=None"
+    ):
         PPOConfig.from_dict({"evaluation_video": True})
     # An algorithm's own keys are valid there; evaluation is deterministic unless it says otherwise.
-    config = PPOConfig.from_dict({"evaluation_interval": 1, "evaluation_config": {"clip_param": 0.1, "env_config": {"x": 1}}})
+    config = PPOConfig.from_dict(
+        {"evaluation_interval": 1, "evaluation_config": {"clip_param": 0.1, "env_config": {"x": 1}}}
+    )
     assert config.evaluation_config == {"clip_param": 0.1, "env_config": {"x": 1}}
 
 
@@ -64,8 +77,11 @@ def test_each_evaluation_worker_plays_a_run_of_the_seeds() -> None:
 def test_evaluation_workers_are_reserved_only_while_evaluation_is_on() -> None:
     off = evaluation_request(PPOConfig.from_dict({"evaluation_num_workers": 2}))
     assert off.count == 0
-    on = evaluation_request(PPOConfig.from_dict({"evaluation_interval": 1, "evaluation_num_workers": 2,
-                                                 "evaluation_config": {"num_cpus_per_worker": 0.5}}))
+    on = evaluation_request(
+        PPOConfig.from_dict(
+            {"evaluation_interval": 1, "evaluation_num_workers": 2, "evaluation_config": {"num_cpus_per_worker": 0.5}}
+        )
+    )
     assert (on.count, on.bundle()) == (2, {"CPU": 0.5})
     assert on.term("CPU") == "evaluation_num_workers=2 x evaluation_config['num_cpus_per_worker']=0.5"
 
@@ -74,7 +90,12 @@ def test_a_tune_trial_reserves_its_evaluation_workers() -> None:
     pytest.importorskip("ray.tune")
     from flowrl.tune.trainable import trial_resources
 
-    config = {"num_workers": 1, "evaluation_interval": 1, "evaluation_num_workers": 2, "evaluation_config": {"num_cpus_per_worker": 0.5}}
+    config = {
+        "num_workers": 1,
+        "evaluation_interval": 1,
+        "evaluation_num_workers": 2,
+        "evaluation_config": {"num_cpus_per_worker": 0.5},
+    }
     # The trainable's bundle, the rollout worker's, then the evaluation workers': as the Trainer reserves them.
     assert trial_resources("ppo", config).bundles[1:] == [{"CPU": 1.0}, {"CPU": 0.5}, {"CPU": 0.5}]
 
@@ -82,7 +103,9 @@ def test_a_tune_trial_reserves_its_evaluation_workers() -> None:
 def test_an_evaluation_reward_can_stop_a_run() -> None:
     stop = {"evaluation/episode_reward_mean": 100}
     assert stop_reason(stop, {"episode_reward_mean": 500.0}) is None  # iterations without an evaluation never stop it
-    assert stop_reason(stop, {"evaluation": {"episode_reward_mean": 120.0}}) == "evaluation/episode_reward_mean 120 >= 100"
+    assert (
+        stop_reason(stop, {"evaluation": {"episode_reward_mean": 120.0}}) == "evaluation/episode_reward_mean 120 >= 100"
+    )
 
 
 # --- evaluation in a trainer ---------------------------------------------------------------------------
@@ -92,7 +115,9 @@ def test_an_evaluation_reward_can_stop_a_run() -> None:
 def test_a_synchronous_trainer_evaluates_every_interval_with_the_current_weights(
     evaluation_num_workers: int, ray_session: None
 ) -> None:
-    trainer = Trainer("ppo", "CartPole-v1", {**PPO_TINY, **EVALUATION, "evaluation_num_workers": evaluation_num_workers})
+    trainer = Trainer(
+        "ppo", "CartPole-v1", {**PPO_TINY, **EVALUATION, "evaluation_num_workers": evaluation_num_workers}
+    )
     try:
         results = train(trainer, 4)
         # A deterministic evaluation of the weights as they are now, with the same episode seeds.
@@ -122,9 +147,17 @@ def test_evaluation_episodes_count_neither_as_steps_nor_as_training_episodes(ray
 
 
 def test_an_asynchronous_trainer_evaluates_while_the_iteration_trains(ray_session: None) -> None:
-    config = {"num_workers": 1, "num_cpus_per_worker": 0.25, "num_envs_per_worker": 2, "rollout_fragment_length": 10,
-              "train_batch_size": 40, "timesteps_per_iteration": 100, "seed": 0,
-              **EVALUATION, "evaluation_num_workers": 1}
+    config = {
+        "num_workers": 1,
+        "num_cpus_per_worker": 0.25,
+        "num_envs_per_worker": 2,
+        "rollout_fragment_length": 10,
+        "train_batch_size": 40,
+        "timesteps_per_iteration": 100,
+        "seed": 0,
+        **EVALUATION,
+        "evaluation_num_workers": 1,
+    }
     trainer = Trainer("impala", "CartPole-v1", config)
     try:
         remote = trainer.evaluator._remote
@@ -146,8 +179,11 @@ def test_an_asynchronous_trainer_evaluates_while_the_iteration_trains(ray_sessio
 
 
 def test_a_killed_evaluation_actor_is_recreated_and_counted(ray_session: None) -> None:
-    trainer = Trainer("ppo", "CartPole-v1", {**PPO_TINY, "evaluation_interval": 1, "evaluation_num_episodes": 2,
-                                             "evaluation_num_workers": 1})
+    trainer = Trainer(
+        "ppo",
+        "CartPole-v1",
+        {**PPO_TINY, "evaluation_interval": 1, "evaluation_num_episodes": 2, "evaluation_num_workers": 1},
+    )
     try:
         first = trainer.train()
         remote = trainer.evaluator._remote
@@ -169,8 +205,15 @@ def test_a_killed_evaluation_actor_is_recreated_and_counted(ray_session: None) -
 def test_a_hung_evaluation_actor_is_given_up_after_sample_timeout_s(ray_session: None) -> None:
     # Only the evaluation's envs hang (in reset, for ever): evaluation_config gives them the fault.
     hang = {"env": "CartPole-v1", "faults": [{"kind": "hang", "on_reset": True, "worker_indices": [0]}]}
-    config = {**PPO_TINY, "env_config": {"env": "CartPole-v1"}, "sample_timeout_s": 2.0, "evaluation_interval": 1,
-              "evaluation_num_episodes": 2, "evaluation_num_workers": 1, "evaluation_config": {"env_config": hang}}
+    config = {
+        **PPO_TINY,
+        "env_config": {"env": "CartPole-v1"},
+        "sample_timeout_s": 2.0,
+        "evaluation_interval": 1,
+        "evaluation_num_episodes": 2,
+        "evaluation_num_workers": 1,
+        "evaluation_config": {"env_config": hang},
+    }
     trainer = Trainer("ppo", FaultInjectEnv, config)
     try:
         first, second = train(trainer, 2)
@@ -183,9 +226,17 @@ def test_a_hung_evaluation_actor_is_given_up_after_sample_timeout_s(ray_session:
 
 
 def test_multi_agent_evaluation_reports_each_policys_reward(ray_session: None) -> None:
-    config = {"num_workers": 0, "rollout_fragment_length": 20, "train_batch_size": 40, "sgd_minibatch_size": 20, "seed": 0,
-              "policies": {"even": None, "odd": None}, "policy_mapping_fn": by_parity,
-              "evaluation_interval": 1, "evaluation_num_episodes": 2}
+    config = {
+        "num_workers": 0,
+        "rollout_fragment_length": 20,
+        "train_batch_size": 40,
+        "sgd_minibatch_size": 20,
+        "seed": 0,
+        "policies": {"even": None, "odd": None},
+        "policy_mapping_fn": by_parity,
+        "evaluation_interval": 1,
+        "evaluation_num_episodes": 2,
+    }
     trainer = Trainer("ppo", "MultiAgentCartPole", config)
     try:
         (result,) = train(trainer, 1)
@@ -197,9 +248,16 @@ def test_multi_agent_evaluation_reports_each_policys_reward(ray_session: None) -
 
 def test_ppo_dqn_evaluates_both_of_its_policies(ray_session: None) -> None:
     # ppo_dqn keeps explore per policy: evaluation acts greedily without setting the key.
-    config = {"num_workers": 1, "num_cpus_per_worker": 0.25, "rollout_fragment_length": 20, "seed": 0,
-              "ppo": {"train_batch_size": 160, "sgd_minibatch_size": 40, "num_sgd_iter": 2}, "dqn": {"learning_starts": 100},
-              "evaluation_interval": 1, "evaluation_num_episodes": 2}
+    config = {
+        "num_workers": 1,
+        "num_cpus_per_worker": 0.25,
+        "rollout_fragment_length": 20,
+        "seed": 0,
+        "ppo": {"train_batch_size": 160, "sgd_minibatch_size": 40, "num_sgd_iter": 2},
+        "dqn": {"learning_starts": 100},
+        "evaluation_interval": 1,
+        "evaluation_num_episodes": 2,
+    }
     trainer = Trainer("ppo_dqn", "MultiAgentCartPole", config)
     try:
         (result,) = train(trainer, 1)
@@ -241,8 +299,15 @@ def test_the_best_checkpoint_is_the_best_evaluated_one(tmp_path: Path, ray_sessi
 
 
 def test_a_real_run_keeps_the_checkpoint_of_its_best_evaluation(tmp_path: Path, ray_session: None) -> None:
-    config = {"num_workers": 0, "train_batch_size": 64, "rollout_fragment_length": 32, "lr": 0.01, "seed": 1,
-              "evaluation_interval": 1, "evaluation_num_episodes": 2}
+    config = {
+        "num_workers": 0,
+        "train_batch_size": 64,
+        "rollout_fragment_length": 32,
+        "lr": 0.01,
+        "seed": 1,
+        "evaluation_interval": 1,
+        "evaluation_num_episodes": 2,
+    }
     spec = RunSpec("pg", "CartPole-v1", config, stop={"training_iteration": 4}, checkpoint_freq=2)
     with start_run(spec, results_dir=tmp_path) as run:
         run.train()

@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 from typing import Any, Iterator
 
+import fakes
 import pytest
 import ray
 
-import fakes
 from flowrl import Trainer
-from flowrl.envs.testing import FaultInjectEnv, faults_fired, remove_fault_counter
 from flowrl.actors.worker_set import restart_delay_s
+from flowrl.envs.testing import FaultInjectEnv, faults_fired, remove_fault_counter
 from flowrl.errors import (
     BadObservationError,
     ConfigError,
@@ -43,7 +43,12 @@ SMALL = {
     "ppo": {"train_batch_size": 400, "sgd_minibatch_size": 100, "num_sgd_iter": 2, "rollout_fragment_length": 100},
     "a3c": {"rollout_fragment_length": 50},
     "impala": {"train_batch_size": 200, "rollout_fragment_length": 50, "num_envs_per_worker": 2},
-    "apex": {"learning_starts": 200, "timesteps_per_iteration": 400, "num_envs_per_worker": 2, "rollout_fragment_length": 25},
+    "apex": {
+        "learning_starts": 200,
+        "timesteps_per_iteration": 400,
+        "num_envs_per_worker": 2,
+        "rollout_fragment_length": 25,
+    },
     "es": {"episodes_per_batch": 8, "train_batch_size": 50, "noise_table_size": 100_000, "eval_prob": 1.0},
 }
 
@@ -62,7 +67,9 @@ def counter(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def make_trainer(algo: str, env: Any = "CartPole-v1", **config: Any) -> Trainer:
-    return Trainer(algo=algo, env=env, config={"num_workers": 2, "num_cpus_per_worker": 0.25, "seed": 0, **SMALL[algo], **config})
+    return Trainer(
+        algo=algo, env=env, config={"num_workers": 2, "num_cpus_per_worker": 0.25, "seed": 0, **SMALL[algo], **config}
+    )
 
 
 def train_until(trainer: Trainer, done: Any, max_iterations: int = 20) -> dict[str, Any]:
@@ -224,7 +231,9 @@ def test_losing_every_worker_fails_fast_and_the_plan_stays_stopped(algo: str) ->
 
 def test_an_impossible_resource_request_is_a_config_error_before_any_actor_starts() -> None:
     actors_before = len(ray.util.list_named_actors(all_namespaces=True))
-    with pytest.raises(ConfigError, match=r"num_workers=4 x num_cpus_per_worker=1 needs 4 CPU, but the Ray cluster has 2"):
+    with pytest.raises(
+        ConfigError, match=r"num_workers=4 x num_cpus_per_worker=1 needs 4 CPU, but the Ray cluster has 2"
+    ):
         Trainer(algo="ppo", env="CartPole-v1", config={"num_workers": 4, "num_cpus_per_worker": 1})
     with pytest.raises(ConfigError, match=r"custom_resources_per_worker\['tpu'\]"):
         Trainer(algo="ppo", env="CartPole-v1", config={"num_workers": 1, "custom_resources_per_worker": {"tpu": 1}})
@@ -237,7 +246,9 @@ def test_an_impossible_resource_request_is_a_config_error_before_any_actor_start
 @pytest.mark.parametrize("kind", ["nan_obs", "out_of_space_obs", "wrong_shape_obs", "nan_reward"])
 def test_bad_observations_drop_their_episode_and_are_counted(kind: str, counter: str) -> None:
     fault = {"kind": kind, "worker_indices": [1], "at_step": 60, "times": 1}
-    trainer = make_trainer("ppo", FaultInjectEnv, on_bad_observation="drop_episode", env_config=fault_env(counter, fault))
+    trainer = make_trainer(
+        "ppo", FaultInjectEnv, on_bad_observation="drop_episode", env_config=fault_env(counter, fault)
+    )
     try:
         result = train_until(trainer, lambda r: r["num_bad_observations"] == 1)
         assert result["num_worker_restarts"] == 0
@@ -281,7 +292,11 @@ def test_resources_that_exist_but_are_taken_fail_after_worker_startup_timeout_s(
     try:
         ray.get(blocker.ping.remote(), timeout=60)
         with pytest.raises(ResourceUnavailableError, match=r"within worker_startup_timeout_s=2: 1 x worker \(1 CPU\)"):
-            Trainer(algo="ppo", env="CartPole-v1", config={"num_workers": 1, "num_cpus_per_worker": 1, "worker_startup_timeout_s": 2})
+            Trainer(
+                algo="ppo",
+                env="CartPole-v1",
+                config={"num_workers": 1, "num_cpus_per_worker": 1, "worker_startup_timeout_s": 2},
+            )
     finally:
         ray.kill(blocker)
 

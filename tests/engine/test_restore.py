@@ -15,20 +15,26 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fakes import fingerprint
 
 from flowrl import Trainer
-from flowrl.storage.checkpoints import read_checkpoint
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.errors import CheckpointError
 from flowrl.operators import STEPS_TRAINED_COUNTER
-
-from fakes import fingerprint
+from flowrl.storage.checkpoints import read_checkpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240)]
 
 REPO = Path(__file__).resolve().parents[2]
-SMALL_PPO = {"num_workers": 0, "train_batch_size": 40, "rollout_fragment_length": 40, "sgd_minibatch_size": 20,
-             "num_sgd_iter": 1, "seed": 0, "model": {"fcnet_hiddens": [16]}}
+SMALL_PPO = {
+    "num_workers": 0,
+    "train_batch_size": 40,
+    "rollout_fragment_length": 40,
+    "sgd_minibatch_size": 20,
+    "num_sgd_iter": 1,
+    "seed": 0,
+    "model": {"fcnet_hiddens": [16]},
+}
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +51,24 @@ def ppo_checkpoint(ray_session: None, tmp_path_factory: pytest.TempPathFactory) 
     ("algo", "env", "config", "expected"),
     [
         ("ppo", "CartPole-v0", SMALL_PPO, ["env: the checkpoint's is 'CartPole-v1', this trainer's 'CartPole-v0'"]),
-        ("ppo", "CartPole-v1", {**SMALL_PPO, "model": {"fcnet_hiddens": [8]}},
-         ["parameter", "has shape [16, 4] in the checkpoint, [8, 4] in this trainer"]),
-        ("pg", "CartPole-v1", {k: v for k, v in SMALL_PPO.items() if k not in ("sgd_minibatch_size", "num_sgd_iter")},
-         ["algorithm: the checkpoint's is 'ppo', this trainer's 'pg'"]),
-        ("ppo", "Acrobot-v1", SMALL_PPO, ["observation space is Box", "action space is Discrete(2), this trainer's Discrete(3)"]),
+        (
+            "ppo",
+            "CartPole-v1",
+            {**SMALL_PPO, "model": {"fcnet_hiddens": [8]}},
+            ["parameter", "has shape [16, 4] in the checkpoint, [8, 4] in this trainer"],
+        ),
+        (
+            "pg",
+            "CartPole-v1",
+            {k: v for k, v in SMALL_PPO.items() if k not in ("sgd_minibatch_size", "num_sgd_iter")},
+            ["algorithm: the checkpoint's is 'ppo', this trainer's 'pg'"],
+        ),
+        (
+            "ppo",
+            "Acrobot-v1",
+            SMALL_PPO,
+            ["observation space is Box", "action space is Discrete(2), this trainer's Discrete(3)"],
+        ),
     ],
     ids=["same-shapes-other-env", "other-hidden-sizes", "other-algorithm", "other-spaces"],
 )
@@ -106,8 +125,16 @@ def test_a_missing_target_network_is_a_partial_restore_refused_unless_allowed(tm
 
 
 def test_a_replay_shard_count_change_is_refused_unless_allowed(tmp_path: Path) -> None:
-    config = {"num_workers": 1, "num_cpus_per_worker": 0.25, "num_replay_shards": 2, "rollout_fragment_length": 20,
-              "learning_starts": 40, "train_batch_size": 16, "timesteps_per_iteration": 100, "seed": 0}
+    config = {
+        "num_workers": 1,
+        "num_cpus_per_worker": 0.25,
+        "num_replay_shards": 2,
+        "rollout_fragment_length": 20,
+        "learning_starts": 40,
+        "train_batch_size": 16,
+        "timesteps_per_iteration": 100,
+        "seed": 0,
+    }
     with Trainer("apex", "CartPole-v1", config) as trainer:
         trainer.train()
         path = trainer.save(tmp_path)
@@ -130,7 +157,8 @@ def test_a_checkpoint_of_two_workers_restores_into_one(tmp_path: Path) -> None:
     assert sorted(state["remote_workers"]) == [1, 2]
     with Trainer.from_checkpoint(path, config_overrides={"num_workers": 1}) as restored:
         assert {k: v for k, v in fingerprint(restored).items() if k != "iteration"} == {
-            k: v for k, v in saved.items() if k != "iteration"}
+            k: v for k, v in saved.items() if k != "iteration"
+        }
         report = restored.restore_report
         assert report is not None and report["config_overrides"]["num_workers"] == {"checkpoint": 2, "now": 1}
         assert report["envs_restarted"] == {}  # worker 1 took its own envs' episodes back
@@ -152,8 +180,14 @@ def test_remote_workers_resume_their_episodes_and_random_streams(tmp_path: Path)
 
 
 def test_async_checkpoints_count_the_steps_the_saved_weights_were_trained_on() -> None:
-    config = {"num_workers": 1, "num_cpus_per_worker": 0.25, "rollout_fragment_length": 20, "train_batch_size": 20,
-              "min_iter_time_s": 0, "seed": 0}
+    config = {
+        "num_workers": 1,
+        "num_cpus_per_worker": 0.25,
+        "rollout_fragment_length": 20,
+        "train_batch_size": 20,
+        "min_iter_time_s": 0,
+        "seed": 0,
+    }
     with Trainer("impala", "CartPole-v1", config) as trainer:
         for _ in range(3):
             trainer.train()
@@ -191,16 +225,21 @@ def test_load_policy_acts_like_the_trainer_without_ray(tmp_path: Path) -> None:
         expected, _ = trainer.workers.local_worker().get_policy().compute_actions(obs, explore=False)
     # Loading the pickle would run this: load_policy must never open it.
     marker = tmp_path / "pwned"
-    (Path(path) / "state.pkl").write_bytes(
-        b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR."
-    )
+    (Path(path) / "state.pkl").write_bytes(b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR.")
     np.save(tmp_path / "obs.npy", obs)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.run([sys.executable, "-c", LOAD_POLICY, path, str(tmp_path / "obs.npy")], capture_output=True,
-                          text=True, timeout=120, cwd=REPO, env=env, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", LOAD_POLICY, path, str(tmp_path / "obs.npy")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=env,
+        check=False,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    loaded = json.loads(lines[-1][len("RESULT "):])
+    loaded = json.loads(lines[-1][len("RESULT ") :])
     assert loaded["ray"] is False
     assert loaded["actions"] == expected.tolist()
     assert not marker.exists()

@@ -24,9 +24,9 @@ import ray
 import torch
 from fakes import fingerprint
 
-import flowrl.storage.checkpoints
 import flowrl.engine.state
 import flowrl.engine.trainer
+import flowrl.storage.checkpoints
 from flowrl import Trainer
 from flowrl.actors import WorkerSet
 from flowrl.data import DEFAULT_POLICY_ID
@@ -83,12 +83,20 @@ INVALID = [
     ("pg", {"lr": 0}, ["lr=0 must be > 0"]),
     ("pg", {"lr": float("nan")}, ["lr=nan must be > 0"]),
     ("pg", {"rollout_fragment_length": 0}, ["rollout_fragment_length=0 must be >= 1"]),
-    ("ppo", {"batch_mode": "episodes"}, ["batch_mode='episodes' must be one of 'truncate_episodes', 'complete_episodes'"]),
+    (
+        "ppo",
+        {"batch_mode": "episodes"},
+        ["batch_mode='episodes' must be one of 'truncate_episodes', 'complete_episodes'"],
+    ),
     ("ppo", {"sgd_minibatch_size": 512, "train_batch_size": 256}, ["sgd_minibatch_size=512 > train_batch_size=256"]),
     ("a2c", {"microbatch_size": 600, "train_batch_size": 500}, ["microbatch_size=600 > train_batch_size=500"]),
     ("a3c", {"num_workers": 0}, ["num_workers=0 must be >= 1"]),
     ("ppo", {"model": {"fcnet_hidden": [8]}}, ["unknown model key 'fcnet_hidden'; did you mean 'fcnet_hiddens'?"]),
-    ("ppo", {"exploration_config": {"type": "EpsGreedy"}}, ["exploration_config['type']='EpsGreedy'", "did you mean 'EpsilonGreedy'?"]),
+    (
+        "ppo",
+        {"exploration_config": {"type": "EpsGreedy"}},
+        ["exploration_config['type']='EpsGreedy'", "did you mean 'EpsilonGreedy'?"],
+    ),
     (
         "pg",
         {"exploration_config": {"type": "EpsilonGreedy", "initial_epsilonn": 1.0}},
@@ -122,7 +130,12 @@ def test_every_problem_is_reported_at_once(no_actors: None) -> None:
     problems = info.value.problems
     assert len(problems) == 4 and str(info.value).startswith("invalid config (4 problems):")
     text = "\n".join(problems)
-    for fragment in ("'lrr'; did you mean 'lr'?", "gamma=2 must be <= 1", "num_workers=-1 must be >= 0", "batch_mode='x'"):
+    for fragment in (
+        "'lrr'; did you mean 'lr'?",
+        "gamma=2 must be <= 1",
+        "num_workers=-1 must be >= 0",
+        "batch_mode='x'",
+    ):
         assert fragment in text
 
 
@@ -158,7 +171,9 @@ def test_unknown_env_suggests_the_closest(no_actors: None) -> None:
 
 
 def test_the_lambda_alias_sets_lambda_() -> None:
-    with Trainer("ppo", ENV, {"num_workers": 0, "lambda": 0.9, "train_batch_size": 40, "sgd_minibatch_size": 20}) as trainer:
+    with Trainer(
+        "ppo", ENV, {"num_workers": 0, "lambda": 0.9, "train_batch_size": 40, "sgd_minibatch_size": 20}
+    ) as trainer:
         assert trainer.config.lambda_ == 0.9
         assert trainer.workers.local_worker().get_policy().config.lambda_ == 0.9
         assert trainer.workers.remote_workers() == []
@@ -193,7 +208,13 @@ def test_save_writes_a_complete_checkpoint_atomically(trained: tuple[Trainer, di
     trainer, _ = trained
     path = Path(trainer.save(tmp_path))
     assert path == tmp_path / f"checkpoint_{trainer.iteration:06d}"
-    assert sorted(p.name for p in path.iterdir()) == ["COMPLETE", "metadata.json", "policies.json", "policies.safetensors", "state.pkl"]
+    assert sorted(p.name for p in path.iterdir()) == [
+        "COMPLETE",
+        "metadata.json",
+        "policies.json",
+        "policies.safetensors",
+        "state.pkl",
+    ]
     metadata = json.loads((path / "metadata.json").read_text())
     assert metadata["algo"] == "ppo" and metadata["env"] == ENV and metadata["iteration"] == trainer.iteration
     assert metadata["config"]["sgd_minibatch_size"] == 20
@@ -250,7 +271,9 @@ def test_checkpoint_restores_into_a_new_process(trained: tuple[Trainer, dict[str
     assert restored["ray_stopped"] is True
 
 
-def test_restore_continues_iteration_numbering_and_counters(trained: tuple[Trainer, dict[str, Any]], tmp_path: Path) -> None:
+def test_restore_continues_iteration_numbering_and_counters(
+    trained: tuple[Trainer, dict[str, Any]], tmp_path: Path
+) -> None:
     trainer, _ = trained
     path = trainer.save(tmp_path)
     saved = fingerprint(trainer)
@@ -404,8 +427,12 @@ def test_evaluate_uses_deterministic_actions(trained: tuple[Trainer, dict[str, A
 
 def test_stop_kills_remote_workers_and_leaves_a_joined_ray_running() -> None:
     address = ray.get_runtime_context().gcs_address
-    trainer = Trainer("pg", ENV, {"num_workers": 1, "num_cpus_per_worker": 0.1, "train_batch_size": 20,
-                                  "rollout_fragment_length": 20}, address=address)
+    trainer = Trainer(
+        "pg",
+        ENV,
+        {"num_workers": 1, "num_cpus_per_worker": 0.1, "train_batch_size": 20, "rollout_fragment_length": 20},
+        address=address,
+    )
     remote = trainer.workers.remote_workers()
     assert len(remote) == 1 and ray.get(remote[0].ping.remote()) == "pong"
     trainer.stop()
@@ -425,8 +452,14 @@ def test_stop_kills_remote_workers_and_leaves_a_joined_ray_running() -> None:
 
 # --- reproducibility and running totals ---
 
-SMALL_PPO = {"num_workers": 0, "rollout_fragment_length": 20, "train_batch_size": 40, "sgd_minibatch_size": 20,
-             "num_sgd_iter": 2, "seed": 0}
+SMALL_PPO = {
+    "num_workers": 0,
+    "rollout_fragment_length": 20,
+    "train_batch_size": 40,
+    "sgd_minibatch_size": 20,
+    "num_sgd_iter": 2,
+    "seed": 0,
+}
 
 
 def weights_after_one_iteration(algo: str, config: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -465,10 +498,18 @@ def test_dqn_checkpoint_keeps_the_replay_buffer_on_request(tmp_path: Any, with_c
     from flowrl.operators.replay_ops import StoreToReplayBuffer
 
     def replay_buffer(trainer: Trainer) -> Any:
-        return next(s.fn.local_buffer for s in trainer.plan.graph.operators.values() if isinstance(s.fn, StoreToReplayBuffer))
+        return next(
+            s.fn.local_buffer for s in trainer.plan.graph.operators.values() if isinstance(s.fn, StoreToReplayBuffer)
+        )
 
-    config = {"num_workers": 0, "learning_starts": 50, "train_batch_size": 16, "timesteps_per_iteration": 100,
-              "seed": 0, "store_buffer_in_checkpoints": with_contents}
+    config = {
+        "num_workers": 0,
+        "learning_starts": 50,
+        "train_batch_size": 16,
+        "timesteps_per_iteration": 100,
+        "seed": 0,
+        "store_buffer_in_checkpoints": with_contents,
+    }
     trainer = Trainer("dqn", "CartPole-v1", config)
     try:
         trainer.train()
@@ -488,7 +529,13 @@ def test_dqn_checkpoint_keeps_the_replay_buffer_on_request(tmp_path: Any, with_c
 def test_evaluate_checkpoint_needs_no_workers_even_for_algorithms_that_require_them(tmp_path: Any) -> None:
     from flowrl.engine.build import evaluate_checkpoint
 
-    config = {"num_workers": 1, "num_cpus_per_worker": 0.1, "rollout_fragment_length": 10, "num_envs_per_worker": 1, "seed": 0}
+    config = {
+        "num_workers": 1,
+        "num_cpus_per_worker": 0.1,
+        "rollout_fragment_length": 10,
+        "num_envs_per_worker": 1,
+        "seed": 0,
+    }
     trainer = Trainer("a3c", "CartPole-v1", config)  # A3C needs at least one remote worker to train
     try:
         trainer.train()
@@ -502,9 +549,17 @@ def test_evaluate_checkpoint_needs_no_workers_even_for_algorithms_that_require_t
 
 
 def test_apex_checkpoints_carry_the_replay_shards(tmp_path: Any) -> None:
-    config = {"num_workers": 1, "num_cpus_per_worker": 0.1, "num_envs_per_worker": 1, "rollout_fragment_length": 20,
-              "learning_starts": 50, "train_batch_size": 16, "timesteps_per_iteration": 100, "seed": 0,
-              "store_buffer_in_checkpoints": True}
+    config = {
+        "num_workers": 1,
+        "num_cpus_per_worker": 0.1,
+        "num_envs_per_worker": 1,
+        "rollout_fragment_length": 20,
+        "learning_starts": 50,
+        "train_batch_size": 16,
+        "timesteps_per_iteration": 100,
+        "seed": 0,
+        "store_buffer_in_checkpoints": True,
+    }
     trainer = Trainer("apex", "CartPole-v1", config)
     try:
         trainer.train()
@@ -523,17 +578,26 @@ def test_apex_checkpoints_carry_the_replay_shards(tmp_path: Any) -> None:
 
 def test_a_version_1_checkpoint_restores_its_replay_buffer_and_operator_state(tmp_path: Any) -> None:
     """Version 1 kept replay state among the plan's operators, keyed by position and label."""
-    config = {"num_workers": 0, "learning_starts": 50, "train_batch_size": 16, "timesteps_per_iteration": 100,
-              "seed": 0, "store_buffer_in_checkpoints": True}
+    config = {
+        "num_workers": 0,
+        "learning_starts": 50,
+        "train_batch_size": 16,
+        "timesteps_per_iteration": 100,
+        "seed": 0,
+        "store_buffer_in_checkpoints": True,
+    }
     with Trainer("dqn", "CartPole-v1", config) as trainer:
         trainer.train()
         state = trainer.get_state()
     v1_state = {key: value for key, value in state.items() if key != "resources"}
     v1_state["version"] = 1
-    v1_state["plan"] = {**state["plan"], "operators": {
-        "2:for_each(StoreToReplayBuffer)": {"buffer": state["resources"]["replay_buffer"]},
-        "9:for_each(CollectMetrics)": state["plan"]["operators"]["collect_metrics"],
-    }}
+    v1_state["plan"] = {
+        **state["plan"],
+        "operators": {
+            "2:for_each(StoreToReplayBuffer)": {"buffer": state["resources"]["replay_buffer"]},
+            "9:for_each(CollectMetrics)": state["plan"]["operators"]["collect_metrics"],
+        },
+    }
     path = flowrl.storage.checkpoints.write_checkpoint(tmp_path / "v1", v1_state, {"iteration": 1})
     with Trainer.from_checkpoint(path) as restored:
         buffer = restored.resources.need_replay_buffer()
@@ -542,13 +606,16 @@ def test_a_version_1_checkpoint_restores_its_replay_buffer_and_operator_state(tm
         # Version 1 did not save the pacing filter's count: everything else comes back.
         unsaved = "once_per_timesteps_elapsed"
         assert {k: v for k, v in restored.plan.get_state()["operators"].items() if k != unsaved} == {
-            k: v for k, v in state["plan"]["operators"].items() if k != unsaved}
+            k: v for k, v in state["plan"]["operators"].items() if k != unsaved
+        }
     with pytest.raises(CheckpointError, match="layout is version 7; this flowrl reads versions 1 to 3"):
         flowrl.engine.state.upgraded_state({**state, "version": 7})
 
 
 def test_update_config_changes_live_keys_of_a_running_trainer_and_nothing_else() -> None:
-    trainer = Trainer("ppo", "CartPole-v1", {"num_workers": 0, "train_batch_size": 64, "sgd_minibatch_size": 32, "seed": 0})
+    trainer = Trainer(
+        "ppo", "CartPole-v1", {"num_workers": 0, "train_batch_size": 64, "sgd_minibatch_size": 32, "seed": 0}
+    )
     try:
         trainer.train()
         policy = trainer.workers.local_worker().policy_map[DEFAULT_POLICY_ID]
@@ -558,7 +625,10 @@ def test_update_config_changes_live_keys_of_a_running_trainer_and_nothing_else()
         assert (policy.config.lr, policy.config.entropy_coeff) == (1e-4, 0.02)
         assert [group["lr"] for group in policy.optimizer.param_groups] == [1e-4]
         assert policy.optimizer.state_dict()["state"].keys() == moments.keys()  # Adam's moments kept
-        with pytest.raises(ConfigError, match=r"gamma cannot change on a running ppo trainer \(keys that can: clip_param, entropy_coeff, lr, vf_loss_coeff\)"):
+        with pytest.raises(
+            ConfigError,
+            match=r"gamma cannot change on a running ppo trainer \(keys that can: clip_param, entropy_coeff, lr, vf_loss_coeff\)",
+        ):
             trainer.update_config({"gamma": 0.9, "lr": 1e-3})
         with pytest.raises(ConfigError, match="lr=-1.0 must be > 0"):
             trainer.update_config({"lr": -1.0, "entropy_coeff": 0.5})

@@ -133,7 +133,12 @@ def test_atari_defaults_are_the_dqn_preprocessing(ale_py) -> None:
         layer = layer.env
         names.append(type(layer).__name__)
     assert names == [
-        "FrameStackObservation", "ClipReward", "FireReset", "EpisodicLife", "RecordEpisodeStatistics", "AtariPreprocessing"
+        "FrameStackObservation",
+        "ClipReward",
+        "FireReset",
+        "EpisodicLife",
+        "RecordEpisodeStatistics",
+        "AtariPreprocessing",
     ]
     preprocessing = env.get_wrapper_attr("noop_max"), env.get_wrapper_attr("frame_skip")
     assert preprocessing == (30, 4)
@@ -142,7 +147,9 @@ def test_atari_defaults_are_the_dqn_preprocessing(ale_py) -> None:
 
 def test_frame_skip_advances_the_emulator_that_many_frames_per_step(ale_py) -> None:
     for skip in (4, 2):
-        env = make_atari_env("ALE/Pong-v5", frame_skip=skip, noop_max=0, fire_reset=False, repeat_action_probability=0.0)
+        env = make_atari_env(
+            "ALE/Pong-v5", frame_skip=skip, noop_max=0, fire_reset=False, repeat_action_probability=0.0
+        )
         env.reset(seed=0)
         start = frame_number(env)
         for k in range(1, 6):

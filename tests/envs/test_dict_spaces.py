@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import ray.cloudpickle
+from fakes import train_to_reward
 from gymnasium import spaces
 
 import flowrl
@@ -20,8 +21,6 @@ from flowrl.actors.sampling.checks import ObservationCheck
 from flowrl.data import SampleBatch
 from flowrl.envs import CooperativeMatching, check_env, check_multi_agent_env
 from flowrl.errors import BadObservationError
-
-from fakes import train_to_reward
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(300)]
 
@@ -51,7 +50,9 @@ class TupleCartPole(gym.ObservationWrapper[Any, int, np.ndarray]):
         super().__init__(gym.make("CartPole-v1"))
         box = self.env.observation_space
         assert isinstance(box, spaces.Box)
-        self.observation_space = spaces.Tuple((spaces.Box(box.low[:2], box.high[:2]), spaces.Box(box.low[2:], box.high[2:])))
+        self.observation_space = spaces.Tuple(
+            (spaces.Box(box.low[:2], box.high[:2]), spaces.Box(box.low[2:], box.high[2:]))
+        )
 
     def observation(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return obs[:2], obs[2:]
@@ -113,7 +114,9 @@ def test_observation_check_flattens_and_names_what_does_not_fit() -> None:
     assert "obs={'cart': " in (check.problem(missing, "obs") or "")
     assert "which does not fit observation_space Dict('cart'" in (check.problem(missing, "obs") or "")
     out_of_bounds = check.flatten({"cart": np.array([9.0, 0.0], np.float32), "pole": np.zeros(2, np.float32)})
-    assert "obs[0]=9.0 above flatten_space(observation_space).high[0]=4.8" in (check.problem(out_of_bounds, "obs") or "")
+    assert "obs[0]=9.0 above flatten_space(observation_space).high[0]=4.8" in (
+        check.problem(out_of_bounds, "obs") or ""
+    )
 
 
 def test_sampler_stores_dict_observations_flattened_and_reports_a_broken_one() -> None:
@@ -123,13 +126,21 @@ def test_sampler_stores_dict_observations_flattened_and_reports_a_broken_one() -
     assert batch[SampleBatch.OBS].shape == (5, 4) and batch[SampleBatch.OBS].dtype == np.float32
     np.testing.assert_array_equal(batch[SampleBatch.OBS][1:], batch[SampleBatch.NEW_OBS][:-1])
     broken = VectorSampler([LosesThePole()], FirstAction(), fragment_length=5, seed=0)  # type: ignore[arg-type]
-    with pytest.raises(BadObservationError, match=r"worker 0, env 0: env.step\(\) at step 2 of its episode .*new_obs=\{'cart'"):
+    with pytest.raises(
+        BadObservationError, match=r"worker 0, env 0: env.step\(\) at step 2 of its episode .*new_obs=\{'cart'"
+    ):
         broken.sample()
 
 
 def test_a_tuple_env_samples_saves_restores_and_loads_for_inference(ray_session: None, tmp_path: Path) -> None:
-    config = {"num_workers": 0, "rollout_fragment_length": 100, "train_batch_size": 100, "sgd_minibatch_size": 50,
-              "num_sgd_iter": 1, "seed": 0}
+    config = {
+        "num_workers": 0,
+        "rollout_fragment_length": 100,
+        "train_batch_size": 100,
+        "sgd_minibatch_size": 50,
+        "num_sgd_iter": 1,
+        "seed": 0,
+    }
     trainer = Trainer("ppo", TupleCartPole, config)
     try:
         first = trainer.train()
@@ -143,7 +154,9 @@ def test_a_tuple_env_samples_saves_restores_and_loads_for_inference(ray_session:
         again = restored.train()
     finally:
         restored.stop()
-    assert again["episode_reward_mean"] == expected["episode_reward_mean"]  # exact resume, episodes in progress included
+    assert (
+        again["episode_reward_mean"] == expected["episode_reward_mean"]
+    )  # exact resume, episodes in progress included
     policy = flowrl.load_policy(path)
     assert policy.observation_space == TupleCartPole().observation_space
     obs = TupleCartPole().reset(seed=1)[0]
@@ -152,8 +165,18 @@ def test_a_tuple_env_samples_saves_restores_and_loads_for_inference(ray_session:
 
 
 def test_multi_agent_dict_observations_train(ray_session: None) -> None:
-    trainer = Trainer("ppo", DictCues, {"num_workers": 0, "rollout_fragment_length": 50, "train_batch_size": 100,
-                                        "sgd_minibatch_size": 50, "num_sgd_iter": 1, "seed": 0})
+    trainer = Trainer(
+        "ppo",
+        DictCues,
+        {
+            "num_workers": 0,
+            "rollout_fragment_length": 50,
+            "train_batch_size": 100,
+            "sgd_minibatch_size": 50,
+            "num_sgd_iter": 1,
+            "seed": 0,
+        },
+    )
     try:
         result = trainer.train()
         policy = trainer.workers.local_worker().get_policy()

@@ -9,6 +9,7 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 import torch
+from fakes import bc_loss
 
 from flowrl.actors import RolloutWorker
 from flowrl.config import TrainerConfig
@@ -17,8 +18,6 @@ from flowrl.envs import env_spaces, get_env_creator, make_atari_env
 from flowrl.envs.envpool_backend import MISSING_ENVPOOL_MESSAGE, envpool_task, make_pool_envs
 from flowrl.errors import ConfigError, EnvError
 from flowrl.policy import PolicySpec, TorchPolicy
-
-from fakes import bc_loss
 
 pytestmark = pytest.mark.unit
 
@@ -54,7 +53,9 @@ def test_env_backend_is_checked_with_the_config() -> None:
     assert TrainerConfig().env_backend == "gymnasium"
     with pytest.raises(ConfigError, match="env_backend.*'envpol'.*'gymnasium'.*'envpool'"):
         TrainerConfig.from_dict({"env_backend": "envpol"})
-    with pytest.raises(ConfigError, match="restart_failed_sub_environments=True recreates one failing env, but env_backend"):
+    with pytest.raises(
+        ConfigError, match="restart_failed_sub_environments=True recreates one failing env, but env_backend"
+    ):
         TrainerConfig.from_dict({"env_backend": "envpool", "restart_failed_sub_environments": True})
 
 
@@ -68,11 +69,21 @@ def envpool() -> Any:
 
 def test_gymnasium_ids_map_to_envpool_tasks_with_flowrls_atari_options(envpool: Any) -> None:
     assert envpool_task("CartPole-v1", {"max_episode_steps": 100}) == ("CartPole-v1", {"max_episode_steps": 100})
-    task, options = envpool_task("ALE/Pong-v5", {"frame_stack": 2, "clip_rewards": False, "max_num_frames_per_episode": 4000})
+    task, options = envpool_task(
+        "ALE/Pong-v5", {"frame_stack": 2, "clip_rewards": False, "max_num_frames_per_episode": 4000}
+    )
     assert task == "Pong-v5"
     assert options == {
-        "stack_num": 2, "frame_skip": 4, "noop_max": 30, "episodic_life": True, "use_fire_reset": True, "reward_clip": False,
-        "full_action_space": False, "repeat_action_probability": 0.25, "img_height": 84, "img_width": 84,
+        "stack_num": 2,
+        "frame_skip": 4,
+        "noop_max": 30,
+        "episodic_life": True,
+        "use_fire_reset": True,
+        "reward_clip": False,
+        "full_action_space": False,
+        "repeat_action_probability": 0.25,
+        "img_height": 84,
+        "img_width": 84,
         "max_episode_steps": 1000,
     }
     defaults = {**options, "stack_num": 4, "reward_clip": True, "repeat_action_probability": 0.0}
@@ -100,7 +111,9 @@ def test_a_worker_samples_all_its_envs_through_one_pool(envpool: Any) -> None:
         assert np.all(np.abs(obs[1:][done[:-1]]) < 0.05)
     episodes = w.get_metrics().episodes
     assert ends > 0 and len(episodes) == ends
-    assert sum(e["episode_length"] for e in episodes) == sum(e["episode_reward"] for e in episodes)  # CartPole: 1 a step
+    assert sum(e["episode_length"] for e in episodes) == sum(
+        e["episode_reward"] for e in episodes
+    )  # CartPole: 1 a step
     w.stop()
 
 
@@ -164,8 +177,12 @@ def test_envpool_atari_envs_have_the_spaces_of_make_atari_env(envpool: Any, env_
 def test_an_envpool_atari_worker_trains_on_clipped_lives(envpool: Any) -> None:
     pytest.importorskip("ale_py")
     pytest.importorskip("cv2")
-    w = worker("ALE/Breakout-v5", num_envs_per_worker=2, rollout_fragment_length=200,
-               env_config={"repeat_action_probability": 0.0})
+    w = worker(
+        "ALE/Breakout-v5",
+        num_envs_per_worker=2,
+        rollout_fragment_length=200,
+        env_config={"repeat_action_probability": 0.0},
+    )
     batch = w.sample()
     assert batch[SampleBatch.OBS].shape == (400, 4, 84, 84) and batch[SampleBatch.OBS].dtype == np.uint8
     assert set(batch[SampleBatch.REWARDS].tolist()) <= {0.0, 1.0}
@@ -178,8 +195,15 @@ def test_a_trainer_samples_through_envpool_in_remote_workers(envpool: Any, ray_s
     from flowrl import Trainer
 
     config = {
-        "env_backend": "envpool", "num_workers": 1, "num_cpus_per_worker": 0.5, "num_envs_per_worker": 8,
-        "rollout_fragment_length": 25, "train_batch_size": 200, "sgd_minibatch_size": 100, "num_sgd_iter": 1, "seed": 0,
+        "env_backend": "envpool",
+        "num_workers": 1,
+        "num_cpus_per_worker": 0.5,
+        "num_envs_per_worker": 8,
+        "rollout_fragment_length": 25,
+        "train_batch_size": 200,
+        "sgd_minibatch_size": 100,
+        "num_sgd_iter": 1,
+        "seed": 0,
     }
     trainer = Trainer("ppo", "CartPole-v1", config)
     try:

@@ -281,7 +281,9 @@ def test_space_that_changes_between_calls() -> None:
             return spaces.Box(-1.0, float(self.calls), (2,), np.float32)
 
     message = check_message(ShiftingSpaces())
-    assert message.startswith("env.observation_space('a') returned Box(") and "an agent's space must not change" in message
+    assert (
+        message.startswith("env.observation_space('a') returned Box(") and "an agent's space must not change" in message
+    )
 
 
 def test_a_space_rebuilt_equal_on_every_call_is_fine() -> None:

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from flowrl.envs import check_env, env_spaces, get_env_creator, make_env, register_env
-from flowrl.envs import registry
+from flowrl.envs import check_env, env_spaces, get_env_creator, make_env, register_env, registry
 from flowrl.errors import EnvError, UnknownEnvError
 
 pytestmark = pytest.mark.unit

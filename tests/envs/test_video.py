@@ -10,18 +10,17 @@ from typing import Any
 
 import gymnasium as gym
 import pytest
+from fakes import progress
 
 from flowrl import Trainer
-from flowrl.cli import main as cli
 from flowrl.actors.evaluation import run_episodes
 from flowrl.algorithms import get_algorithm
 from flowrl.algorithms.pg import PGConfig
-from flowrl.errors import EnvError
+from flowrl.cli import main as cli
 from flowrl.envs.video import require_video_dependencies
+from flowrl.errors import EnvError
 from flowrl.runs.run import start_run
 from flowrl.storage.rundir import RunSpec
-
-from fakes import progress
 
 pytestmark = pytest.mark.unit
 
@@ -39,7 +38,9 @@ def frames(path: Path) -> int:
         clip.close()
 
 
-def test_flowrl_evaluate_records_each_episode(tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_session: None) -> None:
+def test_flowrl_evaluate_records_each_episode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_session: None
+) -> None:
     spec = RunSpec("pg", "CartPole-v1", PG_TINY, stop={"training_iteration": 1})
     with start_run(spec, results_dir=tmp_path) as run:
         run.train()
@@ -53,8 +54,13 @@ def test_flowrl_evaluate_records_each_episode(tmp_path: Path, capsys: pytest.Cap
 
 @pytest.mark.parametrize("evaluation_num_workers", [0, 1])
 def test_a_run_writes_one_video_per_evaluation(evaluation_num_workers: int, tmp_path: Path, ray_session: None) -> None:
-    config = {**PG_TINY, "evaluation_interval": 2, "evaluation_num_episodes": 1, "evaluation_num_workers": evaluation_num_workers,
-              "evaluation_video": True}
+    config = {
+        **PG_TINY,
+        "evaluation_interval": 2,
+        "evaluation_num_episodes": 1,
+        "evaluation_num_workers": evaluation_num_workers,
+        "evaluation_video": True,
+    }
     spec = RunSpec("pg", "CartPole-v1", config, stop={"training_iteration": 4})
     with start_run(spec, results_dir=tmp_path) as run:
         run.train()
@@ -69,9 +75,13 @@ def test_a_run_writes_one_video_per_evaluation(evaluation_num_workers: int, tmp_
     assert run.trainer.evaluator.take_video() is None  # the run took each one
 
 
-def test_recording_says_what_to_install_when_moviepy_is_missing(monkeypatch: pytest.MonkeyPatch, ray_session: None) -> None:
+def test_recording_says_what_to_install_when_moviepy_is_missing(
+    monkeypatch: pytest.MonkeyPatch, ray_session: None
+) -> None:
     monkeypatch.setitem(sys.modules, "moviepy", None)  # what importing an absent package does
-    with pytest.raises(EnvError, match=r"recording video needs the optional dependency moviepy .*pip install 'flowrl-ray\[video\]'"):
+    with pytest.raises(
+        EnvError, match=r"recording video needs the optional dependency moviepy .*pip install 'flowrl-ray\[video\]'"
+    ):
         require_video_dependencies()
     # Asked for in a config, it is reported when the trainer is built, before any training.
     with pytest.raises(EnvError, match=r"pip install 'flowrl-ray\[video\]'"):

@@ -424,7 +424,13 @@ class Replacer:
 @pytest.mark.parametrize("gather", ["gather_sync", "gather_async"])
 def test_an_error_raised_in_a_shard_goes_to_the_failure_hook(gather: str) -> None:
     hook = Replacer()
-    it = getattr(from_actors([shard_actor.remote(lambda: itertools.count(1000)), shard_actor.remote(raises_after(2))], on_shard_failure=hook), gather)()
+    it = getattr(
+        from_actors(
+            [shard_actor.remote(lambda: itertools.count(1000)), shard_actor.remote(raises_after(2))],
+            on_shard_failure=hook,
+        ),
+        gather,
+    )()
     items: list[int] = []
     while 100 not in items:  # the healthy shard keeps serving meanwhile
         items.append(next(it))

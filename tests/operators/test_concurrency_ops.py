@@ -7,12 +7,11 @@ import time
 from typing import Any, Callable, Iterator
 
 import pytest
+from fakes import from_list
 
 from flowrl.errors import FlowRLError
 from flowrl.iterators import EventQueue, LocalIterator, NextValueNotReady
 from flowrl.operators import Concurrently, Dequeue, Enqueue
-
-from fakes import from_list
 
 pytestmark = pytest.mark.unit
 

@@ -7,6 +7,7 @@ import types
 from typing import Any, Callable
 
 import pytest
+from fakes import FakeWorker, FakeWorkerSet, add_steps, from_list
 
 from flowrl.actors import WorkerMetrics
 from flowrl.config import TrainerConfig
@@ -18,11 +19,9 @@ from flowrl.operators import (
     OncePerTimeInterval,
     OncePerTimestepsElapsed,
     StandardMetricsReporting,
+    metric_ops,
 )
-from flowrl.operators import metric_ops
 from flowrl.operators.metric_ops import summarize_episodes
-
-from fakes import FakeWorker, FakeWorkerSet, add_steps, from_list
 
 pytestmark = pytest.mark.unit
 
@@ -101,7 +100,12 @@ def test_summarize_episodes_gives_mean_min_max_and_mean_length() -> None:
     summary = summarize_episodes(
         [{"episode_reward": 1.0, "episode_length": 10}, {"episode_reward": 5.0, "episode_length": 30}]
     )
-    assert summary == {"episode_reward_mean": 3.0, "episode_reward_min": 1.0, "episode_reward_max": 5.0, "episode_len_mean": 20.0}
+    assert summary == {
+        "episode_reward_mean": 3.0,
+        "episode_reward_min": 1.0,
+        "episode_reward_max": 5.0,
+        "episode_len_mean": 20.0,
+    }
 
 
 def test_collect_metrics_smooths_over_the_last_min_history_episodes() -> None:
@@ -125,10 +129,18 @@ def test_collect_metrics_smooths_over_the_last_min_history_episodes() -> None:
     first, second = list(flow)
 
     assert first["episodes_this_iter"] == 2
-    assert (first["episode_reward_mean"], first["episode_reward_min"], first["episode_reward_max"]) == (15.0, 10.0, 20.0)
+    assert (first["episode_reward_mean"], first["episode_reward_min"], first["episode_reward_max"]) == (
+        15.0,
+        10.0,
+        20.0,
+    )
     assert second["episodes_this_iter"] == 3 and second["episodes_total"] == 5
     # Only the last 3 episodes (30, 40, 50) count.
-    assert (second["episode_reward_mean"], second["episode_reward_min"], second["episode_reward_max"]) == (40.0, 30.0, 50.0)
+    assert (second["episode_reward_mean"], second["episode_reward_min"], second["episode_reward_max"]) == (
+        40.0,
+        30.0,
+        50.0,
+    )
     assert second["episode_len_mean"] == 40.0
     assert second["timesteps_total"] == 200 and second["timesteps_trained"] == 160
     assert second["info"]["learner"] == {"default_policy": {"loss": 2.0}}

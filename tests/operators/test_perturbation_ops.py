@@ -11,16 +11,17 @@ import numpy as np
 import pytest
 import ray
 import torch
+from fakes import from_list
 
 from flowrl.actors import RolloutWorker, WorkerSet
+from flowrl.actors.perturbation import NoiseTable, PerturbationEvaluator, PerturbationResult
 from flowrl.algorithms.ars import ARSConfig, ars_direction, make_ars_policy
 from flowrl.algorithms.es import ESConfig, es_gradient, make_es_policy
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.envs import get_env_creator
+from flowrl.envs.episodes import run_episode
 from flowrl.errors import ConfigError
 from flowrl.operators import STEPS_SAMPLED_COUNTER
-from flowrl.actors.perturbation import NoiseTable, PerturbationEvaluator, PerturbationResult
-from flowrl.envs.episodes import run_episode
 from flowrl.operators.perturbation_ops import (
     EVAL_EPISODES_COUNTER,
     PERTURBED_EPISODES_COUNTER,
@@ -33,12 +34,12 @@ from flowrl.policy import Policy
 from flowrl.policy.perturbable import FlatActor, RunningStats, ascend, flat_parameters
 from flowrl.policy.perturbation_spec import num_perturbed_parameters
 
-from fakes import from_list
-
 pytestmark = pytest.mark.unit
 
 
-def result_of(indices: list[int], returns: list[tuple[float, float]], length: int = 10, **kwargs: Any) -> PerturbationResult:
+def result_of(
+    indices: list[int], returns: list[tuple[float, float]], length: int = 10, **kwargs: Any
+) -> PerturbationResult:
     returns_array = np.asarray(returns, dtype=np.float64)
     lengths = np.full(returns_array.shape, length, dtype=np.int64)
     return PerturbationResult(np.asarray(indices, dtype=np.int64), returns_array, lengths, **kwargs)
@@ -161,7 +162,14 @@ def test_normalization_is_identity_without_data_and_keeps_constant_components() 
 
 
 def test_results_concat_take_and_count() -> None:
-    a = result_of([1, 2], [(1.0, 2.0), (3.0, 4.0)], length=5, eval_episodes=1, eval_steps=7, obs_stats=RunningStats.of(np.ones((4, 2))))
+    a = result_of(
+        [1, 2],
+        [(1.0, 2.0), (3.0, 4.0)],
+        length=5,
+        eval_episodes=1,
+        eval_steps=7,
+        obs_stats=RunningStats.of(np.ones((4, 2))),
+    )
     b = result_of([9], [(5.0, 6.0)], length=3, obs_stats=RunningStats.of(np.zeros((2, 2))))
     both = PerturbationResult.concat([a, b])
     assert both.noise_indices.tolist() == [1, 2, 9]
@@ -208,7 +216,11 @@ def test_antithetic_rounds_have_consistent_shapes_and_record_eval_episodes() -> 
 def test_rounds_are_reproducible_from_the_worker_seed_and_differ_across_seeds() -> None:
     def run(seed: int) -> PerturbationResult:
         evaluator = PerturbationEvaluator(
-            local_worker("ars", seed=seed), NoiseTable(10_000, seed=0), noise_stdev=0.5, eval_prob=0.5, collect_obs_stats=False
+            local_worker("ars", seed=seed),
+            NoiseTable(10_000, seed=0),
+            noise_stdev=0.5,
+            eval_prob=0.5,
+            collect_obs_stats=False,
         )
         return evaluator.run_round(4)
 
@@ -253,7 +265,9 @@ def test_the_numpy_actor_clips_box_actions() -> None:
 # --- updates ------------------------------------------------------------------------------------
 
 
-def toy_result(theta: np.ndarray, target: np.ndarray, noise: NoiseTable, sigma: float, pairs: int) -> PerturbationResult:
+def toy_result(
+    theta: np.ndarray, target: np.ndarray, noise: NoiseTable, sigma: float, pairs: int
+) -> PerturbationResult:
     """Antithetic returns of the objective -|theta - target|^2."""
     rng = np.random.default_rng(0)
     indices = np.array([noise.sample_index(rng, len(theta)) for _ in range(pairs)])
@@ -303,7 +317,9 @@ def test_ascend_steps_the_optimizer_up_the_direction_with_l2_decay() -> None:
     theta = flat_parameters(policy.model)
     direction = np.linspace(-1, 1, len(theta))
     ascend(policy, direction, l2_coeff=0.1)
-    np.testing.assert_allclose(flat_parameters(policy.model), theta + 0.5 * (direction - 0.1 * theta), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        flat_parameters(policy.model), theta + 0.5 * (direction - 0.1 * theta), rtol=1e-5, atol=1e-6
+    )
     assert policy.get_state()["optimizer"]["param_groups"][0]["lr"] == 0.5
 
 
@@ -372,7 +388,9 @@ def test_defaults_validate_and_policies_get_the_step_sizes() -> None:
         (gym.spaces.Box(-1, 1, (6,), np.float32), gym.spaces.Discrete(4), []),  # linear (ARS)
     ],
 )
-def test_the_parameter_count_read_from_the_spec_is_the_built_models(obs_space: gym.Space, action_space: gym.Space, hiddens: list[int]) -> None:
+def test_the_parameter_count_read_from_the_spec_is_the_built_models(
+    obs_space: gym.Space, action_space: gym.Space, hiddens: list[int]
+) -> None:
     """The noise table is checked against this count when the plan is built, before any policy exists."""
     spec = make_es_policy(obs_space, action_space, ESConfig.from_dict({"model": {"fcnet_hiddens": hiddens}}))
     assert num_perturbed_parameters(spec) == len(flat_parameters(spec.build().model))

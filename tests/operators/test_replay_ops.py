@@ -8,17 +8,14 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 import ray
+from fakes import from_list
 
+from flowrl.actors import Learned, LearnerInfo, ReplayActor
 from flowrl.data import LocalReplayBuffer, SampleBatch
 from flowrl.errors import FlowRLError
 from flowrl.iterators import LocalIterator, NextValueNotReady
-from flowrl.operators import STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER, Concurrently
-from flowrl.operators import MixInReplay
-from flowrl.actors import Learned, LearnerInfo, ReplayActor
-from flowrl.operators import Trained
+from flowrl.operators import STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER, Concurrently, MixInReplay, Trained
 from flowrl.operators.replay_ops import Replay, StoreToReplayBuffer, ThrottleSampling, UpdatePriorities
-
-from fakes import from_list
 
 pytestmark = pytest.mark.unit
 
@@ -29,7 +26,9 @@ def batch(n: int, start: int = 0) -> SampleBatch:
 
 def test_store_then_replay_through_a_round_robin_union() -> None:
     buffer = LocalReplayBuffer(capacity=100, learning_starts=8, replay_batch_size=4, prioritized=False, seed=0)
-    store = LocalIterator(lambda timeout: (batch(4, 4 * i) for i in range(10))).for_each(StoreToReplayBuffer(local_buffer=buffer))
+    store = LocalIterator(lambda timeout: (batch(4, 4 * i) for i in range(10))).for_each(
+        StoreToReplayBuffer(local_buffer=buffer)
+    )
     flow = Concurrently([store, Replay(local_buffer=buffer)], mode="round_robin", output_indexes=[1])
     replayed = flow.take(5)
     assert all(b.count == 4 for b in replayed)
@@ -91,7 +90,9 @@ def test_throttle_holds_sampling_until_training_catches_up() -> None:
         LocalIterator.get_metrics().counters[STEPS_SAMPLED_COUNTER] += 10
         return x
 
-    throttled = LocalIterator(source).for_each(sample).transform(ThrottleSampling(training_intensity=2.0, start_after=20))
+    throttled = (
+        LocalIterator(source).for_each(sample).transform(ThrottleSampling(training_intensity=2.0, start_after=20))
+    )
     items: list[Any] = [next(throttled) for _ in range(5)]
     assert items[:3] == [0, 1, 2] and all(isinstance(x, NextValueNotReady) for x in items[3:])
     assert len(pulled) == 3  # sampled 30 > 20 allowed: nothing more is pulled

@@ -6,6 +6,7 @@ from typing import Iterable
 
 import numpy as np
 import pytest
+from fakes import from_list
 
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from flowrl.errors import FlowRLError
@@ -17,8 +18,6 @@ from flowrl.operators import (
     StandardizeFields,
 )
 from flowrl.operators.rollout_ops import count_steps_sampled
-
-from fakes import from_list
 
 pytestmark = pytest.mark.unit
 

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+from fakes import FakePolicy, FakeWorkerSet, add_steps, from_list, id_batch
 
 from flowrl.actors import Learned, LearnerInfo, PlanResources
 from flowrl.actors.learner_group import LEARNER_ACTOR
@@ -14,7 +15,6 @@ from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from flowrl.errors import FlowRLError
 from flowrl.iterators import LocalIterator
 from flowrl.operators import (
-    ComputedGradients,
     LAST_TARGET_UPDATE_TS,
     LEARNER_INFO,
     NUM_LEARNER_UPDATES,
@@ -24,6 +24,7 @@ from flowrl.operators import (
     ActorLink,
     ApplyGradients,
     AverageGradients,
+    ComputedGradients,
     ComputeGradients,
     Trained,
     TrainOneStep,
@@ -31,8 +32,6 @@ from flowrl.operators import (
 )
 from flowrl.policy import LearnOutput
 from flowrl.policy.sgd import minibatch_sgd
-
-from fakes import FakePolicy, FakeWorkerSet, add_steps, from_list, id_batch
 
 pytestmark = pytest.mark.unit
 
@@ -179,7 +178,9 @@ def test_train_one_step_yields_rllib_flows_batch_and_info() -> None:
     indexes, errors = info.priorities[DEFAULT_POLICY_ID]
     assert indexes.tolist() == [7, 2, 9] and errors is td_errors
     assert trained.priorities is info.priorities and dict(info) == {DEFAULT_POLICY_ID: {"loss": 3.0}}
-    assert flow.shared_metrics.get().info[LEARNER_INFO] == {DEFAULT_POLICY_ID: {"loss": 3.0}}  # result["info"]["learner"]
+    assert flow.shared_metrics.get().info[LEARNER_INFO] == {
+        DEFAULT_POLICY_ID: {"loss": 3.0}
+    }  # result["info"]["learner"]
     assert Trained(batch, {DEFAULT_POLICY_ID: {}}).priorities == {}  # type: ignore[arg-type]  # a plain stats mapping has none
 
 
@@ -202,7 +203,9 @@ def test_train_one_step_learns_in_the_learner_group_of_its_resources() -> None:
     batch, info = next(from_list([id_batch(4)]).for_each(op))
     assert info == {DEFAULT_POLICY_ID: {"loss": 0.5}} and workers.local.get_policy().calls == []
     assert group.learned[0]["policies"] == [DEFAULT_POLICY_ID] and len(workers.syncs) == 1
-    assert ActorLink(LEARNER_ACTOR, "learn on batch shards") in op.plan_links() and op.plan_actor_counts() == {LEARNER_ACTOR: 2}
+    assert ActorLink(LEARNER_ACTOR, "learn on batch shards") in op.plan_links() and op.plan_actor_counts() == {
+        LEARNER_ACTOR: 2
+    }
     assert TrainOneStep(workers, resources=PlanResources()).plan_actor_counts() == {}  # type: ignore[arg-type]
 
 
@@ -335,6 +338,8 @@ def test_update_target_network_only_for_the_given_policies() -> None:
 def test_update_target_network_refuses_a_policy_without_a_target_when_the_plan_is_built() -> None:
     workers = FakeWorkerSet("p1", "p2")
     workers.local.policy_map["p2"] = object()  # type: ignore[assignment]
-    with pytest.raises(FlowRLError, match="UpdateTargetNetwork needs policies with a target network; policy 'p2' is a object"):
+    with pytest.raises(
+        FlowRLError, match="UpdateTargetNetwork needs policies with a target network; policy 'p2' is a object"
+    ):
         UpdateTargetNetwork(workers, 1)  # type: ignore[arg-type]
     UpdateTargetNetwork(workers, 1, policies=["p1"])  # type: ignore[arg-type]  # only p1 is moved: fine

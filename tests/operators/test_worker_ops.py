@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import ray
+from fakes import from_list, weights_of
 
 from flowrl.actors import WorkerSet
 from flowrl.algorithms import get_algorithm
@@ -31,8 +32,6 @@ from flowrl.operators import (
     TrainOneStep,
 )
 
-from fakes import from_list, weights_of
-
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
 FRAGMENT = 10
@@ -41,7 +40,13 @@ FRAGMENT = 10
 def make_workers(num_workers: int) -> WorkerSet:
     a2c = get_algorithm("a2c")
     config = a2c.config_class.from_dict(
-        {"seed": 0, "rollout_fragment_length": FRAGMENT, "num_envs_per_worker": 1, "lr": 0.01, "num_workers": num_workers}
+        {
+            "seed": 0,
+            "rollout_fragment_length": FRAGMENT,
+            "num_envs_per_worker": 1,
+            "lr": 0.01,
+            "num_workers": num_workers,
+        }
     )
     env = gym.make("CartPole-v1")
     spec = a2c.make_policy(env.observation_space, env.action_space, config)
@@ -143,7 +148,9 @@ def test_train_one_step_learns_locally_and_broadcasts_weights(workers: WorkerSet
     assert all(same(weights[0], remote) for remote in weights[1:])  # and every worker has the result
 
 
-def test_train_one_step_runs_num_sgd_iter_epochs_of_minibatches(workers: WorkerSet, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_train_one_step_runs_num_sgd_iter_epochs_of_minibatches(
+    workers: WorkerSet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     policy = workers.local_worker().get_policy()
     sizes: list[int] = []
     original = policy.learn_on_batch

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from event_files import event_scalars
+from fakes import checkpoints
 
 from flowrl.errors import ConfigError, RunError, RunWarning
 from flowrl.outputs.loggers import (
@@ -30,9 +32,6 @@ from flowrl.outputs.loggers import (
 from flowrl.runs.resume import find_resume_point, resume_run
 from flowrl.runs.run import start_run
 from flowrl.storage.rundir import RunSpec, read_run_spec
-
-from event_files import event_scalars
-from fakes import checkpoints
 
 pytestmark = pytest.mark.unit
 
@@ -51,13 +50,24 @@ def csv_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
 
 
 def test_results_flatten_to_slash_keys_and_only_finite_numbers_are_metrics() -> None:
-    result = {"episode_reward_mean": 21.5, "timesteps_total": 128, "done": False, "algo": "pg",
-              "hist": [1.0, 2.0], "episode_reward_min": math.nan, "loss_scale": math.inf,
-              "info": {"learner": {"default_policy": {"policy_loss": np.float32(0.5), "grad_steps": np.int64(3)}}},
-              "evaluation": {}}
+    result = {
+        "episode_reward_mean": 21.5,
+        "timesteps_total": 128,
+        "done": False,
+        "algo": "pg",
+        "hist": [1.0, 2.0],
+        "episode_reward_min": math.nan,
+        "loss_scale": math.inf,
+        "info": {"learner": {"default_policy": {"policy_loss": np.float32(0.5), "grad_steps": np.int64(3)}}},
+        "evaluation": {},
+    }
     assert flatten_result(result)["info/learner/default_policy/policy_loss"] == np.float32(0.5)
-    assert scalar_metrics(result) == {"episode_reward_mean": 21.5, "timesteps_total": 128.0,
-                                      LEARNER_TAG: 0.5, "info/learner/default_policy/grad_steps": 3.0}
+    assert scalar_metrics(result) == {
+        "episode_reward_mean": 21.5,
+        "timesteps_total": 128.0,
+        LEARNER_TAG: 0.5,
+        "info/learner/default_policy/grad_steps": 3.0,
+    }
     assert result_step(result) == 128
     assert result_step({"training_iteration": 4}) == 4  # no timesteps_total: the iteration
     assert mlflow_key("plan/3:for_each(TrainOneStep)/time_s") == "plan/3:for_each_TrainOneStep_/time_s"
@@ -72,13 +82,24 @@ def test_csv_widens_its_header_when_a_key_first_appears_later(tmp_path: Path) ->
     logger.log_result({"training_iteration": 1, "episode_reward_mean": 10.5, "info": {"learner": {"loss": 0.25}}})
     assert csv_rows(path)[0] == ["training_iteration", "episode_reward_mean", "info/learner/loss"]
     # Evaluation every 2 iterations: its keys first appear at iteration 2, and a NaN and a list are left empty.
-    logger.log_result({"training_iteration": 2, "episode_reward_mean": math.nan, "hist": [1, 2],
-                       "evaluation": {"episode_reward_mean": 200.0}, "info": {"learner": {"loss": 0.5}}})
+    logger.log_result(
+        {
+            "training_iteration": 2,
+            "episode_reward_mean": math.nan,
+            "hist": [1, 2],
+            "evaluation": {"episode_reward_mean": 200.0},
+            "info": {"learner": {"loss": 0.5}},
+        }
+    )
     logger.log_result({"training_iteration": 3, "episode_reward_mean": 12.0, "info": {"learner": {"loss": 0.75}}})
     logger.close()
     header, rows = csv_rows(path)
-    assert header == ["training_iteration", "episode_reward_mean", "info/learner/loss",
-                      "evaluation/episode_reward_mean"]
+    assert header == [
+        "training_iteration",
+        "episode_reward_mean",
+        "info/learner/loss",
+        "evaluation/episode_reward_mean",
+    ]
     assert [row["training_iteration"] for row in rows] == ["1", "2", "3"]
     assert [row["evaluation/episode_reward_mean"] for row in rows] == ["", "200.0", ""]
     assert [row["episode_reward_mean"] for row in rows] == ["10.5", "", "12.0"]
@@ -102,9 +123,15 @@ def test_csv_starts_from_the_results_a_resumed_run_kept(tmp_path: Path) -> None:
 def test_tensorboard_scalars_skip_what_is_not_a_finite_number_and_a_purge_hides_later_points(tmp_path: Path) -> None:
     logger = TensorBoardLogger(tmp_path)
     for iteration in (1, 2, 3):
-        logger.log_result({"training_iteration": iteration, "timesteps_total": 100 * iteration,
-                           "episode_reward_mean": math.nan if iteration == 1 else float(iteration),
-                           "note": "text", "info": {"learner": {"default_policy": {"policy_loss": iteration / 10}}}})
+        logger.log_result(
+            {
+                "training_iteration": iteration,
+                "timesteps_total": 100 * iteration,
+                "episode_reward_mean": math.nan if iteration == 1 else float(iteration),
+                "note": "text",
+                "info": {"learner": {"default_policy": {"policy_loss": iteration / 10}}},
+            }
+        )
     logger.close()
     scalars = event_scalars(tmp_path)
     assert scalars["episode_reward_mean"] == [(200, 2.0), (300, 3.0)]
@@ -148,8 +175,9 @@ def test_tracker_settings_are_checked_and_kept_in_params_json(tmp_path: Path) ->
 # --- a run's event files and progress.csv ------------------------------------------------------------
 
 
-def test_a_run_writes_event_files_and_progress_csv_and_a_resume_continues_them(tmp_path: Path,
-                                                                               ray_session: None) -> None:
+def test_a_run_writes_event_files_and_progress_csv_and_a_resume_continues_them(
+    tmp_path: Path, ray_session: None
+) -> None:
     spec = RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 3}, checkpoint_freq=1)
     with start_run(spec, results_dir=tmp_path) as run:
         run.train()
@@ -219,10 +247,10 @@ def wandb_records(run_file: Path) -> list[Any]:
         if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
             pos += block - pos % block
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if length == 0 and kind == 0:
             break
-        pending += data[pos + 7:pos + 7 + length]
+        pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
@@ -251,8 +279,9 @@ def wandb_history(records: list[Any]) -> list[dict[str, Any]]:
     rows = []
     for record in records:
         if record.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                         for item in record.history.item})
+            rows.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
     return rows
 
 
@@ -264,8 +293,9 @@ def test_wandb_offline_run_gets_the_config_and_metrics_and_a_resume_continues_it
     monkeypatch.setenv("WANDB_SILENT", "true")
     for variable in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):  # nothing written outside tmp_path
         monkeypatch.setenv(variable, str(tmp_path / "wandb-home"))
-    spec = RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 3}, checkpoint_freq=1,
-                   wandb_project="flowrl-tests")
+    spec = RunSpec(
+        "pg", "CartPole-v1", TINY, stop={"training_iteration": 3}, checkpoint_freq=1, wandb_project="flowrl-tests"
+    )
     with start_run(spec, results_dir=tmp_path / "results") as run:
         run.train()
     run_dir = run.directory
@@ -335,8 +365,22 @@ def test_flowrl_train_mlflow_flag_is_kept_in_params_json_and_a_resume_logs_to_th
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "cli-runs")
     uri = (tmp_path / "mlruns").as_uri()
     results = tmp_path / "results"
-    argv = ["train", "--algo", "pg", "--env", "CartPole-v1", "--num-workers", "0", "--set", "train_batch_size=64",
-            "--set", "rollout_fragment_length=32", "--results-dir", str(results), "--quiet"]
+    argv = [
+        "train",
+        "--algo",
+        "pg",
+        "--env",
+        "CartPole-v1",
+        "--num-workers",
+        "0",
+        "--set",
+        "train_batch_size=64",
+        "--set",
+        "rollout_fragment_length=32",
+        "--results-dir",
+        str(results),
+        "--quiet",
+    ]
     assert cli.main([*argv, "--stop-iters", "1", "--mlflow", uri]) == 0
     [run_dir] = results.iterdir()
     assert read_run_spec(run_dir).mlflow_tracking_uri == uri

@@ -24,10 +24,17 @@ TINY = ["--num-workers", "0", "--set", "train_batch_size=64", "--set", "rollout_
 
 def result(iteration: int, reward: float, **extra: Any) -> dict[str, Any]:
     """A result of an iteration sampling 200 env steps in 2 seconds."""
-    return {"training_iteration": iteration, "timesteps_total": 200 * iteration, "episode_reward_mean": reward,
-            "time_this_iter_s": 2.0, "time_total_s": 2.0 * iteration,
-            "info": {"learner": {"default_policy": {"policy_loss": 0.125, "entropy": 0.5}}},
-            "num_healthy_workers": 2, "num_worker_restarts": 1, **extra}
+    return {
+        "training_iteration": iteration,
+        "timesteps_total": 200 * iteration,
+        "episode_reward_mean": reward,
+        "time_this_iter_s": 2.0,
+        "time_total_s": 2.0 * iteration,
+        "info": {"learner": {"default_policy": {"policy_loss": 0.125, "entropy": 0.5}}},
+        "num_healthy_workers": 2,
+        "num_worker_restarts": 1,
+        **extra,
+    }
 
 
 def line(result: Mapping[str, Any], steps: int) -> str:
@@ -61,8 +68,9 @@ def test_the_bar_goes_toward_the_stop_criterion_nearest_to_being_met() -> None:
 
 def test_live_display_shows_the_bar_eta_rewards_and_steps_per_second() -> None:
     console, clock = terminal(), Clock()
-    display = ProgressDisplay({"timesteps_total": 1000}, format_line=line, console=console, title="pg on CartPole-v1",
-                              clock=clock)
+    display = ProgressDisplay(
+        {"timesteps_total": 1000}, format_line=line, console=console, title="pg on CartPole-v1", clock=clock
+    )
     assert display.live
     with display:
         for iteration, reward in ((1, 20.0), (2, 30.5), (3, 25.25)):
@@ -78,8 +86,15 @@ def test_live_display_shows_the_bar_eta_rewards_and_steps_per_second() -> None:
 
 def test_live_display_without_a_total_and_before_the_first_iteration() -> None:
     console, clock = terminal(), Clock()
-    display = ProgressDisplay({"episode_reward_mean": 200}, format_line=line, console=console, clock=clock,
-                              best=(40.0, 7), iteration=7, timesteps=1400)
+    display = ProgressDisplay(
+        {"episode_reward_mean": 200},
+        format_line=line,
+        console=console,
+        clock=clock,
+        best=(40.0, 7),
+        iteration=7,
+        timesteps=1400,
+    )
     with display:
         assert "waiting for the first iteration" in shown(console)
         display.update(result(8, 35.0))
@@ -124,8 +139,14 @@ def test_verbose_lines_add_the_details_and_quiet_shows_nothing() -> None:
 
 
 def test_details_show_evaluation_and_custom_metrics_when_a_result_has_them() -> None:
-    details = format_details(result(1, 20.0, evaluation={"episode_reward_mean": 180.0, "episode_len_mean": 180.0},
-                                    custom_metrics={"pole_angle_mean": 0.0123}))
+    details = format_details(
+        result(
+            1,
+            20.0,
+            evaluation={"episode_reward_mean": 180.0, "episode_len_mean": 180.0},
+            custom_metrics={"pole_angle_mean": 0.0123},
+        )
+    )
     assert "  evaluation: episode_reward_mean 180, episode_len_mean 180" in details
     assert "  custom_metrics: pole_angle_mean 0.0123" in details
     assert format_details({"training_iteration": 1}) == []
@@ -140,7 +161,13 @@ def test_the_iteration_line_shows_each_policys_return_in_multi_agent_runs() -> N
 
 
 def test_the_iteration_line_shows_faults_once_there_are_any() -> None:
-    base = {"training_iteration": 3, "timesteps_total": 600, "time_this_iter_s": 2.0, "num_worker_restarts": 0, "num_bad_observations": 0}
+    base = {
+        "training_iteration": 3,
+        "timesteps_total": 600,
+        "time_this_iter_s": 2.0,
+        "num_worker_restarts": 0,
+        "num_bad_observations": 0,
+    }
     assert "restarts" not in format_iteration(base, 600)
     line = format_iteration({**base, "num_worker_restarts": 2, "num_bad_observations": 1}, 600)
     assert line.endswith("restarts 2, bad observations 1")
@@ -150,8 +177,21 @@ def test_the_iteration_line_shows_faults_once_there_are_any() -> None:
 
 
 def train(tmp_path: Path, *extra: str) -> int:
-    return cli.main(["train", "--algo", "pg", "--env", "CartPole-v1", "--results-dir", str(tmp_path), *TINY,
-                     "--stop-iters", "2", *extra])
+    return cli.main(
+        [
+            "train",
+            "--algo",
+            "pg",
+            "--env",
+            "CartPole-v1",
+            "--results-dir",
+            str(tmp_path),
+            *TINY,
+            "--stop-iters",
+            "2",
+            *extra,
+        ]
+    )
 
 
 def test_quiet_prints_only_the_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_session: None) -> None:
@@ -161,8 +201,9 @@ def test_quiet_prints_only_the_summary(tmp_path: Path, capsys: pytest.CaptureFix
     assert out.startswith("stopped: training_iteration 2 >= 2\n") and "\nresults: " in out
 
 
-def test_verbose_prints_each_line_and_its_learner_stats(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                         ray_session: None) -> None:
+def test_verbose_prints_each_line_and_its_learner_stats(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ray_session: None
+) -> None:
     assert train(tmp_path, "--verbose") == 0
     lines = capsys.readouterr().out.splitlines()
     iteration_lines = [i for i, text in enumerate(lines) if text.startswith("iter ")]
@@ -176,8 +217,9 @@ def test_quiet_and_verbose_exclude_each_other(capsys: pytest.CaptureFixture[str]
     assert exited.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
 
 
-def test_train_on_a_terminal_shows_the_live_display(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                    monkeypatch: pytest.MonkeyPatch, ray_session: None) -> None:
+def test_train_on_a_terminal_shows_the_live_display(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, ray_session: None
+) -> None:
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     assert train(tmp_path) == 0
     out = ANSI.sub("", capsys.readouterr().out)

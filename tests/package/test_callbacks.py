@@ -121,7 +121,9 @@ def config(**overrides: Any) -> dict[str, Any]:
 
 def test_callbacks_config_takes_a_class_or_an_import_path() -> None:
     assert TrainerConfig.from_dict({"callbacks": Recorder}).callbacks is Recorder
-    assert TrainerConfig.from_dict({"callbacks": "flowrl.callbacks:Callbacks"}).callbacks == "flowrl.callbacks:Callbacks"
+    assert (
+        TrainerConfig.from_dict({"callbacks": "flowrl.callbacks:Callbacks"}).callbacks == "flowrl.callbacks:Callbacks"
+    )
 
 
 def test_bad_callbacks_and_info_keys_are_config_errors_naming_them() -> None:
@@ -139,7 +141,12 @@ def test_bad_callbacks_and_info_keys_are_config_errors_naming_them() -> None:
 def test_summarize_custom_metrics_over_the_episodes_that_recorded_each() -> None:
     episodes = [{"custom_metrics": {"a": 1.0, "b": 5.0}}, {"custom_metrics": {"a": 3.0}}, {}]
     assert summarize_custom_metrics(episodes) == {
-        "a_mean": 2.0, "a_min": 1.0, "a_max": 3.0, "b_mean": 5.0, "b_min": 5.0, "b_max": 5.0,
+        "a_mean": 2.0,
+        "a_min": 1.0,
+        "a_max": 3.0,
+        "b_mean": 5.0,
+        "b_min": 5.0,
+        "b_max": 5.0,
     }
     assert summarize_custom_metrics([]) == {}
 
@@ -214,7 +221,9 @@ def flat_keys(result: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])
-def test_callbacks_count_episodes_and_custom_metrics_reach_the_results(ray_session: None, num_workers: int, tmp_path: Path) -> None:
+def test_callbacks_count_episodes_and_custom_metrics_reach_the_results(
+    ray_session: None, num_workers: int, tmp_path: Path
+) -> None:
     trainer = Trainer("pg", CycleEnv, config(num_workers=num_workers, metrics_smoothing_episodes=4))
     try:
         for _ in range(3):
@@ -272,7 +281,9 @@ def test_a_raising_episode_hook_fails_the_iteration_naming_class_and_hook(ray_se
 def test_driver_hook_errors_and_non_numeric_metrics_are_callback_errors(ray_session: None) -> None:
     trainer = Trainer("pg", CycleEnv, config(callbacks=RaisesOnResult))
     try:
-        with pytest.raises(CallbackError, match=r"RaisesOnResult.on_train_result raised KeyError: 'missing' \(driver, iteration 1\)"):
+        with pytest.raises(
+            CallbackError, match=r"RaisesOnResult.on_train_result raised KeyError: 'missing' \(driver, iteration 1\)"
+        ):
             trainer.train()
     finally:
         trainer.stop()
@@ -295,8 +306,14 @@ def test_multi_agent_episodes_run_the_same_hooks(ray_session: None) -> None:
         "ppo",
         "MultiAgentCartPole",
         {
-            "num_workers": 0, "env_config": {"num_agents": 2}, "rollout_fragment_length": 100, "train_batch_size": 200,
-            "sgd_minibatch_size": 50, "num_sgd_iter": 1, "seed": 0, "callbacks": AgentCount,
+            "num_workers": 0,
+            "env_config": {"num_agents": 2},
+            "rollout_fragment_length": 100,
+            "train_batch_size": 200,
+            "sgd_minibatch_size": 50,
+            "num_sgd_iter": 1,
+            "seed": 0,
+            "callbacks": AgentCount,
         },
     )
     try:

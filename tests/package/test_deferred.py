@@ -40,7 +40,9 @@ def test_a_deferred_module_imports_on_the_first_attribute_read(probe_module: str
         _ = deferred.MISSING
 
 
-def test_flowrl_modules_holding_a_deferred_module_get_the_real_one(probe_module: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_flowrl_modules_holding_a_deferred_module_get_the_real_one(
+    probe_module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """So that they read the real module's attributes, patched ones included, at a plain module's speed."""
     holder = types.ModuleType("flowrl.deferred_probe_holder")
     deferred = holder.probe = holder.alias = DeferredModule(probe_module)
@@ -62,7 +64,9 @@ def test_a_deferred_module_that_does_not_exist_raises_on_use() -> None:
         _ = deferred.anything
 
 
-def test_a_package_loads_a_name_from_its_module_on_first_use(probe_module: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_package_loads_a_name_from_its_module_on_first_use(
+    probe_module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     package = types.ModuleType("flowrl_deferred_package")
     monkeypatch.setitem(sys.modules, package.__name__, package)
     lookup = deferred_attributes(package.__name__, {probe_module: ["VALUE"]})
@@ -89,7 +93,9 @@ IMPORTS_OF_A_DECLARATION = textwrap.dedent(
 
 @pytest.mark.integration
 def test_the_packages_and_the_trainer_import_neither_pytorch_nor_ray() -> None:
-    proc = subprocess.run([sys.executable, "-c", IMPORTS_OF_A_DECLARATION], capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORTS_OF_A_DECLARATION], capture_output=True, text=True, timeout=120, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "ERROR cannot import name 'NoSuchName' from 'flowrl.actors'" in proc.stdout
     assert proc.stdout.splitlines()[-1] == "LOADED []"

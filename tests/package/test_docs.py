@@ -59,7 +59,7 @@ def fenced_blocks(text: str, tag: str) -> list[tuple[int, str]]:
         first_line = text.count("\n", 0, match.start("body")) + 1
         indent = match.group("indent")
         lines = match.group("body").splitlines()
-        code = "\n".join(line[len(indent):] if line.startswith(indent) else line for line in lines)
+        code = "\n".join(line[len(indent) :] if line.startswith(indent) else line for line in lines)
         blocks.append((first_line, code + "\n"))
     return blocks
 
@@ -121,7 +121,7 @@ def table_rows(text: str, first_header: str) -> list[tuple[list[str], list[list[
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if line.startswith("|") and cells[0] == first_header:
             rows = []
-            for row in lines[i + 2:]:  # past the header and the |---| line
+            for row in lines[i + 2 :]:  # past the header and the |---| line
                 if not row.startswith("|"):
                     break
                 rows.append([c.strip() for c in row.strip().strip("|").split("|")])
@@ -141,7 +141,11 @@ def without_stage_ids(described: str) -> list[str]:
 
 def built_in_algorithms() -> list[str]:
     """The algorithms flowrl ships: those a page registers with ``register_algorithm`` are left out."""
-    return [name for name in list_algorithms() if get_algorithm(name).execution_plan.__module__.startswith("flowrl.algorithms.")]
+    return [
+        name
+        for name in list_algorithms()
+        if get_algorithm(name).execution_plan.__module__.startswith("flowrl.algorithms.")
+    ]
 
 
 ALGORITHMS_PAGE = "docs/algorithms.md"
@@ -157,7 +161,8 @@ def test_algorithms_page_tuned_examples_match_their_files_and_learning_tests() -
     are the file's ``stop`` criteria and those the learning tests use."""
     [(_, overview)] = table_rows(read_page(ALGORITHMS_PAGE), "name")
     learning_tests = "".join(
-        (REPO_ROOT / "tests" / "algorithms" / test).read_text(encoding="utf-8") for test in ("test_learning.py", "test_es_ars.py")
+        (REPO_ROOT / "tests" / "algorithms" / test).read_text(encoding="utf-8")
+        for test in ("test_learning.py", "test_es_ars.py")
     )
     for name, _, example, threshold_cell, budget_cell in overview:
         spec = yaml.safe_load((REPO_ROOT / unquote(example)).read_text(encoding="utf-8"))
@@ -243,16 +248,20 @@ def test_algorithms_page_key_tables_show_the_config_defaults() -> None:
 
 
 def test_algorithms_page_impala_aggregator_plan_is_describe(ray_session: None) -> None:
-    impala = Trainer("impala", "CartPole-v1", config={
-        "num_workers": 2,
-        "num_cpus_per_worker": 0.1,
-        "num_aggregation_workers": 1,
-        "num_cpus_per_aggregator": 0.1,
-        "num_envs_per_worker": 1,
-        "rollout_fragment_length": 10,
-        "train_batch_size": 20,
-        "seed": 0,
-    })
+    impala = Trainer(
+        "impala",
+        "CartPole-v1",
+        config={
+            "num_workers": 2,
+            "num_cpus_per_worker": 0.1,
+            "num_aggregation_workers": 1,
+            "num_cpus_per_aggregator": 0.1,
+            "num_envs_per_worker": 1,
+            "rollout_fragment_length": 10,
+            "train_batch_size": 20,
+            "seed": 0,
+        },
+    )
     try:
         shown = block_starting(read_page(ALGORITHMS_PAGE), "text", "plan impala:")
         assert without_stage_ids(impala.plan.describe()) == without_stage_ids(shown)
@@ -281,14 +290,18 @@ def test_writing_page_ppo_listing_is_the_code_of_ppo_py() -> None:
 def test_writing_page_ppo_plan_graph_is_describe_and_mermaid(ray_session: None) -> None:
     """The page's printed PPO graph and its Mermaid diagram show what the live plan gives; the
     page's trainer has 2 remote workers, and so has this one."""
-    trainer = Trainer("ppo", "CartPole-v1", config={
-        "num_workers": 2,
-        "num_cpus_per_worker": 0.1,
-        "rollout_fragment_length": 10,
-        "train_batch_size": 20,
-        "sgd_minibatch_size": 10,
-        "seed": 0,
-    })
+    trainer = Trainer(
+        "ppo",
+        "CartPole-v1",
+        config={
+            "num_workers": 2,
+            "num_cpus_per_worker": 0.1,
+            "rollout_fragment_length": 10,
+            "train_batch_size": 20,
+            "sgd_minibatch_size": 10,
+            "seed": 0,
+        },
+    )
     try:
         page = read_page(WRITING_PAGE)
         shown = [line.strip() for line in without_stage_ids(block_starting(page, "text", "plan ppo:"))]
@@ -343,7 +356,10 @@ def test_multi_agent_page_composed_plan_graph_is_describe(ray_session: None) -> 
     """The lines of the printed ppo_dqn graph that make it a composition are in the live plan's."""
     composed = Trainer("ppo_dqn", "MultiAgentCartPole", {"num_workers": 2, "num_cpus_per_worker": 0.1, "seed": 0})
     try:
-        shown = [line.strip() for line in without_stage_ids(block_starting(read_page(MULTI_AGENT_PAGE), "text", "plan ppo_dqn:"))]
+        shown = [
+            line.strip()
+            for line in without_stage_ids(block_starting(read_page(MULTI_AGENT_PAGE), "text", "plan ppo_dqn:"))
+        ]
         described = [line.strip() for line in without_stage_ids(composed.plan.describe())]
         for line in (
             "duplicate[0]  <- for_each(count_steps_sampled)",

@@ -156,7 +156,9 @@ def test_a_loop_is_found_through_a_function_level_and_a_type_checking_import(tmp
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from flowrl.sub.b import B\n"
     )
     (package / "sub" / "a.py").write_text("def f():\n    from flowrl.sub import B\n")
-    (package / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from flowrl.sub.a import f\nB = 1\n")
+    (package / "sub" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from flowrl.sub.a import f\nB = 1\n"
+    )
     (package / "c.py").write_text("from . import d\n")
     (package / "d.py").write_text("X = 1\n")
     graph = import_graph(package)

@@ -32,8 +32,8 @@ def test_every_contract_name_imports() -> None:
         from_range,
     )
     from flowrl.operators import (  # noqa: F401
-        AsyncGradients,
         ApplyGradients,
+        AsyncGradients,
         AverageGradients,
         CollectMetrics,
         ComputeGradients,

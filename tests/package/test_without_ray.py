@@ -17,19 +17,24 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fakes import BUILT_IN_ALGORITHMS
 
 from flowrl import Trainer
 from flowrl.actors.evaluation import evaluation_request
 from flowrl.actors.placement import REPLAY_SHARD, BundleRequest, asks_for_actors
 from flowrl.config import TrainerConfig
 
-from fakes import BUILT_IN_ALGORITHMS
-
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
-PPO_TINY = {"num_workers": 0, "train_batch_size": 64, "rollout_fragment_length": 32, "sgd_minibatch_size": 32,
-            "num_sgd_iter": 2, "seed": 0}
+PPO_TINY = {
+    "num_workers": 0,
+    "train_batch_size": 64,
+    "rollout_fragment_length": 32,
+    "sgd_minibatch_size": 32,
+    "num_sgd_iter": 2,
+    "seed": 0,
+}
 
 
 def run_isolated(tmp_path: Path, command: list[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -49,7 +54,7 @@ def assert_no_ray_started(tmp_path: Path) -> None:
 def result_of(proc: subprocess.CompletedProcess[str]) -> Any:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 PLAN_IN_PROCESS = textwrap.dedent(
@@ -71,7 +76,9 @@ def test_flowrl_plan_leaves_ray_uninitialised(tmp_path: Path) -> None:
 
 
 def test_the_plan_command_prints_the_graph_without_starting_ray(tmp_path: Path) -> None:
-    proc = run_isolated(tmp_path, [sys.executable, "-m", "flowrl.cli", "plan", "--algo", "apex", "--env", "CartPole-v1"])
+    proc = run_isolated(
+        tmp_path, [sys.executable, "-m", "flowrl.cli", "plan", "--algo", "apex", "--env", "CartPole-v1"]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert lines[0] == "plan apex:"
@@ -81,8 +88,21 @@ def test_the_plan_command_prints_the_graph_without_starting_ray(tmp_path: Path) 
 
 
 def test_the_plan_command_shows_a_learner_group_without_starting_ray(tmp_path: Path) -> None:
-    proc = run_isolated(tmp_path, [sys.executable, "-m", "flowrl.cli", "plan", "--algo", "ppo", "--env", "CartPole-v1",
-                                   "--set", "num_learners=2"])
+    proc = run_isolated(
+        tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "flowrl.cli",
+            "plan",
+            "--algo",
+            "ppo",
+            "--env",
+            "CartPole-v1",
+            "--set",
+            "num_learners=2",
+        ],
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert "    LearnerActor x2" in lines
@@ -144,17 +164,42 @@ def test_a_trainer_with_no_actors_never_starts_ray(tmp_path: Path) -> None:
     # Evaluation in the driver too (evaluation_num_workers 0), with an observation filter to sync.
     config = {**PPO_TINY, "evaluation_interval": 1, "evaluation_num_episodes": 1, "observation_filter": "MeanStdFilter"}
     proc = run_isolated(tmp_path, [sys.executable, "-c", TRAINER_LIFECYCLE, json.dumps(config), str(tmp_path / "ckpt")])
-    assert result_of(proc) == {"built": False, "trained": False, "saved": False, "restored": False,
-                               "from_checkpoint": False, "evaluated": True}
+    assert result_of(proc) == {
+        "built": False,
+        "trained": False,
+        "saved": False,
+        "restored": False,
+        "from_checkpoint": False,
+        "evaluated": True,
+    }
     assert_no_ray_started(tmp_path)
 
 
 def test_train_and_evaluate_commands_with_no_workers_never_start_ray(tmp_path: Path) -> None:
     cli = [sys.executable, "-m", "flowrl.cli"]
     results = tmp_path / "results"
-    train = run_isolated(tmp_path, [*cli, "train", "--algo", "ppo", "--env", "CartPole-v1", "--num-workers", "0",
-                                    "--stop-iters", "1", "--results-dir", str(results), "--set", "train_batch_size=64",
-                                    "--set", "sgd_minibatch_size=32", "--quiet"])
+    train = run_isolated(
+        tmp_path,
+        [
+            *cli,
+            "train",
+            "--algo",
+            "ppo",
+            "--env",
+            "CartPole-v1",
+            "--num-workers",
+            "0",
+            "--stop-iters",
+            "1",
+            "--results-dir",
+            str(results),
+            "--set",
+            "train_batch_size=64",
+            "--set",
+            "sgd_minibatch_size=32",
+            "--quiet",
+        ],
+    )
     assert train.returncode == 0, train.stderr[-3000:]
     (run_dir,) = results.iterdir()
     evaluate = run_isolated(tmp_path, [*cli, "evaluate", str(run_dir), "--episodes", "1", "--seed", "0"])

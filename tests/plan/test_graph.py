@@ -7,18 +7,18 @@ plans are built over its WorkerSet with ``get_algorithm(name).execution_plan``.
 from __future__ import annotations
 
 import math
-import time
 import re
+import time
 from typing import Any, Iterator
 
 import pytest
+from fakes import is_dead
 
 from flowrl import Trainer
 from flowrl.algorithms import get_algorithm
 from flowrl.iterators import LocalIterator
 from flowrl.operators import ActorLink, Concurrently, StatefulOperator
 from flowrl.plan.graph import Plan
-from fakes import is_dead
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(180)]
 
@@ -43,9 +43,16 @@ EXPECTED_LABELS = {
     "pg": ROLLOUT_SOURCE + ["combine(ConcatBatches)", "for_each(TrainOneStep)"] + REPORTING,
     "a2c": ROLLOUT_SOURCE + ["combine(ConcatBatches)", "for_each(TrainOneStep)"] + REPORTING,
     "a2c_microbatch": ROLLOUT_SOURCE
-    + ["combine(ConcatBatches)", "for_each(ComputeGradients)", "batch(2)", "for_each(AverageGradients)", "for_each(ApplyGradients)"]
+    + [
+        "combine(ConcatBatches)",
+        "for_each(ComputeGradients)",
+        "batch(2)",
+        "for_each(AverageGradients)",
+        "for_each(ApplyGradients)",
+    ]
     + REPORTING,
-    "a3c": ["gather_async(rollout_workers.for_each())", "for_each(_record_gradient_source)", "for_each(ApplyGradients)"] + REPORTING,
+    "a3c": ["gather_async(rollout_workers.for_each())", "for_each(_record_gradient_source)", "for_each(ApplyGradients)"]
+    + REPORTING,
     "ppo": ROLLOUT_SOURCE
     + ["combine(ConcatBatches)", "for_each(StandardizeFields)", "for_each(TrainOneStep)", "for_each(UpdateKL)"]
     + REPORTING,
@@ -175,7 +182,14 @@ def test_concurrently_plumbing_is_hidden_from_the_graph() -> None:
     replay_op = LocalIterator(lambda timeout: iter(range(3)), name="replay").for_each(replay)
     merged = Concurrently([store_op, replay_op], mode="round_robin", output_indexes=[1], round_robin_weights=[1, "*"])
     plan = Plan(merged.for_each(report), name="mixed")
-    assert labels(plan) == ["rollouts", "for_each(store)", "replay", "for_each(replay)", "union[deterministic]", "for_each(report)"]
+    assert labels(plan) == [
+        "rollouts",
+        "for_each(store)",
+        "replay",
+        "for_each(replay)",
+        "union[deterministic]",
+        "for_each(report)",
+    ]
     ids = {label: op_id(plan, label) for label in labels(plan)}
     # Both branches feed the union directly and the union feeds the next visible operator.
     assert (ids["for_each(store)"], ids["union[deterministic]"]) in operator_edges(plan)
@@ -234,12 +248,25 @@ def test_stats_before_the_first_item_are_zero(trainer: Trainer) -> None:
 def test_dqn_plan_runs_store_and_replay_side_by_side() -> None:
     from flowrl import Trainer
 
-    config = {"num_workers": 0, "learning_starts": 64, "train_batch_size": 16, "timesteps_per_iteration": 100, "seed": 0}
+    config = {
+        "num_workers": 0,
+        "learning_starts": 64,
+        "train_batch_size": 16,
+        "timesteps_per_iteration": 100,
+        "seed": 0,
+    }
     trainer = Trainer("dqn", "CartPole-v1", config)
     try:
         labels = [stage.label for stage in trainer.plan.graph.operators.values()]
-        for expected in ("for_each(StoreToReplayBuffer)", "replay", "for_each(TrainOneStep)", "for_each(UpdatePriorities)",
-                         "for_each(UpdateTargetNetwork)", "union[deterministic]", "for_each(CollectMetrics)"):
+        for expected in (
+            "for_each(StoreToReplayBuffer)",
+            "replay",
+            "for_each(TrainOneStep)",
+            "for_each(UpdatePriorities)",
+            "for_each(UpdateTargetNetwork)",
+            "union[deterministic]",
+            "for_each(CollectMetrics)",
+        ):
             assert any(label.startswith(expected) or label == expected for label in labels), (expected, labels)
         assert not any("_Tag" in label or "_KeepOutputs" in label for label in labels)
         result = trainer.train()
@@ -266,8 +293,16 @@ def test_apex_plan_has_three_concurrent_subflows_and_releases_its_actors() -> No
     try:
         plan = trainer.plan
         labels = [stage.label for stage in plan.graph.operators.values()]
-        for expected in ("transform(ThrottleSampling)", "for_each(StoreToReplayBuffer)", "for_each(SendWeightsToSource)", "transform(Enqueue)",
-                         "dequeue", "for_each(UpdatePriorities)", "for_each(UpdateTargetNetwork)", "union[async]"):
+        for expected in (
+            "transform(ThrottleSampling)",
+            "for_each(StoreToReplayBuffer)",
+            "for_each(SendWeightsToSource)",
+            "transform(Enqueue)",
+            "dequeue",
+            "for_each(UpdatePriorities)",
+            "for_each(UpdateTargetNetwork)",
+            "union[async]",
+        ):
             assert expected in labels, (expected, labels)
         assert plan.graph.actors["RolloutWorker"] == 2 and plan.graph.actors["ReplayActor"] == 1
         assert "LearnerThread" in plan.graph.actors
@@ -290,8 +325,16 @@ def test_apex_plan_has_three_concurrent_subflows_and_releases_its_actors() -> No
 def test_apex_ddpg_runs_ddpg_on_the_apex_plan() -> None:
     from flowrl import Trainer
 
-    config = {"num_workers": 2, "num_cpus_per_worker": 0.1, "num_envs_per_worker": 1, "rollout_fragment_length": 20,
-              "learning_starts": 100, "train_batch_size": 16, "timesteps_per_iteration": 200, "seed": 0}
+    config = {
+        "num_workers": 2,
+        "num_cpus_per_worker": 0.1,
+        "num_envs_per_worker": 1,
+        "rollout_fragment_length": 20,
+        "learning_starts": 100,
+        "train_batch_size": 16,
+        "timesteps_per_iteration": 200,
+        "seed": 0,
+    }
     trainer = Trainer("apex_ddpg", "Pendulum-v1", config)
     try:
         labels = [stage.label for stage in trainer.plan.graph.operators.values()]
@@ -306,13 +349,26 @@ def test_apex_ddpg_runs_ddpg_on_the_apex_plan() -> None:
 def test_impala_plan_feeds_a_learner_thread_and_counts_what_it_trained() -> None:
     from flowrl import Trainer
 
-    config = {"num_workers": 2, "num_cpus_per_worker": 0.1, "num_envs_per_worker": 2, "rollout_fragment_length": 10,
-              "train_batch_size": 40, "timesteps_per_iteration": 200, "seed": 0}
+    config = {
+        "num_workers": 2,
+        "num_cpus_per_worker": 0.1,
+        "num_envs_per_worker": 2,
+        "rollout_fragment_length": 10,
+        "train_batch_size": 40,
+        "timesteps_per_iteration": 200,
+        "seed": 0,
+    }
     trainer = Trainer("impala", "CartPole-v1", config)
     try:
         labels = [stage.label for stage in trainer.plan.graph.operators.values()]
-        for expected in ("for_each(SendWeightsToSource)", "combine(ConcatBatches)", "transform(Enqueue)", "dequeue",
-                         "for_each(RecordLearnerResults)", "union[async]"):
+        for expected in (
+            "for_each(SendWeightsToSource)",
+            "combine(ConcatBatches)",
+            "transform(Enqueue)",
+            "dequeue",
+            "for_each(RecordLearnerResults)",
+            "union[async]",
+        ):
             assert expected in labels, (expected, labels)
         assert "LearnerThread" in trainer.plan.graph.actors
         result = trainer.train()

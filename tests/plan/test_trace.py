@@ -12,9 +12,9 @@ import pytest
 from flowrl.cli import main as cli
 from flowrl.config import TrainerConfig
 from flowrl.errors import ConfigError, RunError
+from flowrl.plan.trace import build_trace, recorded_iterations
 from flowrl.runs.run import start_run
 from flowrl.storage.rundir import RunSpec
-from flowrl.plan.trace import build_trace, recorded_iterations
 
 pytestmark = pytest.mark.unit
 
@@ -23,8 +23,9 @@ TINY = {"train_batch_size": 64, "rollout_fragment_length": 32, "seed": 0}
 
 
 def train(results_dir: Path, **config: Any) -> Path:
-    with start_run(RunSpec("pg", "CartPole-v1", {**TINY, **config}, stop={"training_iteration": 3}),
-                   results_dir=results_dir) as run:
+    with start_run(
+        RunSpec("pg", "CartPole-v1", {**TINY, **config}, stop={"training_iteration": 3}), results_dir=results_dir
+    ) as run:
         run.train()
     return run.directory
 
@@ -70,7 +71,9 @@ def test_a_run_records_the_iterations_it_is_told_to(remote_run: Path) -> None:
     keys = list(json.loads((remote_run / "plan.json").read_text())["operators"])
     assert {op["operator"] for op in record["operators"]} <= {op["key"] for op in keys}
     assert record["samples"] and {sample["worker"] for sample in record["samples"]} == {1}
-    assert all(sample["steps"] == 32 and sample["env_s"] > 0 and sample["inference_s"] > 0 for sample in record["samples"])
+    assert all(
+        sample["steps"] == 32 and sample["env_s"] > 0 and sample["inference_s"] > 0 for sample in record["samples"]
+    )
 
 
 def test_flowrl_trace_writes_operator_and_rollout_worker_spans(
@@ -95,14 +98,18 @@ def test_flowrl_trace_writes_operator_and_rollout_worker_spans(
         assert any(inside(concat, step) for step in train_steps if step["tid"] == concat["tid"])
     samples = [event for event in spans if event["name"] == "RolloutWorker.sample()"]
     assert samples and all(event["pid"] != driver and event["args"]["worker"] == 1 for event in samples)
-    assert all(event["args"]["env_s"] > 0 and event["args"]["inference_s"] > 0 and event["args"]["other_s"] >= 0
-               for event in samples)
+    assert all(
+        event["args"]["env_s"] > 0 and event["args"]["inference_s"] > 0 and event["args"]["other_s"] >= 0
+        for event in samples
+    )
     # Each fragment Ray serialized after a sample() follows it on the same worker thread.
     handoffs = [event for event in spans if event["name"] == "Ray hand-off (serialize + store)"]
     assert handoffs and all(event["pid"] == samples[0]["pid"] and event["dur"] > 0 for event in handoffs)
     assert all(any(s["tid"] == h["tid"] and s["ts"] + s["dur"] <= h["ts"] for s in samples) for h in handoffs)
     names = {(event["pid"], event["args"]["name"]) for event in trace["traceEvents"] if event["name"] == "process_name"}
-    assert (driver, f"driver (pid {driver})") in names and any(name.startswith("RolloutWorker 1 (pid") for _, name in names)
+    assert (driver, f"driver (pid {driver})") in names and any(
+        name.startswith("RolloutWorker 1 (pid") for _, name in names
+    )
 
     assert cli.main(["trace", str(remote_run), "-o", str(out), "--iterations", "3"]) == 0
     assert json.loads(out.read_text())["otherData"]["iterations"] == [3]
@@ -130,8 +137,12 @@ def test_errors_name_the_traced_iterations_or_why_there_are_none(
     assert "is not a flowrl run directory: it has no params.json" in capsys.readouterr().err
     untraced = tmp_path / "untraced"
     untraced.mkdir()
-    (untraced / "params.json").write_text(json.dumps({"algo": "pg", "env": "CartPole-v1", "config": {"trace_iterations": ""}}))
-    with pytest.raises(RunError, match="no traced iteration; it traced none \\(its config: trace_iterations='', profile=None"):
+    (untraced / "params.json").write_text(
+        json.dumps({"algo": "pg", "env": "CartPole-v1", "config": {"trace_iterations": ""}})
+    )
+    with pytest.raises(
+        RunError, match="no traced iteration; it traced none \\(its config: trace_iterations='', profile=None"
+    ):
         build_trace(untraced)
     with pytest.raises(SystemExit):
         cli.main(["trace", str(remote_run), "--iterations", "0:1"])

@@ -11,18 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from event_files import event_scalars
+from fakes import progress
 
 from flowrl.cli import main as cli
 from flowrl.errors import FlowRLError, RunError
 from flowrl.plan.graph import PlanGraph, graph_from_dict
+from flowrl.plan.render import render_dot, render_html, render_mermaid, render_text, share_colour
+from flowrl.plan.views import NoXRayError, average_xray, load_view, read_plan_graph, render_run, watch_run, xray_window
 from flowrl.runs.resume import find_resume_point, resume_run
 from flowrl.runs.run import start_run
 from flowrl.storage.rundir import RunSpec
-from flowrl.plan.render import render_dot, render_html, render_mermaid, render_text, share_colour
-from flowrl.plan.views import NoXRayError, average_xray, load_view, read_plan_graph, render_run, watch_run, xray_window
-
-from fakes import progress
-from event_files import event_scalars
 
 pytestmark = pytest.mark.unit
 
@@ -34,8 +33,9 @@ PERCENT = re.compile(r"\s(\d+\.\d)%\s")
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A finished 4-iteration PG run (sampling in the driver), with its live plan graph checked against plan.json."""
-    with start_run(RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 4}),
-                   results_dir=tmp_path_factory.mktemp("runs")) as run:
+    with start_run(
+        RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 4}), results_dir=tmp_path_factory.mktemp("runs")
+    ) as run:
         run.train()
         live = run.trainer.plan.graph.to_dict()
     assert json.loads((run.directory / "plan.json").read_text()) == live
@@ -62,7 +62,9 @@ def test_plan_json_reads_back_as_the_runs_graph_and_a_resume_rewrites_it(run_dir
     assert [op["key"] for op in written["operators"]] == list(progress(run_dir)[-1]["plan"]["operators"])
     assert [op["position"] for op in written["operators"]] == list(range(len(written["operators"])))
     assert {"class": "RolloutWorker", "count": 1} in written["actors"]
-    assert {"source": {"operator": 3}, "target": {"actor": "RolloutWorker"}, "label": "broadcast weights"} in written["edges"]
+    assert {"source": {"operator": 3}, "target": {"actor": "RolloutWorker"}, "label": "broadcast weights"} in written[
+        "edges"
+    ]
 
     copy = shutil.copytree(run_dir, tmp_path / run_dir.name)  # the other tests read the run as it was
     with resume_run(find_resume_point(copy, stop={"training_iteration": 5})) as resumed:
@@ -76,12 +78,17 @@ def test_plan_json_reads_back_as_the_runs_graph_and_a_resume_rewrites_it(run_dir
 
 def test_graph_from_dict_names_what_is_malformed() -> None:
     graph = PlanGraph(actors={"RolloutWorker": 2})
-    assert graph_from_dict(graph.to_dict()).to_dict() == {"operators": [], "actors": [{"class": "RolloutWorker", "count": 2}],
-                                                          "edges": []}
+    assert graph_from_dict(graph.to_dict()).to_dict() == {
+        "operators": [],
+        "actors": [{"class": "RolloutWorker", "count": 2}],
+        "edges": [],
+    }
     with pytest.raises(FlowRLError, match="not a plan graph .*KeyError: 'operators'"):
         graph_from_dict({"actors": []})
     with pytest.raises(FlowRLError, match="KeyError: \"actor 'Nobody'\""):
-        graph_from_dict({"operators": [], "actors": [], "edges": [{"source": {"actor": "Nobody"}, "target": {}, "label": ""}]})
+        graph_from_dict(
+            {"operators": [], "actors": [], "edges": [{"source": {"actor": "Nobody"}, "target": {}, "label": ""}]}
+        )
 
 
 # --- the figures ---------------------------------------------------------------------------------------
@@ -93,10 +100,24 @@ def test_the_window_leaves_out_the_first_iteration_when_there_are_more_and_avera
     assert [r["training_iteration"] for r in xray_window(results, last=2)] == [3, 4]
     assert [r["training_iteration"] for r in xray_window(results[:1], last=5)] == [1]
     assert xray_window([{"training_iteration": 2, "plan": {"profile": False, "iteration_s": 1.0}}]) == []
-    averaged = average_xray([
-        {"iteration_s": 1.0, "operators": {"0:a": {"share": 0.5}}, "driver": {"x_s": 0.1}, "unattributed_s": 0.4, "profile": True},
-        {"iteration_s": 2.0, "operators": {"0:a": {"share": 0.7}}, "driver": {"x_s": 0.2}, "unattributed_s": 0.2, "profile": True},
-    ])
+    averaged = average_xray(
+        [
+            {
+                "iteration_s": 1.0,
+                "operators": {"0:a": {"share": 0.5}},
+                "driver": {"x_s": 0.1},
+                "unattributed_s": 0.4,
+                "profile": True,
+            },
+            {
+                "iteration_s": 2.0,
+                "operators": {"0:a": {"share": 0.7}},
+                "driver": {"x_s": 0.2},
+                "unattributed_s": 0.2,
+                "profile": True,
+            },
+        ]
+    )
     assert averaged["operators"]["0:a"]["share"] == pytest.approx(0.6)
     assert averaged["driver_share"]["x_s"] == pytest.approx(0.1)
     assert averaged["unattributed_share"] == pytest.approx(0.25)  # 0.4 of 1 s, 0.2 of 2 s
@@ -106,7 +127,9 @@ def test_the_window_leaves_out_the_first_iteration_when_there_are_more_and_avera
 def test_share_colours_run_from_white_to_red() -> None:
     assert share_colour(0.0) == "#ffffff"
     assert share_colour(1.0) == "#d62728"
-    assert share_colour(2.0) == "#d62728" and share_colour(-1.0) == "#ffffff" and share_colour(float("nan")) == "#ffffff"
+    assert (
+        share_colour(2.0) == "#d62728" and share_colour(-1.0) == "#ffffff" and share_colour(float("nan")) == "#ffffff"
+    )
     reds = [int(share_colour(s)[3:5], 16) for s in (0.1, 0.4, 0.8)]  # green falls as the share grows
     assert reds == sorted(reds, reverse=True)
 
@@ -121,7 +144,9 @@ def test_text_shows_every_operator_and_shares_that_add_up_with_unattributed_to_1
         assert f"[{position}] {stage.label}" in table
     rows = [line for line in table.splitlines()[3:] if not line.startswith(("driver (", "total"))]
     shares = [float(PERCENT.search(line + " ").group(1)) for line in rows]
-    assert len(shares) == len(graph.operators) + len(view.figures["driver"]) + 1  # operators, driver steps, unattributed
+    assert (
+        len(shares) == len(graph.operators) + len(view.figures["driver"]) + 1
+    )  # operators, driver steps, unattributed
     assert rows[-1].startswith("unattributed")
     assert sum(shares) == pytest.approx(100.0, abs=0.1 * len(shares))
     assert re.search(r"^total\s+(99\.\d|100\.\d)%", table, re.MULTILINE)
@@ -167,8 +192,12 @@ def test_html_is_one_self_contained_page_with_every_operator_and_actor(run_dir: 
 def test_flowrl_plan_run_dir_prints_each_format_and_keeps_the_settings_form_apart(
     run_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for fmt, expected in (("text", "operators (dataflow order)"), ("mermaid", "flowchart TD"), ("dot", "digraph"),
-                          ("html", "<!DOCTYPE html>")):
+    for fmt, expected in (
+        ("text", "operators (dataflow order)"),
+        ("mermaid", "flowchart TD"),
+        ("dot", "digraph"),
+        ("html", "<!DOCTYPE html>"),
+    ):
         assert cli.main(["plan", str(run_dir), "--format", fmt, "--last", "2"]) == 0
         out = capsys.readouterr().out
         assert expected in out and out == render_run(run_dir, fmt, last=2) + "\n"
@@ -180,7 +209,9 @@ def test_flowrl_plan_run_dir_prints_each_format_and_keeps_the_settings_form_apar
     assert "--live redraws the text view" in capsys.readouterr().err
 
 
-def test_live_redraws_until_ctrl_c(run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_live_redraws_until_ctrl_c(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     naps: list[float] = []
 
     def sleep(seconds: float) -> None:
@@ -209,12 +240,17 @@ def test_errors_name_a_non_run_directory_an_older_run_and_a_run_without_figures(
     assert "is not a flowrl run directory: it has no params.json" in capsys.readouterr().err
 
     older = fake_run(tmp_path / "older", progress(run_dir))
-    with pytest.raises(RunError, match="has no plan.json: it was started by an older flowrl.*flowrl plan --algo pg --env CartPole-v1"):
+    with pytest.raises(
+        RunError, match="has no plan.json: it was started by an older flowrl.*flowrl plan --algo pg --env CartPole-v1"
+    ):
         load_view(older)
 
     plan = json.loads((run_dir / "plan.json").read_text())
-    unprofiled = fake_run(tmp_path / "unprofiled", [{"training_iteration": n, "plan": {"profile": False, "iteration_s": 0.1}}
-                                                    for n in (1, 2)], plan)
+    unprofiled = fake_run(
+        tmp_path / "unprofiled",
+        [{"training_iteration": n, "plan": {"profile": False, "iteration_s": 0.1}} for n in (1, 2)],
+        plan,
+    )
     with pytest.raises(NoXRayError, match="none of its 2 results has X-ray figures .*profile: false"):
         load_view(unprofiled)
     with pytest.raises(NoXRayError, match="no iteration has finished yet"):

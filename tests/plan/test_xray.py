@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import BUILT_IN_ALGORITHMS
 
 from flowrl import Trainer
-from flowrl.plan.doctor import VERDICTS, diagnose, diagnose_run
 from flowrl.errors import FlowRLError
-
-from fakes import BUILT_IN_ALGORITHMS
+from flowrl.plan.doctor import VERDICTS, diagnose, diagnose_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]
 
@@ -35,13 +34,41 @@ ALGORITHMS: dict[str, tuple[str, dict[str, Any]]] = {
     "impala": ("CartPole-v1", {**REMOTE, "train_batch_size": 100, "timesteps_per_iteration": 400}),
     "appo": ("CartPole-v1", {**REMOTE, "train_batch_size": 100, "timesteps_per_iteration": 400}),
     "ppo_dqn": ("MultiAgentCartPole", {"num_workers": 0}),
-    "es": ("CartPole-v1", {"num_workers": 1, "num_cpus_per_worker": 0.1, "episodes_per_batch": 4, "train_batch_size": 200,
-                           "noise_table_size": 100_000}),
-    "ars": ("CartPole-v1", {"num_workers": 1, "num_cpus_per_worker": 0.1, "num_rollouts": 2, "rollouts_used": 2,
-                            "noise_table_size": 100_000}),
+    "es": (
+        "CartPole-v1",
+        {
+            "num_workers": 1,
+            "num_cpus_per_worker": 0.1,
+            "episodes_per_batch": 4,
+            "train_batch_size": 200,
+            "noise_table_size": 100_000,
+        },
+    ),
+    "ars": (
+        "CartPole-v1",
+        {
+            "num_workers": 1,
+            "num_cpus_per_worker": 0.1,
+            "num_rollouts": 2,
+            "rollouts_used": 2,
+            "noise_table_size": 100_000,
+        },
+    ),
 }
-OPERATOR_KEYS = {"items", "bytes", "time_s", "busy_s", "wait_s", "transfer_s", "blocked_out_s", "held_out_s", "share",
-                 "items_per_s", "bytes_per_s", "items_total"}
+OPERATOR_KEYS = {
+    "items",
+    "bytes",
+    "time_s",
+    "busy_s",
+    "wait_s",
+    "transfer_s",
+    "blocked_out_s",
+    "held_out_s",
+    "share",
+    "items_per_s",
+    "bytes_per_s",
+    "items_total",
+}
 
 
 def test_every_built_in_algorithm_is_covered() -> None:
@@ -58,7 +85,9 @@ def test_the_operators_explain_at_least_95_percent_of_each_iteration(algo: str) 
         plan = result["plan"]
         assert plan["profile"] is True and list(plan["operators"]) == positions
         assert plan["attributed_share"] >= 0.95, (algo, plan["unattributed_s"], plan["iteration_s"])
-        assert math.isclose(plan["attributed_s"] + plan["unattributed_s"], plan["iteration_s"], rel_tol=0.05, abs_tol=1e-3)
+        assert math.isclose(
+            plan["attributed_s"] + plan["unattributed_s"], plan["iteration_s"], rel_tol=0.05, abs_tol=1e-3
+        )
         assert plan["iteration_s"] >= result["time_this_iter_s"]
         for entry in plan["operators"].values():
             assert set(entry) >= OPERATOR_KEYS
@@ -140,18 +169,40 @@ def test_a_callback_after_the_iteration_counts_as_driver_time() -> None:
 
 def xray(operators: dict[str, dict[str, float]], iteration_s: float = 1.0, **extra: Any) -> dict[str, Any]:
     """A result whose plan X-ray has ``operators`` (time_s = busy + wait + transfer) and ``extra`` keys."""
-    full = {key: {"time_s": op.get("busy_s", 0) + op.get("wait_s", 0) + op.get("transfer_s", 0), "busy_s": 0.0,
-                  "wait_s": 0.0, "transfer_s": 0.0, **op} for key, op in operators.items()}
+    full = {
+        key: {
+            "time_s": op.get("busy_s", 0) + op.get("wait_s", 0) + op.get("transfer_s", 0),
+            "busy_s": 0.0,
+            "wait_s": 0.0,
+            "transfer_s": 0.0,
+            **op,
+        }
+        for key, op in operators.items()
+    }
     attributed = sum(op["time_s"] for op in full.values())
-    return {"plan": {"profile": True, "iteration_s": iteration_s, "operators": full, "unattributed_s": iteration_s - attributed,
-                     "driver": {}, **extra}}
+    return {
+        "plan": {
+            "profile": True,
+            "iteration_s": iteration_s,
+            "operators": full,
+            "unattributed_s": iteration_s - attributed,
+            "driver": {},
+            **extra,
+        }
+    }
 
 
-GATHER, TRAIN, METRICS = "0:batch_across_shards(rollout_workers)", "4:for_each(TrainOneStep)", "6:for_each(CollectMetrics)"
+GATHER, TRAIN, METRICS = (
+    "0:batch_across_shards(rollout_workers)",
+    "4:for_each(TrainOneStep)",
+    "6:for_each(CollectMetrics)",
+)
 
 
 def workers(env_s: float, inference_s: float, other_s: float = 0.0) -> dict[str, Any]:
-    return {"RolloutWorker": {"count": 2, "env_s": env_s, "inference_s": inference_s, "other_s": other_s, "busy_share": 0.9}}
+    return {
+        "RolloutWorker": {"count": 2, "env_s": env_s, "inference_s": inference_s, "other_s": other_s, "busy_share": 0.9}
+    }
 
 
 @pytest.mark.parametrize(
@@ -160,16 +211,40 @@ def workers(env_s: float, inference_s: float, other_s: float = 0.0) -> dict[str,
         (xray({GATHER: {"wait_s": 0.8}, TRAIN: {"busy_s": 0.15}}, actors=workers(0.9, 0.1)), "env-bound"),
         (xray({GATHER: {"wait_s": 0.8}, TRAIN: {"busy_s": 0.15}}, actors=workers(0.1, 0.9)), "inference-bound"),
         (xray({GATHER: {"wait_s": 0.2}, TRAIN: {"busy_s": 0.75}}, actors=workers(0.5, 0.5)), "learner-bound"),
-        (xray({GATHER: {"wait_s": 0.3, "transfer_s": 0.4}, TRAIN: {"busy_s": 0.1}}, actors=workers(0.1, 0.1, 0.8)), "transfer-bound"),
-        (xray({GATHER: {"wait_s": 0.1}, TRAIN: {"busy_s": 0.1}, METRICS: {"busy_s": 0.7}}, actors=workers(0.5, 0.5)), "driver-bound"),
-        (xray({GATHER: {"wait_s": 0.8}, TRAIN: {"busy_s": 0.15}}, actors=workers(0.9, 0.1),
-              latency_s={"rollout_workers[0]": {"p50": 0.01}, "rollout_workers[1]": {"p50": 0.012},
-                         "rollout_workers[2]": {"p50": 0.1}}), "straggler"),
+        (
+            xray({GATHER: {"wait_s": 0.3, "transfer_s": 0.4}, TRAIN: {"busy_s": 0.1}}, actors=workers(0.1, 0.1, 0.8)),
+            "transfer-bound",
+        ),
+        (
+            xray({GATHER: {"wait_s": 0.1}, TRAIN: {"busy_s": 0.1}, METRICS: {"busy_s": 0.7}}, actors=workers(0.5, 0.5)),
+            "driver-bound",
+        ),
+        (
+            xray(
+                {GATHER: {"wait_s": 0.8}, TRAIN: {"busy_s": 0.15}},
+                actors=workers(0.9, 0.1),
+                latency_s={
+                    "rollout_workers[0]": {"p50": 0.01},
+                    "rollout_workers[1]": {"p50": 0.012},
+                    "rollout_workers[2]": {"p50": 0.1},
+                },
+            ),
+            "straggler",
+        ),
         # Bulk-synchronous rounds: every fragment arrives with the slowest; the workers' own seconds per fragment tell.
-        (xray({GATHER: {"wait_s": 0.8}, TRAIN: {"busy_s": 0.15}},
-              actors={"RolloutWorker": {**workers(0.9, 0.1)["RolloutWorker"], "per_worker": {
-                  "1": {"sample_s_per_fragment": 0.02}, "2": {"sample_s_per_fragment": 0.2}}}},
-              latency_s={"rollout_workers[0]": {"p50": 0.2}, "rollout_workers[1]": {"p50": 0.2}}), "straggler"),
+        (
+            xray(
+                {GATHER: {"wait_s": 0.8}, TRAIN: {"busy_s": 0.15}},
+                actors={
+                    "RolloutWorker": {
+                        **workers(0.9, 0.1)["RolloutWorker"],
+                        "per_worker": {"1": {"sample_s_per_fragment": 0.02}, "2": {"sample_s_per_fragment": 0.2}},
+                    }
+                },
+                latency_s={"rollout_workers[0]": {"p50": 0.2}, "rollout_workers[1]": {"p50": 0.2}},
+            ),
+            "straggler",
+        ),
     ],
 )
 def test_the_doctor_names_the_part_that_takes_the_most_time(result: dict[str, Any], verdict: str) -> None:
@@ -182,20 +257,45 @@ def test_the_doctor_names_the_part_that_takes_the_most_time(result: dict[str, An
 def test_the_doctor_counts_blocking_in_place_as_waiting_but_not_an_older_runs_held_queue() -> None:
     waiting = "driver waiting on the learner, replay or other branches (mean share)"
     priorities = "5:for_each(UpdatePriorities)"
-    blocked = xray({GATHER: {"wait_s": 0.3}, TRAIN: {"busy_s": 0.2},
-                    priorities: {"time_s": 0.4, "blocked_out_s": 0.4, "held_out_s": 0.0}}, actors=workers(0.5, 0.5))
+    blocked = xray(
+        {
+            GATHER: {"wait_s": 0.3},
+            TRAIN: {"busy_s": 0.2},
+            priorities: {"time_s": 0.4, "blocked_out_s": 0.4, "held_out_s": 0.0},
+        },
+        actors=workers(0.5, 0.5),
+    )
     assert diagnose([blocked]).figures[waiting] == pytest.approx(0.4)
     # Before held_out_s, a full learner queue's held time (outside time_s) was reported as blocked_out_s.
-    older = xray({GATHER: {"wait_s": 0.3}, TRAIN: {"busy_s": 0.6}, "5:transform(Enqueue)": {"blocked_out_s": 5.0}},
-                 actors=workers(0.5, 0.5))
+    older = xray(
+        {GATHER: {"wait_s": 0.3}, TRAIN: {"busy_s": 0.6}, "5:transform(Enqueue)": {"blocked_out_s": 5.0}},
+        actors=workers(0.5, 0.5),
+    )
     assert waiting not in diagnose([older]).figures
 
 
 def test_the_doctor_reads_a_run_directory(tmp_path: Path) -> None:
     from flowrl.cli.main import main as cli
 
-    argv = ["train", "--algo", "ppo", "--env", "CartPole-v1", "--results-dir", str(tmp_path), "--num-workers", "0",
-            "--set", "train_batch_size=64", "--set", "sgd_minibatch_size=32", "--set", "num_sgd_iter=30", "--stop-iters", "3"]
+    argv = [
+        "train",
+        "--algo",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--results-dir",
+        str(tmp_path),
+        "--num-workers",
+        "0",
+        "--set",
+        "train_batch_size=64",
+        "--set",
+        "sgd_minibatch_size=32",
+        "--set",
+        "num_sgd_iter=30",
+        "--stop-iters",
+        "3",
+    ]
     assert cli(argv) == 0
     run_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
     diagnosis = diagnose_run(run_dir, last=2)

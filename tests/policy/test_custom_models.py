@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import ray.cloudpickle
 import torch
+from fakes import train_to_reward
 from gymnasium.spaces.utils import flatdim
 from torch import nn
 
@@ -20,11 +21,9 @@ import flowrl
 from flowrl import Trainer
 from flowrl.algorithms import get_algorithm
 from flowrl.config import TrainerConfig
+from flowrl.engine.build import policy_specs
 from flowrl.envs import get_env_creator
 from flowrl.errors import ConfigError
-from flowrl.engine.build import policy_specs
-
-from fakes import train_to_reward
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(300)]
 
@@ -41,7 +40,9 @@ class TinyActorCritic(nn.Module):
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, num_outputs: int, hidden: int = 32) -> None:
         super().__init__()
-        self.body = nn.Sequential(nn.Linear(flatdim(obs_space), hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh())
+        self.body = nn.Sequential(
+            nn.Linear(flatdim(obs_space), hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh()
+        )
         self.logits = nn.Linear(hidden, num_outputs)
         self.value = nn.Sequential(
             nn.Linear(flatdim(obs_space), hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, 1)
@@ -102,7 +103,10 @@ def test_config_names_a_custom_model_that_cannot_be_used() -> None:
 @pytest.mark.parametrize(
     ("model_class", "expected"),
     [
-        (LogitsOnly, r"'LogitsOnly' does not implement the actor-critic interface .*its values are a NoneType, not \[2\]"),
+        (
+            LogitsOnly,
+            r"'LogitsOnly' does not implement the actor-critic interface .*its values are a NoneType, not \[2\]",
+        ),
         (WrongWidth, r"its first output is a tensor of shape \[2, 1\], not \[2, 2\]"),
         (NoForward, r"'NoForward' does not implement .*forward raised NotImplementedError"),
     ],
@@ -166,7 +170,7 @@ def test_structured_observations_reach_the_model_as_a_dict_of_tensors() -> None:
 # --- checkpoints and load_policy ------------------------------------------------------------------
 
 
-MODEL_MODULE = '''
+MODEL_MODULE = """
 import torch
 from torch import nn
 from gymnasium.spaces.utils import flatdim
@@ -181,7 +185,7 @@ class Net(nn.Module):
     def forward(self, obs):
         out = self.heads(self.body(obs))
         return out[:, :-1], out[:, -1]
-'''
+"""
 
 
 def test_checkpoints_record_the_import_path_and_load_policy_rebuilds_the_model(
@@ -190,8 +194,19 @@ def test_checkpoints_record_the_import_path_and_load_policy_rebuilds_the_model(
     (tmp_path / "my_models.py").write_text(textwrap.dedent(MODEL_MODULE))
     monkeypatch.syspath_prepend(str(tmp_path))
     model = {"custom_model": "my_models:Net", "custom_model_config": {"hidden": 8}}
-    trainer = Trainer("ppo", "CartPole-v1", {"num_workers": 0, "train_batch_size": 200, "sgd_minibatch_size": 50,
-                                             "num_sgd_iter": 1, "rollout_fragment_length": 200, "seed": 0, "model": model})
+    trainer = Trainer(
+        "ppo",
+        "CartPole-v1",
+        {
+            "num_workers": 0,
+            "train_batch_size": 200,
+            "sgd_minibatch_size": 50,
+            "num_sgd_iter": 1,
+            "rollout_fragment_length": 200,
+            "seed": 0,
+            "model": model,
+        },
+    )
     try:
         trainer.train()
         path = trainer.save(tmp_path / "checkpoints")
@@ -205,7 +220,9 @@ def test_checkpoints_record_the_import_path_and_load_policy_rebuilds_the_model(
     np.testing.assert_array_equal(loaded.compute_actions(obs), expected)
     restored = Trainer.from_checkpoint(path)
     try:
-        np.testing.assert_array_equal(restored.workers.local_worker().get_policy().compute_actions(obs, explore=False)[0], expected)
+        np.testing.assert_array_equal(
+            restored.workers.local_worker().get_policy().compute_actions(obs, explore=False)[0], expected
+        )
     finally:
         restored.stop()
 

@@ -43,9 +43,13 @@ def ppo_batch(rows: int) -> SampleBatch:
     actions = rng.integers(0, 2, rows)
     logp = logits[np.arange(rows), actions] - np.log(np.exp(logits).sum(axis=1))
     return SampleBatch(
-        obs=rng.standard_normal((rows, 4)).astype(np.float32), actions=actions, action_logp=logp.astype(np.float32),
-        action_dist_inputs=logits, advantages=rng.standard_normal(rows).astype(np.float32),
-        value_targets=rng.standard_normal(rows).astype(np.float32), vf_preds=rng.standard_normal(rows).astype(np.float32),
+        obs=rng.standard_normal((rows, 4)).astype(np.float32),
+        actions=actions,
+        action_logp=logp.astype(np.float32),
+        action_dist_inputs=logits,
+        advantages=rng.standard_normal(rows).astype(np.float32),
+        value_targets=rng.standard_normal(rows).astype(np.float32),
+        vf_preds=rng.standard_normal(rows).astype(np.float32),
     )
 
 
@@ -69,7 +73,9 @@ def replica(rank: int, size: int, store: str, rows: int, out: str) -> None:
 @pytest.mark.parametrize("rows", [64, 66])  # equal shards, and shards of 16 and 17 rows
 def test_two_replicas_take_the_single_learners_steps(tmp_path: Path, rows: int) -> None:
     single = learn(rows, None)
-    mp.start_processes(replica, args=(2, str(tmp_path / "store"), rows, str(tmp_path / "w")), nprocs=2, start_method="spawn")
+    mp.start_processes(
+        replica, args=(2, str(tmp_path / "store"), rows, str(tmp_path / "w")), nprocs=2, start_method="spawn"
+    )
     replicas = [dict(np.load(tmp_path / f"w_{rank}.npz")) for rank in range(2)]
     for name, value in single.items():
         assert np.array_equal(replicas[0][name], replicas[1][name]), name  # the replicas stay equal
@@ -86,16 +92,20 @@ def td3_learn(shard: Shard | None) -> dict[str, np.ndarray]:
 
     torch.manual_seed(0)
     spaces = gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
-    policy = make_ddpg_policy(*spaces, TD3Config(seed=0, target_noise=0.0, actor_hiddens=[8], critic_hiddens=[8])).build()
+    policy = make_ddpg_policy(
+        *spaces, TD3Config(seed=0, target_noise=0.0, actor_hiddens=[8], critic_hiddens=[8])
+    ).build()
     rng, n = np.random.default_rng(2), 32
-    batch = SampleBatch({
-        SampleBatch.OBS: rng.uniform(-1, 1, (n, 3)).astype(np.float32),
-        SampleBatch.NEW_OBS: rng.uniform(-1, 1, (n, 3)).astype(np.float32),
-        SampleBatch.ACTIONS: rng.uniform(-2, 2, (n, 1)).astype(np.float32),
-        SampleBatch.REWARDS: rng.standard_normal(n).astype(np.float32),
-        SampleBatch.TERMINATEDS: np.zeros(n, bool),
-        DISCOUNTS: np.full(n, 0.99, np.float32),
-    })
+    batch = SampleBatch(
+        {
+            SampleBatch.OBS: rng.uniform(-1, 1, (n, 3)).astype(np.float32),
+            SampleBatch.NEW_OBS: rng.uniform(-1, 1, (n, 3)).astype(np.float32),
+            SampleBatch.ACTIONS: rng.uniform(-2, 2, (n, 1)).astype(np.float32),
+            SampleBatch.REWARDS: rng.standard_normal(n).astype(np.float32),
+            SampleBatch.TERMINATEDS: np.zeros(n, bool),
+            DISCOUNTS: np.full(n, 0.99, np.float32),
+        }
+    )
     if shard is not None:
         policy.gradient_sync = synchronize_gradients
         batch = shard.rows(batch)
@@ -117,7 +127,9 @@ def td3_replica(rank: int, size: int, store: str, out: str) -> None:
 def test_parameters_no_loss_reached_are_left_alone_as_by_one_learner(tmp_path: Path) -> None:
     """TD3's critic-only updates give the actor no gradient: the replicas' Adam must not step it on momentum."""
     single = td3_learn(None)
-    mp.start_processes(td3_replica, args=(2, str(tmp_path / "store"), str(tmp_path / "w")), nprocs=2, start_method="spawn")
+    mp.start_processes(
+        td3_replica, args=(2, str(tmp_path / "store"), str(tmp_path / "w")), nprocs=2, start_method="spawn"
+    )
     replicas = [dict(np.load(tmp_path / f"w_{rank}.npz")) for rank in range(2)]
     for name, value in single.items():
         np.testing.assert_allclose(replicas[0][name], value, atol=1e-5, rtol=0, err_msg=name)

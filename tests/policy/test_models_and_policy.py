@@ -382,8 +382,13 @@ def test_grad_clip_bounds_the_gradient_norm() -> None:
 
 def test_to_tensors_preprocesses_obs_and_skips_non_numeric_columns() -> None:
     p = make_policy(GRID_OBS, CARTPOLE_ACT)
-    batch = SampleBatch(obs=np.array([1, 2]), new_obs=np.array([2, 3]), actions=np.array([0, 1]),
-                        infos=np.array([{"a": 1}, {}], dtype=object), terminateds=np.array([False, True]))
+    batch = SampleBatch(
+        obs=np.array([1, 2]),
+        new_obs=np.array([2, 3]),
+        actions=np.array([0, 1]),
+        infos=np.array([{"a": 1}, {}], dtype=object),
+        terminateds=np.array([False, True]),
+    )
     t = p.to_tensors(batch)
     assert t["obs"].shape == (2, 5) and t["new_obs"].shape == (2, 5)
     assert "infos" not in t
@@ -635,7 +640,8 @@ def test_gaussian_noise_uniform_during_random_timesteps() -> None:
 
 def test_gaussian_noise_in_a_policy_respects_bounds() -> None:
     p = make_policy(
-        PENDULUM_OBS, PENDULUM_ACT,
+        PENDULUM_OBS,
+        PENDULUM_ACT,
         {"exploration_config": {"type": "GaussianNoise", "stddev": 3.0, "random_timesteps": 10}},
         dist_kind="deterministic",
     )
@@ -710,11 +716,15 @@ print(acting, "torch._dynamo" in sys.modules, policy.optimizer.param_groups[0]["
 def test_a_policy_that_only_acts_makes_no_optimizer() -> None:
     # A rollout worker's policy never learns: making an optimizer would import PyTorch's compiler
     # stack (torch._dynamo, about a second) in every worker process. The first update makes it.
-    proc = subprocess.run([sys.executable, "-c", ACT_THEN_LEARN, str(Path(__file__).parent)], capture_output=True,
-                          text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", ACT_THEN_LEARN, str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["False", "True", "0.01", "True"]
-
 
 
 def test_update_target_blends_or_copies_and_follows_loaded_weights() -> None:

@@ -33,7 +33,9 @@ def pg_loss(policy: TorchPolicy, model: torch.nn.Module, dist_class: Any, batch:
 
 
 def make_policy(**config: Any) -> TorchPolicy:
-    return TorchPolicy(CARTPOLE.observation_space, CARTPOLE.action_space, TrainerConfig(seed=0, **config), loss_fn=pg_loss)
+    return TorchPolicy(
+        CARTPOLE.observation_space, CARTPOLE.action_space, TrainerConfig(seed=0, **config), loss_fn=pg_loss
+    )
 
 
 def cartpole_batch(bad: str | None = None, n: int = 32) -> SampleBatch:
@@ -64,7 +66,9 @@ def assert_unchanged(policy: TorchPolicy, before: tuple[dict[str, torch.Tensor],
 
 @pytest.mark.parametrize("bad", ["nan_reward", "inf_reward", "nan_obs"])
 @pytest.mark.parametrize("grad_clip", [None, 0.5])
-def test_a_nonfinite_batch_leaves_weights_and_optimizer_state_bitwise_unchanged(bad: str, grad_clip: float | None) -> None:
+def test_a_nonfinite_batch_leaves_weights_and_optimizer_state_bitwise_unchanged(
+    bad: str, grad_clip: float | None
+) -> None:
     policy = make_policy(grad_clip=grad_clip)
     policy.learn(cartpole_batch())  # the optimizer has state (Adam's moments) to keep intact
     before = snapshot(policy)
@@ -82,7 +86,10 @@ def test_too_many_nonfinite_updates_in_a_row_raise() -> None:
     policy = make_policy(max_consecutive_nonfinite_updates=3)
     policy.learn(cartpole_batch("nan_reward"))
     policy.learn(cartpole_batch("nan_reward"))
-    with pytest.raises(NonFiniteUpdateError, match=r"TorchPolicy on worker 0: 3 updates in a row .*max_consecutive_nonfinite_updates=3.*loss=nan"):
+    with pytest.raises(
+        NonFiniteUpdateError,
+        match=r"TorchPolicy on worker 0: 3 updates in a row .*max_consecutive_nonfinite_updates=3.*loss=nan",
+    ):
         policy.learn(cartpole_batch("nan_reward"))
     assert policy.num_nonfinite_updates == 3
 

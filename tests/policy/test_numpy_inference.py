@@ -30,13 +30,19 @@ def torch_only(policy: TorchPolicy) -> TorchPolicy:
     ("obs_space", "action_space", "model"),
     [
         (gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(3), {}),
-        (gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Box(-2, 2, (2,), np.float32), {"fcnet_activation": "relu"}),
+        (
+            gym.spaces.Box(-1, 1, (3,), np.float32),
+            gym.spaces.Box(-2, 2, (2,), np.float32),
+            {"fcnet_activation": "relu"},
+        ),
         (gym.spaces.Discrete(5), gym.spaces.Discrete(2), {"vf_share_layers": True}),
     ],
 )
 def test_numpy_path_matches_torch(obs_space: gym.Space, action_space: gym.Space, model: dict[str, Any]) -> None:
     fast = TorchPolicy(obs_space, action_space, TrainerConfig.from_dict({"model": model, "seed": 0}), loss_fn=no_loss)
-    slow = torch_only(TorchPolicy(obs_space, action_space, TrainerConfig.from_dict({"model": model, "seed": 0}), loss_fn=no_loss))
+    slow = torch_only(
+        TorchPolicy(obs_space, action_space, TrainerConfig.from_dict({"model": model, "seed": 0}), loss_fn=no_loss)
+    )
     slow.set_weights(fast.get_weights())
     obs = np.stack([obs_space.sample() for _ in range(16)])
     assert fast._numpy_twin() is not None
@@ -70,7 +76,12 @@ def test_numpy_twin_follows_weight_updates_in_place() -> None:
 
 def test_unsupported_models_use_torch() -> None:
     frames = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
-    assert NumpyActorCritic.build(TorchPolicy(frames, gym.spaces.Discrete(2), TrainerConfig(), loss_fn=no_loss).model, frames) is None
+    assert (
+        NumpyActorCritic.build(
+            TorchPolicy(frames, gym.spaces.Discrete(2), TrainerConfig(), loss_fn=no_loss).model, frames
+        )
+        is None
+    )
     elu_config = TrainerConfig.from_dict({"model": {"fcnet_activation": "elu"}})
     elu = TorchPolicy(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2), elu_config, loss_fn=no_loss)
     assert elu._numpy_twin() is None

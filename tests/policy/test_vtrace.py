@@ -27,7 +27,9 @@ def random_trajectories(T: int, B: int, seed: int) -> dict[str, np.ndarray]:
     }
 
 
-def reference(d: dict[str, np.ndarray], rho_bar: float, pg_rho_bar: float, c_bar: float) -> tuple[np.ndarray, np.ndarray]:
+def reference(
+    d: dict[str, np.ndarray], rho_bar: float, pg_rho_bar: float, c_bar: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Element by element, straight from the paper: v_s = V(x_s) + sum_t gamma^(t-s) (prod c_i) delta_t."""
     T, B = d["rewards"].shape
     vs = np.zeros((T, B))

@@ -18,26 +18,42 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from fakes import progress
 
 from flowrl import Trainer
-from flowrl.storage.checkpoints import latest_checkpoint, read_checkpoint
 from flowrl.data import DEFAULT_POLICY_ID
+from flowrl.storage.checkpoints import latest_checkpoint, read_checkpoint
 from flowrl.storage.rundir import json_safe
-
-from fakes import progress
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
 ITERATIONS = 6
 CONFIGS = {
-    "ppo": ["--set", "train_batch_size=200", "--set", "rollout_fragment_length=100", "--set", "sgd_minibatch_size=50",
-            "--set", "num_sgd_iter=2", "--set", "num_envs_per_worker=2"],
+    "ppo": [
+        "--set",
+        "train_batch_size=200",
+        "--set",
+        "rollout_fragment_length=100",
+        "--set",
+        "sgd_minibatch_size=50",
+        "--set",
+        "num_sgd_iter=2",
+        "--set",
+        "num_envs_per_worker=2",
+    ],
     "dqn": ["--set", "learning_starts=100", "--set", "timesteps_per_iteration=100", "--set", "train_batch_size=16"],
 }
 # What a result must repeat exactly (timings and timestamps differ by nature).
-REPEATED = ("training_iteration", "timesteps_total", "episode_reward_mean", "episode_reward_min", "episode_reward_max",
-            "episode_len_mean", "episodes_total")
+REPEATED = (
+    "training_iteration",
+    "timesteps_total",
+    "episode_reward_mean",
+    "episode_reward_min",
+    "episode_reward_max",
+    "episode_len_mean",
+    "episodes_total",
+)
 
 
 def flowrl_train(*args: str) -> list[str]:
@@ -62,20 +78,47 @@ def final_state(directory: Path) -> dict[str, Any]:
 
 @pytest.mark.parametrize("algo", ["ppo", "dqn"])
 def test_a_run_killed_after_a_checkpoint_resumes_bit_identically(algo: str, tmp_path: Path) -> None:
-    common = ["--algo", algo, "--env", "CartPole-v1", "--num-workers", "0", "--seed", "3", "--checkpoint-freq", "2",
-              *CONFIGS[algo]]
+    common = [
+        "--algo",
+        algo,
+        "--env",
+        "CartPole-v1",
+        "--num-workers",
+        "0",
+        "--seed",
+        "3",
+        "--checkpoint-freq",
+        "2",
+        *CONFIGS[algo],
+    ]
     uninterrupted = tmp_path / "uninterrupted"
-    done = subprocess.run(flowrl_train(*common, "--stop-iters", str(ITERATIONS), "--results-dir", str(uninterrupted)),
-                          capture_output=True, text=True, timeout=240, cwd=REPO, env=environment(), check=False)
+    done = subprocess.run(
+        flowrl_train(*common, "--stop-iters", str(ITERATIONS), "--results-dir", str(uninterrupted)),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+        env=environment(),
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(flowrl_train(*common, "--results-dir", str(killed)), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, cwd=REPO, env=environment())
+    proc = subprocess.Popen(
+        flowrl_train(*common, "--results-dir", str(killed)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        env=environment(),
+    )
     try:
         deadline = time.monotonic() + 200
         while time.monotonic() < deadline and proc.poll() is None:
-            found = latest_checkpoint(run_dir(killed) / "checkpoints") if killed.exists() and any(killed.iterdir()) else None
+            found = (
+                latest_checkpoint(run_dir(killed) / "checkpoints")
+                if killed.exists() and any(killed.iterdir())
+                else None
+            )
             if found is not None:
                 break
             time.sleep(0.05)
@@ -84,8 +127,15 @@ def test_a_run_killed_after_a_checkpoint_resumes_bit_identically(algo: str, tmp_
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     directory = run_dir(killed)
-    resumed = subprocess.run(flowrl_train("--resume", str(directory), "--stop-iters", str(ITERATIONS)),
-                             capture_output=True, text=True, timeout=240, cwd=REPO, env=environment(), check=False)
+    resumed = subprocess.run(
+        flowrl_train("--resume", str(directory), "--stop-iters", str(ITERATIONS)),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+        env=environment(),
+        check=False,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
     expected, got = progress(run_dir(uninterrupted)), progress(directory)
@@ -101,26 +151,53 @@ def test_a_run_killed_after_a_checkpoint_resumes_bit_identically(algo: str, tmp_
     optimizer_a, optimizer_b = policy_a["optimizer"]["state"], policy_b["optimizer"]["state"]
     assert optimizer_a.keys() == optimizer_b.keys()
     for index, moments in optimizer_a.items():
-        assert all(torch.equal(torch.as_tensor(value), torch.as_tensor(optimizer_b[index][key])) for key, value in moments.items())
+        assert all(
+            torch.equal(torch.as_tensor(value), torch.as_tensor(optimizer_b[index][key]))
+            for key, value in moments.items()
+        )
     assert a["plan"]["metrics"][0] == b["plan"]["metrics"][0]
 
 
 SYNCHRONOUS = [
     ("pg", "CartPole-v1", {"num_workers": 0, "train_batch_size": 100}),
     ("a2c", "CartPole-v1", {"num_workers": 1, "train_batch_size": 100, "rollout_fragment_length": 50}),
-    ("ddpg", "Pendulum-v1", {"num_workers": 0, "learning_starts": 50, "timesteps_per_iteration": 100, "train_batch_size": 16}),
-    ("td3", "Pendulum-v1", {"num_workers": 1, "learning_starts": 50, "timesteps_per_iteration": 100, "train_batch_size": 16,
-                            "rollout_fragment_length": 25}),
+    (
+        "ddpg",
+        "Pendulum-v1",
+        {"num_workers": 0, "learning_starts": 50, "timesteps_per_iteration": 100, "train_batch_size": 16},
+    ),
+    (
+        "td3",
+        "Pendulum-v1",
+        {
+            "num_workers": 1,
+            "learning_starts": 50,
+            "timesteps_per_iteration": 100,
+            "train_batch_size": 16,
+            "rollout_fragment_length": 25,
+        },
+    ),
     ("es", "CartPole-v1", {"num_workers": 1, "episodes_per_batch": 4, "train_batch_size": 100}),
     ("ars", "CartPole-v1", {"num_workers": 0, "train_batch_size": 100}),
-    ("ppo", "MultiAgentCartPole", {"num_workers": 1, "train_batch_size": 100, "rollout_fragment_length": 50,
-                                   "sgd_minibatch_size": 50, "num_sgd_iter": 1}),
+    (
+        "ppo",
+        "MultiAgentCartPole",
+        {
+            "num_workers": 1,
+            "train_batch_size": 100,
+            "rollout_fragment_length": 50,
+            "sgd_minibatch_size": 50,
+            "num_sgd_iter": 1,
+        },
+    ),
 ]
 
 
 @pytest.mark.usefixtures("ray_session")
 @pytest.mark.parametrize(("algo", "env", "config"), SYNCHRONOUS, ids=[f"{a}-{e}" for a, e, _ in SYNCHRONOUS])
-def test_a_restored_trainer_repeats_the_uninterrupted_run(algo: str, env: str, config: dict[str, Any], tmp_path: Path) -> None:
+def test_a_restored_trainer_repeats_the_uninterrupted_run(
+    algo: str, env: str, config: dict[str, Any], tmp_path: Path
+) -> None:
     """Through ``Trainer.save`` and ``from_checkpoint``, with the driver or remote workers sampling."""
     config = {**config, "seed": 1, "num_cpus_per_worker": 0.25}
     with Trainer(algo, env, config) as trainer:
@@ -141,6 +218,8 @@ def repeated(result: dict[str, Any]) -> dict[str, Any]:
 
 def fingerprint_all(trainer: Trainer) -> dict[str, Any]:
     """Every policy's weights, and the counters."""
-    weights = {pid: {name: value.tobytes() for name, value in policy.get_weights().items()}
-               for pid, policy in trainer.workers.local_worker().policy_map.items()}
+    weights = {
+        pid: {name: value.tobytes() for name, value in policy.get_weights().items()}
+        for pid, policy in trainer.workers.local_worker().policy_map.items()
+    }
     return {"weights": weights, "counters": dict(trainer.plan.metrics.counters)}

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from fakes import checkpoints, progress
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -47,16 +46,33 @@ def jobs_address(ray_session: None) -> Iterator[str]:
     temp = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     port, dashboard = free_port(), free_port()
     head = subprocess.Popen(
-        [RAY, "start", "--head", "--block", f"--port={port}", f"--dashboard-port={dashboard}", "--include-dashboard=true",
-         "--num-cpus=2", f"--temp-dir={temp}", f"--ray-client-server-port={free_port()}",
-         f"--dashboard-agent-listen-port={free_port()}", f"--node-manager-port={free_port()}",
-         f"--object-manager-port={free_port()}", f"--metrics-export-port={free_port()}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ray_env(), start_new_session=True,
+        [
+            RAY,
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            f"--dashboard-port={dashboard}",
+            "--include-dashboard=true",
+            "--num-cpus=2",
+            f"--temp-dir={temp}",
+            f"--ray-client-server-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--node-manager-port={free_port()}",
+            f"--object-manager-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=ray_env(),
+        start_new_session=True,
     )
     address = f"http://127.0.0.1:{dashboard}"
     try:
         deadline = time.monotonic() + 90
-        while subprocess.run([RAY, "job", "list", "--address", address], capture_output=True, env=ray_env(), timeout=60).returncode:
+        while subprocess.run(
+            [RAY, "job", "list", "--address", address], capture_output=True, env=ray_env(), timeout=60
+        ).returncode:
             assert head.poll() is None, "ray start --head exited"
             assert time.monotonic() < deadline, "the Jobs API did not answer within 90 s"
             time.sleep(1)
@@ -77,8 +93,20 @@ def jobs_address(ray_session: None) -> Iterator[str]:
 
 def submit(address: str, *args: str, wait: bool = True) -> subprocess.CompletedProcess[str]:
     """``ray job submit`` of ``flowrl train *args``, retried while the node's job agent is still starting."""
-    command = [RAY, "job", "submit", "--address", address, *([] if wait else ["--no-wait"]), "--",
-               sys.executable, "-m", "flowrl.cli", "train", *args]
+    command = [
+        RAY,
+        "job",
+        "submit",
+        "--address",
+        address,
+        *([] if wait else ["--no-wait"]),
+        "--",
+        sys.executable,
+        "-m",
+        "flowrl.cli",
+        "train",
+        *args,
+    ]
     deadline = time.monotonic() + 60
     while True:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=200, env=ray_env(), cwd=REPO)
@@ -88,7 +116,9 @@ def submit(address: str, *args: str, wait: bool = True) -> subprocess.CompletedP
 
 
 def test_a_submitted_run_finishes_and_its_run_directory_is_complete(jobs_address: str, tmp_path: Path) -> None:
-    proc = submit(jobs_address, "--algo", "pg", "--env", "CartPole-v1", "--stop-iters", "2", "--results-dir", str(tmp_path))
+    proc = submit(
+        jobs_address, "--algo", "pg", "--env", "CartPole-v1", "--stop-iters", "2", "--results-dir", str(tmp_path)
+    )
     assert proc.returncode == 0 and "succeeded" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
     [run] = list(tmp_path.iterdir())
     assert json.loads((run / "params.json").read_text())["algo"] == "pg"
@@ -103,9 +133,16 @@ def test_ray_job_stop_ends_a_run_with_a_checkpoint(jobs_address: str, tmp_path: 
     while not any(path.stat().st_size for path in tmp_path.glob("*/progress.jsonl")):
         assert time.monotonic() < deadline, "the job trained no iteration within 120 s"
         time.sleep(0.5)
-    subprocess.run([RAY, "job", "stop", "--address", jobs_address, job], capture_output=True, timeout=120, env=ray_env(), check=True)
-    logs = subprocess.run([RAY, "job", "logs", "--address", jobs_address, job], capture_output=True, text=True, timeout=60,
-                          env=ray_env()).stdout
+    subprocess.run(
+        [RAY, "job", "stop", "--address", jobs_address, job],
+        capture_output=True,
+        timeout=120,
+        env=ray_env(),
+        check=True,
+    )
+    logs = subprocess.run(
+        [RAY, "job", "logs", "--address", jobs_address, job], capture_output=True, text=True, timeout=60, env=ray_env()
+    ).stdout
     assert "interrupted (SIGTERM)" in logs and "resume with: flowrl train --resume" in logs, logs[-3000:]
     [run] = list(tmp_path.iterdir())
     [checkpoint] = checkpoints(run)

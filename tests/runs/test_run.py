@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import checkpoints, progress
 
 from flowrl.errors import CheckpointError, ConfigError, RunError, RunWarning, WorkerFailureError
 from flowrl.runs.resume import find_resume_point, resume_run
 from flowrl.runs.run import Run, start_run
 from flowrl.storage.rundir import RunSpec, find_run_dir, parse_stop, read_run_spec, stop_reason
 from flowrl.storage.shared import StorageWarning, check_storage_path
-
-from fakes import checkpoints, progress
 
 pytestmark = pytest.mark.unit
 
@@ -40,7 +39,9 @@ def test_stop_reason_names_the_first_criterion_met() -> None:
     stop = {"episode_reward_mean": 100, "timesteps_total": 1000}
     assert stop_reason(stop, {"episode_reward_mean": 50.0, "timesteps_total": 999}) is None
     assert stop_reason(stop, {"episode_reward_mean": 50.0, "timesteps_total": 1200}) == "timesteps_total 1200 >= 1000"
-    assert stop_reason(stop, {"episode_reward_mean": 100.5, "timesteps_total": 1200}) == "episode_reward_mean 100.5 >= 100"
+    assert (
+        stop_reason(stop, {"episode_reward_mean": 100.5, "timesteps_total": 1200}) == "episode_reward_mean 100.5 >= 100"
+    )
     # No finished episode yet (NaN reward), a missing key, or a bool are never a reason to stop.
     assert stop_reason({"episode_reward_mean": -math.inf}, {"episode_reward_mean": math.nan}) is None
     assert stop_reason({"training_iteration": 1}, {}) is None
@@ -50,7 +51,9 @@ def test_stop_reason_names_the_first_criterion_met() -> None:
 
 def test_stop_criteria_are_checked() -> None:
     assert parse_stop({"training_iteration": 3}, "here") == {"training_iteration": 3}
-    with pytest.raises(RunError, match="here: unknown stop criterion 'training_iterations'; did you mean 'training_iteration'"):
+    with pytest.raises(
+        RunError, match="here: unknown stop criterion 'training_iterations'; did you mean 'training_iteration'"
+    ):
         parse_stop({"training_iterations": 3}, "here")
     with pytest.raises(RunError, match="must be a number"):
         RunSpec("pg", "CartPole-v1", stop={"timesteps_total": "1e6"})  # type: ignore[dict-item]
@@ -62,21 +65,30 @@ def test_checkpoint_settings_are_checked_all_at_once() -> None:
     with pytest.raises(ConfigError) as error:
         RunSpec("pg", "CartPole-v1", checkpoint_interval_s=-1, keep_checkpoints=0, keep_best="")
     assert [p.split(" must")[0] for p in error.value.problems] == [
-        "checkpoint_interval_s=-1", "keep_checkpoints=0", "keep_best=''"]
+        "checkpoint_interval_s=-1",
+        "keep_checkpoints=0",
+        "keep_best=''",
+    ]
     with pytest.raises(ConfigError, match="checkpoint_interval_s=inf must be a finite number of seconds >= 0"):
         RunSpec("pg", "CartPole-v1", checkpoint_interval_s=math.inf)
     assert RunSpec("pg", "CartPole-v1", checkpoint_interval_s=0, keep_best="score").checkpoint_interval_s == 0.0
 
 
 def test_params_json_records_the_checkpoint_settings_and_older_files_get_the_defaults(tmp_path: Path) -> None:
-    spec = RunSpec("pg", "CartPole-v1", checkpoint_freq=2, checkpoint_interval_s=30, keep_checkpoints=2, keep_best="score")
+    spec = RunSpec(
+        "pg", "CartPole-v1", checkpoint_freq=2, checkpoint_interval_s=30, keep_checkpoints=2, keep_best="score"
+    )
     (tmp_path / "params.json").write_text(json.dumps(spec.to_params()))
     assert read_run_spec(tmp_path) == spec
     # A params.json written before these settings existed: the defaults apply.
-    (tmp_path / "params.json").write_text(json.dumps({"algo": "pg", "env": "CartPole-v1", "config": {}, "checkpoint_freq": 3}))
+    (tmp_path / "params.json").write_text(
+        json.dumps({"algo": "pg", "env": "CartPole-v1", "config": {}, "checkpoint_freq": 3})
+    )
     old = read_run_spec(tmp_path)
     assert (old.checkpoint_freq, old.checkpoint_interval_s, old.keep_checkpoints, old.keep_best) == (3, 600.0, 5, None)
-    (tmp_path / "params.json").write_text(json.dumps({"algo": "pg", "env": "CartPole-v1", "config": {}, "keep_checkpoints": 0}))
+    (tmp_path / "params.json").write_text(
+        json.dumps({"algo": "pg", "env": "CartPole-v1", "config": {}, "keep_checkpoints": 0})
+    )
     with pytest.raises(RunError, match="params.json: keep_checkpoints=0 must be an integer >= 1"):
         read_run_spec(tmp_path)
 
@@ -85,9 +97,16 @@ def test_a_spec_is_not_changed_by_its_callers_dicts() -> None:
     config, stop = {"lr": 0.1}, {"training_iteration": 2}
     spec = RunSpec("pg", "CartPole-v1", config, stop)
     config["lr"], stop["training_iteration"] = 0.2, 5
-    assert spec.to_params() == {"algo": "pg", "env": "CartPole-v1", "config": {"lr": 0.1},
-                                "stop": {"training_iteration": 2}, "checkpoint_freq": 0,
-                                "checkpoint_interval_s": 600.0, "keep_checkpoints": 5, "keep_best": None}
+    assert spec.to_params() == {
+        "algo": "pg",
+        "env": "CartPole-v1",
+        "config": {"lr": 0.1},
+        "stop": {"training_iteration": 2},
+        "checkpoint_freq": 0,
+        "checkpoint_interval_s": 600.0,
+        "keep_checkpoints": 5,
+        "keep_best": None,
+    }
 
 
 # --- a new run -----------------------------------------------------------------------------------------
@@ -107,10 +126,14 @@ def test_a_run_writes_params_progress_and_the_final_checkpoint(tmp_path: Path, r
     assert [r["training_iteration"] for r in results] == [r["training_iteration"] for r in seen] == [1, 2, 3]
     assert [r["timesteps_total"] for r in results] == [64, 128, 192]
     assert checkpoints(run.directory) == ["checkpoint_000003"]  # checkpoint_freq 0: only the final one
-    assert summary.stop_reason == "training_iteration 3 >= 3" and not summary.interrupted and not summary.save_interrupted
+    assert (
+        summary.stop_reason == "training_iteration 3 >= 3" and not summary.interrupted and not summary.save_interrupted
+    )
     assert summary.directory == run.directory
     assert summary.checkpoint == run.checkpoint == run.directory / "checkpoints" / "checkpoint_000003"
-    rewards = [(r["episode_reward_mean"], r["training_iteration"]) for r in results if r["episode_reward_mean"] is not None]
+    rewards = [
+        (r["episode_reward_mean"], r["training_iteration"]) for r in results if r["episode_reward_mean"] is not None
+    ]
     assert (summary.best_reward, summary.best_iteration) == max(rewards, key=lambda pair: pair[0])
 
 
@@ -152,13 +175,16 @@ def replace_train(run: Run, fn: Callable[[Callable[[], dict[str, Any]], int], di
 
 def with_scores(scores: list[float]) -> Callable[[Callable[[], dict[str, Any]], int], dict[str, Any]]:
     """A ``replace_train`` function adding ``score`` = the next of ``scores`` to each result."""
+
     def train(real_train: Callable[[], dict[str, Any]], call: int) -> dict[str, Any]:
         return {**real_train(), "score": scores[call - 1]}
 
     return train
 
 
-def test_rotation_keeps_the_newest_checkpoints_and_a_failed_save_deletes_nothing(tmp_path: Path, ray_session: None) -> None:
+def test_rotation_keeps_the_newest_checkpoints_and_a_failed_save_deletes_nothing(
+    tmp_path: Path, ray_session: None
+) -> None:
     spec = RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 10}, checkpoint_freq=1, keep_checkpoints=3)
     with start_run(spec, results_dir=tmp_path) as run:
         real_save = run.trainer.save
@@ -189,9 +215,18 @@ def test_checkpoints_every_interval(tmp_path: Path, ray_session: None) -> None:
     assert checkpoints(run.directory) == ["checkpoint_000001", "checkpoint_000002", "checkpoint_000003"]
 
 
-def test_keep_best_copies_the_best_checkpoint_and_a_resumed_run_knows_its_value(tmp_path: Path, ray_session: None) -> None:
-    spec = RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 5}, checkpoint_freq=1, keep_checkpoints=2,
-                   keep_best="score")
+def test_keep_best_copies_the_best_checkpoint_and_a_resumed_run_knows_its_value(
+    tmp_path: Path, ray_session: None
+) -> None:
+    spec = RunSpec(
+        "pg",
+        "CartPole-v1",
+        TINY,
+        stop={"training_iteration": 5},
+        checkpoint_freq=1,
+        keep_checkpoints=2,
+        keep_best="score",
+    )
     with start_run(spec, results_dir=tmp_path) as run:
         replace_train(run, with_scores([1.0, 5.0, math.nan, 7.0, 2.0]))
         run.train()
@@ -213,7 +248,9 @@ def test_keep_best_copies_the_best_checkpoint_and_a_resumed_run_knows_its_value(
 
 
 def test_keep_best_warns_once_about_a_metric_no_result_has(tmp_path: Path, ray_session: None) -> None:
-    spec = RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 3}, checkpoint_freq=1, keep_best="episode_reward_maen")
+    spec = RunSpec(
+        "pg", "CartPole-v1", TINY, stop={"training_iteration": 3}, checkpoint_freq=1, keep_best="episode_reward_maen"
+    )
     with start_run(spec, results_dir=tmp_path) as run, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run.train()
@@ -255,7 +292,10 @@ def test_no_emergency_checkpoint_of_a_broken_state_nor_of_one_already_saved(tmp_
             run.train()
     assert checkpoints(run.directory) == ["checkpoint_000002"]
     assert run.failure is not None and not run.failure.saved
-    assert run.failure.not_saved_because == "the trainer's state is not intact: policy 'default_policy' has non-finite weights in 'w'"
+    assert (
+        run.failure.not_saved_because
+        == "the trainer's state is not intact: policy 'default_policy' has non-finite weights in 'w'"
+    )
     assert run.failure.checkpoint == run.directory / "checkpoints" / "checkpoint_000002"
 
     with start_run(spec, results_dir=tmp_path) as run:
@@ -291,7 +331,9 @@ def test_sighup_ends_training_with_a_checkpoint(tmp_path: Path, ray_session: Non
     assert {signum: signal.getsignal(signum) for signum in handlers} == handlers  # put back
 
 
-def test_a_sigterm_that_surfaces_as_a_plain_keyboard_interrupt_is_still_named(tmp_path: Path, ray_session: None) -> None:
+def test_a_sigterm_that_surfaces_as_a_plain_keyboard_interrupt_is_still_named(
+    tmp_path: Path, ray_session: None
+) -> None:
     """A signal landing in a blocking Ray call can reach the run as a plain KeyboardInterrupt."""
     with start_run(RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 5}), results_dir=tmp_path) as run:
         real_train = run.trainer.train
@@ -329,7 +371,9 @@ def test_a_second_signal_abandons_the_final_checkpoint(tmp_path: Path, ray_sessi
         summary = run.train(on_result=terminate)
     assert summary.save_interrupted and summary.interrupted_by == signal.SIGTERM
     assert summary.checkpoint == run.directory / "checkpoints" / "checkpoint_000002"
-    assert sorted(p.name for p in (run.directory / "checkpoints").iterdir()) == ["checkpoint_000002"]  # nothing half-written
+    assert sorted(p.name for p in (run.directory / "checkpoints").iterdir()) == [
+        "checkpoint_000002"
+    ]  # nothing half-written
 
 
 def test_a_rejected_config_leaves_no_run_directory(tmp_path: Path) -> None:
@@ -431,8 +475,11 @@ def no_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_storage_path_must_be_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_trainer: None) -> None:
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(RunError, match=r"storage path 'shared/runs' is relative; it must be absolute, naming the same "
-                                       r"directory on every node"):
+    with pytest.raises(
+        RunError,
+        match=r"storage path 'shared/runs' is relative; it must be absolute, naming the same "
+        r"directory on every node",
+    ):
         start_run(RunSpec("pg", "CartPole-v1", TINY), storage_path="shared/runs")
     with pytest.raises(RunError, match="storage path 'shared/runs' is relative"):
         find_resume_point("pg_CartPole-v1_20261124-010203", storage_path="shared/runs")
@@ -458,8 +505,13 @@ def test_an_unwritable_storage_path_is_refused_before_any_run_directory(tmp_path
     try:
         if os.access(storage, os.W_OK):
             pytest.skip("this user writes to read-only directories (root): permissions cannot refuse it")
-        with pytest.raises(RunError, match=re.escape(f"storage path '{storage}' cannot hold checkpoints: creating a "
-                                                     f"directory (is it writable?) failed there (PermissionError")):
+        with pytest.raises(
+            RunError,
+            match=re.escape(
+                f"storage path '{storage}' cannot hold checkpoints: creating a "
+                f"directory (is it writable?) failed there (PermissionError"
+            ),
+        ):
             start_run(RunSpec("pg", "CartPole-v1", TINY), storage_path=storage)
         assert not any(storage.iterdir())
     finally:
@@ -478,8 +530,13 @@ def test_a_filesystem_operation_checkpoints_need_is_probed_and_named(
 ) -> None:
     storage = tmp_path / "mount"
     monkeypatch.setattr(os, "fsync", refuse_with(errno.ENOTSUP))
-    with pytest.raises(RunError, match=re.escape(f"storage path '{storage}' cannot hold checkpoints: writing and fsyncing "
-                                                 f"a file failed there (OSError: [Errno {errno.ENOTSUP}]")):
+    with pytest.raises(
+        RunError,
+        match=re.escape(
+            f"storage path '{storage}' cannot hold checkpoints: writing and fsyncing "
+            f"a file failed there (OSError: [Errno {errno.ENOTSUP}]"
+        ),
+    ):
         start_run(RunSpec("pg", "CartPole-v1", TINY), storage_path=str(storage))
     assert not any(storage.iterdir())  # the probe is removed, and no run directory was made
 
@@ -509,8 +566,10 @@ def test_an_unknown_run_name_lists_the_runs_under_the_storage_path(tmp_path: Pat
     with pytest.raises(RunError) as error:
         find_run_dir("pg_CartPole-v1_20261130-000000", str(tmp_path))
     newest = ", ".join(f"pg_CartPole-v1_2026112{age}-000000" for age in range(5))
-    assert str(error.value) == (f"no run directory 'pg_CartPole-v1_20261130-000000' under storage path '{tmp_path}'; "
-                                f"the newest there: {newest} (7 in all)")
+    assert str(error.value) == (
+        f"no run directory 'pg_CartPole-v1_20261130-000000' under storage path '{tmp_path}'; "
+        f"the newest there: {newest} (7 in all)"
+    )
     with pytest.raises(RunError, match="under storage path .*notes'; it holds no run directories"):
         find_run_dir("pg_CartPole-v1_20261130-000000", tmp_path / "notes")
     with pytest.raises(RunError, match="does not exist on this node \\(is the shared filesystem mounted here\\?\\)"):

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from fakes import checkpoints, progress
 
 pytestmark = pytest.mark.integration

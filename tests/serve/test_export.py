@@ -22,15 +22,15 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from policy_files import build_policies, observations, write_files
 
 import flowrl
-from flowrl.storage.checkpoints import write_checkpoint
 from flowrl.cli.main import main
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.errors import CheckpointError, RunError
 from flowrl.serve.export import export_policy, find_checkpoint
 from flowrl.serve.inference import policy_files
-from policy_files import build_policies, observations, write_files
+from flowrl.storage.checkpoints import write_checkpoint
 
 pytestmark = [
     pytest.mark.unit,
@@ -41,11 +41,21 @@ pytestmark = [
 
 FORMATS = ("torchscript", "onnx")
 TRAINED = {
-    "ppo": ("CartPole-v1", {"rollout_fragment_length": 100, "train_batch_size": 200, "sgd_minibatch_size": 50,
-                            "num_sgd_iter": 2}),
+    "ppo": (
+        "CartPole-v1",
+        {"rollout_fragment_length": 100, "train_batch_size": 200, "sgd_minibatch_size": 50, "num_sgd_iter": 2},
+    ),
     "dqn": ("CartPole-v1", {"learning_starts": 100, "timesteps_per_iteration": 200, "train_batch_size": 32}),
-    "td3": ("Pendulum-v1", {"learning_starts": 100, "timesteps_per_iteration": 200, "train_batch_size": 32,
-                            "actor_hiddens": [64, 64], "critic_hiddens": [64, 64]}),
+    "td3": (
+        "Pendulum-v1",
+        {
+            "learning_starts": 100,
+            "timesteps_per_iteration": 200,
+            "train_batch_size": 32,
+            "actor_hiddens": [64, 64],
+            "critic_hiddens": [64, 64],
+        },
+    ),
 }
 
 
@@ -85,7 +95,9 @@ def trained(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
     yield checkpoints
 
 
-def test_exports_of_trained_policies_act_as_load_policy_without_flowrl_or_ray(trained: dict[str, Path], tmp_path: Path) -> None:
+def test_exports_of_trained_policies_act_as_load_policy_without_flowrl_or_ray(
+    trained: dict[str, Path], tmp_path: Path
+) -> None:
     models, expected = [], {}
     for algo, checkpoint in trained.items():
         policy = flowrl.load_policy(checkpoint)
@@ -116,11 +128,18 @@ def test_exports_of_trained_policies_act_as_load_policy_without_flowrl_or_ray(tr
         """
     )
     environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.run([sys.executable, "-c", script, *models], check=False, capture_output=True, text=True,
-                          timeout=240, cwd=tmp_path, env=environ)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *models],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+        env=environ,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    assert json.loads(lines[-1][len("RESULT "):]) == {"flowrl": False, "ray": False, "gymnasium": False}
+    assert json.loads(lines[-1][len("RESULT ") :]) == {"flowrl": False, "ray": False, "gymnasium": False}
     for model, actions in expected.items():
         got = np.load(model + ".actions.npy")
         assert got.shape == actions.shape and got.dtype == actions.dtype, model
@@ -135,9 +154,18 @@ def test_the_description_says_what_goes_in_and_comes_out(trained: dict[str, Path
     assert model == tmp_path / "default_policy.onnx"
     description = json.loads((tmp_path / "default_policy.onnx.json").read_text())
     assert description["format"] == "flowrl-export" and description["model_format"] == "onnx"
-    assert (description["algo"], description["policy_id"], description["model_file"]) == ("dqn", DEFAULT_POLICY_ID, model.name)
+    assert (description["algo"], description["policy_id"], description["model_file"]) == (
+        "dqn",
+        DEFAULT_POLICY_ID,
+        model.name,
+    )
     assert description["checkpoint"] == str(trained["dqn"].resolve())
-    assert description["input"] | {"description": ""} == {"name": "obs", "dtype": "float32", "shape": ["batch", 4], "description": ""}
+    assert description["input"] | {"description": ""} == {
+        "name": "obs",
+        "dtype": "float32",
+        "shape": ["batch", 4],
+        "description": "",
+    }
     outputs = [(o["name"], o["dtype"], o["shape"]) for o in description["outputs"]]
     assert outputs == [("actions", "int64", ["batch"]), ("q_values", "float32", ["batch", 2])]
     assert description["action_space"] == {"type": "Discrete", "n": 2, "start": 0, "dtype": "int64"}
@@ -149,7 +177,9 @@ def test_the_description_says_what_goes_in_and_comes_out(trained: dict[str, Path
     assert [(i.name, i.shape) for i in session.get_inputs()] == [("obs", ["batch", 4])]
     assert [o.name for o in session.get_outputs()] == ["actions", "q_values"]
     q_values = flowrl.load_policy(trained["dqn"]).policy.model(torch.zeros(1, 4))[0].detach().numpy()
-    np.testing.assert_allclose(session.run(None, {"obs": np.zeros((1, 4), np.float32)})[1], q_values, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        session.run(None, {"obs": np.zeros((1, 4), np.float32)})[1], q_values, rtol=1e-5, atol=1e-6
+    )
 
 
 # -- every kind of policy ------------------------------------------------------------------------
@@ -234,8 +264,12 @@ def run_dir(tmp_path: Path) -> Path:
     (run / "params.json").write_text(json.dumps({"algo": "ppo", "env": "CartPole-v1", "config": {}}))
     for iteration in (1, 2):
         policy_map, config = build_policies("ppo", "CartPole-v1", seed=iteration)
-        write_checkpoint(run / "checkpoints" / f"checkpoint_{iteration:06d}", {}, {"algo": "ppo", "iteration": iteration},
-                         policy_files(policy_map, "ppo", config))
+        write_checkpoint(
+            run / "checkpoints" / f"checkpoint_{iteration:06d}",
+            {},
+            {"algo": "ppo", "iteration": iteration},
+            policy_files(policy_map, "ppo", config),
+        )
     return run
 
 
@@ -249,7 +283,9 @@ def test_a_run_directory_exports_its_latest_or_the_chosen_checkpoint(run_dir: Pa
         expected = flowrl.load_policy(run_dir / "checkpoints" / f"checkpoint_{number:06d}").compute_actions(obs)
         np.testing.assert_array_equal(run_exported(model, obs)[0], expected)
     assert not np.array_equal(run_exported(latest, obs)[1], run_exported(first, obs)[1])
-    assert find_checkpoint(run_dir / "checkpoints" / "checkpoint_000001") == run_dir / "checkpoints" / "checkpoint_000001"
+    assert (
+        find_checkpoint(run_dir / "checkpoints" / "checkpoint_000001") == run_dir / "checkpoints" / "checkpoint_000001"
+    )
 
 
 def test_checkpoint_and_format_errors_name_what_would_work(run_dir: Path, tmp_path: Path) -> None:
@@ -265,7 +301,9 @@ def test_checkpoint_and_format_errors_name_what_would_work(run_dir: Path, tmp_pa
 
 def test_onnx_without_its_packages_asks_for_the_export_extra(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime raises ImportError
-    with pytest.raises(RunError, match=r"needs the optional dependency onnxruntime .*pip install 'flowrl-ray\[export\]'"):
+    with pytest.raises(
+        RunError, match=r"needs the optional dependency onnxruntime .*pip install 'flowrl-ray\[export\]'"
+    ):
         export_policy(run_dir, format="onnx")
     assert export_policy(run_dir, format="torchscript").is_file()  # TorchScript needs only torch
 
@@ -298,7 +336,9 @@ def dict_observation_policy() -> tuple[dict[str, Any], Any]:
 
 
 @pytest.mark.parametrize("format", FORMATS)
-def test_the_observation_filter_and_flattened_dict_observations_are_part_of_the_model(format: str, tmp_path: Path) -> None:
+def test_the_observation_filter_and_flattened_dict_observations_are_part_of_the_model(
+    format: str, tmp_path: Path
+) -> None:
     from gymnasium.spaces.utils import flatten
 
     from flowrl.policy.filters import MeanStdFilter
@@ -314,10 +354,14 @@ def test_the_observation_filter_and_flattened_dict_observations_are_part_of_the_
     loaded = flowrl.load_policy(checkpoint)
     obs = np.random.default_rng(2).normal(3.0, 2.0, size=(1000, 4)).astype(np.float32)
     expected = loaded.compute_actions(obs)
-    assert not np.array_equal(expected, policy_map[DEFAULT_POLICY_ID].compute_actions(obs, explore=False)[0])  # it matters
+    assert not np.array_equal(
+        expected, policy_map[DEFAULT_POLICY_ID].compute_actions(obs, explore=False)[0]
+    )  # it matters
     model = export_policy(checkpoint, format=format, out=tmp_path / "out")
     np.testing.assert_array_equal(run_exported(model, obs)[0], expected)
-    assert json.loads(model.with_name(model.name + ".json").read_text())["observation_filter"]["type"] == "MeanStdFilter"
+    assert (
+        json.loads(model.with_name(model.name + ".json").read_text())["observation_filter"]["type"] == "MeanStdFilter"
+    )
 
     # Dict observations: the model takes them flattened, as gymnasium.spaces.utils.flatten gives them.
     policy_map, config = dict_observation_policy()
@@ -359,8 +403,12 @@ def test_a_model_that_does_not_trace_faithfully_is_refused(
 ) -> None:
     (tmp_path / "fixed_batch_model.py").write_text(FIXED_BATCH_MODEL)
     monkeypatch.syspath_prepend(str(tmp_path))
-    policy_map, config = build_policies("ppo", "CartPole-v1", {"model": {"custom_model": "fixed_batch_model:FixedBatch"}})
+    policy_map, config = build_policies(
+        "ppo", "CartPole-v1", {"model": {"custom_model": "fixed_batch_model:FixedBatch"}}
+    )
     checkpoint = write_files(tmp_path / "checkpoint_000001", policy_map, "ppo", config)
-    with pytest.raises(RunError, match=f"the exported {format} model does not compute what the policy does on a batch of 17"):
+    with pytest.raises(
+        RunError, match=f"the exported {format} model does not compute what the policy does on a batch of 17"
+    ):
         export_policy(checkpoint, format=format, out=tmp_path / "out")
     assert not list((tmp_path / "out").iterdir())  # nothing half-right is left behind

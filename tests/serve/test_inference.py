@@ -19,10 +19,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from policy_files import build_policies, observations, write_files
 
 import flowrl
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.errors import CheckpointError
+from flowrl.policy import Policy
 from flowrl.serve.inference import (
     POLICIES_JSON,
     POLICIES_WEIGHTS,
@@ -31,16 +33,19 @@ from flowrl.serve.inference import (
     space_from_json,
     space_to_json,
 )
-from flowrl.policy import Policy
-
-from policy_files import build_policies, observations, write_files
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(180)]
 
 REPO = Path(__file__).resolve().parents[2]
 # (algorithm, env): discrete actions (PPO, DQN) and Box actions (DDPG, TD3, and PPO, whose
 # Gaussian means leave the bounds and are clipped as the samplers clip them).
-CASES = [("ppo", "CartPole-v1"), ("dqn", "CartPole-v1"), ("ddpg", "Pendulum-v1"), ("td3", "Pendulum-v1"), ("ppo", "Pendulum-v1")]
+CASES = [
+    ("ppo", "CartPole-v1"),
+    ("dqn", "CartPole-v1"),
+    ("ddpg", "Pendulum-v1"),
+    ("td3", "Pendulum-v1"),
+    ("ppo", "Pendulum-v1"),
+]
 
 
 def by_parity(agent: int) -> str:
@@ -128,7 +133,10 @@ def test_loading_needs_no_ray_and_never_unpickles_state(tmp_path: Path) -> None:
         obs = observations(policy_map[DEFAULT_POLICY_ID].observation_space, seed=1)
         np.save(directory / "obs.npy", obs)
         checkpoints.append(str(directory))
-        expected[str(directory)] = (greedy(policy_map[DEFAULT_POLICY_ID], obs), policy_map[DEFAULT_POLICY_ID].action_space)
+        expected[str(directory)] = (
+            greedy(policy_map[DEFAULT_POLICY_ID], obs),
+            policy_map[DEFAULT_POLICY_ID].action_space,
+        )
     script = textwrap.dedent(
         """
         import json, sys
@@ -231,7 +239,11 @@ def test_the_files_are_standard_json_and_safetensors(tmp_path: Path) -> None:
     weights = policy_map[DEFAULT_POLICY_ID].get_weights()
     assert set(tensors) == {f"{DEFAULT_POLICY_ID}/{name}" for name in weights}
     for name, value in weights.items():
-        assert entry["tensors"][name] == {"key": f"{DEFAULT_POLICY_ID}/{name}", "dtype": str(value.dtype), "shape": list(value.shape)}
+        assert entry["tensors"][name] == {
+            "key": f"{DEFAULT_POLICY_ID}/{name}",
+            "dtype": str(value.dtype),
+            "shape": list(value.shape),
+        }
         np.testing.assert_array_equal(tensors[f"{DEFAULT_POLICY_ID}/{name}"], value)
 
 
@@ -257,7 +269,11 @@ def test_spaces_round_trip_through_json(space: gym.Space[Any]) -> None:
     assert rebuilt == space and type(rebuilt) is type(space)
     if isinstance(space, gym.spaces.Box):
         assert isinstance(rebuilt, gym.spaces.Box)
-        assert rebuilt.dtype == space.dtype and np.array_equal(rebuilt.low, space.low) and np.array_equal(rebuilt.high, space.high)
+        assert (
+            rebuilt.dtype == space.dtype
+            and np.array_equal(rebuilt.low, space.low)
+            and np.array_equal(rebuilt.high, space.high)
+        )
     if isinstance(space, gym.spaces.Dict):
         assert isinstance(rebuilt, gym.spaces.Dict)
         assert list(rebuilt.spaces) == list(space.spaces)  # the order a model flattens it in
@@ -284,7 +300,9 @@ def checkpoint(tmp_path: Path) -> Path:
 def test_a_checkpoint_without_policies_json_says_so(checkpoint: Path, tmp_path: Path) -> None:
     (checkpoint / POLICIES_JSON).unlink()
     write_malicious_state(checkpoint, tmp_path / "ran")
-    with pytest.raises(CheckpointError, match=rf"{checkpoint}.*has no {POLICIES_JSON} \(it holds state.pkl.*Trainer.from_checkpoint"):
+    with pytest.raises(
+        CheckpointError, match=rf"{checkpoint}.*has no {POLICIES_JSON} \(it holds state.pkl.*Trainer.from_checkpoint"
+    ):
         load_policy(checkpoint)
     with pytest.raises(CheckpointError, match="does not exist"):
         load_policy(tmp_path / "nowhere")

@@ -14,6 +14,7 @@ import cloudpickle
 import pytest
 
 import flowrl.storage.checkpoints
+from flowrl.errors import CheckpointError, ConfigError
 from flowrl.storage.checkpoints import (
     COMPLETE_FILE,
     METADATA_FILE,
@@ -28,7 +29,6 @@ from flowrl.storage.checkpoints import (
     verify_checkpoint,
     write_checkpoint,
 )
-from flowrl.errors import CheckpointError, ConfigError
 
 pytestmark = pytest.mark.unit
 
@@ -112,7 +112,9 @@ def test_missing_or_truncated_files_are_named(tmp_path: Path) -> None:
     path = save(tmp_path / "checkpoint_000001", "x", files=FILES)
     data = (path / "policies.safetensors").read_bytes()
     (path / "policies.safetensors").write_bytes(data[:10])
-    with pytest.raises(CheckpointError, match=rf"corrupt: policies.safetensors has 10 bytes, COMPLETE lists {len(data)}"):
+    with pytest.raises(
+        CheckpointError, match=rf"corrupt: policies.safetensors has 10 bytes, COMPLETE lists {len(data)}"
+    ):
         verify_checkpoint(path)
     (path / METADATA_FILE).unlink()
     with pytest.raises(CheckpointError, match="corrupt: metadata.json is missing"):
@@ -214,7 +216,11 @@ def test_a_lookup_leaves_a_busy_directory_alone(tmp_path: Path) -> None:
 def test_clean_orphans_removes_leftovers_and_reports_them(tmp_path: Path) -> None:
     live = save(tmp_path / "checkpoint_000002", "live", 2)
     leftovers = []
-    for name in (".checkpoint_000003.tmp-0a1b2c3d", ".checkpoint_000002.old-0a1b2c3d", ".checkpoint_000001.deleting-0a1b2c3d"):
+    for name in (
+        ".checkpoint_000003.tmp-0a1b2c3d",
+        ".checkpoint_000002.old-0a1b2c3d",
+        ".checkpoint_000001.deleting-0a1b2c3d",
+    ):
         save(tmp_path / "elsewhere" / "x", "leftover").rename(tmp_path / name)
         leftovers.append(tmp_path / name)
     (tmp_path / ".checkpoint_000004.tmp-00ff00ff").mkdir()  # killed right after making it
@@ -370,7 +376,11 @@ def test_a_kill_at_any_step_loses_nothing_and_the_next_write_cleans_up(tmp_path:
         prepare(directory, operation)
         done = subprocess.run(
             [sys.executable, "-c", KILLED_SCRIPT, operation, str(directory), str(limit)],
-            check=False, cwd=REPO, capture_output=True, text=True, timeout=60,
+            check=False,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert done.returncode in (0, 1), done.stderr
         live = {p.name for p in directory.iterdir()}

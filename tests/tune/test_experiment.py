@@ -26,13 +26,25 @@ pytestmark = [pytest.mark.tune, pytest.mark.usefixtures("ray_session"), pytest.m
 
 REPO = Path(__file__).resolve().parents[2]
 # One process per trial (no remote workers) on half a CPU: two trials fit the session's 2 CPUs.
-TINY = {"num_workers": 0, "num_cpus_for_driver": 0.5, "train_batch_size": 1000, "sgd_minibatch_size": 250,
-        "num_sgd_iter": 2, "rollout_fragment_length": 200, "seed": 0}
+TINY = {
+    "num_workers": 0,
+    "num_cpus_for_driver": 0.5,
+    "train_batch_size": 1000,
+    "sgd_minibatch_size": 250,
+    "num_sgd_iter": 2,
+    "rollout_fragment_length": 200,
+    "seed": 0,
+}
 
 
 def experiment(stop_iters: int, lrs: list[float], **top: Any) -> dict[str, Any]:
-    return {"algo": "ppo", "env": "CartPole-v1", "stop": {"training_iteration": stop_iters},
-            "config": {**TINY, "lr": {"grid_search": lrs}}, **top}
+    return {
+        "algo": "ppo",
+        "env": "CartPole-v1",
+        "stop": {"training_iteration": stop_iters},
+        "config": {**TINY, "lr": {"grid_search": lrs}},
+        **top,
+    }
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -51,8 +63,9 @@ class ResultTimes(Callback):
     def __init__(self) -> None:
         self.times: dict[str, list[float]] = {}
 
-    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any],
-                        **info: Any) -> None:
+    def on_trial_result(
+        self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
+    ) -> None:
         self.times.setdefault(trial.trial_id, []).append(time.monotonic())
 
 
@@ -82,8 +95,12 @@ def test_a_grid_runs_its_trials_side_by_side_and_reports_the_best(tmp_path: Path
 
 def test_asha_stops_a_clearly_bad_trial_early(tmp_path: Path) -> None:
     # One trial at a time, the good one first: the bad one meets the good one's result at each rung.
-    spec = experiment(8, [0.01, 1e-8], max_concurrent_trials=1,
-                      scheduler={"type": "asha", "grace_period": 4, "max_t": 8, "reduction_factor": 2})
+    spec = experiment(
+        8,
+        [0.01, 1e-8],
+        max_concurrent_trials=1,
+        scheduler={"type": "asha", "grace_period": 4, "max_t": 8, "reduction_factor": 2},
+    )
     summary = run(spec, results_dir=tmp_path, verbose=False)
     by_lr = {trial.config["lr"]: trial for trial in summary.trials}
     assert by_lr[0.01].iterations == 8
@@ -119,8 +136,15 @@ print(json.dumps({"directory": str(summary.directory), "signal": summary.interru
 def test_flowrl_tune_resume_continues_an_interrupted_experiment_from_its_checkpoints(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     spec = json.dumps(experiment(6, [0.01], checkpoint_freq=1))
-    first = subprocess.run([sys.executable, "-c", INTERRUPTED_RUN, spec, str(tmp_path), str(tmp_path / "interrupted")],
-                           cwd=REPO, env=env, capture_output=True, text=True, timeout=200, check=False)
+    first = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_RUN, spec, str(tmp_path), str(tmp_path / "interrupted")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     interrupted = json.loads(first.stdout.splitlines()[-1])
     [[status, done]] = interrupted["trials"]
@@ -130,8 +154,15 @@ def test_flowrl_tune_resume_continues_an_interrupted_experiment_from_its_checkpo
     assert read_csv(directory / "trials.csv")[0]["status"] == status
 
     # In a new process, on a new Ray instance: only the experiment directory carries the state.
-    resumed = subprocess.run([sys.executable, "-m", "flowrl.cli", "tune", "--resume", str(directory)],
-                             cwd=REPO, env=env, capture_output=True, text=True, timeout=200, check=False)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "flowrl.cli", "tune", "--resume", str(directory)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     [row] = read_csv(directory / "trials.csv")
     assert (row["status"], row["iterations"]) == ("TERMINATED", "6")
@@ -173,8 +204,16 @@ def test_flowrl_tune_reports_a_bad_spec_as_a_usage_error(tmp_path: Path, capsys:
 
 def test_a_failed_trial_is_reported_and_flowrl_tune_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "dqn.json"  # DQN takes discrete actions only: the trial fails as its trainer starts
-    config.write_text(json.dumps({"algo": "dqn", "env": "Pendulum-v1", "stop": {"training_iteration": 2},
-                                  "config": {"num_workers": 0, "num_cpus_for_driver": 0.5}}))
+    config.write_text(
+        json.dumps(
+            {
+                "algo": "dqn",
+                "env": "Pendulum-v1",
+                "stop": {"training_iteration": 2},
+                "config": {"num_workers": 0, "num_cpus_for_driver": 0.5},
+            }
+        )
+    )
     assert main(["tune", "--config", str(config), "--results-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert re.search(r"flowrl: error: trial \w+ failed: .*Discrete.* \(traceback: .*error.txt\)", err), err

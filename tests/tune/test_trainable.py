@@ -16,17 +16,44 @@ from flowrl.tune.trainable import RunDirectoryLogger, trainable_for, trial_resou
 pytestmark = [pytest.mark.tune, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240)]
 
 # One process per trial (no remote workers), 200-step iterations: two trials fit the session's 2 CPUs.
-TINY = {"num_workers": 0, "num_cpus_for_driver": 0.5, "train_batch_size": 200, "sgd_minibatch_size": 100,
-        "num_sgd_iter": 2, "rollout_fragment_length": 200, "seed": 0}
+TINY = {
+    "num_workers": 0,
+    "num_cpus_for_driver": 0.5,
+    "train_batch_size": 200,
+    "sgd_minibatch_size": 100,
+    "num_sgd_iter": 2,
+    "rollout_fragment_length": 200,
+    "seed": 0,
+}
 
 
 def test_a_trial_asks_tune_for_its_plans_placement_group() -> None:
-    factory = trial_resources("impala", {"num_workers": 2, "num_cpus_per_worker": 0.25, "num_aggregation_workers": 1,
-                                         "num_cpus_per_aggregator": 0.5, "placement_strategy": "SPREAD"})
-    assert factory.bundles == [{"CPU": 1.0}, {"CPU": 0.25}, {"CPU": 0.25}, {"CPU": 0.5}]  # trainable, workers, aggregator
+    factory = trial_resources(
+        "impala",
+        {
+            "num_workers": 2,
+            "num_cpus_per_worker": 0.25,
+            "num_aggregation_workers": 1,
+            "num_cpus_per_aggregator": 0.5,
+            "placement_strategy": "SPREAD",
+        },
+    )
+    assert factory.bundles == [
+        {"CPU": 1.0},
+        {"CPU": 0.25},
+        {"CPU": 0.25},
+        {"CPU": 0.5},
+    ]  # trainable, workers, aggregator
     assert factory.strategy == "SPREAD"
-    assert trial_resources("ppo", {"num_workers": 1, "num_cpus_for_driver": 0.5}).bundles == [{"CPU": 0.5}, {"CPU": 1.0}]
-    learners = {"num_workers": 1, "num_learners": 2, "num_cpus_per_learner": 2}  # a bundle per learner actor, after the workers'
+    assert trial_resources("ppo", {"num_workers": 1, "num_cpus_for_driver": 0.5}).bundles == [
+        {"CPU": 0.5},
+        {"CPU": 1.0},
+    ]
+    learners = {
+        "num_workers": 1,
+        "num_learners": 2,
+        "num_cpus_per_learner": 2,
+    }  # a bundle per learner actor, after the workers'
     assert trial_resources("ppo", learners).bundles == [{"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 2.0}, {"CPU": 2.0}]
 
 
@@ -37,14 +64,25 @@ def pbt_experiment(tmp_path: Path, mutations: dict[str, Any], name: str, **confi
     that which one exploits the other does not depend on a few hundred steps of CartPole.
     """
     # Synchronous PBT: each perturbation waits for both trials, so the exploit happens whichever trial runs ahead.
-    scheduler = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=2, synch=True,
-                                        hyperparam_mutations=mutations, quantile_fraction=0.5, resample_probability=1.0)
+    scheduler = PopulationBasedTraining(
+        time_attr="training_iteration",
+        perturbation_interval=2,
+        synch=True,
+        hyperparam_mutations=mutations,
+        quantile_fraction=0.5,
+        resample_probability=1.0,
+    )
     tuner = tune.Tuner(
         trainable_for("ppo", "CartPole-v1"),
         param_space={**TINY, **config, "lr": tune.grid_search([0.01, 1e-7])},
         tune_config=tune.TuneConfig(metric="config/lr", mode="max", scheduler=scheduler, reuse_actors=True),
-        run_config=tune.RunConfig(name=name, storage_path=str(tmp_path), stop={"training_iteration": 6}, verbose=0,
-                                  callbacks=[RunDirectoryLogger()]),
+        run_config=tune.RunConfig(
+            name=name,
+            storage_path=str(tmp_path),
+            stop={"training_iteration": 6},
+            verbose=0,
+            callbacks=[RunDirectoryLogger()],
+        ),
     )
     grid = tuner.fit()
     assert not grid.errors
@@ -91,5 +129,7 @@ def test_an_actor_reused_for_a_new_trial_starts_it_afresh(tmp_path: Path) -> Non
         run_config=tune.RunConfig(name="reuse", storage_path=str(tmp_path), stop={"training_iteration": 2}, verbose=0),
     )
     grid = tuner.fit()
-    firsts = sorted(tuple(trial.metrics_dataframe.iloc[0][["timesteps_total", "info/tune/config_change"]]) for trial in grid)
+    firsts = sorted(
+        tuple(trial.metrics_dataframe.iloc[0][["timesteps_total", "info/tune/config_change"]]) for trial in grid
+    )
     assert firsts == [(200, "initial"), (200, "rebuilt"), (200, "rebuilt")]  # no trial went on from another's weights

@@ -27,7 +27,13 @@ class EpisodeHooks:
     """
 
     def __init__(
-        self, callbacks: Callbacks, info_keys: Sequence[str], *, worker_index: int, num_envs: int, multi_agent: bool = False
+        self,
+        callbacks: Callbacks,
+        info_keys: Sequence[str],
+        *,
+        worker_index: int,
+        num_envs: int,
+        multi_agent: bool = False,
     ) -> None:
         self.callbacks = callbacks
         self.info_keys = tuple(info_keys)

@@ -116,7 +116,11 @@ class MultiAgentSampler(FaultTolerantSampler):
         hooks: EpisodeHooks | None = None,
     ) -> None:
         super().__init__(
-            envs, env_maker=env_maker, on_bad_observation=on_bad_observation, worker_index=worker_index, seed=seed,
+            envs,
+            env_maker=env_maker,
+            on_bad_observation=on_bad_observation,
+            worker_index=worker_index,
+            seed=seed,
             hooks=hooks,
         )
         self.policy_map = policy_map
@@ -147,7 +151,12 @@ class MultiAgentSampler(FaultTolerantSampler):
         self._prepare_groups(_Fragment(), -1)
 
     STATE_ATTRS = FaultTolerantSampler.STATE_ATTRS + (
-        "_next_episode_id", "steps_sampled", "obs", "ts", "eps_ids", "trajectories",
+        "_next_episode_id",
+        "steps_sampled",
+        "obs",
+        "ts",
+        "eps_ids",
+        "trajectories",
     )
 
     def set_state(self, state: Mapping[str, Any]) -> list[int]:
@@ -236,7 +245,11 @@ class MultiAgentSampler(FaultTolerantSampler):
             for k, (i, agent) in enumerate(members):
                 action = policy_actions[k]
                 actions[i][agent] = np.clip(action, *clip) if clip is not None else action
-                rows[(i, agent)] = {SampleBatch.OBS: obs_batch[k], SampleBatch.ACTIONS: action, **{key: v[k] for key, v in extra.items()}}
+                rows[(i, agent)] = {
+                    SampleBatch.OBS: obs_batch[k],
+                    SampleBatch.ACTIONS: action,
+                    **{key: v[k] for key, v in extra.items()},
+                }
         if self.timed:
             self.inference_s += time.perf_counter() - started
         for i, env in enumerate(self.envs):
@@ -262,13 +275,15 @@ class MultiAgentSampler(FaultTolerantSampler):
             for agent in actions[i]:
                 row = rows[(i, agent)]
                 terminated, truncated = bool(terminateds.get(agent, False)), bool(truncateds.get(agent, False))
-                row.update({
-                    SampleBatch.REWARDS: float(rewards.get(agent, 0.0)),
-                    SampleBatch.NEW_OBS: np.asarray(new_obs.get(agent, row[SampleBatch.OBS])),
-                    SampleBatch.TERMINATEDS: terminated,
-                    SampleBatch.TRUNCATEDS: truncated,
-                    SampleBatch.T: t,
-                })
+                row.update(
+                    {
+                        SampleBatch.REWARDS: float(rewards.get(agent, 0.0)),
+                        SampleBatch.NEW_OBS: np.asarray(new_obs.get(agent, row[SampleBatch.OBS])),
+                        SampleBatch.TERMINATEDS: terminated,
+                        SampleBatch.TRUNCATEDS: truncated,
+                        SampleBatch.T: t,
+                    }
+                )
                 trajectory = self.trajectories[i][agent]
                 trajectory.add(row)
                 if terminated or truncated:

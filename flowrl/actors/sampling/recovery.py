@@ -97,7 +97,11 @@ class FaultTolerantSampler:
 
     #: What, besides the envs, makes up the sampler's progress between two samples (subclasses add theirs).
     STATE_ATTRS: ClassVar[tuple[str, ...]] = (
-        "num_faulty_episodes", "num_bad_observations", "finished", "_dropped_in_a_row", "_reseed",
+        "num_faulty_episodes",
+        "num_bad_observations",
+        "finished",
+        "_dropped_in_a_row",
+        "_reseed",
     )
 
     def get_state(self) -> dict[str, Any]:

@@ -102,7 +102,11 @@ class VectorSampler(FaultTolerantSampler):
         if batch_mode not in BATCH_MODES:
             raise ValueError(f"batch_mode={batch_mode!r} is not one of {BATCH_MODES}")
         super().__init__(
-            envs, env_maker=env_maker, on_bad_observation=on_bad_observation, worker_index=worker_index, seed=seed,
+            envs,
+            env_maker=env_maker,
+            on_bad_observation=on_bad_observation,
+            worker_index=worker_index,
+            seed=seed,
             hooks=hooks,
         )
         self.policy = policy
@@ -131,7 +135,13 @@ class VectorSampler(FaultTolerantSampler):
         self._carry: list[list[SampleBatch]] = [[] for _ in range(n)]
 
     STATE_ATTRS = FaultTolerantSampler.STATE_ATTRS + (
-        "_next_episode_id", "eps_ids", "ts", "episode_rewards", "steps_sampled", "obs", "_carry",
+        "_next_episode_id",
+        "eps_ids",
+        "ts",
+        "episode_rewards",
+        "steps_sampled",
+        "obs",
+        "_carry",
     )
 
     def _restart_episode(self, index: int) -> None:
@@ -187,7 +197,11 @@ class VectorSampler(FaultTolerantSampler):
         return self._finish_fragment(fragment)
 
     def _step_all(
-        self, fragment: _Fragment, step: int, pool: EnvPoolVector | None, recording: list[bool],
+        self,
+        fragment: _Fragment,
+        step: int,
+        pool: EnvPoolVector | None,
+        recording: list[bool],
         clock: Callable[[], float],
     ) -> None:
         """Fill row ``step``: one timed policy forward pass for all envs, a step of each, and their episodes' ends."""
@@ -236,8 +250,13 @@ class VectorSampler(FaultTolerantSampler):
             self._drop_nonfinite(fragment, step)
 
     def _step_each_env(
-        self, fragment: _Fragment, step: int, env_actions: np.ndarray, recording: list[bool],
-        dropped: dict[int, int | None], stepped: dict[int, tuple[Any, Any]],
+        self,
+        fragment: _Fragment,
+        step: int,
+        env_actions: np.ndarray,
+        recording: list[bool],
+        dropped: dict[int, int | None],
+        stepped: dict[int, tuple[Any, Any]],
         recorded: dict[int, tuple[float, int] | None],
     ) -> None:
         """Step the envs one at a time into row ``step``, adding to ``dropped``, ``stepped`` and ``recorded``."""
@@ -275,8 +294,13 @@ class VectorSampler(FaultTolerantSampler):
                 dropped[i] = None
 
     def _end_episodes(
-        self, fragment: _Fragment, step: int, ends: np.ndarray, dropped: dict[int, int | None],
-        recorded: dict[int, tuple[float, int] | None], pooled: bool,
+        self,
+        fragment: _Fragment,
+        step: int,
+        ends: np.ndarray,
+        dropped: dict[int, int | None],
+        recorded: dict[int, tuple[float, int] | None],
+        pooled: bool,
     ) -> None:
         """Drop or finish the episodes that ended (``ends``) in row ``step``, and start the next ones."""
         hooks = self.hooks

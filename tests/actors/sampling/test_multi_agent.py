@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fakes import bc_loss
 from gymnasium import spaces
 
 from flowrl.actors import RolloutWorker
@@ -16,8 +17,6 @@ from flowrl.envs import MultiAgentEnv, get_env_creator
 from flowrl.errors import FlowRLError
 from flowrl.policy import PolicySpec, TorchPolicy
 from flowrl.policy.mapping import policy_mapping
-
-from fakes import bc_loss
 
 pytestmark = pytest.mark.unit
 
@@ -106,11 +105,17 @@ def test_a_fragment_cut_leaves_the_rest_of_each_trajectory_for_the_next_fragment
     first, second, third = s.sample(), s.sample(), s.sample()
     assert first.policy_batches["pb"][SampleBatch.T].tolist() == [0, 1]
     assert not first.policy_batches["pb"][SampleBatch.TERMINATEDS].any()  # cut, not ended: bootstrapped later
-    assert second.policy_batches["pa"][SampleBatch.T].tolist() == [2] and second.policy_batches["pa"][SampleBatch.TERMINATEDS][0]
+    assert (
+        second.policy_batches["pa"][SampleBatch.T].tolist() == [2]
+        and second.policy_batches["pa"][SampleBatch.TERMINATEDS][0]
+    )
     # 'b' ends its episode at t=4; both agents start the next one in the same fragment.
     assert third.policy_batches["pb"][SampleBatch.T].tolist() == [4, 0]
     assert third.policy_batches["pa"][SampleBatch.T].tolist() == [0]
-    eps = [b[SampleBatch.EPS_ID].tolist() for b in (first.policy_batches["pb"], second.policy_batches["pb"], third.policy_batches["pb"])]
+    eps = [
+        b[SampleBatch.EPS_ID].tolist()
+        for b in (first.policy_batches["pb"], second.policy_batches["pb"], third.policy_batches["pb"])
+    ]
     assert eps[0][0] == eps[1][0] == eps[2][0] != eps[2][1]  # one episode of 'b' over three fragments, then the next
 
 
@@ -139,7 +144,12 @@ def test_a_rollout_worker_on_a_multi_agent_env_counts_env_and_agent_steps() -> N
     worker = RolloutWorker(
         env_creator=get_env_creator("MultiAgentCartPole"),
         policy_specs={"even": spec, "odd": spec},
-        config={"seed": 0, "rollout_fragment_length": 30, "num_envs_per_worker": 2, "policy_mapping_fn": lambda a: ["even", "odd"][a % 2]},
+        config={
+            "seed": 0,
+            "rollout_fragment_length": 30,
+            "num_envs_per_worker": 2,
+            "policy_mapping_fn": lambda a: ["even", "odd"][a % 2],
+        },
     )
     batch = worker.sample()
     assert batch.env_steps() == 60

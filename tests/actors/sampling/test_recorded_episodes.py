@@ -101,7 +101,11 @@ def test_results_report_recorded_games_while_batches_hold_lives_and_clipped_rewa
 def test_without_a_recorder_each_training_episode_is_reported() -> None:
     lives_sampler = sampler(game(record=False), GAME_ROWS)
     lives_sampler.sample()
-    assert [(s.episode_reward, s.episode_length) for s in lives_sampler.pop_episode_stats()] == [(4.0, 4), (3.0, 3), (3.0, 3)]
+    assert [(s.episode_reward, s.episode_length) for s in lives_sampler.pop_episode_stats()] == [
+        (4.0, 4),
+        (3.0, 3),
+        (3.0, 3),
+    ]
 
 
 def test_complete_episodes_mode_returns_lives_and_reports_games() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+from fakes import bc_loss
 from gymnasium import spaces
 
 from flowrl.actors import RolloutWorker
@@ -21,8 +22,6 @@ from flowrl.envs import MultiAgentEnv
 from flowrl.envs.context import EnvContext
 from flowrl.errors import BadObservationError, EnvError
 from flowrl.policy import PolicySpec, TorchPolicy
-
-from fakes import bc_loss
 
 pytestmark = pytest.mark.unit
 
@@ -143,26 +142,36 @@ def assert_policy_saw_only_finite(policy: StubPolicy) -> None:
         ("out_of_box", r"new_obs\[0\]=20.0 above observation_space.high\[0\]=10.0"),
         ("wrong_shape", r"new_obs=\[0., 0., 0.\] with shape \(3,\), but observation_space.shape is \(2,\)"),
         ("scalar_obs", r"new_obs=1.0 with shape \(\), but observation_space.shape is \(2,\)"),
-        ("complex_obs", r"new_obs=\[3.\+0.j, 0.\+0.j\] of dtype complex64, which does not cast to observation_space.dtype float32"),
+        (
+            "complex_obs",
+            r"new_obs=\[3.\+0.j, 0.\+0.j\] of dtype complex64, which does not cast to observation_space.dtype float32",
+        ),
         ("nan_reward", r"reward=nan, which is not finite"),
         ("str_reward", r"reward='one' of type str, which is not a real number"),
     ],
 )
 def test_bad_data_raises_naming_worker_env_step_field_and_bound(fault: str, message: str) -> None:
     sampler, policy = make_sampler({8: fault})  # env 1's 8th step: step 3 of its second episode (t counts from 0)
-    with pytest.raises(BadObservationError, match=r"worker 7, env 1: env.step\(\) at step 2 of its episode \(vector step 7\) returned " + message):
+    with pytest.raises(
+        BadObservationError,
+        match=r"worker 7, env 1: env.step\(\) at step 2 of its episode \(vector step 7\) returned " + message,
+    ):
         sampler.sample()
     assert_policy_saw_only_finite(policy)
 
 
 def test_a_bad_first_observation_raises_naming_reset() -> None:
-    with pytest.raises(BadObservationError, match=r"worker 7, env 1: env.reset\(\) \(vector step 0\) returned obs\[0\]=nan"):
+    with pytest.raises(
+        BadObservationError, match=r"worker 7, env 1: env.reset\(\) \(vector step 0\) returned obs\[0\]=nan"
+    ):
         make_sampler(reset_faults={1: "nan_obs"})
     sampler, _ = make_sampler(reset_faults={2: "nan_obs"})  # the first reset after an episode, used at vector step 5
     with pytest.raises(BadObservationError, match=r"env 1: env.reset\(\) \(vector step 5\) returned obs\[0\]=nan"):
         sampler.sample()
     sampler, _ = make_sampler(reset_faults={2: "out_of_box"})  # found with the fragment
-    with pytest.raises(BadObservationError, match=r"env 1: env.reset\(\) \(vector step 5\) returned obs\[0\]=20.0 above"):
+    with pytest.raises(
+        BadObservationError, match=r"env 1: env.reset\(\) \(vector step 5\) returned obs\[0\]=20.0 above"
+    ):
         sampler.sample()
 
 
@@ -202,7 +211,10 @@ def test_drop_episode_leaves_out_the_bad_episode_and_counts_it(fault: str, found
 
 def test_a_nonfinite_final_observation_drops_its_finished_episode() -> None:
     sampler, policy = make_sampler({5: "nan_obs"})  # the last observation of env 1's first episode
-    with pytest.raises(BadObservationError, match=r"env 1: env.step\(\) at step 4 of its episode \(vector step 4\) returned new_obs\[0\]=nan"):
+    with pytest.raises(
+        BadObservationError,
+        match=r"env 1: env.step\(\) at step 4 of its episode \(vector step 4\) returned new_obs\[0\]=nan",
+    ):
         sampler.sample()
     sampler, policy = make_sampler({5: "nan_obs"}, mode="drop_episode")
     batch = sampler.sample()
@@ -311,7 +323,9 @@ def test_an_env_failing_every_time_fails_the_sampler_instead_of_spinning() -> No
 
     sampler, _ = make_sampler(env_maker=lambda i: Broken())
     sampler.envs[1] = Broken()
-    with pytest.raises(EnvError, match=r"episodes in a row of one env were dropped; .*env.step\(\) raised RuntimeError: always"):
+    with pytest.raises(
+        EnvError, match=r"episodes in a row of one env were dropped; .*env.step\(\) raised RuntimeError: always"
+    ):
         for _ in range(MAX_DROPPED_IN_A_ROW):
             sampler.sample()
 
@@ -325,7 +339,9 @@ def test_a_rollout_worker_reports_the_faults_its_sampler_absorbed() -> None:
             return ScriptedEnv({16: "nan_obs"})
         return ScriptedEnv({3: "raise"} if built.count(1) == 1 else None)  # a recreated env works
 
-    spec = PolicySpec(TorchPolicy, ScriptedEnv.observation_space, ScriptedEnv.action_space, TrainerConfig(), {"loss_fn": bc_loss})
+    spec = PolicySpec(
+        TorchPolicy, ScriptedEnv.observation_space, ScriptedEnv.action_space, TrainerConfig(), {"loss_fn": bc_loss}
+    )
     config = {
         "seed": 0,
         "num_envs_per_worker": 2,
@@ -424,7 +440,10 @@ def multi_agent_sampler(faults: dict[int, tuple[str, str]], **kwargs: Any) -> tu
 @pytest.mark.parametrize(
     ("fault", "message"),
     [
-        ("nan_obs", r"env.step\(\) at step 1 of its episode \(vector step 1\) returned new_obs\['b'\]\[0\]=nan, which is not finite"),
+        (
+            "nan_obs",
+            r"env.step\(\) at step 1 of its episode \(vector step 1\) returned new_obs\['b'\]\[0\]=nan, which is not finite",
+        ),
         ("out_of_box", r"new_obs\['b'\]\[0\]=50.0 above observation_space\('b'\).high\[0\]=10.0"),
         ("wrong_shape", r"new_obs\['b'\]=\[2., 2.\] with shape \(2,\), but observation_space\('b'\).shape is \(1,\)"),
         ("nan_reward", r"reward\['b'\]=nan, which is not finite"),
@@ -457,10 +476,14 @@ def test_multi_agent_drop_episode_leaves_out_every_agent_of_the_episode(fault: s
 
 
 def test_multi_agent_bad_first_observations_raise_or_are_reset_again() -> None:
-    with pytest.raises(BadObservationError, match=r"env 0: env.reset\(\) \(vector step 0\) returned obs\['a'\]\[0\]=nan"):
+    with pytest.raises(
+        BadObservationError, match=r"env 0: env.reset\(\) \(vector step 0\) returned obs\['a'\]\[0\]=nan"
+    ):
         MultiAgentSampler([TwoAgentEnv(nan_resets=(1,))], {"p": StubPolicy()}, lambda agent: "p", fragment_length=6)  # type: ignore[dict-item]
     env = TwoAgentEnv(nan_resets=(1, 3))
-    sampler = MultiAgentSampler([env], {"p": StubPolicy()}, lambda a: "p", fragment_length=6, on_bad_observation="drop_episode")  # type: ignore[dict-item]
+    sampler = MultiAgentSampler(
+        [env], {"p": StubPolicy()}, lambda a: "p", fragment_length=6, on_bad_observation="drop_episode"
+    )  # type: ignore[dict-item]
     batch = sampler.sample()  # reset 2's episode ends at vector step 4; reset 3 is bad, reset 4 starts the next
     assert batch.policy_batches["p"][SampleBatch.T].tolist() == [0, 1, 2, 3] * 2 + [0, 1] * 2 and batch.env_steps() == 6
     assert sampler.num_bad_observations == 2 and env.resets == 4

@@ -7,14 +7,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+from fakes import bc_loss
 from gymnasium import spaces
 
 from flowrl.actors.sampling.vector import VectorSampler
 from flowrl.config import TrainerConfig
 from flowrl.data import SampleBatch
 from flowrl.policy import Policy, TorchPolicy
-
-from fakes import bc_loss
 
 pytestmark = pytest.mark.unit
 
@@ -97,7 +96,9 @@ def test_whole_fragments_run_env_by_env_in_time_order() -> None:
         np.testing.assert_array_equal(batch[SampleBatch.OBS][rows, 1], i)
         # Within an episode each row's next observation is the next row's observation.
         goes_on = ~(batch[SampleBatch.TERMINATEDS][rows] | batch[SampleBatch.TRUNCATEDS][rows])[:-1]
-        np.testing.assert_array_equal(batch[SampleBatch.NEW_OBS][rows][:-1][goes_on], batch[SampleBatch.OBS][rows][1:][goes_on])
+        np.testing.assert_array_equal(
+            batch[SampleBatch.NEW_OBS][rows][:-1][goes_on], batch[SampleBatch.OBS][rows][1:][goes_on]
+        )
 
 
 class Postprocessing(TorchPolicy[Any]):
