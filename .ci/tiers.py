@@ -5,7 +5,8 @@ gets one). Each stage below runs one tier in its own pytest process and prints i
 tests. Before any stage runs, the stages' selections are collected (``--collect-only``) and
 compared with the whole collection: a test that no stage selects, or that two stages select,
 fails the run before anything is tested. The run exits 1 if any stage fails (exit 5, no test
-selected, passes only for a stage whose collection was empty), 2 if the check fails.
+selected, passes only for a stage whose collection was empty), 2 if the check fails. Its last
+line counts the tests of every stage together: ``tiers: N passed, N failed, N skipped``.
 
 Name stages to run only those (``python .ci/tiers.py unit``); arguments after ``--`` go to
 every pytest (``python .ci/tiers.py integration -- -x -k trainer``).
@@ -13,9 +14,12 @@ every pytest (``python .ci/tiers.py integration -- -x -k trainer``).
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import NoReturn
 
@@ -79,6 +83,17 @@ def check_every_test_is_in_one_stage(extra: list[str]) -> dict[str, int]:
     return {name: len(ids) for name, ids in selected.items()}
 
 
+def totals(reports: Path) -> tuple[int, int, int]:
+    """Tests passed, failed (failures and errors) and skipped over the stages' JUnit reports."""
+    passed = failed = skipped = 0
+    for report in sorted(reports.glob("*.xml")):
+        for suite in ElementTree.parse(report).getroot().iter("testsuite"):
+            tests, skips = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
+            failures = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+            passed, failed, skipped = passed + tests - failures - skips, failed + failures, skipped + skips
+    return passed, failed, skipped
+
+
 def main(argv: list[str]) -> int:
     names, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     unknown = [name for name in names if name not in STAGES]
@@ -88,11 +103,13 @@ def main(argv: list[str]) -> int:
     counts = check_every_test_is_in_one_stage(extra)
     print(f"tiers: every test is in one stage (checked in {time.monotonic() - start:.0f} s)")
     outcomes: list[tuple[str, str, float]] = []
+    reports = Path(tempfile.mkdtemp(prefix="flowrl-tiers-"))
     for name in names or list(STAGES):
         print(f"\n===== tiers: stage {name}: pytest -m {STAGES[name]!r} ({counts[name]} tests) =====", flush=True)
         start = time.monotonic()
+        report = f"--junitxml={reports / name}.xml"
         code = subprocess.run(
-            pytest_command("-m", STAGES[name], "--durations=25", *extra), cwd=REPO, check=False
+            pytest_command("-m", STAGES[name], "--durations=25", report, *extra), cwd=REPO, check=False
         ).returncode
         if code == 0 or (code == NO_TESTS_COLLECTED and counts[name] == 0):
             outcome = "passed" if code == 0 else "empty"
@@ -102,6 +119,9 @@ def main(argv: list[str]) -> int:
     print("\n===== tiers: summary =====")
     for name, outcome, seconds in outcomes:
         print(f"tiers: {name:<12} {counts[name]:5d} tests  {seconds:7.1f} s  {outcome}")
+    passed, failed, skipped = totals(reports)
+    shutil.rmtree(reports, ignore_errors=True)
+    print(f"tiers: {passed} passed, {failed} failed, {skipped} skipped")
     return 1 if any(outcome.startswith("FAILED") for _, outcome, _ in outcomes) else 0
 
 
