@@ -252,7 +252,8 @@ def print_report(report: dict[str, Any]) -> None:
         label = f"3. {algo} learner alone, batch of {figures['batch_steps']} ({figures['s_per_update']:.2f} s/update)"
         print(f"{label:<58}{figures['frames_trained_per_s']:>12.0f}")
     print(
-        f"\n4. through the Trainer{'':<26}{'workers':>8}{'sampled/s':>12}{'trained/s':>12}{'per worker':>12}{'/ raw':>8}"
+        f"\n4. through the Trainer{'':<26}{'workers':>8}{'sampled/s':>12}"
+        f"{'trained/s':>12}{'per worker':>12}{'/ raw':>8}"
     )
     for key, figures in runs.items():
         algo, workers = key.split("/")

@@ -206,7 +206,8 @@ def train_run(algo: str, config: dict[str, Any], settings: dict[str, Any], *, ki
                     kill["recovered_after_iterations"] = iteration - kill["iteration"]
             print(
                 f"  [{algo}{' kills' if kills else ''}] iter {iteration:3d}  steps {steps:7d}  "
-                f"reward {reward if reward is not None else float('nan'):6.1f}  healthy {faults['num_healthy_workers']}  "
+                f"reward {reward if reward is not None else float('nan'):6.1f}  "
+                f"healthy {faults['num_healthy_workers']}  "
                 f"restarts {faults['num_worker_restarts']}  t {time.perf_counter() - started:6.1f}s",
                 flush=True,
             )

@@ -107,7 +107,8 @@ def flowrl_sizes(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def flowrl_trial(algo: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Train flowrl ``algo`` (tuned example) until -250 is reached (or the budget) and the steady window is long enough."""
+    """Train flowrl ``algo`` (tuned example) until -250 is reached (or the budget) and the steady window
+    is long enough."""
     load_start = loadavg()
     from flowrl.algorithms import get_algorithm
     from flowrl.cli.args import build_config
@@ -412,12 +413,14 @@ def main() -> None:
 
     print(
         f"\nmachine: {machine['cpu_count']} CPUs ({machine.get('cpu_model', '?')}), Python {machine['python']}, "
-        f"torch {machine['torch']}, gymnasium {machine['gymnasium']}, SB3 {machine['stable-baselines3'] or 'not installed'}; "
+        f"torch {machine['torch']}, gymnasium {machine['gymnasium']}, "
+        f"SB3 {machine['stable-baselines3'] or 'not installed'}; "
         f"load {load_start[0]:.2f} -> {load_end[0]:.2f}; torch threads {args.torch_threads} on both sides"
     )
     print(f"\nSteady-phase env steps/s on {ENV_ID} (after learning_starts), {reps} repetition(s), medians")
     print(
-        f"{'variant':<14}{'steps/s':>9}{'vs SB3':>8}{'steps/CPU-s':>13}{'vs SB3':>8}  {'sizes (actor, critic, batch)':<32}"
+        f"{'variant':<14}{'steps/s':>9}{'vs SB3':>8}{'steps/CPU-s':>13}{'vs SB3':>8}  "
+        f"{'sizes (actor, critic, batch)':<32}"
         f"{'upd/step':>9}  learning"
     )
     for name, s in summaries.items():

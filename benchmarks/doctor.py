@@ -188,7 +188,8 @@ def main() -> None:
                 f"{part} {100 * share:.0f}%" for part, share in sorted(row["shares"].items(), key=lambda kv: -kv[1])
             )
             print(
-                f"{name:<18} expected {row['expected']:<16} doctor: {row['verdict']:<16} named: {mark:<4} ({row['wall_s']} s)"
+                f"{name:<18} expected {row['expected']:<16} doctor: {row['verdict']:<16} "
+                f"named: {mark:<4} ({row['wall_s']} s)"
             )
             print(f"{'':<18} {row['summary']}")
             print(f"{'':<18} shares: {shares}", flush=True)

@@ -49,8 +49,9 @@ figure (about 160k env frames/s with 256 workers, ICML 2018), counting a frame a
 Beside it: the least-squares growth of the cost per added worker over 1-8 workers (with its
 standard error; on this machine the workers share the driver's 2 cores, so contention adds to
 it) and the most growth per worker under which the ceiling would still cover the paper's rate
-at 256 workers; a slope measured over 8 workers is no forecast for 256. CartPole fragments are small (~4.7 KB per 50 steps); an Atari step is about 1000x
-larger, a per-byte cost this benchmark leaves out.
+at 256 workers; a slope measured over 8 workers is no forecast for 256. CartPole fragments are
+small (~4.7 KB per 50 steps); an Atari step is about 1000x larger, a per-byte cost this
+benchmark leaves out.
 
 Run from the repository root::
 
@@ -143,7 +144,8 @@ class Tally:
     replayed_bytes: int = 0
 
     def add(self, item: Any) -> None:
-        """Count a fragment, a train batch of whole fragments, or (Ape-X) a replayed batch put on the learner's queue."""
+        """Count a fragment, a train batch of whole fragments, or (Ape-X) a replayed batch put on the
+        learner's queue."""
         if isinstance(item, FromActor):
             self.replayed += 1
             self.replayed_bytes = self.replayed_bytes or item.item.size_bytes()
@@ -281,7 +283,8 @@ def make_path(name: str, workers: FirstWorkers, parts: ApexParts, fragment_steps
 
 
 def measure(path: DataPath, warmup: Tally, reps: int, rep_s: float) -> dict[str, Any]:
-    """Pull the ``warmup`` fragments and replayed batches, then ``reps`` windows of ``rep_s`` wall seconds: CPU per fragment."""
+    """Pull the ``warmup`` fragments and replayed batches, then ``reps`` windows of ``rep_s`` wall
+    seconds: CPU per fragment."""
     tally = path.tally
     while tally.fragments < warmup.fragments or tally.replayed < warmup.replayed:
         path.pull()
@@ -431,30 +434,36 @@ def print_report(rows: Sequence[dict[str, Any]], summary: dict[str, Any], traini
         replayed = f"{r['replayed_batches_per_fragment']:.2f}" if r["path"] == "apex" else "-"
         print(
             f"{r['path']:<11}{r['workers']:>7}{r['fragment_steps']:>6}{r['fragments_pulled']:>7}"
-            f"{r['fragment_bytes'] / 1e3:>8.1f}{r['thread_cpu_ms_per_fragment']:>10.3f}{r['process_cpu_ms_per_fragment']:>9.3f}"
+            f"{r['fragment_bytes'] / 1e3:>8.1f}{r['thread_cpu_ms_per_fragment']:>10.3f}"
+            f"{r['process_cpu_ms_per_fragment']:>9.3f}"
             f"{replayed:>10}{r['wall_fragments_per_s']:>12.0f}{r['projected_fragments_per_s']:>12,.0f}"
             f"{si(r['projected_env_steps_per_s']):>13}"
         )
     print(
-        "thread ms: the driver thread's CPU ms per fragment (median of the windows); proc ms: the whole driver process's;\n"
-        "repl/frag: replayed batches enqueued per fragment stored; wall frag/s: what these 2 cores delivered; proj: 1 / thread ms"
+        "thread ms: the driver thread's CPU ms per fragment (median of the windows); "
+        "proc ms: the whole driver process's;\n"
+        "repl/frag: replayed batches enqueued per fragment stored; wall frag/s: what these 2 cores delivered; "
+        "proj: 1 / thread ms"
     )
     print("\nThe ceiling of one driver thread, at the most workers measured:")
     for key, s in summary.items():
         name, steps = key.split("/")
         print(
-            f"  {name:<10} {s['workers']} workers: 1 / {s['thread_cpu_ms_per_fragment'] / 1e3:.6f} s = {s['projected_fragments_per_s']:>7,.0f} fragments/s"
+            f"  {name:<10} {s['workers']} workers: 1 / {s['thread_cpu_ms_per_fragment'] / 1e3:.6f} s = "
+            f"{s['projected_fragments_per_s']:>7,.0f} fragments/s"
             f" x {steps:>3} steps = {si(s['projected_env_steps_per_s']):>6} env steps/s"
         )
         if name == "apex":
             print(
-                f"{'':23}= {s['store_ms_per_fragment']:.3f} ms storing it (apex_store) + {s['replayed_batches_per_fragment']:.2f} "
-                f"replayed batches x {s['ms_per_replayed_batch']:.3f} ms (nominal {s['nominal_replayed_batches_per_fragment']:.2f} "
+                f"{'':23}= {s['store_ms_per_fragment']:.3f} ms storing it (apex_store) + "
+                f"{s['replayed_batches_per_fragment']:.2f} replayed batches x {s['ms_per_replayed_batch']:.3f} ms "
+                f"(nominal {s['nominal_replayed_batches_per_fragment']:.2f} "
                 f"at training_intensity {training_intensity:g})"
             )
     floor = {steps: summary.get(f"ray_floor/{steps}") for steps in FRAGMENT_STEPS}
     ratios = [
-        f"{name} {summary[f'{name}/{steps}']['thread_cpu_ms_per_fragment'] / f['thread_cpu_ms_per_fragment']:.2f}x ({steps} steps)"
+        f"{name} {summary[f'{name}/{steps}']['thread_cpu_ms_per_fragment'] / f['thread_cpu_ms_per_fragment']:.2f}x"
+        f" ({steps} steps)"
         for name in ("async", "bulk_sync")
         for steps, f in floor.items()
         if f is not None and f"{name}/{steps}" in summary
@@ -469,7 +478,8 @@ def print_report(rows: Sequence[dict[str, Any]], summary: dict[str, Any], traini
         needed = s["paper_fragments_per_s_needed"]
         verdict = "covers it" if s["covers_paper"] else "falls SHORT"
         line = (
-            f"  {name:<10} {steps:>3}-step fragments: needs {needed:,.0f} fragments/s; ceiling {s['projected_fragments_per_s']:,.0f}"
+            f"  {name:<10} {steps:>3}-step fragments: needs {needed:,.0f} fragments/s; "
+            f"ceiling {s['projected_fragments_per_s']:,.0f}"
             f" ({s['projected_fragments_per_s'] / needed:.2f}x): {verdict}"
         )
         fit = s.get("fit_ms")
@@ -552,7 +562,8 @@ def main() -> None:
     machine["loadavg_1min_after"] = os.getloadavg()[0]
     summary = summarize(rows)
     print(
-        f"\nmachine: {machine['cpu_count']} CPUs, 1-min load {machine['loadavg_1min']:.2f} -> {machine['loadavg_1min_after']:.2f}"
+        f"\nmachine: {machine['cpu_count']} CPUs, 1-min load {machine['loadavg_1min']:.2f} "
+        f"-> {machine['loadavg_1min_after']:.2f}"
     )
     print_report(rows, summary, args.training_intensity)
     report = {

@@ -126,7 +126,8 @@ def measure(batch_sizes: list[int], reps: int, seconds: float, gpu: bool) -> dic
                 "reps_two": two,
             }
             print(
-                f"  batch {steps}: 1 learner {statistics.median(one):.0f}, 2 learners {statistics.median(two):.0f} samples/s",
+                f"  batch {steps}: 1 learner {statistics.median(one):.0f}, "
+                f"2 learners {statistics.median(two):.0f} samples/s",
                 flush=True,
             )
     finally:
@@ -178,7 +179,8 @@ def main() -> None:
         "batches": figures,
     }
     print(
-        f"\nIMPALA's learner on {ENV_ID} (Nature CNN, 84x84x4), {report['settings']['device']}, samples trained per second "
+        f"\nIMPALA's learner on {ENV_ID} (Nature CNN, 84x84x4), {report['settings']['device']}, "
+        "samples trained per second "
         f"(medians of {reps}; 1-min load before: {load:.1f})"
     )
     print(f"{'batch':>8}{'1 learner':>12}{'2 learners':>12}{'2 / 1':>8}")

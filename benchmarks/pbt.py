@@ -55,7 +55,8 @@ CONFIG = {
 
 
 class StopAtTarget(Stopper):
-    """Stop a trial at ``target`` reward or ``cap`` env steps; with ``stop_all``, every trial once one reaches the target."""
+    """Stop a trial at ``target`` reward or ``cap`` env steps; with ``stop_all``, every trial once one
+    reaches the target."""
 
     def __init__(self, target: float, cap: int, stop_all: bool) -> None:
         self.target, self.cap, self.all, self.reached = target, cap, stop_all, False
@@ -176,11 +177,13 @@ def main() -> None:
     print(f"{'':6} {'reached':>8} {'env steps':>10} {'wall s':>8} {'population steps':>17}")
     g, p = figures["grid"], figures["pbt"]
     print(
-        f"{'grid':6} {g['reached']!s:>8} {g['best_env_steps']!s:>10} {g['best_wall_s']!s:>8} {g['population_env_steps_then']!s:>17}"
+        f"{'grid':6} {g['reached']!s:>8} {g['best_env_steps']!s:>10} {g['best_wall_s']!s:>8} "
+        f"{g['population_env_steps_then']!s:>17}"
         f"   (best lr {g['best_lr']})"
     )
     print(
-        f"{'pbt':6} {p['reached']!s:>8} {p['env_steps']!s:>10} {p['wall_s']!s:>8} {p['population_env_steps_then']!s:>17}"
+        f"{'pbt':6} {p['reached']!s:>8} {p['env_steps']!s:>10} {p['wall_s']!s:>8} "
+        f"{p['population_env_steps_then']!s:>17}"
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(figures, indent=2) + "\n")

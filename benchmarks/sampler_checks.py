@@ -173,7 +173,8 @@ def main() -> None:
     report.update(run(reps, rep_cpu_s))
     machine["loadavg_1min_after"] = os.getloadavg()[0]
     print(
-        f"machine: {machine['cpu_count']} CPUs, 1-min load {machine['loadavg_1min']:.2f} -> {machine['loadavg_1min_after']:.2f}"
+        f"machine: {machine['cpu_count']} CPUs, 1-min load {machine['loadavg_1min']:.2f} "
+        f"-> {machine['loadavg_1min_after']:.2f}"
     )
     print(f"\n{'setup':<22}{'checks on':>12}{'checks off':>12}{'on / off':>10}{'(wall)':>8}  goal")
     for name in ("vector_loop_only", "vector_with_gae", "multi_agent"):

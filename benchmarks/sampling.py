@@ -345,7 +345,10 @@ def run_remote(reps: int, warmup_s: float, window_s: float) -> dict[str, Any]:
     scaling = med(rate["2"]) / med(rate["1"])
     per_cpu = {k: med(s / (int(k) * c) for s, c in zip(rate[k], worker_cpu[k], strict=True)) for k in ("1", "2")}
     return {
-        "setup": f"ray.init(num_cpus=2), num_cpus_per_worker=1, from_actors(remote_workers()).gather_async(num_async={NUM_ASYNC})",
+        "setup": (
+            "ray.init(num_cpus=2), num_cpus_per_worker=1, "
+            f"from_actors(remote_workers()).gather_async(num_async={NUM_ASYNC})"
+        ),
         "window_s": window_s,
         "warmup_s": warmup_s,
         "steps_per_s": {k: med(v) for k, v in rate.items()},
@@ -606,7 +609,8 @@ def print_report(report: dict[str, Any]) -> None:
         for k in ("steps_per_s", "remote_worker_cpu_per_wall", "driver_cpu_per_wall", "steps_per_worker_cpu_s")
     )
     print(
-        f"\n2. Remote rollout workers through gather_async(num_async={NUM_ASYNC}), {remote['window_s']:g} s windows after"
+        f"\n2. Remote rollout workers through gather_async(num_async={NUM_ASYNC}), "
+        f"{remote['window_s']:g} s windows after"
         f" {remote['warmup_s']:g} s warm-up; median env steps/s (goal: 2 / 1 >= {SCALING_GOAL})"
     )
     print(f"{'in-process':>12}{'1 remote':>12}{'2 remote':>12}{'2 / 1':>8}{'1 remote / in-proc':>20}  met")

@@ -50,18 +50,19 @@ import time
 
 _CLOCK_START = time.perf_counter()  # a --trial's clock: before importing ray, torch or flowrl
 
-import argparse
-import importlib.metadata
-import importlib.util
-import json
-import math
-import os
-import platform
-import statistics
-import subprocess
-import sys
-from pathlib import Path
-from typing import Any
+# Imported after the clock started, which counts them too.
+import argparse  # noqa: E402
+import importlib.metadata  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 ENV_ID = "CartPole-v1"
 TARGET_REWARD = 475.0
@@ -160,7 +161,8 @@ def finite(value: Any) -> float | None:
 
 
 def flowrl_trial(algo: str, seed: int, target: float, max_steps: int, config_file: str) -> dict[str, Any]:
-    """Train flowrl ``algo`` with ``config_file``'s config until the 100-episode mean reaches ``target`` or ``max_steps``."""
+    """Train flowrl ``algo`` with ``config_file``'s config until the 100-episode mean reaches ``target``
+    or ``max_steps``."""
     load_start = loadavg()
     cpu_start = time.process_time()
     from flowrl.algorithms import get_algorithm
@@ -297,7 +299,8 @@ def sb3_model(algo: str, env: Any, seed: int, max_steps: int) -> Any:
 
 
 def sb3_trial(algo: str, seed: int, target: float, max_steps: int) -> dict[str, Any]:
-    """Train SB3 ``algo`` (rl-zoo CartPole-v1 settings) until the 100-episode mean reaches ``target`` or ``max_steps``."""
+    """Train SB3 ``algo`` (rl-zoo CartPole-v1 settings) until the 100-episode mean reaches ``target``
+    or ``max_steps``."""
     load_start = loadavg()
     cpu_start = time.process_time()
     import numpy as np
@@ -645,7 +648,9 @@ def main() -> None:
             }
             if with_sb3
             else sb3_note,
-            "wall_s": "from process start (before importing ray/torch) to the train()/learn() call that reached the target",
+            "wall_s": (
+                "from process start (before importing ray/torch) to the train()/learn() call that reached the target"
+            ),
             "total_benchmark_s": time.perf_counter() - started,
         },
         "results": summaries,

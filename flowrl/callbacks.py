@@ -92,7 +92,8 @@ class Callbacks:
     """
 
     def on_episode_start(self, episode: Episode) -> None:
-        """After an env's ``reset`` started ``episode`` (in its rollout worker); ``last_obs`` is its first observation."""
+        """After an env's ``reset`` started ``episode`` (in its rollout worker); ``last_obs`` is its
+        first observation."""
 
     def on_episode_step(self, episode: Episode) -> None:
         """After each ``step`` of ``episode``'s env; ``episode.last_obs``/``last_info`` are what the step returned."""
@@ -154,7 +155,8 @@ def make_callbacks(value: Any) -> Callbacks:
 
 
 def overrides(callbacks: Callbacks, hooks: tuple[str, ...]) -> bool:
-    """Whether ``callbacks`` overrides any of ``hooks`` (the base class's do nothing, so calling them can be skipped)."""
+    """Whether ``callbacks`` overrides any of ``hooks`` (the base class's do nothing, so calling them
+    can be skipped)."""
     return any(getattr(type(callbacks), hook) is not getattr(Callbacks, hook) for hook in hooks)
 
 

@@ -146,7 +146,8 @@ class ResourceUnavailableError(FlowRLError):
 
 
 class ClusterConnectionError(FlowRLError):
-    """The Ray cluster at the given address cannot be joined (unreachable, or its token authentication refused this driver)."""
+    """The Ray cluster at the given address cannot be joined (unreachable, or its token authentication
+    refused this driver)."""
 
 
 class CallbackError(FlowRLError):

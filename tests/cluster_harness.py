@@ -2,7 +2,8 @@
 
 The test session keeps its own Ray in its own process; a ``Cluster`` made there would share
 that process's Ray state (a multi-node cluster torn down beside a live session has broken
-later tests). So the cluster lives here, driven over stdin/stdout, one JSON object per line (answers prefixed with :data:`ANSWER`):
+later tests). So the cluster lives here, driven over stdin/stdout, one JSON object per line
+(answers prefixed with :data:`ANSWER`):
 
 - at start: ``{"address", "head", "workers": [node ids]}`` (a head and ``--workers`` nodes of
   ``--num-cpus`` CPUs each);

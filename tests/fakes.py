@@ -2,7 +2,8 @@
 
 Imported as ``fakes``: setup.cfg's ``pythonpath = tests`` puts this directory on the path.
 Everything here runs without Ray; a stand-in keeps only what the operators under test use
-of the real object (a :class:`~flowrl.actors.WorkerSet`, a rollout worker, a policy).
+of the real object (a :class:`~flowrl.actors.WorkerSet`, a rollout worker, a policy): the
+Protocols those operators are typed with (:mod:`flowrl.actors.protocols`, :mod:`flowrl.policy.protocols`).
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import cloudpickle
 import gymnasium as gym
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 # travels by value rather than by name.
 for _pickler in (ray.cloudpickle, cloudpickle):
     _pickler.register_pickle_by_value(sys.modules[__name__])
+
+R = TypeVar("R")
 
 #: flowrl's own algorithms (list_algorithms() also lists those a test session registers, e.g. the docs').
 BUILT_IN_ALGORITHMS = (
@@ -94,12 +97,14 @@ def bc_loss(policy: TorchPolicy, model: torch.nn.Module, dist_class: Any, batch:
 
 
 class FakePolicy:
-    """Records every learn_on_batch call; stats are the call number so their mean is known."""
+    """A :class:`~flowrl.policy.protocols.LearningPolicy` that records every learn_on_batch call; stats
+    are the call number so their mean is known."""
 
     def __init__(self) -> None:
         self.calls: list[np.ndarray] = []
         self.grads_applied: list[Any] = []
         self.target_updates = 0
+        self.last_tau: float | None = None
         self.num_nonfinite_updates = 0
 
     def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
@@ -118,7 +123,8 @@ class FakePolicy:
 
 
 class FakeWorker:
-    """A rollout worker: a :class:`FakePolicy` per policy id, the gradients applied, and scripted episodes.
+    """A :class:`~flowrl.actors.protocols.LocalWorkerLike` rollout worker: a :class:`FakePolicy` per policy id,
+    the gradients applied, and scripted episodes.
 
     ``episodes`` holds one list of ``(reward, length)`` episodes per ``get_metrics()`` call;
     once they run out, a call reports none.
@@ -131,17 +137,19 @@ class FakeWorker:
         self.applied: list[tuple[list[np.ndarray], str]] = []
         self.pending = [[{"episode_reward": r, "episode_length": n} for r, n in batch] for batch in episodes]
 
-    def get_policy(self, pid: str = DEFAULT_POLICY_ID) -> FakePolicy:
-        return self.policy_map[pid]
+    def get_policy(self, policy_id: str = DEFAULT_POLICY_ID) -> FakePolicy:
+        return self.policy_map[policy_id]
 
-    def policy_class(self, pid: str = DEFAULT_POLICY_ID) -> type:
-        return type(self.policy_map[pid])
+    def policy_class(self, policy_id: str = DEFAULT_POLICY_ID) -> type:
+        return type(self.policy_map[policy_id])
 
-    def compute_gradients(self, batch: SampleBatch, policy_id: str = DEFAULT_POLICY_ID) -> Any:
+    def compute_gradients(
+        self, batch: SampleBatch, policy_id: str = DEFAULT_POLICY_ID
+    ) -> tuple[list[np.ndarray], dict[str, float]]:
         return self.policy_map[policy_id].compute_gradients(batch)
 
-    def apply_gradients(self, grads: list[np.ndarray], policy_id: str = DEFAULT_POLICY_ID) -> None:
-        self.applied.append((grads, policy_id))
+    def apply_gradients(self, gradients: list[np.ndarray], policy_id: str = DEFAULT_POLICY_ID) -> None:
+        self.applied.append((gradients, policy_id))
 
     def get_weights(self, policies: list[str] | None = None) -> dict[str, Any]:
         return {pid: {"w": np.zeros(1)} for pid in (policies or self.policy_map)}
@@ -151,7 +159,8 @@ class FakeWorker:
 
 
 class FakeWorkerSet:
-    """What the operators use of a WorkerSet, recorded: weight syncs.
+    """A :class:`~flowrl.actors.protocols.WorkerSetLike` (what the operators use of a WorkerSet), recording
+    weight syncs and the global vars sent.
 
     ``FakeWorkerSet("p1", "p2")`` has a local worker with those policies (default: the
     default policy) and no remote workers; ``local=`` and ``remotes=`` give the workers instead.
@@ -163,7 +172,8 @@ class FakeWorkerSet:
         self.local = local if local is not None else FakeWorker(policy_ids=policy_ids or (DEFAULT_POLICY_ID,))
         self.remotes = list(remotes)
         self.num_worker_restarts = 0
-        self.syncs: list[tuple[Any, Any]] = []
+        self.syncs: list[tuple[list[str] | None, Mapping[str, Any] | None]] = []
+        self.global_vars: list[Mapping[str, Any]] = []
 
     def local_worker(self) -> FakeWorker:
         return self.local
@@ -185,10 +195,13 @@ class FakeWorkerSet:
     def trainable_policies(self) -> list[str]:
         return list(self.local.policy_map)
 
-    def sync_weights(self, policies: list[str] | None = None, global_vars: Any = None) -> None:
+    def sync_weights(self, policies: list[str] | None = None, global_vars: Mapping[str, Any] | None = None) -> None:
         self.syncs.append((policies, global_vars))
 
-    def foreach_worker(self, fn: Callable[[Any], Any], local: bool = True) -> list[Any]:
+    def remember_global_vars(self, global_vars: Mapping[str, Any]) -> None:
+        self.global_vars.append(global_vars)
+
+    def foreach_worker(self, fn: Callable[[FakeWorker], R], local: bool = True) -> list[R]:
         return ([fn(self.local)] if local else []) + [fn(w) for w in self.remotes]
 
 
@@ -289,7 +302,8 @@ class CloseRaises(gym.Wrapper):
 
 
 def train_to_reward(trainer: Trainer, threshold: float, budget: int) -> None:
-    """Train (then stop) ``trainer`` until its mean episode reward reaches ``threshold``; fail past ``budget`` env steps."""
+    """Train (then stop) ``trainer`` until its mean episode reward reaches ``threshold``; fail past
+    ``budget`` env steps."""
     curve: list[float] = []
     try:
         while True:

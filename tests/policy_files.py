@@ -13,7 +13,7 @@ from flowrl.algorithms import get_algorithm
 from flowrl.config import TrainerConfig
 from flowrl.engine.build import policy_specs
 from flowrl.envs import get_env_creator
-from flowrl.policy import Policy
+from flowrl.policy import Policy, TorchPolicy
 from flowrl.serve.inference import policy_files
 
 
@@ -27,7 +27,8 @@ def build_policies(
     rng = np.random.default_rng(seed)
     for policy in policy_map.values():
         # Parameters only: buffers hold constants (DDPG's action bounds, which share memory with its action space).
-        parameters = {name for name, _ in policy.model.named_parameters()}  # type: ignore[attr-defined]
+        assert isinstance(policy, TorchPolicy), policy
+        parameters = {name for name, _ in policy.model.named_parameters()}
         weights = policy.get_weights()
         policy.set_weights(
             {k: rng.normal(0, 1.0, v.shape).astype(v.dtype) if k in parameters else v for k, v in weights.items()}

@@ -292,13 +292,15 @@ class EvaluationWorkers:
         return self._remote_cls.options(**options).remote(**self._kwargs, worker_index=index + 1)
 
     def _wait_started(self, positions: Sequence[int]) -> None:
-        """Wait until the actors at ``positions`` answer a ping: their constructors ran (or raised, which raises here)."""
+        """Wait until the actors at ``positions`` answer a ping: their constructors ran (or raised, which
+        raises here)."""
         pings = {self.actors[index].ping.remote(): index for index in positions}
         ready, pending = ray.wait(list(pings), num_returns=len(pings), timeout=self._startup_timeout_s)
         if pending:
             raise ResourceUnavailableError(
                 f"evaluation workers {sorted(pings[ref] + 1 for ref in pending)} did not start within "
-                f"worker_startup_timeout_s={self._startup_timeout_s:g}; Ray has {ray.available_resources()} available now"
+                f"worker_startup_timeout_s={self._startup_timeout_s:g}; "
+                f"Ray has {ray.available_resources()} available now"
             )
         ray.get(ready)
 

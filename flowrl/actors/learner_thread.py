@@ -33,7 +33,7 @@ from flowrl.iterators import EventQueue, FromActor, TimerStat
 from flowrl.policy.sgd import minibatch_sgd
 
 if TYPE_CHECKING:
-    from flowrl.actors.rollout_worker import RolloutWorker
+    from flowrl.actors.protocols import PolicyHolder
 
 logger = logging.getLogger(__name__)
 
@@ -65,11 +65,11 @@ class GroupLearner(Protocol):
         """Learn on ``batch`` across the group; the local worker's policies take the result."""
 
 
-LearnFn = Callable[["RolloutWorker", Batch], Learned]
+LearnFn = Callable[["PolicyHolder", Batch], Learned]
 
 
 def learn_on_local_worker(
-    worker: RolloutWorker,
+    worker: PolicyHolder,
     batch: Batch,
     *,
     policies: Sequence[str] | None = None,
@@ -105,7 +105,7 @@ def learn_on_local_worker(
 
 def learn_in_group(
     learners: GroupLearner,
-    worker: RolloutWorker,
+    worker: PolicyHolder,
     batch: Batch,
     *,
     policies: Sequence[str] | None = None,
@@ -140,7 +140,7 @@ class LearnerThread(threading.Thread):
 
     def __init__(
         self,
-        local_worker: RolloutWorker,
+        local_worker: PolicyHolder,
         *,
         inqueue_size: int = 16,
         outqueue_size: int = 0,
@@ -164,12 +164,14 @@ class LearnerThread(threading.Thread):
             or (num_sgd_iter, sgd_minibatch_size, sequence_length) != (1, 0, 1)
         ):
             raise FlowRLError(
-                "LearnerThread: a custom learn_fn decides itself what to learn; drop policies, learners and the SGD settings"
+                "LearnerThread: a custom learn_fn decides itself what to learn; "
+                "drop policies, learners and the SGD settings"
             )
         if num_sgd_iter < 1 or sgd_minibatch_size < 0 or sequence_length < 1:
             raise FlowRLError(
                 f"LearnerThread(num_sgd_iter={num_sgd_iter}, sgd_minibatch_size={sgd_minibatch_size}, "
-                f"sequence_length={sequence_length}): need num_sgd_iter >= 1, sgd_minibatch_size >= 0, sequence_length >= 1"
+                f"sequence_length={sequence_length}): need num_sgd_iter >= 1, sgd_minibatch_size >= 0, "
+                "sequence_length >= 1"
             )
         super().__init__(name=name, daemon=True)
         self.local_worker = local_worker
@@ -182,8 +184,8 @@ class LearnerThread(threading.Thread):
             sgd_minibatch_size=sgd_minibatch_size,
             sequence_length=sequence_length,
         )
-        self.inqueue: EventQueue = EventQueue(inqueue_size)
-        self.outqueue: EventQueue = EventQueue(outqueue_size)
+        self.inqueue: EventQueue[Batch | FromActor[Batch]] = EventQueue(inqueue_size)
+        self.outqueue: EventQueue[Learned] = EventQueue(outqueue_size)
         self.queue_timer = TimerStat()  # seconds waited for each batch
         self.learn_timer = TimerStat()  # seconds per learn_fn call; units: steps trained
         self.num_steps_trained = 0

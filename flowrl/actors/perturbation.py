@@ -45,7 +45,7 @@ _FETCHED_NOISE: dict[str, np.ndarray] = {}
 NOISE_FETCH_TIMEOUT_S = 300.0
 
 
-def _fetch_noise(ref: ray.ObjectRef) -> np.ndarray:
+def _fetch_noise(ref: ray.ObjectRef[np.ndarray]) -> np.ndarray:
     key = ref.hex()
     if key not in _FETCHED_NOISE:
         _FETCHED_NOISE.clear()  # a worker serves one plan's table at a time
@@ -68,7 +68,7 @@ class NoiseTable:
         self.size = int(size)
         self.seed = int(seed)
         self._array: np.ndarray | None = None  # drawn on first use (a plan declared for its graph never draws it)
-        self._ref: ray.ObjectRef | None = None
+        self._ref: ray.ObjectRef[np.ndarray] | None = None
 
     @property
     def array(self) -> np.ndarray:
@@ -80,7 +80,7 @@ class NoiseTable:
                 self._array = _fetch_noise(self._ref)
         return self._array
 
-    def object_ref(self) -> ray.ObjectRef:
+    def object_ref(self) -> ray.ObjectRef[np.ndarray]:
         """The table in Ray's object store (put there on the first call only)."""
         if self._ref is None:
             self._ref = ray.put(self.array)
@@ -210,7 +210,8 @@ class PerturbationEvaluator:
         model = getattr(self.policy, "model", None)
         if not isinstance(model, perturbable.PerturbableModel):
             raise FlowRLError(
-                f"perturbation rollouts need a policy over a PerturbableModel (ES/ARS policies), got {type(model).__name__}"
+                "perturbation rollouts need a policy over a PerturbableModel (ES/ARS policies), "
+                f"got {type(model).__name__}"
             )
         self.model = model
         self.env = env

@@ -40,8 +40,9 @@ class BundleRequest:
     """``count`` bundles of ``resources`` for the actors of one ``role`` (0-based ``index`` in it).
 
     ``keys`` names the config key behind each resource and ``count_key`` the one behind
-    ``count``, for error messages. With ``on_driver_node`` the bundles must be on the driver's node. Resources of amount 0 are
-    left out; a request left with none reserves nothing (its actors are scheduled as they ask).
+    ``count``, for error messages. With ``on_driver_node`` the bundles must be on the driver's
+    node. Resources of amount 0 are left out; a request left with none reserves nothing (its
+    actors are scheduled as they ask).
     """
 
     role: str
@@ -52,7 +53,8 @@ class BundleRequest:
     on_driver_node: bool = False
 
     def term(self, name: str) -> str:
-        """How much of resource ``name`` the request asks for, in config keys: ``num_workers=4 x num_cpus_per_worker=1``."""
+        """How much of resource ``name`` the request asks for, in config keys:
+        ``num_workers=4 x num_cpus_per_worker=1``."""
         each = f"{self.keys[name]}={self.bundle()[name]:g}"
         return f"{self.count_key or 'count'}={self.count} x {each}" if self.count_key or self.count > 1 else each
 
@@ -216,7 +218,8 @@ class Reservation:
             raise ResourceUnavailableError(
                 f"Ray could not reserve the run's resources within worker_startup_timeout_s={timeout_s:g}: "
                 f"{'; '.join(map(_describe, self.requests))} with placement_strategy={strategy!r}; the cluster's "
-                f"{len(nodes)} nodes have {ray.available_resources()} available now (other runs or actors may hold the rest)"
+                f"{len(nodes)} nodes have {ray.available_resources()} available now "
+                "(other runs or actors may hold the rest)"
             ) from None
         self._group, self._owned = group, True
 
@@ -255,7 +258,8 @@ class Reservation:
         )
 
     def options(self, role: str, index: int) -> dict[str, Any]:
-        """Keyword arguments of ``ActorClass.options`` that put actor ``index`` of ``role`` in its bundle ({} if none)."""
+        """Keyword arguments of ``ActorClass.options`` that put actor ``index`` of ``role`` in its bundle
+        ({} if none)."""
         strategy = self.scheduling(role, index)
         return {} if strategy is None else {"scheduling_strategy": strategy}
 

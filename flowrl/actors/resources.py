@@ -70,10 +70,11 @@ class PlanResources:
     ``replay_buffer``: a local replay buffer (DQN). ``replay_actors``: replay shard actors
     (Ape-X), as :class:`~flowrl.actors.ReplayShards` so that a dead one is recreated (in
     any other sequence a dead shard is an error). ``learner``: a learner thread (Ape-X,
-    IMPALA, APPO), started here if it was not (unless the plan is built over placeholder actors). ``aggregators``: aggregator actors (IMPALA's
-    tree aggregation). ``learners``: a learner group training the policies data-parallel
-    (``num_learners >= 2``), which ``TrainOneStep`` or the learner thread drives. With
-    ``checkpoint_replay_contents`` the replay contents go into checkpoints, not only their counters.
+    IMPALA, APPO), started here if it was not (unless the plan is built over placeholder
+    actors). ``aggregators``: aggregator actors (IMPALA's tree aggregation). ``learners``: a
+    learner group training the policies data-parallel (``num_learners >= 2``), which
+    ``TrainOneStep`` or the learner thread drives. With ``checkpoint_replay_contents`` the
+    replay contents go into checkpoints, not only their counters.
 
     Operators that use these pieces take the resources and read them here (``TrainOneStep``
     learns in ``learners``; ``UpdateTargetNetwork`` also holds ``learner.lock``), so a plan

@@ -66,9 +66,10 @@ def control_call(worker: Any, method: str, *args: Any) -> Any:
 class WorkerMetrics(NamedTuple):
     """What a worker reports per iteration: episodes finished and faults absorbed since its last report,
     and (with ``profile`` on) where its time went since then: ``wall_s``, of which ``sample_s`` in
-    its ``samples`` calls of :meth:`RolloutWorker.sample`, of which ``env_s`` stepping the envs and ``inference_s`` in the
-    policies' forward passes, and ``serialize_s`` in Ray's hand-off of the ``handoffs`` fragments it returned to a
-    gather (serializing and storing them, after ``sample()``: see :class:`~flowrl.iterators.ParallelIteratorWorker`)."""
+    its ``samples`` calls of :meth:`RolloutWorker.sample`, of which ``env_s`` stepping the envs and
+    ``inference_s`` in the policies' forward passes, and ``serialize_s`` in Ray's hand-off of the
+    ``handoffs`` fragments it returned to a gather (serializing and storing them, after
+    ``sample()``: see :class:`~flowrl.iterators.ParallelIteratorWorker`)."""
 
     episodes: list[dict[str, Any]]
     num_faulty_episodes: int = 0
@@ -442,5 +443,6 @@ class RolloutWorker(ParallelIteratorWorker):
                 first_error = first_error or e
         if first_error is not None:
             raise FlowRLError(
-                f"rollout worker {self.worker_index}: an env's close() raised {type(first_error).__name__}: {first_error}"
+                f"rollout worker {self.worker_index}: an env's close() raised "
+                f"{type(first_error).__name__}: {first_error}"
             ) from first_error

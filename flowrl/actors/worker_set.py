@@ -170,7 +170,8 @@ class WorkerSet:
 
     @functools.cached_property
     def _remote_cls(self) -> Any:
-        """:class:`RolloutWorker` as a Ray actor class with this set's resources (made when the first remote worker starts)."""
+        """:class:`RolloutWorker` as a Ray actor class with this set's resources (made when the first
+        remote worker starts)."""
         # Ray's stubs do not list concurrency_groups, which ray.remote takes for actor classes.
         return cast(Any, ray.remote)(**self._remote_options)(RolloutWorker)
 

@@ -2,12 +2,12 @@
 
 from flowrl.algorithms.registry import (
     Algorithm,
-    UnknownAlgorithmError,
     algorithm_descriptions,
     get_algorithm,
     list_algorithms,
     register_algorithm,
 )
+from flowrl.errors import UnknownAlgorithmError
 
 __all__ = [
     "Algorithm",

@@ -93,7 +93,7 @@ def actor_critic_loss(
     return LossOutput(loss, {"policy_loss": policy_loss.item(), "vf_loss": vf_loss.item(), "entropy": entropy.item()})
 
 
-def make_actor_critic_policy(obs_space: gym.Space, action_space: gym.Space, config: A2CConfig) -> PolicySpec:
+def make_actor_critic_policy(obs_space: gym.Space[Any], action_space: gym.Space[Any], config: A2CConfig) -> PolicySpec:
     """A TorchPolicy with the actor-critic loss and GAE postprocessing."""
     kwargs = {"loss_fn": actor_critic_loss, "postprocess_fn": actor_critic_postprocess}
     return PolicySpec(TorchPolicy, obs_space, action_space, config, kwargs)

@@ -39,7 +39,8 @@ def execution_plan(workers: WorkerSet, config: A3CConfig, resources: PlanResourc
     return StandardMetricsReporting(train_op, workers, config)
 
 
-# Workers compute A3C's gradients with their own copy of the loss coefficients: only lr (the driver's optimizer) is live.
+# Workers compute A3C's gradients with their own copy of the loss coefficients: only lr (the
+# driver's optimizer) is live.
 ALGORITHM = Algorithm(
     "a3c",
     "asynchronous advantage actor-critic",

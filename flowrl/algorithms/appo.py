@@ -111,7 +111,7 @@ def appo_loss(
     return LossOutput(loss, {**stats, KL_COEFF: kl_coeff})
 
 
-def make_appo_policy(obs_space: gym.Space, action_space: gym.Space, config: APPOConfig) -> PolicySpec:
+def make_appo_policy(obs_space: gym.Space[Any], action_space: gym.Space[Any], config: APPOConfig) -> PolicySpec:
     """A TorchPolicy with the APPO loss, a target network, and the KL coefficient as state (0: no penalty)."""
     kwargs = {
         "loss_fn": appo_loss,

@@ -60,7 +60,7 @@ def make_ars_optimizer(policy: TorchPolicy[ARSConfig]) -> torch.optim.Optimizer:
     return torch.optim.SGD(policy.model.parameters(), lr=policy.config.sgd_stepsize)
 
 
-def make_ars_policy(obs_space: gym.Space, action_space: gym.Space, config: ARSConfig) -> PolicySpec:
+def make_ars_policy(obs_space: gym.Space[Any], action_space: gym.Space[Any], config: ARSConfig) -> PolicySpec:
     """A deterministic TorchPolicy over a perturbable (by default linear) model starting at zero."""
     return perturbation_policy_spec(obs_space, action_space, config, make_ars_optimizer, zero_init=True)
 
@@ -97,7 +97,8 @@ class ARSUpdate(PerturbationUpdate):
 
 
 def execution_plan(workers: WorkerSet, config: ARSConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
-    """Perturbation rounds -> CollectPerturbations (N pairs) -> ARSUpdate -> observation filter -> BroadcastWeights -> metrics."""
+    """Perturbation rounds -> CollectPerturbations (N pairs) -> ARSUpdate -> observation filter ->
+    BroadcastWeights -> metrics."""
     search = PerturbationSearch(
         workers, config, ARSUpdate, pairs_per_round=config.num_rollouts, min_episodes=2 * config.num_rollouts
     )

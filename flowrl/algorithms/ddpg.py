@@ -242,20 +242,20 @@ class _ModelFactory:
         self.config = config
 
     def __call__(
-        self, obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Mapping[str, Any]
+        self, obs_space: gym.Space[Any], action_space: gym.Space[Any], num_outputs: int, model_config: Mapping[str, Any]
     ) -> nn.Module:
         assert isinstance(action_space, gym.spaces.Box)  # make_ddpg_policy refuses other action spaces
         return networks.ActorCritics(obs_space, action_space, **_sizes(self.config))
 
 
 class _CustomActorCritics:
-    """Builds :class:`~flowrl.policy.networks.ActorCritics` around a custom model's ``actor`` and ``critics`` (the DDPG model interface),
-    checking their outputs on a probe batch."""
+    """Builds :class:`~flowrl.policy.networks.ActorCritics` around a custom model's ``actor`` and
+    ``critics`` (the DDPG model interface), checking their outputs on a probe batch."""
 
     def __init__(self, config: DDPGConfig) -> None:
         self.config = config
 
-    def __call__(self, custom: nn.Module, obs_space: gym.Space, action_space: gym.Space) -> nn.Module:
+    def __call__(self, custom: nn.Module, obs_space: gym.Space[Any], action_space: gym.Space[Any]) -> nn.Module:
         assert isinstance(action_space, gym.spaces.Box)  # make_ddpg_policy refuses other action spaces
         shown = f"model.custom_model {type(custom).__qualname__}"
         actor, critics = getattr(custom, "actor", None), getattr(custom, "critics", None)
@@ -300,7 +300,7 @@ def _optimizer(policy: TorchPolicy[DDPGConfig]) -> torch.optim.Optimizer:
     )
 
 
-def make_ddpg_policy(obs_space: gym.Space, action_space: gym.Space, config: DDPGConfig) -> PolicySpec:
+def make_ddpg_policy(obs_space: gym.Space[Any], action_space: gym.Space[Any], config: DDPGConfig) -> PolicySpec:
     """A TorchPolicy with an actor, critic(s), their targets, and deterministic acting plus Gaussian noise."""
     if not isinstance(action_space, gym.spaces.Box):
         raise ConfigError(f"DDPG and TD3 need a continuous (Box) action space, got {action_space}")

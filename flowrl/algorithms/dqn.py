@@ -115,7 +115,8 @@ def dqn_loss(
     dist_class: type[ActionDistribution],
     batch: dict[str, torch.Tensor],
 ) -> LossOutput:
-    """Importance-weighted Huber loss on the n-step TD error, with (double) target Q-values; the TD errors set priorities."""
+    """Importance-weighted Huber loss on the n-step TD error, with (double) target Q-values; the TD
+    errors set priorities."""
     q_values, _ = model(batch[SampleBatch.OBS])
     actions = batch[SampleBatch.ACTIONS].long()
     q_taken = q_values.gather(1, actions.unsqueeze(1)).squeeze(1)
@@ -137,7 +138,7 @@ def dqn_loss(
     return LossOutput(loss, {"loss": mean_loss, "mean_q": mean_q}, td_error)
 
 
-def make_dqn_policy(obs_space: gym.Space, action_space: gym.Space, config: DQNConfig) -> PolicySpec:
+def make_dqn_policy(obs_space: gym.Space[Any], action_space: gym.Space[Any], config: DQNConfig) -> PolicySpec:
     """A TorchPolicy with a Q model, a target network, the DQN loss and n-step postprocessing."""
     kwargs = {
         "loss_fn": dqn_loss,
@@ -150,13 +151,13 @@ def make_dqn_policy(obs_space: gym.Space, action_space: gym.Space, config: DQNCo
 
 
 def _q_model(
-    obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Mapping[str, Any]
+    obs_space: gym.Space[Any], action_space: gym.Space[Any], num_outputs: int, model_config: Mapping[str, Any]
 ) -> nn.Module:
     return networks.QModel(obs_space, num_outputs, model_config, dueling=False)
 
 
 def _dueling_q_model(
-    obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Mapping[str, Any]
+    obs_space: gym.Space[Any], action_space: gym.Space[Any], num_outputs: int, model_config: Mapping[str, Any]
 ) -> nn.Module:
     return networks.QModel(obs_space, num_outputs, model_config, dueling=True)
 

@@ -71,7 +71,7 @@ def make_es_optimizer(policy: TorchPolicy[ESConfig]) -> torch.optim.Optimizer:
     return torch.optim.Adam(policy.model.parameters(), lr=config.stepsize)
 
 
-def make_es_policy(obs_space: gym.Space, action_space: gym.Space, config: ESConfig) -> PolicySpec:
+def make_es_policy(obs_space: gym.Space[Any], action_space: gym.Space[Any], config: ESConfig) -> PolicySpec:
     """A deterministic TorchPolicy over a perturbable MLP, stepped by the ES optimizer."""
     return perturbation_policy_spec(obs_space, action_space, config, make_es_optimizer)
 

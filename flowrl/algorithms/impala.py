@@ -92,9 +92,7 @@ class ImpalaConfig(TrainerConfig):
         min=0,
     )
     num_cpus_per_aggregator: float = cfg_field(0.5, "CPUs Ray reserves for each aggregator actor.", min=0)
-    batch_mode: Literal["truncate_episodes"] = cfg_field(  # type: ignore[assignment]  # narrows the base's choices
-        "truncate_episodes", "V-trace needs fixed-length fragments."
-    )
+    batch_mode: Literal["truncate_episodes"] = cfg_field("truncate_episodes", "V-trace needs fixed-length fragments.")
 
     def check(self) -> list[str]:
         problems = super().check()
@@ -108,8 +106,9 @@ class ImpalaConfig(TrainerConfig):
         minibatch = self.sgd_minibatch_size or self.train_batch_size
         if self.num_learners >= 2 and minibatch // self.rollout_fragment_length < self.num_learners:
             problems.append(
-                f"num_learners={self.num_learners} learners share each minibatch of {minibatch} steps in whole fragments of "
-                f"rollout_fragment_length={self.rollout_fragment_length}: it has {minibatch // self.rollout_fragment_length}; "
+                f"num_learners={self.num_learners} learners share each minibatch of {minibatch} steps "
+                f"in whole fragments of rollout_fragment_length={self.rollout_fragment_length}: "
+                f"it has {minibatch // self.rollout_fragment_length}; "
                 "raise the batch or lower num_learners"
             )
         return problems
@@ -136,7 +135,7 @@ def impala_loss(
     return LossOutput(loss, {"policy_loss": policy_loss.item(), "vf_loss": vf_loss.item(), "entropy": entropy.item()})
 
 
-def make_impala_policy(obs_space: gym.Space, action_space: gym.Space, config: ImpalaConfig) -> PolicySpec:
+def make_impala_policy(obs_space: gym.Space[Any], action_space: gym.Space[Any], config: ImpalaConfig) -> PolicySpec:
     """A TorchPolicy with the V-trace loss and no postprocessing (the learner corrects off-policy data)."""
     return PolicySpec(TorchPolicy, obs_space, action_space, config, {"loss_fn": impala_loss})
 

@@ -53,13 +53,15 @@ def pg_postprocess(policy: TorchPolicy[PGConfig], batch: SampleBatch) -> SampleB
     return compute_advantages(batch, 0.0, gamma=policy.config.gamma, use_gae=False, use_critic=False)
 
 
-def _policy_model(obs_space: gym.Space, action_space: gym.Space, num_outputs: int, model_config: Any) -> nn.Module:
+def _policy_model(
+    obs_space: gym.Space[Any], action_space: gym.Space[Any], num_outputs: int, model_config: Any
+) -> nn.Module:
     from flowrl.policy.models import ActorCriticModel  # torch modules: imported when a policy is built
 
     return ActorCriticModel(obs_space, num_outputs, model_config, value_head=False)
 
 
-def make_pg_policy(obs_space: gym.Space, action_space: gym.Space, config: PGConfig) -> PolicySpec:
+def make_pg_policy(obs_space: gym.Space[Any], action_space: gym.Space[Any], config: PGConfig) -> PolicySpec:
     """A TorchPolicy with the PG loss and return postprocessing."""
     kwargs = {
         "loss_fn": pg_loss,

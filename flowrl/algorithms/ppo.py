@@ -122,7 +122,7 @@ def ppo_loss(
     return LossOutput(loss, {**stats, KL_COEFF: kl_coeff})
 
 
-def make_ppo_policy(obs_space: gym.Space, action_space: gym.Space, config: PPOConfig) -> PolicySpec:
+def make_ppo_policy(obs_space: gym.Space[Any], action_space: gym.Space[Any], config: PPOConfig) -> PolicySpec:
     """A TorchPolicy with the PPO loss, GAE postprocessing and the KL coefficient as state."""
     kwargs = {"loss_fn": ppo_loss, "postprocess_fn": actor_critic_postprocess, "coeffs": {KL_COEFF: config.kl_coeff}}
     return PolicySpec(TorchPolicy, obs_space, action_space, config, kwargs)

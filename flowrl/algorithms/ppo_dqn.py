@@ -66,7 +66,8 @@ def _sub_config_problems(algorithm: str, config_class: type[TrainerConfig]) -> A
 
 @dataclass(kw_only=True)
 class PPODQNConfig(TrainerConfig):
-    """Sampling keys for both (see :class:`~flowrl.config.TrainerConfig`), and each algorithm's own keys in ``ppo`` and ``dqn``.
+    """Sampling keys for both (see :class:`~flowrl.config.TrainerConfig`), and each algorithm's own
+    keys in ``ppo`` and ``dqn``.
 
     ``policies`` are the two policies (spaces from their agents); ``policy_mapping_fn``
     sends even agent ids to ``ppo_policy`` and odd ones to ``dqn_policy`` by default.
@@ -135,7 +136,9 @@ class PPODQNConfig(TrainerConfig):
         return DQNConfig.from_dict({**self._shared(), **self.dqn})
 
 
-def make_policies(spaces: dict[str, tuple[gym.Space, gym.Space]], config: PPODQNConfig) -> dict[str, PolicySpec]:
+def make_policies(
+    spaces: dict[str, tuple[gym.Space[Any], gym.Space[Any]]], config: PPODQNConfig
+) -> dict[str, PolicySpec]:
     """A PPO policy and a DQN policy, each built by its own algorithm from its own config."""
     return {
         PPO_POLICY: ppo.make_ppo_policy(*spaces[PPO_POLICY], config.ppo_config()),
@@ -143,7 +146,7 @@ def make_policies(spaces: dict[str, tuple[gym.Space, gym.Space]], config: PPODQN
     }
 
 
-def _needs_multi_agent(obs_space: gym.Space, action_space: gym.Space, config: PPODQNConfig) -> PolicySpec:
+def _needs_multi_agent(obs_space: gym.Space[Any], action_space: gym.Space[Any], config: PPODQNConfig) -> PolicySpec:
     raise ConfigError(
         ["ppo_dqn trains the policies of a multi-agent env (e.g. MultiAgentCartPole), not a single-agent one"]
     )

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     ExecutionPlan = Callable[[WorkerSet, Any, PlanResources], LocalIterator[dict[str, Any]]]
     ResourceFactory = Callable[[WorkerSet, Any], PlanResources]
     BundleFactory = Callable[[Any], list[BundleRequest]]
-    PolicyFactory = Callable[[gym.Space, gym.Space, Any], PolicySpec]
-    MultiPolicyFactory = Callable[[dict[str, tuple[gym.Space, gym.Space]], Any], dict[str, PolicySpec]]
+    PolicyFactory = Callable[[gym.Space[Any], gym.Space[Any], Any], PolicySpec]
+    MultiPolicyFactory = Callable[[dict[str, tuple[gym.Space[Any], gym.Space[Any]]], Any], dict[str, PolicySpec]]
 
 
 def _learner_resources(workers: WorkerSet, config: Any) -> PlanResources:
@@ -144,7 +144,7 @@ def get_algorithm(name: str) -> Algorithm:
         return _REGISTERED[key]
     if key in _MODULES:
         builtin = _MODULES[key]
-        algorithm = getattr(importlib.import_module(builtin.module), builtin.attribute)
+        algorithm: Algorithm = getattr(importlib.import_module(builtin.module), builtin.attribute)
         _REGISTERED[key] = algorithm
         return algorithm
     names = list_algorithms()

@@ -53,7 +53,8 @@ def exploration_problems(exploration_config: dict[str, Any]) -> list[str]:
     if not isinstance(name, str) or name not in EXPLORATIONS:
         hint = _suggestion(name, known) if isinstance(name, str) else ""
         return [
-            f"exploration_config['type']={name!r} is not a known exploration{hint} (known: {', '.join(map(repr, known))})"
+            f"exploration_config['type']={name!r} is not a known exploration{hint} "
+            f"(known: {', '.join(map(repr, known))})"
         ]
     params = inspect.signature(EXPLORATIONS[name]).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):

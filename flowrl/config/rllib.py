@@ -96,7 +96,9 @@ IGNORED: dict[str, str] = {
     "sample_collector": "RLlib's sample collector class",
     "preprocessor_pref": "RLlib's preprocessors (flowrl wraps Atari envs itself)",
     "normalize_actions": "flowrl's policies act within the action space's bounds",
-    "no_done_at_end": "Gymnasium's terminated/truncated flags replace it (RLlib 2.3 dropped it too): flowrl bootstraps at truncations",
+    "no_done_at_end": (
+        "Gymnasium's terminated/truncated flags replace it (RLlib 2.3 dropped it too): flowrl bootstraps at truncations"
+    ),
     "create_env_on_driver": "flowrl makes envs where it needs them",
     "remote_worker_envs": "envs run in the rollout workers",
     "remote_env_batch_wait_ms": "envs run in the rollout workers",
@@ -366,7 +368,8 @@ class _Reader:
             return
         if value in FRAMEWORKS:
             self._note(
-                f"RLlib key framework={value!r} is ignored: flowrl trains PyTorch policies only, so this config runs on PyTorch"
+                f"RLlib key framework={value!r} is ignored: flowrl trains PyTorch policies only, "
+                "so this config runs on PyTorch"
             )
             return
         self.result.problems.append(
@@ -375,7 +378,8 @@ class _Reader:
         )
 
     def _map(self, rllib_key: str, key: str, value: Any, note: str | None = None) -> None:
-        """Set flowrl's ``key`` from ``rllib_key``; a problem if the config lacks ``key`` or another key set it otherwise."""
+        """Set flowrl's ``key`` from ``rllib_key``; a problem if the config lacks ``key`` or another key
+        set it otherwise."""
         if key not in self.defaults:
             self.result.problems.append(
                 f"RLlib key {rllib_key} is {key} in flowrl, which {self.config_class.__name__} has no key for"

@@ -241,7 +241,8 @@ class TrainerConfig(BaseConfig):
         "PACK",
         "How the run's bundles (one per remote worker, replay shard or aggregator that asks for resources, and "
         "the driver's), reserved together as one Ray placement group, are laid out on the cluster's nodes: PACK "
-        "(as few nodes as possible), SPREAD (as many as possible), STRICT_PACK (one node), STRICT_SPREAD (a node each).",
+        "(as few nodes as possible), SPREAD (as many as possible), STRICT_PACK (one node), "
+        "STRICT_SPREAD (a node each).",
     )
     num_gpus_per_worker: float = cfg_field(0.0, "GPUs Ray reserves for each remote rollout worker.", min=0)
     num_learners: int = cfg_field(
@@ -332,7 +333,8 @@ class TrainerConfig(BaseConfig):
     evaluation_num_workers: int = cfg_field(
         0,
         "Evaluation actors of their own (each reserved num_cpus_per_worker CPUs in the run's placement group); "
-        "for asynchronous algorithms they evaluate while the iteration trains. 0: the driver evaluates after the iteration.",
+        "for asynchronous algorithms they evaluate while the iteration trains. "
+        "0: the driver evaluates after the iteration.",
         min=0,
     )
     evaluation_config: dict[str, Any] = cfg_field(
@@ -381,7 +383,8 @@ class TrainerConfig(BaseConfig):
         return problems
 
     def _evaluation_problems(self) -> list[str]:
-        """``evaluation_config`` keys that are not keys of this config or have invalid values; a video without evaluation."""
+        """``evaluation_config`` keys that are not keys of this config or have invalid values; a video
+        without evaluation."""
         problems = []
         specs = {spec.name: spec for spec in _specs(type(self))}
         for key, value in self.evaluation_config.items():
@@ -400,6 +403,7 @@ class TrainerConfig(BaseConfig):
         return problems
 
     def for_policy(self: C, policy_id: str) -> C:
-        """The config policy ``policy_id`` is built with: this one with its ``policies[policy_id]["config"]`` overrides."""
+        """The config policy ``policy_id`` is built with: this one with its
+        ``policies[policy_id]["config"]`` overrides."""
         overrides = (self.policies.get(policy_id) or {}).get("config", {})
         return self.replace(**overrides) if overrides else self

@@ -359,7 +359,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def priorities(self) -> np.ndarray:
         """A copy of the stored rows' priorities (before ``**alpha``), by position."""
-        return self._priorities[: self._size].copy()
+        priorities: np.ndarray = self._priorities[: self._size].copy()
+        return priorities
 
     def stats(self) -> dict[str, Any]:
         stats = super().stats()

@@ -8,7 +8,7 @@ separately from agent steps.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence, overload
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from flowrl.data.compression import CompressedColumn, compress_array, decompress
 DEFAULT_POLICY_ID = "default_policy"
 
 
-class SampleBatch(dict):
+class SampleBatch(dict[str, Any]):
     """Columns of experience with a common number of rows (``count``).
 
     Values given as lists are converted to arrays. Columns can be LZ4-compressed in place
@@ -166,7 +166,11 @@ def as_policy_batches(batch: "SampleBatch | MultiAgentBatch") -> dict[str, Sampl
     return {DEFAULT_POLICY_ID: batch}
 
 
-def concat_samples(batches: Sequence[SampleBatch | "MultiAgentBatch"]) -> Any:
+@overload
+def concat_samples(batches: Sequence[SampleBatch]) -> SampleBatch: ...
+@overload
+def concat_samples(batches: Sequence[SampleBatch | MultiAgentBatch]) -> SampleBatch | MultiAgentBatch: ...
+def concat_samples(batches: Sequence[SampleBatch | MultiAgentBatch]) -> SampleBatch | MultiAgentBatch:
     """Concatenate batches row-wise (multi-agent batches policy by policy)."""
     batches = [b for b in batches if b.count > 0] or list(batches[:1])
     if not batches:

@@ -91,7 +91,8 @@ class SegmentTree:
 
     def leaves(self) -> np.ndarray:
         """A copy of the ``capacity`` leaf values."""
-        return self._value[self._size : self._size + self.capacity].copy()
+        leaves: np.ndarray = self._value[self._size : self._size + self.capacity].copy()
+        return leaves
 
     # -- ranges ------------------------------------------------------------------------
 

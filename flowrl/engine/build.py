@@ -87,7 +87,8 @@ def policy_specs(
             if config.policies:
                 raise ConfigError(
                     [
-                        f"policies={sorted(config.policies)} needs a multi-agent env, but {type(probe).__name__} is a single-agent Gymnasium env"
+                        f"policies={sorted(config.policies)} needs a multi-agent env, but {type(probe).__name__} "
+                        "is a single-agent Gymnasium env"
                     ]
                 )
             return {DEFAULT_POLICY_ID: algorithm.make_policy(probe.observation_space, probe.action_space, config)}
@@ -95,7 +96,8 @@ def policy_specs(
             able = [name for name in list_algorithms() if get_algorithm(name).multi_agent]
             raise ConfigError(
                 [
-                    f"algorithm {algorithm.name!r} trains single-agent envs, but {type(probe).__name__} is multi-agent; "
+                    f"algorithm {algorithm.name!r} trains single-agent envs, "
+                    f"but {type(probe).__name__} is multi-agent; "
                     f"algorithms for multi-agent envs: {', '.join(able)}"
                 ]
             )
@@ -106,7 +108,8 @@ def policy_specs(
         return algorithm.make_policies(spaces, config)
     policy_keys = config.per_policy_keys()
     problems = [
-        f"policies[{pid!r}]['config'] sets {key!r}, which is not a policy key; per-policy keys are {sorted(policy_keys)}"
+        f"policies[{pid!r}]['config'] sets {key!r}, which is not a policy key; "
+        f"per-policy keys are {sorted(policy_keys)}"
         for pid, spec in config.policies.items()
         for key in (spec or {}).get("config", {})
         if key not in policy_keys
@@ -150,7 +153,8 @@ def multi_agent_policy_spaces(env: Any, config: TrainerConfig) -> dict[str, tupl
         ):
             if mine != theirs:
                 problems.append(
-                    f"the {kind} space of agent {agent!r}, {mine}, does not match that of policy {pid!r}, {theirs} (from {found[pid][2]})"
+                    f"the {kind} space of agent {agent!r}, {mine}, does not match that of policy {pid!r}, "
+                    f"{theirs} (from {found[pid][2]})"
                 )
     mapping_failed = bool(problems)
     for pid in policy_ids:

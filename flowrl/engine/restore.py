@@ -116,7 +116,8 @@ def _shape_mismatches(
     if set(saved) != set(target):
         only_saved, only_target = sorted(set(saved) - set(target)), sorted(set(target) - set(saved))
         found.append(
-            f"policy {pid!r}: model parameters differ: only in the checkpoint {only_saved}, only in this trainer {only_target}"
+            f"policy {pid!r}: model parameters differ: only in the checkpoint {only_saved}, "
+            f"only in this trainer {only_target}"
         )
     for name in sorted(set(saved) & set(target)):
         if saved[name] != target[name]:
@@ -128,7 +129,8 @@ def _shape_mismatches(
 
 
 def config_overrides(saved_config: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """The config keys whose value differs between a checkpoint and a trainer: ``{key: {"checkpoint": ..., "now": ...}}``."""
+    """The config keys whose value differs between a checkpoint and a trainer:
+    ``{key: {"checkpoint": ..., "now": ...}}``."""
     overrides = {}
     for key, value in config.items():
         old = saved_config.get(key, value)

@@ -31,7 +31,10 @@ from gymnasium.wrappers import AtariPreprocessing, ClipReward, FrameStackObserva
 from flowrl.errors import EnvError, UnknownEnvError
 
 MISSING_ALE_MESSAGE = "Atari envs need the optional dependency ale-py: pip install 'flowrl-ray[atari]'"
-MISSING_OPENCV_MESSAGE = "Atari preprocessing needs the optional dependency opencv-python (to resize frames): pip install 'flowrl-ray[atari]'"
+MISSING_OPENCV_MESSAGE = (
+    "Atari preprocessing needs the optional dependency opencv-python (to resize frames): "
+    "pip install 'flowrl-ray[atari]'"
+)
 #: ALE's action 0 in every game's minimal action set.
 NOOP = 0
 

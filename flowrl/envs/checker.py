@@ -142,7 +142,8 @@ def _check_step_arity(result: Any, method: str, api: str, old_api: str, where: s
 
 
 def _check_reward(reward: Any, method: str, name: str, subject: str, where: str) -> None:
-    """Raise unless ``reward`` is a finite real scalar; ``name`` spells where it was returned, ``subject`` the rule's subject."""
+    """Raise unless ``reward`` is a finite real scalar; ``name`` spells where it was returned,
+    ``subject`` the rule's subject."""
     if not _is_real_scalar(reward):
         raise EnvCheckError(
             f"{method} returned {name}={abbreviate(reward)} of type {type(reward).__name__}; "
@@ -156,7 +157,8 @@ def _checked_flag(flag: Any, method: str, name: str, subject: str, where: str) -
     """``flag`` (a termination or truncation) as a bool; raise unless it is a Python or numpy bool."""
     if not isinstance(flag, (bool, np.bool_)):
         raise EnvCheckError(
-            f"{method} returned {name}={abbreviate(flag)} of type {type(flag).__name__}; {subject} must be a bool{where}"
+            f"{method} returned {name}={abbreviate(flag)} of type {type(flag).__name__}; "
+            f"{subject} must be a bool{where}"
         )
     return bool(flag)
 

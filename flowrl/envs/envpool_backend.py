@@ -233,11 +233,13 @@ class PoolEnv:
 
 
 def pool_env_id(env_creator: Any) -> str:
-    """The Gymnasium id that ``env_creator`` (from :func:`flowrl.envs.get_env_creator`) makes; EnvPool steps only ids."""
+    """The Gymnasium id that ``env_creator`` (from :func:`flowrl.envs.get_env_creator`) makes; EnvPool
+    steps only ids."""
     if isinstance(env_creator, GymnasiumCreator):
         return env_creator.env_id
     raise EnvError(
-        f"env_backend 'envpool' steps EnvPool's own builds of Gymnasium ids (e.g. 'CartPole-v1', 'PongNoFrameskip-v4'); "
+        "env_backend 'envpool' steps EnvPool's own builds of Gymnasium ids "
+        "(e.g. 'CartPole-v1', 'PongNoFrameskip-v4'); "
         f"the env is {env_creator!r}, not such an id: use env_backend 'gymnasium' for it"
     )
 

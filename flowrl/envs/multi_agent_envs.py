@@ -179,7 +179,8 @@ def _raise_bad_actions(actions: Any, agents: list) -> NoReturn:
         )
     extra = [agent for agent in actions if agent not in set(agents)]
     raise EnvError(
-        f"step() got an action for agent {extra[0]!r}, which is not live; actions are needed only for env.agents {agents}"
+        f"step() got an action for agent {extra[0]!r}, which is not live; "
+        f"actions are needed only for env.agents {agents}"
     )
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from flowrl.actors import Learned, LearnerThread, WorkerSet
+from flowrl.actors import Learned, LearnerThread
+from flowrl.actors.protocols import WorkerSetLike
 from flowrl.data import MultiAgentBatch, SampleBatch
 from flowrl.deferred import ray
 from flowrl.iterators import FromActor, LocalIterator
@@ -36,7 +37,7 @@ class SendWeightsToSource(Operator):
     def __init__(
         self,
         learner: LearnerThread,
-        workers: WorkerSet,
+        workers: WorkerSetLike,
         *,
         min_steps: int = 0,
         min_learner_updates: int = 0,

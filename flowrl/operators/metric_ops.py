@@ -8,7 +8,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from flowrl.actors import WorkerMetrics, WorkerSet
+from flowrl.actors import WorkerMetrics
+from flowrl.actors.protocols import WorkerSetLike
 from flowrl.iterators import LATE_ITEMS_COUNTER, LocalIterator
 from flowrl.operators.names import LEARNER_INFO, STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER
 from flowrl.operators.protocol import ActorLink, StatefulOperator
@@ -136,7 +137,7 @@ class CollectMetrics(StatefulOperator):
     state_key = "collect_metrics"
 
     def __init__(
-        self, workers: WorkerSet, min_history: int = 100, selected_workers: Sequence[int] | None = None
+        self, workers: WorkerSetLike, min_history: int = 100, selected_workers: Sequence[int] | None = None
     ) -> None:
         self.workers = workers
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=min_history)
@@ -206,9 +207,10 @@ class CollectMetrics(StatefulOperator):
 
 def worker_phases(reports: Sequence[tuple[int, WorkerMetrics]], *, in_driver: bool) -> dict[str, Any]:
     """The rollout workers' time since their last reports, summed: stepping envs, inference, the rest of
-    sampling, Ray's serialization of the fragments (or, for A3C, gradients) they returned (``serialize_s``, over
-    ``fragments_serialized``) and idle time; and each one's busy share and seconds per fragment (for the plan's X-ray: a straggler's are
-    far above its siblings'). Empty when no worker measured its time (``profile`` off)."""
+    sampling, Ray's serialization of the fragments (or, for A3C, gradients) they returned
+    (``serialize_s``, over ``fragments_serialized``) and idle time; and each one's busy share and
+    seconds per fragment (for the plan's X-ray: a straggler's are far above its siblings'). Empty
+    when no worker measured its time (``profile`` off)."""
     timed = [(index, report.phases) for index, report in reports if report.phases]
     if not timed:
         return {}
@@ -242,7 +244,7 @@ def worker_phases(reports: Sequence[tuple[int, WorkerMetrics]], *, in_driver: bo
 
 def StandardMetricsReporting(
     train_op: LocalIterator[Any],
-    workers: WorkerSet,
+    workers: WorkerSetLike,
     config: Any,
     selected_workers: Sequence[int] | None = None,
 ) -> LocalIterator[dict[str, Any]]:

@@ -62,7 +62,8 @@ def perturbable_policy(workers: WorkerSet) -> TorchPolicy[Any]:
     policy = workers.local_worker().get_policy()
     if not isinstance(policy, TorchPolicy) or not isinstance(policy.model, perturbable.PerturbableModel):
         raise FlowRLError(
-            f"perturbation searches step a TorchPolicy over a PerturbableModel (ES/ARS policies), got {type(policy).__name__}"
+            "perturbation searches step a TorchPolicy over a PerturbableModel (ES/ARS policies), "
+            f"got {type(policy).__name__}"
         )
     return policy
 
@@ -116,7 +117,8 @@ def PerturbationRollouts(
 
 
 class CollectPerturbations:
-    """Gather rounds until they hold ``min_episodes`` perturbed episodes and ``min_steps`` of their steps; use with ``combine``.
+    """Gather rounds until they hold ``min_episodes`` perturbed episodes and ``min_steps`` of their
+    steps; use with ``combine``.
 
     Returns ``[]`` while gathering and ``[result]`` (every pair gathered) once there are enough.
     """
@@ -140,7 +142,8 @@ class CollectPerturbations:
 
 
 class PerturbationUpdate:
-    """One optimizer step of the local worker's policy up a direction estimated from perturbation results (pass-through).
+    """One optimizer step of the local worker's policy up a direction estimated from perturbation
+    results (pass-through).
 
     Subclasses (ES's and ARS's updates) give :meth:`estimate`. Counts the perturbed steps
     used in ``num_steps_trained``; the step's size and the returns go to ``info["learner"]``.
@@ -153,7 +156,8 @@ class PerturbationUpdate:
         policy_class = workers.local_worker().policy_class()
         if not issubclass(policy_class, TorchPolicy):
             raise FlowRLError(
-                f"perturbation searches step a TorchPolicy over a PerturbableModel (ES/ARS policies), got {policy_class.__name__}"
+                "perturbation searches step a TorchPolicy over a PerturbableModel (ES/ARS policies), "
+                f"got {policy_class.__name__}"
             )
         self.dim = num_perturbed_parameters(workers.policy_specs[DEFAULT_POLICY_ID])
         noise.check_dim(self.dim)

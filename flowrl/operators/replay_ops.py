@@ -19,10 +19,10 @@ import numpy as np
 
 from flowrl.actors import Learned, ReplayShards
 from flowrl.data import (
-    LocalReplayBuffer,
     MultiAgentBatch,
     SampleBatch,
 )
+from flowrl.data.protocols import ReplayBufferLike
 from flowrl.deferred import ray
 from flowrl.errors import FlowRLError, ReplayShardError, ShardFailedError
 from flowrl.iterators import (
@@ -156,7 +156,7 @@ class StoreToReplayBuffer(Operator):
     def __init__(
         self,
         *,
-        local_buffer: LocalReplayBuffer | None = None,
+        local_buffer: ReplayBufferLike | None = None,
         actors: Sequence[Any] | None = None,
         max_in_flight: int | None = None,
         timeout_s: float = SHARD_CALL_TIMEOUT_S,
@@ -219,7 +219,7 @@ class _ReplaceFailedShard:
 
 def Replay(
     *,
-    local_buffer: LocalReplayBuffer | None = None,
+    local_buffer: ReplayBufferLike | None = None,
     actors: Sequence[Any] | None = None,
     num_async: int = 4,
     timeout_s: float = REPLAY_TIMEOUT_S,
@@ -322,7 +322,7 @@ class UpdatePriorities(Operator):
 
     def __init__(
         self,
-        local_buffer: LocalReplayBuffer | None = None,
+        local_buffer: ReplayBufferLike | None = None,
         *,
         actors: Sequence[Any] | None = None,
         max_in_flight: int | None = None,

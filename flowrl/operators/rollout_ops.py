@@ -57,11 +57,11 @@ def ParallelRollouts(workers: WorkerSet, *, mode: str = "bulk_sync", num_async: 
 
     ``bulk_sync``: one fragment from every worker per item, concatenated (a barrier per
     round; with ``sample_min_fraction`` < 1 a round ends once that fraction of the workers
-    delivered, and late fragments join the next round). ``async``: fragments as they arrive, ``num_async`` requests in flight per
-    worker. ``raw``: the :class:`~flowrl.iterators.ParallelIterator` over the workers,
-    for plans that gather it themselves. With no remote workers the local worker samples.
-    Workers that die, raise or time out are replaced (or dropped) by the worker set without
-    ending the stream.
+    delivered, and late fragments join the next round). ``async``: fragments as they arrive,
+    ``num_async`` requests in flight per worker. ``raw``: the
+    :class:`~flowrl.iterators.ParallelIterator` over the workers, for plans that gather it
+    themselves. With no remote workers the local worker samples. Workers that die, raise or
+    time out are replaced (or dropped) by the worker set without ending the stream.
     """
     if mode not in ROLLOUT_MODES:
         raise FlowRLError(f"ParallelRollouts(mode={mode!r}): mode must be one of {ROLLOUT_MODES}")
@@ -144,7 +144,8 @@ def _record_gradient_source(item: _SampledGradients) -> ComputedGradients:
 
 
 def AsyncGradients(workers: WorkerSet) -> LocalIterator[ComputedGradients]:
-    """:class:`~flowrl.operators.train_ops.ComputedGradients` computed inside the rollout workers on their own samples (A3C).
+    """:class:`~flowrl.operators.train_ops.ComputedGradients` computed inside the rollout workers on
+    their own samples (A3C).
 
     Gradients arrive as workers finish; the source worker of each is recorded as the
     metrics context's ``current_actor`` so ``ApplyGradients(update_all=False)`` can send

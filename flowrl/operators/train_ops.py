@@ -8,9 +8,10 @@ from typing import Any, ClassVar, ContextManager, NamedTuple, Protocol, cast, ru
 
 import numpy as np
 
-from flowrl.actors import Learned, LearnerInfo, PlanResources, Priorities, WorkerSet
+from flowrl.actors import Learned, LearnerInfo, PlanResources, Priorities
 from flowrl.actors.learner_group import LEARNER_ACTOR
 from flowrl.actors.learner_thread import GroupLearner, learn_on_local_worker
+from flowrl.actors.protocols import WorkerSetLike
 from flowrl.data import (
     DEFAULT_POLICY_ID,
     MultiAgentBatch,
@@ -137,7 +138,7 @@ class TrainOneStep(Operator):
 
     def __init__(
         self,
-        workers: WorkerSet,
+        workers: WorkerSetLike,
         policies: Sequence[str] | None = None,
         num_sgd_iter: int | SGDConfig = 1,
         sgd_minibatch_size: int = 0,
@@ -161,7 +162,8 @@ class TrainOneStep(Operator):
         self.learners = resources.learners if resources is not None else None
 
     def plan_links(self) -> list[PlanLink]:
-        """Broadcasts to the rollout workers, naming the policies unless it is only the default one; the learner group."""
+        """Broadcasts to the rollout workers, naming the policies unless it is only the default one; the
+        learner group."""
         label = (
             "broadcast weights"
             if self.policies == [DEFAULT_POLICY_ID]
@@ -200,7 +202,7 @@ class TrainOneStep(Operator):
 class ComputeGradients:
     """Gradients of the local worker's policy on a batch: yields :class:`ComputedGradients`."""
 
-    def __init__(self, workers: WorkerSet, policy_id: str = DEFAULT_POLICY_ID) -> None:
+    def __init__(self, workers: WorkerSetLike, policy_id: str = DEFAULT_POLICY_ID) -> None:
         self.workers = workers
         self.policy_id = policy_id
 
@@ -236,7 +238,7 @@ class ApplyGradients(Operator):
     ``current_actor``, set by :func:`AsyncGradients`), as A3C does. Yields the learner info.
     """
 
-    def __init__(self, workers: WorkerSet, policy_id: str = DEFAULT_POLICY_ID, update_all: bool = True) -> None:
+    def __init__(self, workers: WorkerSetLike, policy_id: str = DEFAULT_POLICY_ID, update_all: bool = True) -> None:
         self.workers = workers
         self.policy_id = policy_id
         self.update_all = update_all
@@ -283,7 +285,7 @@ class UpdateTargetNetwork(Operator):
 
     def __init__(
         self,
-        workers: WorkerSet,
+        workers: WorkerSetLike,
         target_update_freq: int | TargetNetworkConfig,
         by_steps_trained: bool = False,
         *,
@@ -348,7 +350,7 @@ class UpdateKL:
     stays off.
     """
 
-    def __init__(self, workers: WorkerSet) -> None:
+    def __init__(self, workers: WorkerSetLike) -> None:
         self.workers = workers
 
     def __call__(self, item: Trained | Learned) -> Trained | Learned:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from flowrl.actors import WorkerSet
+from flowrl.actors.protocols import WorkerSetLike
 from flowrl.iterators import LocalIterator
 from flowrl.operators.names import NUM_WEIGHT_SYNCS, STEPS_SAMPLED_COUNTER, WORKER_UPDATE_TIMER
 
@@ -15,7 +15,7 @@ def global_vars() -> dict[str, Any]:
     return {"timestep": LocalIterator.get_metrics().counters[STEPS_SAMPLED_COUNTER]}
 
 
-def broadcast_weights(workers: WorkerSet, policies: Sequence[str] | None = None) -> None:
+def broadcast_weights(workers: WorkerSetLike, policies: Sequence[str] | None = None) -> None:
     """Send the local worker's weights (of ``policies``, default all) to every remote worker.
 
     Timed as ``update`` and counted in ``num_weight_syncs``.
@@ -26,7 +26,7 @@ def broadcast_weights(workers: WorkerSet, policies: Sequence[str] | None = None)
     metrics.counters[NUM_WEIGHT_SYNCS] += 1
 
 
-def send_weights(workers: WorkerSet, actor: Any, weights: Any) -> None:
+def send_weights(workers: WorkerSetLike, actor: Any, weights: Any) -> None:
     """Send ``weights`` (per policy id, or their object ref) to one of ``workers``' actors (or an
     aggregator over them); timed and counted like a broadcast. The worker set remembers the
     global vars sent, for a worker that replaces a failed one."""

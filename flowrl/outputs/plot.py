@@ -93,7 +93,8 @@ def plot_runs(
     out: str | os.PathLike[str] = DEFAULT_OUT,
     title: str | None = None,
 ) -> PlotResult:
-    """Draw learning curves of the runs (and Tune experiments) in ``paths`` into the image ``out``; returns what was drawn.
+    """Draw learning curves of the runs (and Tune experiments) in ``paths`` into the image ``out``;
+    returns what was drawn.
 
     ``x`` and ``y`` are result keys (nested keys joined by ``/``). The image format follows
     ``out``'s suffix (``.png``, ``.svg``, ``.pdf``, ...). Runs that have results but no value

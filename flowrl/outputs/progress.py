@@ -69,7 +69,8 @@ def format_iteration(result: Mapping[str, Any], steps_this_iter: int) -> str:
         f"iter {result.get('training_iteration', 0):>4}  "
         f"timesteps {result.get('timesteps_total', 0):>9}  "
         f"reward {format_number(result.get('episode_reward_mean')):>8} "
-        f"(min {format_number(result.get('episode_reward_min'))}, max {format_number(result.get('episode_reward_max'))})  "
+        f"(min {format_number(result.get('episode_reward_min'))}, "
+        f"max {format_number(result.get('episode_reward_max'))})  "
         f"steps/s {format_number(rate, ',.0f'):>7}  "
         f"time {format_number(result.get('time_total_s'), '.2f'):>8}s"
     )

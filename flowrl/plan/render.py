@@ -155,7 +155,8 @@ def actor_summary(actor_class: str, figures: Mapping[str, Any]) -> str:
         )
     if actor_class == "LearnerThread":
         return (
-            f"{busy}; learning {_seconds(figures.get('learn_s'))}, waiting for batches {_seconds(figures.get('wait_s'))}; "
+            f"{busy}; learning {_seconds(figures.get('learn_s'))}, "
+            f"waiting for batches {_seconds(figures.get('wait_s'))}; "
             f"in-queue {as_number(figures.get('inqueue_size_mean')):.1f} of {figures.get('inqueue_capacity')}"
         )
     if actor_class == "ReplayActor":
@@ -560,7 +561,8 @@ tr.total td {{ font-weight: bold; }}
 they were: 0% <span class="scale"></span> 100%. Edges into an operator carry the rate of what flows along them.</p>
 {_svg(view)}
 <h2>Operators, driver steps and unattributed time</h2>
-<table><tr><th>#</th><th>operator</th><th>share</th><th>busy</th><th>wait</th><th>transfer</th><th>blocked on output</th><th>held back</th><th>rates</th></tr>
+<table><tr><th>#</th><th>operator</th><th>share</th><th>busy</th><th>wait</th><th>transfer</th>\
+<th>blocked on output</th><th>held back</th><th>rates</th></tr>
 {chr(10).join(rows)}
 </table>
 <h2>Actors</h2>

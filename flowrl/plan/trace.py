@@ -88,7 +88,8 @@ def trace_file(run_dir: str | os.PathLike[str], iteration: int) -> Path:
 
 
 def write_plan(run_dir: str | os.PathLike[str], trainer: TracedTrainer) -> None:
-    """Write ``plan.json`` into ``run_dir``: the graph of the plan ``trainer`` runs (read by ``flowrl plan RUN_DIR``)."""
+    """Write ``plan.json`` into ``run_dir``: the graph of the plan ``trainer`` runs (read by
+    ``flowrl plan RUN_DIR``)."""
     _write_json(Path(run_dir) / PLAN_FILE, trainer.plan.graph.to_dict())
 
 

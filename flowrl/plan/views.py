@@ -91,7 +91,8 @@ def average_xray(plans: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _mean_tree(trees: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Nested dicts averaged leaf by leaf (over the dicts holding each key); what is not a number keeps its last value."""
+    """Nested dicts averaged leaf by leaf (over the dicts holding each key); what is not a number keeps
+    its last value."""
     averaged: dict[str, Any] = {}
     for key in dict.fromkeys(key for tree in trees for key in tree):
         values = [tree[key] for tree in trees if key in tree]

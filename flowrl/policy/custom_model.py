@@ -49,7 +49,7 @@ from flowrl.errors import ConfigError, FlowRLError
 from flowrl.importing import import_callable
 
 #: Builds the algorithm's model around the user's module: ``adapt(module, obs_space, action_space)``.
-Adapter = Callable[["nn.Module", gym.Space, gym.Space], "nn.Module"]
+Adapter = Callable[["nn.Module", gym.Space[Any], gym.Space[Any]], "nn.Module"]
 
 
 @dataclass(frozen=True)
@@ -126,14 +126,14 @@ class StructuredObs:
     back: Box parts reshaped, Discrete, MultiDiscrete and MultiBinary parts as flattened.
     """
 
-    def __init__(self, space: gym.Space) -> None:
+    def __init__(self, space: gym.Space[Any]) -> None:
         self.space = space
 
     def __call__(self, module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         return (unflatten_tensor(self.space, args[0]), *args[1:])
 
 
-def unflatten_tensor(space: gym.Space, flat: torch.Tensor) -> Any:
+def unflatten_tensor(space: gym.Space[Any], flat: torch.Tensor) -> Any:
     """Rows ``[B, flatdim(space)]`` of flattened observations as the space's structure of ``[B, ...]`` tensors."""
     if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
         parts, offset = [], 0
@@ -151,8 +151,8 @@ def unflatten_tensor(space: gym.Space, flat: torch.Tensor) -> Any:
 
 def build_custom_model(
     interface: ModelInterface | None,
-    obs_space: gym.Space,
-    action_space: gym.Space,
+    obs_space: gym.Space[Any],
+    action_space: gym.Space[Any],
     num_outputs: int,
     model_config: Mapping[str, Any],
 ) -> nn.Module:
@@ -193,12 +193,12 @@ def build_custom_model(
     return model
 
 
-def probe_observations(obs_space: gym.Space, batch_size: int = 2) -> torch.Tensor:
+def probe_observations(obs_space: gym.Space[Any], batch_size: int = 2) -> torch.Tensor:
     """A batch of all-zero observations of ``obs_space`` as a model receives them (flat, on the CPU)."""
     from flowrl.policy.models import obs_to_tensor  # the torch modules' module
 
     if is_structured(obs_space):
-        space: gym.Space = ObsFlattener(obs_space).space
+        space: gym.Space[Any] = ObsFlattener(obs_space).space
     else:
         space = obs_space
     shape = () if space.shape is None else space.shape
@@ -206,8 +206,11 @@ def probe_observations(obs_space: gym.Space, batch_size: int = 2) -> torch.Tenso
     return obs_to_tensor(zeros, obs_space, torch.device("cpu"))
 
 
-def _forward_problem(model: nn.Module, interface: ModelInterface, obs_space: gym.Space, num_outputs: int) -> str | None:
-    """What is wrong with ``model``'s outputs on a probe batch, or None (the RNG and train mode are left as they were)."""
+def _forward_problem(
+    model: nn.Module, interface: ModelInterface, obs_space: gym.Space[Any], num_outputs: int
+) -> str | None:
+    """What is wrong with ``model``'s outputs on a probe batch, or None (the RNG and train mode are left
+    as they were)."""
     batch = 2
     training = model.training
     try:

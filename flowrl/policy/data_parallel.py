@@ -29,7 +29,8 @@ class Shard(NamedTuple):
         runs = batch.count // sequence_length
         if runs < self.size:
             raise ValueError(
-                f"a minibatch of {batch.count} rows ({runs} runs of {sequence_length}) cannot be shared by {self.size} learners: "
+                f"a minibatch of {batch.count} rows ({runs} runs of {sequence_length}) "
+                f"cannot be shared by {self.size} learners: "
                 "each needs at least one run"
             )
         start = runs * self.rank // self.size * sequence_length

@@ -8,7 +8,7 @@ gives samples, log-probabilities, entropies and KL divergences per row.
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -46,7 +46,7 @@ class ActionDistribution:
         raise NotImplementedError
 
     @staticmethod
-    def required_inputs(action_space: gym.Space) -> int:
+    def required_inputs(action_space: gym.Space[Any]) -> int:
         """How many model outputs a distribution over ``action_space`` needs."""
         raise NotImplementedError
 
@@ -77,7 +77,7 @@ class Categorical(ActionDistribution):
         return (self.log_probs.exp() * (self.log_probs - other.log_probs)).sum(-1)
 
     @staticmethod
-    def required_inputs(action_space: gym.Space) -> int:
+    def required_inputs(action_space: gym.Space[Any]) -> int:
         assert isinstance(action_space, gym.spaces.Discrete)
         return int(action_space.n)
 
@@ -113,7 +113,7 @@ class DiagGaussian(ActionDistribution):
         ).sum(-1)
 
     @staticmethod
-    def required_inputs(action_space: gym.Space) -> int:
+    def required_inputs(action_space: gym.Space[Any]) -> int:
         assert isinstance(action_space, gym.spaces.Box)
         return 2 * int(np.prod(action_space.shape))
 
@@ -136,7 +136,7 @@ class Deterministic(ActionDistribution):
         return torch.zeros(self.inputs.shape[0], device=self.inputs.device)
 
     @staticmethod
-    def required_inputs(action_space: gym.Space) -> int:
+    def required_inputs(action_space: gym.Space[Any]) -> int:
         assert isinstance(action_space, gym.spaces.Box)
         return int(np.prod(action_space.shape))
 
@@ -197,7 +197,7 @@ class SquashedGaussian(DiagGaussian):
         raise FlowRLError("SquashedGaussian has no closed-form KL divergence")
 
 
-def dist_class_for(action_space: gym.Space, kind: str = "auto") -> tuple[type[ActionDistribution], int]:
+def dist_class_for(action_space: gym.Space[Any], kind: str = "auto") -> tuple[type[ActionDistribution], int]:
     """The distribution class for ``action_space`` and the number of model outputs it needs.
 
     ``kind`` is ``"auto"`` (categorical for Discrete, diagonal Gaussian for Box),

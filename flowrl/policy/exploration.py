@@ -37,7 +37,7 @@ class LinearSchedule:
 class Exploration:
     """Chooses actions from a distribution; ``explore=False`` gives the greedy action."""
 
-    def __init__(self, action_space: gym.Space) -> None:
+    def __init__(self, action_space: gym.Space[Any]) -> None:
         self.action_space = action_space
         self.last_timestep = 0
 
@@ -79,7 +79,7 @@ class EpsilonGreedy(Exploration):
 
     def __init__(
         self,
-        action_space: gym.Space,
+        action_space: gym.Space[Any],
         initial_epsilon: float = 1.0,
         final_epsilon: float = 0.05,
         epsilon_timesteps: int = 10_000,
@@ -127,7 +127,7 @@ class PerWorkerEpsilonGreedy(EpsilonGreedy):
     """
 
     def __init__(
-        self, action_space: gym.Space, worker_index: int = 0, num_workers: int = 0, seed: int | None = None
+        self, action_space: gym.Space[Any], worker_index: int = 0, num_workers: int = 0, seed: int | None = None
     ) -> None:
         super().__init__(action_space, epsilon=self.epsilon_for(worker_index, num_workers), seed=seed)
 
@@ -138,7 +138,8 @@ class PerWorkerEpsilonGreedy(EpsilonGreedy):
             return 0.0
         if num_workers <= 1:
             return 0.4
-        return 0.4 ** (1 + 7 * (worker_index - 1) / (num_workers - 1))
+        epsilon: float = 0.4 ** (1 + 7 * (worker_index - 1) / (num_workers - 1))
+        return epsilon
 
 
 class GaussianNoise(Exploration):
@@ -150,7 +151,7 @@ class GaussianNoise(Exploration):
 
     def __init__(
         self,
-        action_space: gym.Space,
+        action_space: gym.Space[Any],
         stddev: float = 0.1,
         initial_scale: float = 1.0,
         final_scale: float = 1.0,
@@ -209,7 +210,7 @@ class OrnsteinUhlenbeckNoise(GaussianNoise):
 
     def __init__(
         self,
-        action_space: gym.Space,
+        action_space: gym.Space[Any],
         ou_theta: float = 0.15,
         ou_sigma: float = 0.2,
         ou_base_scale: float = 0.1,
@@ -248,7 +249,7 @@ EXPLORATIONS: dict[str, type[Exploration]] = {
 
 
 def make_exploration(
-    action_space: gym.Space,
+    action_space: gym.Space[Any],
     config: Mapping[str, Any] | None,
     seed: int | None = None,
     worker_index: int = 0,

@@ -20,13 +20,16 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
 
 from flowrl.data import SampleBatch
 from flowrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 #: The values of the ``observation_filter`` config key.
 OBSERVATION_FILTERS = ("NoFilter", "MeanStdFilter")
@@ -72,7 +75,7 @@ class RunningStats:
         self.count = total
 
     @property
-    def var(self) -> np.ndarray:
+    def var(self) -> npt.NDArray[np.float64]:
         """Population variance per component (0 before any vector)."""
         return self.m2 / self.count if self.count > 0 else np.zeros_like(self.m2)
 
@@ -140,7 +143,8 @@ class MeanStdFilter:
             self._total = _merged(self._total, delta)
 
     def sync(self, merged: RunningStats | None) -> None:
-        """Take ``merged`` statistics (the driver's), plus the observations seen here since the last :meth:`pop_delta`."""
+        """Take ``merged`` statistics (the driver's), plus the observations seen here since the last
+        :meth:`pop_delta`."""
         with self._lock:
             total = None if merged is None else merged.copy()
             if self._delta is not None:

@@ -54,7 +54,7 @@ def model_config(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
 _MAX_CHANNELS = 16
 
 
-def image_layout(space: gym.Space) -> str | None:
+def image_layout(space: gym.Space[Any]) -> str | None:
     """``"hw"``, ``"hwc"`` or ``"chw"`` for image-frame observations (sides >= 32 pixels), else None.
 
     Gymnasium's frame stacking puts the stack first (``[4, 84, 84]``); most image envs put
@@ -72,12 +72,12 @@ def image_layout(space: gym.Space) -> str | None:
     return None
 
 
-def is_image_space(space: gym.Space) -> bool:
+def is_image_space(space: gym.Space[Any]) -> bool:
     """Whether observations are image frames for a CNN (see :func:`image_layout`)."""
     return image_layout(space) is not None
 
 
-def flat_obs_dim(space: gym.Space) -> int:
+def flat_obs_dim(space: gym.Space[Any]) -> int:
     """Size of an observation once :func:`~flowrl.policy.models.obs_to_tensor` has flattened or one-hot encoded it."""
     if isinstance(space, gym.spaces.Discrete):
         return int(space.n)

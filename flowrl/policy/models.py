@@ -31,7 +31,7 @@ def mlp(in_dim: int, hiddens: Sequence[int], activation: str, out_dim: int | Non
     return nn.Sequential(*layers)
 
 
-def obs_to_tensor(obs: np.ndarray, space: gym.Space, device: torch.device) -> torch.Tensor:
+def obs_to_tensor(obs: np.ndarray, space: gym.Space[Any], device: torch.device) -> torch.Tensor:
     """A batch of observations as the tensor the models expect.
 
     Discrete observations are one-hot encoded; image frames keep their dtype (the CNN
@@ -79,7 +79,8 @@ class CNNEncoder(nn.Module):
             x = x.unsqueeze(1)
         elif self.layout == "hwc":
             x = x.permute(0, 3, 1, 2)
-        return self.fc(self.convs(x))
+        features: torch.Tensor = self.fc(self.convs(x))
+        return features
 
 
 class MLPEncoder(nn.Module):
@@ -91,10 +92,11 @@ class MLPEncoder(nn.Module):
         self.out_dim = hiddens[-1] if hiddens else in_dim
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs.flatten(1))
+        features: torch.Tensor = self.net(obs.flatten(1))
+        return features
 
 
-def make_encoder(obs_space: gym.Space, config: Mapping[str, Any]) -> CNNEncoder | MLPEncoder:
+def make_encoder(obs_space: gym.Space[Any], config: Mapping[str, Any]) -> CNNEncoder | MLPEncoder:
     """A CNN for image frames, else an MLP, as configured."""
     layout = image_layout(obs_space)
     if layout is not None and isinstance(obs_space, gym.spaces.Box):  # image_layout() is None unless a Box
@@ -111,7 +113,7 @@ class ActorCriticModel(nn.Module):
     """
 
     def __init__(
-        self, obs_space: gym.Space, num_outputs: int, config: Mapping[str, Any], value_head: bool = True
+        self, obs_space: gym.Space[Any], num_outputs: int, config: Mapping[str, Any], value_head: bool = True
     ) -> None:
         super().__init__()
         self.encoder = make_encoder(obs_space, config)

@@ -22,7 +22,9 @@ from flowrl.policy.models import make_encoder, mlp
 class QModel(nn.Module):
     """An encoder and a Q head (dueling: value + advantage - mean advantage); forward gives ``(q, None)``."""
 
-    def __init__(self, obs_space: gym.Space, num_actions: int, model_config: Mapping[str, Any], dueling: bool) -> None:
+    def __init__(
+        self, obs_space: gym.Space[Any], num_actions: int, model_config: Mapping[str, Any], dueling: bool
+    ) -> None:
         super().__init__()
         self.encoder = make_encoder(obs_space, model_config)
         self.advantage = nn.Linear(self.encoder.out_dim, num_actions)
@@ -51,7 +53,7 @@ class ActorCritics(nn.Module):
 
     def __init__(
         self,
-        obs_space: gym.Space,
+        obs_space: gym.Space[Any],
         action_space: gym.spaces.Box,
         actor_hiddens: Sequence[int] = (),
         critic_hiddens: Sequence[int] = (),

@@ -10,7 +10,7 @@ both in place) are seen without copying. Learning still happens in PyTorch.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
@@ -68,7 +68,7 @@ class NumpyActorCritic:
         policy_head: list[Layer],
         value_encoder: list[Layer] | None,
         value_head: list[Layer] | None,
-        obs_space: gym.Space,
+        obs_space: gym.Space[Any],
     ) -> None:
         self.encoder = encoder
         self.policy_head = policy_head
@@ -77,7 +77,7 @@ class NumpyActorCritic:
         self.obs_space = obs_space
 
     @staticmethod
-    def build(model: nn.Module, obs_space: gym.Space) -> "NumpyActorCritic | None":
+    def build(model: nn.Module, obs_space: gym.Space[Any]) -> "NumpyActorCritic | None":
         """The NumPy twin of ``model``, or None when it is not a CPU MLP actor-critic it can mirror."""
         if not isinstance(model, ActorCriticModel) or not isinstance(model.encoder, MLPEncoder):
             return None
@@ -121,7 +121,8 @@ class NumpyActorCritic:
         assert self.value_head is not None
         x = self._inputs(obs)
         features = _run(self.encoder if self.value_encoder is None else self.value_encoder, x)
-        return _run(self.value_head, features)[0]
+        values: Array = _run(self.value_head, features)[0]
+        return values
 
 
 def sample_numpy(

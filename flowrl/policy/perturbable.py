@@ -132,7 +132,7 @@ class FlatActor:
     one observation at a time in NumPy keeps evaluation at the env's pace.
     """
 
-    def __init__(self, model: PerturbableModel, action_space: gym.Space, clip_actions: bool = True) -> None:
+    def __init__(self, model: PerturbableModel, action_space: gym.Space[Any], clip_actions: bool = True) -> None:
         self.shapes = [tuple(p.shape) for p in model.parameters()]
         self.dim = sum(int(np.prod(s)) for s in self.shapes)
         self.activation = _NUMPY_ACTIVATIONS[model.activation]

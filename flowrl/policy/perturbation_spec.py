@@ -29,14 +29,15 @@ if TYPE_CHECKING:
 
 
 def build_perturbable_model(
-    obs_space: gym.Space,
-    action_space: gym.Space,
+    obs_space: gym.Space[Any],
+    action_space: gym.Space[Any],
     num_outputs: int,
     config: Mapping[str, Any],
     *,
     zero_init: bool = False,
 ) -> PerturbableModel:
-    """A :class:`~flowrl.policy.perturbable.PerturbableModel` for a flat Box observation space (the ``make_model`` of TorchPolicy)."""
+    """A :class:`~flowrl.policy.perturbable.PerturbableModel` for a flat Box observation space (the
+    ``make_model`` of TorchPolicy)."""
     from flowrl.policy.perturbable import PerturbableModel  # the torch module
 
     return PerturbableModel(
@@ -52,8 +53,8 @@ def no_loss(
 
 
 def perturbation_policy_spec(
-    obs_space: gym.Space,
-    action_space: gym.Space,
+    obs_space: gym.Space[Any],
+    action_space: gym.Space[Any],
     config: PolicyConfig,
     make_optimizer: Callable[[TorchPolicy[Any]], torch.optim.Optimizer],
     *,
@@ -80,7 +81,7 @@ def num_perturbed_parameters(spec: PolicySpec) -> int:
     return sum((fan_in + 1) * fan_out for fan_in, fan_out in zip(sizes, sizes[1:]))
 
 
-def _obs_dim(obs_space: gym.Space) -> int:
+def _obs_dim(obs_space: gym.Space[Any]) -> int:
     if not isinstance(obs_space, gym.spaces.Box):
         raise FlowRLError(f"ES and ARS need a Box observation space, got {obs_space}")
     return int(np.prod(obs_space.shape))

@@ -124,7 +124,8 @@ def check_policy_config(config: Any) -> None:
     if isinstance(config, Mapping):
         raise ConfigError(
             [
-                f"a policy takes its algorithm's config object, not a {type(config).__name__} of keys {sorted(config)}; "
+                f"a policy takes its algorithm's config object, not a {type(config).__name__} "
+                f"of keys {sorted(config)}; "
                 "build one, e.g. flowrl.config.TrainerConfig(lr=0.01) or PPOConfig.from_dict({...})"
             ]
         )
@@ -140,8 +141,8 @@ class PolicySpec:
     """
 
     policy_class: type["Policy[Any]"]
-    observation_space: gym.Space
-    action_space: gym.Space
+    observation_space: gym.Space[Any]
+    action_space: gym.Space[Any]
     config: PolicyConfig
     kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -174,7 +175,7 @@ class Policy(abc.ABC, Generic[ConfigT]):
     """
 
     def __init__(
-        self, observation_space: gym.Space, action_space: gym.Space, config: ConfigT, *, worker_index: int = 0
+        self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: ConfigT, *, worker_index: int = 0
     ) -> None:
         check_policy_config(config)
         self.observation_space = observation_space

@@ -9,6 +9,7 @@ import numpy as np
 from flowrl.data import SampleBatch
 from flowrl.policy.data_parallel import Shard
 from flowrl.policy.policy import NONFINITE_UPDATE, Policy
+from flowrl.policy.protocols import BatchLearner
 
 
 def _shuffle_sequences(batch: SampleBatch, sequence_length: int, rng: np.random.Generator) -> SampleBatch:
@@ -21,7 +22,7 @@ def _shuffle_sequences(batch: SampleBatch, sequence_length: int, rng: np.random.
 
 
 def minibatch_sgd(
-    policy: Policy,
+    policy: BatchLearner,
     batch: SampleBatch,
     num_sgd_iter: int,
     sgd_minibatch_size: int,
@@ -46,7 +47,8 @@ def minibatch_sgd(
     """
     if sequence_length < 1 or batch.count % sequence_length:
         raise ValueError(
-            f"minibatch_sgd: a batch of {batch.count} rows does not split into runs of sequence_length={sequence_length}"
+            f"minibatch_sgd: a batch of {batch.count} rows does not split into runs of "
+            f"sequence_length={sequence_length}"
         )
     rng = np.random.default_rng(seed)
     applied: list[dict[str, float]] = []

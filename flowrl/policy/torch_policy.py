@@ -43,7 +43,7 @@ LossFn = Callable[
     "LossOutput | tuple[torch.Tensor, dict[str, float]]",
 ]
 PostprocessFn = Callable[["TorchPolicy[Any]", SampleBatch], SampleBatch]
-ModelFn = Callable[[gym.Space, gym.Space, int, Mapping[str, Any]], "nn.Module"]
+ModelFn = Callable[[gym.Space[Any], gym.Space[Any], int, Mapping[str, Any]], "nn.Module"]
 OptimizerFn = Callable[["TorchPolicy[Any]"], "torch.optim.Optimizer"]
 GradientSync = Callable[["nn.Module", int, bool], bool]
 _NOT_BUILT = object()
@@ -56,7 +56,7 @@ def adam(params: Any, device: torch.device, **settings: Any) -> torch.optim.Adam
 
 
 def default_model(
-    obs_space: gym.Space, action_space: gym.Space, num_outputs: int, config: Mapping[str, Any]
+    obs_space: gym.Space[Any], action_space: gym.Space[Any], num_outputs: int, config: Mapping[str, Any]
 ) -> nn.Module:
     """An :class:`~flowrl.policy.models.ActorCriticModel` as configured."""
     return models.ActorCriticModel(obs_space, num_outputs, config)
@@ -77,15 +77,16 @@ class TorchPolicy(Policy[ConfigT]):
     Config keys read (see :class:`~flowrl.policy.policy.PolicyConfig`): ``lr``, ``model``
     (see :mod:`flowrl.policy.models`), ``grad_clip``, ``explore``, ``exploration_config``
     (unless ``exploration_config`` is given here: an exploration the algorithm derives),
-    ``num_gpus``, ``seed`` and ``num_workers``. Algorithm-owned scalars that must survive checkpoints (e.g. PPO's KL coefficient)
-    live in ``policy.coeffs``. With ``target_network=True`` the policy keeps a frozen copy
-    of its model in ``target_model``, moved by :meth:`update_target` (DQN, DDPG, TD3).
+    ``num_gpus``, ``seed`` and ``num_workers``. Algorithm-owned scalars that must survive
+    checkpoints (e.g. PPO's KL coefficient) live in ``policy.coeffs``. With
+    ``target_network=True`` the policy keeps a frozen copy of its model in ``target_model``,
+    moved by :meth:`update_target` (DQN, DDPG, TD3).
     """
 
     def __init__(
         self,
-        observation_space: gym.Space,
-        action_space: gym.Space,
+        observation_space: gym.Space[Any],
+        action_space: gym.Space[Any],
         config: ConfigT,
         *,
         worker_index: int = 0,

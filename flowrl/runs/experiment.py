@@ -95,7 +95,8 @@ def read_experiment_data(path: str | os.PathLike[str]) -> Any:
         import yaml
     except ImportError:
         raise RunError(
-            f"experiment file {str(file)!r}: reading YAML needs PyYAML (pip install pyyaml); or write the config as .json"
+            f"experiment file {str(file)!r}: reading YAML needs PyYAML (pip install pyyaml); "
+            "or write the config as .json"
         ) from None
     try:
         return _load_yaml(text)

@@ -162,11 +162,12 @@ def resume_run(point: ResumePoint, *, num_workers: int | None = None, address: s
     Results after the checkpoint are dropped from ``progress.jsonl`` (they are lost work;
     dropping them keeps iteration numbers unique), and ``params.json`` is rewritten with the
     new stop criteria, checkpoint settings and ``num_workers``, and ``plan.json`` with the new
-    plan's graph. The algorithm, env and the rest of the config are the run's own. The checkpoint resumed from is never rotated away.
-    A run on a storage path is first checked to be writable from this node, as
-    :func:`~flowrl.storage.shared.check_storage_path` checks a new one, and keeps its storage path in ``params.json``.
-    The loggers go on in the same files and tracker runs: ``progress.csv`` is rewritten from
-    the results kept, and TensorBoard hides the points logged after the checkpoint.
+    plan's graph. The algorithm, env and the rest of the config are the run's own. The
+    checkpoint resumed from is never rotated away. A run on a storage path is first checked to
+    be writable from this node, as :func:`~flowrl.storage.shared.check_storage_path` checks a
+    new one, and keeps its storage path in ``params.json``. The loggers go on in the same files
+    and tracker runs: ``progress.csv`` is rewritten from the results kept, and TensorBoard hides
+    the points logged after the checkpoint.
     """
     from flowrl.engine.trainer import Trainer
 

@@ -39,7 +39,8 @@ _received: list[signal.Signals] = []
 
 
 def interrupt_signal(interrupt: KeyboardInterrupt) -> signal.Signals:
-    """The signal behind ``interrupt``: SIGTERM or SIGHUP received by :func:`interrupting_signals`' handlers, else SIGINT."""
+    """The signal behind ``interrupt``: SIGTERM or SIGHUP received by :func:`interrupting_signals`'
+    handlers, else SIGINT."""
     if isinstance(interrupt, SignalInterrupt):
         return interrupt.signal
     return _received[-1] if _received else signal.SIGINT

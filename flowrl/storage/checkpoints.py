@@ -262,7 +262,8 @@ def _link_or_copy(source: Path, dest: Path) -> None:
 
 
 def copy_checkpoint(source: str | Path, dest: str | Path) -> Path:
-    """Make ``dest`` a complete checkpoint with ``source``'s files, as safely as :func:`write_checkpoint`; returns ``dest``.
+    """Make ``dest`` a complete checkpoint with ``source``'s files, as safely as
+    :func:`write_checkpoint`; returns ``dest``.
 
     Files are hard-linked where the filesystem allows (no extra disk), copied otherwise. An
     existing ``dest`` is replaced. Raises :class:`CheckpointError` if ``source`` is missing or
@@ -307,7 +308,8 @@ def _sha256(path: Path) -> str:
 
 
 def _listed_files(path: Path) -> dict[str, dict[str, Any]] | None:
-    """The marker's ``{file: {"size", "sha256"}}`` (None if there is no marker); ValueError or TypeError if unreadable."""
+    """The marker's ``{file: {"size", "sha256"}}`` (None if there is no marker); ValueError or
+    TypeError if unreadable."""
     try:
         text = (path / COMPLETE_FILE).read_bytes()
     except FileNotFoundError:
@@ -395,7 +397,8 @@ def verify_checkpoint(path: str | Path) -> None:
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
-    """The checkpoint ``path``'s ``metadata.json`` (nothing else is read or checked); raises :class:`CheckpointError`."""
+    """The checkpoint ``path``'s ``metadata.json`` (nothing else is read or checked); raises
+    :class:`CheckpointError`."""
     path = Path(path)
     try:
         metadata = json.loads((path / METADATA_FILE).read_text(encoding="utf-8"))
@@ -438,7 +441,8 @@ def read_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _restore_displaced(directory: Path) -> None:
-    """Rename back each complete ``.<name>.old-*`` whose ``<name>`` is missing (a replace killed between its renames)."""
+    """Rename back each complete ``.<name>.old-*`` whose ``<name>`` is missing (a replace killed
+    between its renames)."""
     for entry in sorted(directory.iterdir()):
         match = _HIDDEN_NAME.fullmatch(entry.name)
         if match is None or match["kind"] != "old" or not entry.is_dir():

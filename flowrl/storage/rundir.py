@@ -188,7 +188,8 @@ def read_run_spec(run_dir: str | os.PathLike[str]) -> RunSpec:
 
 
 def _read_params(run_dir: Path) -> tuple[RunSpec, Path | None]:
-    """A run directory's :class:`RunSpec` and the storage path it was started under (None: none), from ``params.json``."""
+    """A run directory's :class:`RunSpec` and the storage path it was started under (None: none), from
+    ``params.json``."""
     path = run_dir / PARAMS_FILE
     if not run_dir.is_dir():
         raise RunError(f"run directory {str(run_dir)!r}: no such directory")
@@ -204,7 +205,8 @@ def _read_params(run_dir: Path) -> tuple[RunSpec, Path | None]:
         isinstance(params.get(k), t) for k, t in (("algo", str), ("env", str), ("config", dict))
     ):
         raise RunError(
-            f"run directory {str(run_dir)!r}: {PARAMS_FILE} lacks algo, env or config; it was not written by flowrl train"
+            f"run directory {str(run_dir)!r}: {PARAMS_FILE} lacks algo, env or config; "
+            "it was not written by flowrl train"
         )
     stop = parse_stop(params.get("stop") or {}, f"{path}")
     settings = {key: params[key] for key in _CHECKPOINT_SETTINGS + _TRACKER_SETTINGS if params.get(key) is not None}

@@ -50,8 +50,8 @@ def trial_resources(algo: str, config: Mapping[str, Any]) -> PlacementGroupFacto
 
     The first bundle is the trainable's (``num_cpus_for_driver``, else :data:`TRIAL_DRIVER_CPUS`;
     ``num_gpus`` when the cluster has GPUs), then one per rollout worker, per actor the
-    algorithm declares, per learner actor and per evaluation worker, laid out by ``placement_strategy``. Invalid keys raise
-    :class:`~flowrl.errors.ConfigError`.
+    algorithm declares, per learner actor and per evaluation worker, laid out by
+    ``placement_strategy``. Invalid keys raise :class:`~flowrl.errors.ConfigError`.
     """
     algorithm = get_algorithm(algo)
     cfg = algorithm.config_class.from_dict(dict(config))

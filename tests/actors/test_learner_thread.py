@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from fakes import bc_loss, from_list
 
-from flowrl.actors import Learned, LearnerThread, RolloutWorker
+from flowrl.actors import Learned, LearnerThread, RolloutWorker, learn_on_local_worker
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
 from flowrl.envs import get_env_creator
@@ -326,7 +326,7 @@ def test_an_impala_style_plan_raises_the_learners_failure(learners: Any) -> None
     """Samples -> Enqueue(inqueue) and Dequeue(outqueue), merged asynchronously as in IMPALA."""
     learner = learners(FakeWorker(fail_at=3))
     learner.start()
-    samples = EventQueue()
+    samples: EventQueue[FromActor] = EventQueue()
     for i, n in enumerate([3, 4, 7]):
         samples.put(FromActor(f"actor-{i}", make_batch(n)))
     enqueue_op = Dequeue(samples).transform(Enqueue(learner.inqueue))  # the sampling side stays open
@@ -377,6 +377,9 @@ class RecordingPolicy:
         self.calls.append(np.asarray(batch[SampleBatch.OBS][:, 0]))
         return {"loss": 1.0}
 
+    def learn(self, batch: SampleBatch) -> LearnOutput:
+        return LearnOutput(self.learn_on_batch(batch))
+
 
 class MinibatchWorker:
     def __init__(self) -> None:
@@ -426,7 +429,7 @@ def test_only_the_policies_to_train_learn(learners: Any) -> None:
 
 def test_a_custom_learn_fn_excludes_the_sgd_settings() -> None:
     with pytest.raises(FlowRLError, match="custom learn_fn"):
-        LearnerThread(FakeWorker(), learn_fn=lambda w, b: ({}, 0), num_sgd_iter=2)
+        LearnerThread(FakeWorker(), learn_fn=learn_on_local_worker, num_sgd_iter=2)
 
 
 @pytest.mark.timeout(30)

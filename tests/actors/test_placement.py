@@ -122,8 +122,8 @@ def test_placement_strategies_the_cluster_cannot_satisfy_are_config_errors() -> 
     with pytest.raises(ConfigError) as info:
         check_resources([workers, big], "STRICT_PACK")
     assert (
-        "num_workers=2 x num_cpus_per_worker=0.5 + num_aggregation_workers=3 x num_cpus_per_aggregator=0.5 needs 2.5 CPU"
-        in str(info.value)
+        "num_workers=2 x num_cpus_per_worker=0.5 + num_aggregation_workers=3 x num_cpus_per_aggregator=0.5 "
+        "needs 2.5 CPU" in str(info.value)
     )
     assert "STRICT_PACK' puts every bundle on one node, but no node has 2.5 CPU" in str(info.value)
     check_resources([workers], "STRICT_PACK")  # 1 CPU fits the one node

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from algorithms.test_learning import train_until
 
 from flowrl import Trainer
 from flowrl.data import DEFAULT_POLICY_ID
@@ -19,7 +20,6 @@ from flowrl.operators.perturbation_ops import (
     EVAL_STEPS_COUNTER,
     PERTURBED_EPISODES_COUNTER,
 )
-from tests.algorithms.test_learning import train_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(300)]
 

@@ -99,7 +99,8 @@ def test_agents_whose_spaces_differ_cannot_share_a_policy() -> None:
     register_env("MixedSpaces", MixedSpaces)
     with pytest.raises(
         ConfigError,
-        match=r"the observation space of agent 'agent_1', Box.*\(7,\).*, does not match that of policy 'default_policy'",
+        match=r"the observation space of agent 'agent_1', Box.*\(7,\).*, "
+        r"does not match that of policy 'default_policy'",
     ):
         Trainer("ppo", "MixedSpaces", {**SMALL, "check_env": False})
 
@@ -221,7 +222,8 @@ def test_ppo_dqn_config_says_where_misplaced_keys_belong() -> None:
     assert info.value.problems == [
         "policies_to_train=['ppo_policy']: ppo_dqn trains both of its policies",
         "lr=0.1 applies to neither policy in ppo_dqn; set ppo.lr or dqn.lr",
-        "ppo['rollout_fragment_length']: a sampling key shared by both policies; set rollout_fragment_length at the top level",
+        "ppo['rollout_fragment_length']: a sampling key shared by both policies; "
+        "set rollout_fragment_length at the top level",
     ]
     with pytest.raises(ConfigError, match="cannot import 'no.such:fn'"):
         PPODQNConfig.from_dict({"policy_mapping_fn": "no.such:fn"})

@@ -7,7 +7,7 @@ import json
 import pickle
 import warnings
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import pytest
 
@@ -73,7 +73,8 @@ def test_unknown_key_with_nothing_close_lists_valid_keys() -> None:
     assert f"lists all {len(dataclasses.fields(TrainerConfig))}" in problem
     # RLlib's framework key is read (every framework runs on PyTorch); a value RLlib never had is named.
     assert problems_of({"framework": "jax"}) == [
-        "RLlib key framework='jax' must be one of 'torch', 'tf', 'tf2', 'tfe' (flowrl runs every one of them on PyTorch)"
+        "RLlib key framework='jax' must be one of 'torch', 'tf', 'tf2', 'tfe' "
+        "(flowrl runs every one of them on PyTorch)"
     ]
 
 
@@ -102,7 +103,7 @@ def test_config_error_singular_and_pickles() -> None:
 
 
 def test_values_must_be_a_mapping() -> None:
-    assert problems_of([("lr", 1)]) == ["config must be a mapping of key to value, got list"]  # type: ignore[arg-type]
+    assert problems_of(cast(Any, [("lr", 1)])) == ["config must be a mapping of key to value, got list"]
 
 
 # --- type rules ---
@@ -208,7 +209,8 @@ def test_exploration_type_and_options_are_checked() -> None:
     assert "(known: 'EpsilonGreedy', 'GaussianNoise', " in problem
     [problem] = problems_of({"exploration_config": {"type": "EpsilonGreedy", "epsilon_timestep": 10}})
     assert problem.startswith(
-        "exploration_config option 'epsilon_timestep' is not an option of EpsilonGreedy; did you mean 'epsilon_timesteps'"
+        "exploration_config option 'epsilon_timestep' is not an option of EpsilonGreedy; "
+        "did you mean 'epsilon_timesteps'"
     )
     assert problems_of({"exploration_config": {"type": "StochasticSampling", "epsilon": 0.1}}) == [
         "exploration_config option 'epsilon' is not an option of StochasticSampling; it takes no options"

@@ -218,7 +218,7 @@ def test_bytes_dtype_obs_column_compresses_and_round_trips() -> None:
     ],
     ids=["getitem", "slice", "shuffle", "rows", "timeslices", "split_by_episode"],
 )
-def test_row_operations_on_compressed_batch_raise_clear_error(op) -> None:  # type: ignore[no-untyped-def]
+def test_row_operations_on_compressed_batch_raise_clear_error(op) -> None:
     b = frame_batch(8).compress()
     with pytest.raises(ValueError, match="decompress_if_needed"):
         op(b)

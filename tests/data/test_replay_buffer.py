@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -31,9 +32,22 @@ def make_batch(n: int, start: int = 0) -> SampleBatch:
     )
 
 
+def storage(buffer: ReplayBuffer) -> dict[str, np.ndarray]:
+    """The buffer's columns, read straight from its storage (allocated by the first add)."""
+    assert buffer._storage is not None, "nothing was added to the buffer"
+    return buffer._storage
+
+
+def replayed(buffer: LocalReplayBuffer) -> SampleBatch:
+    """A replayed single-policy batch (the buffer holds enough rows to replay)."""
+    batch = buffer.replay()
+    assert isinstance(batch, SampleBatch), batch
+    return batch
+
+
 def stored_rows(buffer: ReplayBuffer) -> np.ndarray:
     """The row number held at each position, read straight from the storage."""
-    return buffer._storage["actions"][: len(buffer)].copy()  # type: ignore[index]
+    return storage(buffer)["actions"][: len(buffer)].copy()
 
 
 # -- ReplayBuffer: storage -----------------------------------------------------------------
@@ -46,7 +60,7 @@ def test_rows_wrap_around_the_ring() -> None:
     np.testing.assert_array_equal(buffer.add(make_batch(4, start=3)), [3, 4, 0, 1])
     assert len(buffer) == 5 and buffer.num_added == 7
     np.testing.assert_array_equal(stored_rows(buffer), [5, 6, 2, 3, 4])
-    np.testing.assert_array_equal(buffer._storage["obs"][:, 1], -stored_rows(buffer))  # type: ignore[index]
+    np.testing.assert_array_equal(storage(buffer)["obs"][:, 1], -stored_rows(buffer))
 
 
 @pytest.mark.parametrize("first", [0, 2, 5])
@@ -60,7 +74,7 @@ def test_oversize_batch_keeps_its_last_rows_as_if_added_one_by_one(first: int) -
         one_by_one.add(make_batch(1, start=i))
     np.testing.assert_array_equal(stored_rows(whole), stored_rows(one_by_one))
     assert sorted(stored_rows(whole)) == [7, 8, 9, 10, 11]
-    np.testing.assert_array_equal(whole._storage["actions"][written], np.arange(7, 12))  # type: ignore[index]
+    np.testing.assert_array_equal(storage(whole)["actions"][written], np.arange(7, 12))
     assert whole.num_added == first + 12 == one_by_one.num_added
     assert len(whole) == 5
 
@@ -68,11 +82,11 @@ def test_oversize_batch_keeps_its_last_rows_as_if_added_one_by_one(first: int) -
 def test_storage_is_allocated_from_the_first_batch_and_later_batches_are_cast() -> None:
     buffer = ReplayBuffer(4)
     buffer.add(make_batch(2))
-    assert buffer._storage["obs"].shape == (4, 2) and buffer._storage["obs"].dtype == np.float32  # type: ignore[index]
+    assert storage(buffer)["obs"].shape == (4, 2) and storage(buffer)["obs"].dtype == np.float32
     batch = make_batch(2, start=2)
     batch["obs"] = batch["obs"].astype(np.float64)  # same kind: stored as float32
     buffer.add(batch)
-    assert buffer._storage["obs"].dtype == np.float32  # type: ignore[index]
+    assert storage(buffer)["obs"].dtype == np.float32
     assert sorted(buffer.columns) == ["actions", "obs", "rewards"]
 
 
@@ -124,7 +138,7 @@ def test_uniform_sampling_covers_every_row_evenly() -> None:
     buffer.add(make_batch(15))  # positions hold rows 10..14 then 5..9
     sample = buffer.sample(20_000)
     assert sample.count == 20_000
-    np.testing.assert_array_equal(sample["actions"], buffer._storage["actions"][sample["batch_indexes"]])  # type: ignore[index]
+    np.testing.assert_array_equal(sample["actions"], storage(buffer)["actions"][sample["batch_indexes"]])
     counts = np.bincount(sample["batch_indexes"], minlength=10)
     assert counts.min() > 0
     expected = 20_000 / 10
@@ -169,7 +183,7 @@ def test_stats() -> None:
 @pytest.mark.parametrize("capacity", [0, -3, 2.5, True, "10"])
 def test_invalid_capacity_names_the_value(capacity: object) -> None:
     with pytest.raises(ReplayBufferError, match=f"capacity must be an integer >= 1, got {capacity!r}"):
-        ReplayBuffer(capacity)  # type: ignore[arg-type]
+        ReplayBuffer(cast(Any, capacity))
 
 
 # -- PrioritizedReplayBuffer ---------------------------------------------------------------
@@ -318,7 +332,7 @@ def test_priority_overflowing_under_alpha_is_rejected() -> None:
 @pytest.mark.parametrize("alpha", [-0.1, np.nan, np.inf, "0.6"])
 def test_invalid_alpha_names_the_value(alpha: object) -> None:
     with pytest.raises(ReplayBufferError, match="alpha"):
-        PrioritizedReplayBuffer(4, alpha=alpha)  # type: ignore[arg-type]
+        PrioritizedReplayBuffer(4, alpha=cast(Any, alpha))
 
 
 # -- state ---------------------------------------------------------------------------------
@@ -424,7 +438,7 @@ def test_learning_starts_zero_with_an_empty_buffer_returns_none() -> None:
     local = LocalReplayBuffer(capacity=10, learning_starts=0, replay_batch_size=4)
     assert local.replay() is None
     local.add_batch(make_batch(1))
-    assert local.replay().count == 4  # type: ignore[union-attr]
+    assert replayed(local).count == 4
 
 
 def test_update_priorities_sets_abs_td_error_plus_eps() -> None:
@@ -486,9 +500,9 @@ def test_beta_can_be_annealed_and_is_validated() -> None:
     idxes = np.arange(10)
     local.update_priorities({DEFAULT_POLICY_ID: (idxes, np.arange(1.0, 11.0))})
     local.beta = 0.0
-    assert np.all(local.replay()["weights"] == 1.0)  # type: ignore[index]
+    assert np.all(replayed(local)["weights"] == 1.0)
     local.beta = 1.0
-    assert local.replay()["weights"].min() < 0.2  # type: ignore[index]
+    assert replayed(local)["weights"].min() < 0.2
     with pytest.raises(ReplayBufferError, match="got 1.2"):
         local.beta = 1.2
     assert local.beta == 1.0
@@ -525,9 +539,9 @@ def test_local_buffer_reports_every_invalid_argument_at_once() -> None:
 def test_wrong_batch_types_are_rejected() -> None:
     local = LocalReplayBuffer(capacity=10, learning_starts=0, replay_batch_size=4)
     with pytest.raises(ReplayBufferError, match="got dict"):
-        local.add_batch({"obs": np.zeros(3)})  # type: ignore[arg-type]
+        local.add_batch(cast(Any, {"obs": np.zeros(3)}))
     with pytest.raises(ReplayBufferError, match="use LocalReplayBuffer"):
-        ReplayBuffer(4).add(MultiAgentBatch({"a": make_batch(2)}, env_steps=2))  # type: ignore[arg-type]
+        ReplayBuffer(4).add(cast(Any, MultiAgentBatch({"a": make_batch(2)}, env_steps=2)))
 
 
 def test_local_state_round_trip_with_contents_replays_identically() -> None:
@@ -563,7 +577,7 @@ def test_local_state_without_contents_restores_counters_and_leaves_buffers_empty
     assert restored.num_steps_added == 10
     assert restored.replay() is None  # past learning_starts, but nothing to replay
     restored.add_batch(make_batch(1))
-    assert restored.replay().count == 4  # type: ignore[union-attr]
+    assert replayed(restored).count == 4
 
 
 def test_per_policy_seeds_do_not_depend_on_arrival_order() -> None:

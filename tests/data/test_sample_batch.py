@@ -309,7 +309,7 @@ def test_multi_agent_concat_adds_env_steps_and_concatenates_per_policy() -> None
 def test_multi_agent_concat_with_plain_batch_raises() -> None:
     a = MultiAgentBatch({"p0": make_batch(2)}, env_steps=2)
     with pytest.raises(ValueError, match="SampleBatch"):
-        MultiAgentBatch.concat_samples([a, make_batch(2)])  # type: ignore[list-item]
+        MultiAgentBatch.concat_samples([a, make_batch(2)])
 
 
 def test_multi_agent_copy_is_deep() -> None:

@@ -146,7 +146,9 @@ def test_evaluation_episodes_count_neither_as_steps_nor_as_training_episodes(ray
     assert run({**PPO_TINY, "evaluation_interval": 1, "evaluation_num_episodes": 5}) == run(PPO_TINY)
 
 
-def test_an_asynchronous_trainer_evaluates_while_the_iteration_trains(ray_session: None) -> None:
+def test_an_asynchronous_trainer_evaluates_while_the_iteration_trains(
+    ray_session: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = {
         "num_workers": 1,
         "num_cpus_per_worker": 0.25,
@@ -169,7 +171,7 @@ def test_an_asynchronous_trainer_evaluates_while_the_iteration_trains(ray_sessio
             started_after.append(trainer.iteration)
             real_start(*args, **kwargs)
 
-        remote.start = start  # type: ignore[method-assign]
+        monkeypatch.setattr(remote, "start", start)
         results = train(trainer, 4)
     finally:
         trainer.stop()
@@ -274,7 +276,9 @@ def by_parity(agent: int) -> str:
 # --- the best checkpoint -------------------------------------------------------------------------------
 
 
-def test_the_best_checkpoint_is_the_best_evaluated_one(tmp_path: Path, ray_session: None) -> None:
+def test_the_best_checkpoint_is_the_best_evaluated_one(
+    tmp_path: Path, ray_session: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Evaluation rewards go up, then down; iterations 1, 3 and 5 have no evaluation.
     rewards = {2: 5.0, 4: 9.0, 6: 3.0}
     config = {**PPO_TINY, "evaluation_interval": 2, "evaluation_num_episodes": 1}
@@ -288,7 +292,7 @@ def test_the_best_checkpoint_is_the_best_evaluated_one(tmp_path: Path, ray_sessi
                 result["evaluation"]["episode_reward_mean"] = rewards[result["training_iteration"]]
             return result
 
-        run.trainer.train = train_with_rewards  # type: ignore[method-assign]
+        monkeypatch.setattr(run.trainer, "train", train_with_rewards)
         run.train()
     assert run.spec.keep_best == "evaluation/episode_reward_mean"  # the default once evaluation is on
     assert json.loads((run.directory / "params.json").read_text())["keep_best"] == "evaluation/episode_reward_mean"

@@ -16,7 +16,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -150,7 +150,7 @@ def test_unknown_keys_and_cross_field_problems_are_reported_together(no_actors: 
 
 def test_a_config_that_is_not_a_mapping_is_rejected(no_actors: None) -> None:
     with pytest.raises(ConfigError, match="mapping"):
-        Trainer("pg", ENV, [("lr", 0.1)])  # type: ignore[arg-type]
+        Trainer("pg", ENV, cast(Any, [("lr", 0.1)]))
 
 
 def test_unknown_algorithm_suggests_the_closest(no_actors: None) -> None:
@@ -627,7 +627,8 @@ def test_update_config_changes_live_keys_of_a_running_trainer_and_nothing_else()
         assert policy.optimizer.state_dict()["state"].keys() == moments.keys()  # Adam's moments kept
         with pytest.raises(
             ConfigError,
-            match=r"gamma cannot change on a running ppo trainer \(keys that can: clip_param, entropy_coeff, lr, vf_loss_coeff\)",
+            match=r"gamma cannot change on a running ppo trainer "
+            r"\(keys that can: clip_param, entropy_coeff, lr, vf_loss_coeff\)",
         ):
             trainer.update_config({"gamma": 0.9, "lr": 1e-3})
         with pytest.raises(ConfigError, match="lr=-1.0 must be > 0"):

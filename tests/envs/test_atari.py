@@ -116,7 +116,8 @@ def frame_number(env) -> int:
 
 
 def play(env, actions, *, until_done: bool = True):
-    """Step ``env`` with ``actions`` (an iterable); return every step's ``(obs, reward, terminated, truncated, info)``."""
+    """Step ``env`` with ``actions`` (an iterable); return every step's
+    ``(obs, reward, terminated, truncated, info)``."""
     steps = []
     for action in actions:
         steps.append(env.step(action))

@@ -365,7 +365,7 @@ def test_reset_that_ignores_seed() -> None:
 
 def test_reset_without_a_seed_keyword() -> None:
     class NoSeedKeyword(ProbeEnv):
-        def reset(self):  # type: ignore[override]
+        def reset(self):
             return self.observe(), {}
 
     message = check_message(NoSeedKeyword())

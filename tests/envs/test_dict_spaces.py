@@ -121,11 +121,11 @@ def test_observation_check_flattens_and_names_what_does_not_fit() -> None:
 
 def test_sampler_stores_dict_observations_flattened_and_reports_a_broken_one() -> None:
     env = DictCartPole()
-    sampler = VectorSampler([env], FirstAction(), fragment_length=5, seed=0)  # type: ignore[arg-type]
+    sampler = VectorSampler([env], FirstAction(), fragment_length=5, seed=0)
     batch = sampler.sample()
     assert batch[SampleBatch.OBS].shape == (5, 4) and batch[SampleBatch.OBS].dtype == np.float32
     np.testing.assert_array_equal(batch[SampleBatch.OBS][1:], batch[SampleBatch.NEW_OBS][:-1])
-    broken = VectorSampler([LosesThePole()], FirstAction(), fragment_length=5, seed=0)  # type: ignore[arg-type]
+    broken = VectorSampler([LosesThePole()], FirstAction(), fragment_length=5, seed=0)
     with pytest.raises(
         BadObservationError, match=r"worker 0, env 0: env.step\(\) at step 2 of its episode .*new_obs=\{'cart'"
     ):

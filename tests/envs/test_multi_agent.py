@@ -303,7 +303,7 @@ def test_space_lookup_that_raises_names_the_agent() -> None:
 
 def test_reset_without_a_seed_keyword() -> None:
     class NoSeed(ProbeEnv):
-        def reset(self):  # type: ignore[override]
+        def reset(self):
             return super().reset()
 
     message = check_message(NoSeed())

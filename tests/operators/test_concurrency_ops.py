@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import pytest
 from fakes import from_list
@@ -224,9 +224,9 @@ def test_enqueue_and_dequeue_need_a_queue_they_can_wait_on() -> None:
     import queue
 
     with pytest.raises(FlowRLError, match="EventQueue"):
-        Enqueue(queue.SimpleQueue())  # type: ignore[arg-type]
+        Enqueue(cast(Any, queue.SimpleQueue()))
     with pytest.raises(FlowRLError, match="EventQueue"):
-        Dequeue([])  # type: ignore[arg-type]
+        Dequeue(cast(Any, []))
 
 
 @pytest.mark.timeout(20)

@@ -150,9 +150,13 @@ def test_collect_metrics_smooths_over_the_last_min_history_episodes() -> None:
     assert second["num_worker_restarts"] == 0 and second["num_healthy_workers"] == 2
 
 
-def test_collect_metrics_counts_episodes_of_the_selected_workers_and_faults_of_all() -> None:
+def test_collect_metrics_counts_episodes_of_the_selected_workers_and_faults_of_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     remotes = [FakeWorker([[(10.0, 10)]]), FakeWorker([[(20.0, 20)]]), FakeWorker([[(30.0, 30)]])]
-    remotes[0].get_metrics = lambda: WorkerMetrics([{"episode_reward": 10.0, "episode_length": 10}], 2, 1)  # type: ignore[method-assign]
+    monkeypatch.setattr(
+        remotes[0], "get_metrics", lambda: WorkerMetrics([{"episode_reward": 10.0, "episode_length": 10}], 2, 1)
+    )
     workers = FakeWorkerSet(remotes=remotes)
     result = from_list([0]).for_each(CollectMetrics(workers, selected_workers=[3])).take(1)[0]
     assert result["episodes_this_iter"] == 1 and result["episode_reward_mean"] == 30.0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import pytest
@@ -93,7 +93,7 @@ class TargetConfig:
 
 def test_minibatch_sgd_runs_num_sgd_iter_epochs_of_shuffled_minibatches() -> None:
     policy = FakePolicy()
-    stats = minibatch_sgd(policy, id_batch(40), num_sgd_iter=3, sgd_minibatch_size=10, seed=0)  # type: ignore[arg-type]
+    stats = minibatch_sgd(policy, id_batch(40), num_sgd_iter=3, sgd_minibatch_size=10, seed=0)
     assert len(policy.calls) == 12 and all(len(c) == 10 for c in policy.calls)
     epochs = [np.concatenate(policy.calls[i : i + 4]) for i in range(0, 12, 4)]
     for epoch in epochs:
@@ -108,15 +108,15 @@ def test_minibatch_sgd_runs_num_sgd_iter_epochs_of_shuffled_minibatches() -> Non
 )
 def test_minibatch_sizes_and_the_skipped_short_tail(size: int, per_epoch: list[int]) -> None:
     policy = FakePolicy()
-    minibatch_sgd(policy, id_batch(40), num_sgd_iter=2, sgd_minibatch_size=size)  # type: ignore[arg-type]
+    minibatch_sgd(policy, id_batch(40), num_sgd_iter=2, sgd_minibatch_size=size)
     # A trailing minibatch smaller than half the size (40 % 12 = 4 < 6) is skipped.
     assert [len(c) for c in policy.calls] == per_epoch * 2
 
 
 def test_minibatch_sgd_with_a_seed_is_reproducible() -> None:
     a, b = FakePolicy(), FakePolicy()
-    minibatch_sgd(a, id_batch(30), 2, 10, seed=7)  # type: ignore[arg-type]
-    minibatch_sgd(b, id_batch(30), 2, 10, seed=7)  # type: ignore[arg-type]
+    minibatch_sgd(a, id_batch(30), 2, 10, seed=7)
+    minibatch_sgd(b, id_batch(30), 2, 10, seed=7)
     assert [c.tolist() for c in a.calls] == [c.tolist() for c in b.calls]
 
 
@@ -125,7 +125,7 @@ def test_minibatch_sgd_with_a_seed_is_reproducible() -> None:
 
 def test_train_one_step_counts_steps_records_info_and_timers_and_syncs_weights() -> None:
     workers = FakeWorkerSet()
-    flow = from_list([id_batch(8), id_batch(6)]).for_each(TrainOneStep(workers))  # type: ignore[arg-type]
+    flow = from_list([id_batch(8), id_batch(6)]).for_each(TrainOneStep(workers))
     outputs = list(flow)
     metrics = flow.shared_metrics.get()
     assert metrics.counters[STEPS_TRAINED_COUNTER] == 14
@@ -142,7 +142,7 @@ def test_train_one_step_counts_steps_records_info_and_timers_and_syncs_weights()
 
 def test_train_one_step_with_epochs_calls_learn_on_batch_num_sgd_iter_times_per_minibatch() -> None:
     workers = FakeWorkerSet()
-    op = TrainOneStep(workers, num_sgd_iter=3, sgd_minibatch_size=5)  # type: ignore[arg-type]
+    op = TrainOneStep(workers, num_sgd_iter=3, sgd_minibatch_size=5)
     list(from_list([id_batch(20)]).for_each(op))
     calls = workers.local.get_policy().calls
     assert len(calls) == 3 * 4 and all(len(c) == 5 for c in calls)
@@ -151,7 +151,7 @@ def test_train_one_step_with_epochs_calls_learn_on_batch_num_sgd_iter_times_per_
 def test_train_one_step_trains_only_the_selected_policies_of_a_multi_agent_batch() -> None:
     workers = FakeWorkerSet("p1", "p2")
     batch = MultiAgentBatch({"p1": id_batch(4), "p2": id_batch(6)}, env_steps=5)
-    flow = from_list([batch]).for_each(TrainOneStep(workers, policies=["p2"]))  # type: ignore[arg-type]
+    flow = from_list([batch]).for_each(TrainOneStep(workers, policies=["p2"]))
     info = next(flow).info
     assert set(info) == {"p2"}
     assert len(workers.local.get_policy("p1").calls) == 0 and len(workers.local.get_policy("p2").calls) == 1
@@ -160,19 +160,19 @@ def test_train_one_step_trains_only_the_selected_policies_of_a_multi_agent_batch
     assert workers.syncs[0][0] == ["p2"]
 
 
-def test_train_one_step_yields_rllib_flows_batch_and_info() -> None:
+def test_train_one_step_yields_rllib_flows_batch_and_info(monkeypatch: pytest.MonkeyPatch) -> None:
     """``batch, info = next(rollouts.for_each(TrainOneStep(workers)))``, as in RLlib Flow: ``info`` is the
     per-policy stats; the priorities of replayed rows are its typed attribute, never one of its entries."""
     workers = FakeWorkerSet()
-    batch, info = next(from_list([id_batch(4)]).for_each(TrainOneStep(workers)))  # type: ignore[arg-type]
+    batch, info = next(from_list([id_batch(4)]).for_each(TrainOneStep(workers)))
     assert batch.count == 4 and info == {DEFAULT_POLICY_ID: {"loss": 1.0, "rows": 4.0}}
     assert isinstance(info, LearnerInfo) and info.priorities == {}
 
     td_errors = np.array([0.5, -1.0, 2.0])
     policy = workers.local.get_policy()
-    policy.learn = lambda rows: LearnOutput({"loss": 3.0}, td_errors)  # type: ignore[method-assign]
+    monkeypatch.setattr(policy, "learn", lambda rows: LearnOutput({"loss": 3.0}, td_errors))
     replayed = SampleBatch({"id": np.arange(3), "batch_indexes": np.array([7, 2, 9])})
-    flow = from_list([replayed]).for_each(TrainOneStep(workers))  # type: ignore[arg-type]
+    flow = from_list([replayed]).for_each(TrainOneStep(workers))
     trained = next(flow)
     batch, info = trained
     indexes, errors = info.priorities[DEFAULT_POLICY_ID]
@@ -181,7 +181,7 @@ def test_train_one_step_yields_rllib_flows_batch_and_info() -> None:
     assert flow.shared_metrics.get().info[LEARNER_INFO] == {
         DEFAULT_POLICY_ID: {"loss": 3.0}
     }  # result["info"]["learner"]
-    assert Trained(batch, {DEFAULT_POLICY_ID: {}}).priorities == {}  # type: ignore[arg-type]  # a plain stats mapping has none
+    assert Trained(batch, cast(Any, {DEFAULT_POLICY_ID: {}})).priorities == {}  # a plain stats mapping has none
 
 
 def test_train_one_step_takes_epochs_minibatches_and_seed_from_a_config() -> None:
@@ -189,12 +189,12 @@ def test_train_one_step_takes_epochs_minibatches_and_seed_from_a_config() -> Non
     runs = []
     for _ in range(2):
         workers = FakeWorkerSet()
-        list(from_list([id_batch(20)]).for_each(TrainOneStep(workers, None, config)))  # type: ignore[arg-type]
+        list(from_list([id_batch(20)]).for_each(TrainOneStep(workers, None, config)))
         runs.append([c.tolist() for c in workers.local.get_policy().calls])
     assert len(runs[0]) == 2 * 4 and all(len(c) == 5 for c in runs[0])
     assert runs[0] == runs[1]  # shuffled by the config's seed
     with pytest.raises(FlowRLError, match="sgd_minibatch_size too"):
-        TrainOneStep(FakeWorkerSet(), None, config, 10)  # type: ignore[arg-type]
+        TrainOneStep(FakeWorkerSet(), None, config, 10)
 
 
 def test_train_one_step_learns_in_the_learner_group_of_its_resources() -> None:
@@ -206,12 +206,12 @@ def test_train_one_step_learns_in_the_learner_group_of_its_resources() -> None:
     assert ActorLink(LEARNER_ACTOR, "learn on batch shards") in op.plan_links() and op.plan_actor_counts() == {
         LEARNER_ACTOR: 2
     }
-    assert TrainOneStep(workers, resources=PlanResources()).plan_actor_counts() == {}  # type: ignore[arg-type]
+    assert TrainOneStep(workers, resources=PlanResources()).plan_actor_counts() == {}
 
 
 def test_train_one_step_rejects_zero_epochs() -> None:
     with pytest.raises(FlowRLError, match="num_sgd_iter"):
-        TrainOneStep(FakeWorkerSet(), num_sgd_iter=0)  # type: ignore[arg-type]
+        TrainOneStep(FakeWorkerSet(), num_sgd_iter=0)
 
 
 def test_train_one_step_passes_the_sampled_timestep_to_the_workers() -> None:
@@ -221,7 +221,7 @@ def test_train_one_step_passes_the_sampled_timestep_to_the_workers() -> None:
         LocalIterator.get_metrics().counters[STEPS_SAMPLED_COUNTER] += 123
         return batch
 
-    list(from_list([id_batch(3)]).for_each(sampled).for_each(TrainOneStep(workers)))  # type: ignore[arg-type]
+    list(from_list([id_batch(3)]).for_each(sampled).for_each(TrainOneStep(workers)))
     assert workers.syncs[0][1] == {"timestep": 123}
 
 
@@ -251,7 +251,7 @@ def test_average_gradients_of_nothing_raises() -> None:
 
 def test_compute_gradients_yields_gradients_and_count() -> None:
     workers = FakeWorkerSet()
-    flow = from_list([id_batch(5)]).for_each(ComputeGradients(workers))  # type: ignore[arg-type]
+    flow = from_list([id_batch(5)]).for_each(ComputeGradients(workers))
     grads, count = next(flow)
     assert count == 5
     np.testing.assert_array_equal(grads[0], [5.0, 5.0])
@@ -263,7 +263,7 @@ def test_compute_gradients_yields_gradients_and_count() -> None:
 def test_apply_gradients_applies_counts_and_broadcasts_to_all() -> None:
     workers = FakeWorkerSet()
     grads = [np.ones(2)]
-    flow = from_list([ComputedGradients(grads, 9)]).for_each(ApplyGradients(workers))  # type: ignore[arg-type]
+    flow = from_list([ComputedGradients(grads, 9)]).for_each(ApplyGradients(workers))
     next(flow)
     assert workers.local.applied == [(grads, DEFAULT_POLICY_ID)]
     assert flow.shared_metrics.get().counters[STEPS_TRAINED_COUNTER] == 9
@@ -272,7 +272,7 @@ def test_apply_gradients_applies_counts_and_broadcasts_to_all() -> None:
 
 def test_apply_gradients_to_the_source_worker_needs_a_source_actor() -> None:
     workers = FakeWorkerSet()
-    flow = from_list([ComputedGradients([np.ones(2)], 1)]).for_each(ApplyGradients(workers, update_all=False))  # type: ignore[arg-type]
+    flow = from_list([ComputedGradients([np.ones(2)], 1)]).for_each(ApplyGradients(workers, update_all=False))
     with pytest.raises(FlowRLError, match="source actor"):
         next(flow)
 
@@ -282,7 +282,7 @@ def test_apply_gradients_to_the_source_worker_needs_a_source_actor() -> None:
 
 def test_update_target_network_every_target_update_freq_sampled_steps() -> None:
     workers = FakeWorkerSet("p1", "p2")
-    flow = from_list(range(10)).for_each(add_steps(sampled=10)).for_each(UpdateTargetNetwork(workers, 25))  # type: ignore[arg-type]
+    flow = from_list(range(10)).for_each(add_steps(sampled=10)).for_each(UpdateTargetNetwork(workers, 25))
     assert list(flow) == list(range(10))  # pass-through
     metrics = flow.shared_metrics.get()
     assert metrics.counters[NUM_TARGET_UPDATES] == 3  # at 30, 60 and 90 steps
@@ -292,7 +292,7 @@ def test_update_target_network_every_target_update_freq_sampled_steps() -> None:
 
 def test_update_target_network_by_steps_trained() -> None:
     workers = FakeWorkerSet()
-    op = UpdateTargetNetwork(workers, 50, by_steps_trained=True)  # type: ignore[arg-type]
+    op = UpdateTargetNetwork(workers, 50, by_steps_trained=True)
     flow = from_list(range(6)).for_each(add_steps(sampled=1000, trained=20)).for_each(op)
     list(flow)
     metrics = flow.shared_metrics.get()
@@ -301,10 +301,12 @@ def test_update_target_network_by_steps_trained() -> None:
     assert workers.local.get_policy().target_updates == 2
 
 
-def test_update_target_network_reads_its_pace_from_a_config_and_its_lock_and_group_from_resources() -> None:
+def test_update_target_network_reads_its_pace_from_a_config_and_its_lock_and_group_from_resources(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     workers, group, learner = FakeWorkerSet(), FakeLearnerGroup(), FakeLearnerThread()
     resources = PlanResources(learner=learner, learners=group)  # type: ignore[arg-type]
-    op = UpdateTargetNetwork(workers, TargetConfig(), resources=resources)  # type: ignore[arg-type]
+    op = UpdateTargetNetwork(workers, TargetConfig(), resources=resources)
     held: list[bool] = []
 
     def learner_update(item: int) -> int:
@@ -318,28 +320,28 @@ def test_update_target_network_reads_its_pace_from_a_config_and_its_lock_and_gro
         held.append(learner.lock.held)
         update_target(tau)
 
-    policy.update_target = while_locked  # type: ignore[method-assign]
+    monkeypatch.setattr(policy, "update_target", while_locked)
     list(from_list(range(5)).for_each(add_steps(sampled=100)).for_each(learner_update).for_each(op))
     assert policy.target_updates == 2 and policy.last_tau == 0.5  # at 2 and 4 learner updates, blended
     assert held == [True, True]
     assert group.target_updates == [([DEFAULT_POLICY_ID], 0.5)] * 2
     assert op.plan_links() == [ActorLink(LEARNER_ACTOR, "update target networks")]
     with pytest.raises(FlowRLError, match="drop by_steps_trained"):
-        UpdateTargetNetwork(workers, TargetConfig(), by_steps_trained=True)  # type: ignore[arg-type]
+        UpdateTargetNetwork(workers, TargetConfig(), by_steps_trained=True)
 
 
 def test_update_target_network_only_for_the_given_policies() -> None:
     workers = FakeWorkerSet("p1", "p2")
-    op = UpdateTargetNetwork(workers, 1, policies=["p2"])  # type: ignore[arg-type]
+    op = UpdateTargetNetwork(workers, 1, policies=["p2"])
     list(from_list(range(3)).for_each(add_steps(sampled=1)).for_each(op))
     assert [workers.local.get_policy(p).target_updates for p in ("p1", "p2")] == [0, 3]
 
 
 def test_update_target_network_refuses_a_policy_without_a_target_when_the_plan_is_built() -> None:
     workers = FakeWorkerSet("p1", "p2")
-    workers.local.policy_map["p2"] = object()  # type: ignore[assignment]
+    workers.local.policy_map["p2"] = cast(Any, object())
     with pytest.raises(
         FlowRLError, match="UpdateTargetNetwork needs policies with a target network; policy 'p2' is a object"
     ):
-        UpdateTargetNetwork(workers, 1)  # type: ignore[arg-type]
-    UpdateTargetNetwork(workers, 1, policies=["p1"])  # type: ignore[arg-type]  # only p1 is moved: fine
+        UpdateTargetNetwork(workers, 1)
+    UpdateTargetNetwork(workers, 1, policies=["p1"])  # only p1 is moved: fine

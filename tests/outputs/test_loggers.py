@@ -12,7 +12,7 @@ import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -164,7 +164,7 @@ def test_a_missing_tracker_package_is_reported_with_the_pip_command_before_anyth
 
 def test_tracker_settings_are_checked_and_kept_in_params_json(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as raised:
-        RunSpec("pg", "CartPole-v1", wandb_project="", mlflow_tracking_uri=5)  # type: ignore[arg-type]
+        RunSpec("pg", "CartPole-v1", wandb_project="", mlflow_tracking_uri=cast(Any, 5))
     assert len(raised.value.problems) == 2 and "wandb_project=''" in str(raised.value)
     spec = RunSpec("pg", "CartPole-v1", wandb_project="cartpole", mlflow_tracking_uri="http://localhost:5000")
     (tmp_path / "params.json").write_text(json.dumps(spec.to_params()))

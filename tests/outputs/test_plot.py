@@ -33,7 +33,8 @@ def write_run(
     env: str = "CartPole-v1",
     **config: Any,
 ) -> Path:
-    """A run directory whose results have ``timesteps_total`` and ``episode_reward_mean`` (None: NaN, written as null)."""
+    """A run directory whose results have ``timesteps_total`` and ``episode_reward_mean`` (None: NaN,
+    written as null)."""
     directory.mkdir(parents=True)
     params = {"algo": algo, "env": env, "config": {"seed": seed, "lr": 0.01, **config}, "stop": {}}
     (directory / "params.json").write_text(json.dumps(params))

@@ -7,7 +7,7 @@ import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from rich.console import Console
@@ -53,8 +53,13 @@ def terminal() -> Console:
     return Console(file=io.StringIO(), force_terminal=True, width=150)
 
 
+def written(console: Console) -> str:
+    """What ``console`` (one of :func:`terminal`'s, or another over a StringIO) has written."""
+    return cast(io.StringIO, console.file).getvalue()
+
+
 def shown(console: Console) -> str:
-    return ANSI.sub("", console.file.getvalue())  # type: ignore[attr-defined]
+    return ANSI.sub("", written(console))
 
 
 def test_the_bar_goes_toward_the_stop_criterion_nearest_to_being_met() -> None:
@@ -117,14 +122,14 @@ def test_without_a_terminal_each_iteration_is_one_plain_line() -> None:
         assert not display.live
         display.update(result(2, 20.0))
         display.update(result(3, 30.0))
-    assert console.file.getvalue() == "line 2 steps 200\nline 3 steps 200\n"  # type: ignore[attr-defined]
+    assert written(console) == "line 2 steps 200\nline 3 steps 200\n"
 
 
 def test_verbose_lines_add_the_details_and_quiet_shows_nothing() -> None:
     verbose = Console(file=io.StringIO())
     with ProgressDisplay({}, format_line=line, console=verbose, verbosity="verbose") as display:
         display.update(result(1, 20.0))
-    assert verbose.file.getvalue() == (  # type: ignore[attr-defined]
+    assert written(verbose) == (
         "line 1 steps 200\n"
         "  learner default_policy: policy_loss 0.125, entropy 0.5\n"
         "  counters: num_healthy_workers 2, num_worker_restarts 1\n"
@@ -133,9 +138,9 @@ def test_verbose_lines_add_the_details_and_quiet_shows_nothing() -> None:
         with ProgressDisplay({"training_iteration": 2}, format_line=line, console=console, verbosity="quiet") as quiet:
             assert not quiet.live
             quiet.update(result(1, 20.0))
-        assert console.file.getvalue() == ""  # type: ignore[attr-defined]
+        assert written(console) == ""
     with pytest.raises(ConfigError, match="verbosity='loud' must be one of quiet, normal, verbose"):
-        ProgressDisplay({}, format_line=line, verbosity="loud")  # type: ignore[arg-type]
+        ProgressDisplay({}, format_line=line, verbosity=cast(Any, "loud"))
 
 
 def test_details_show_evaluation_and_custom_metrics_when_a_result_has_them() -> None:

@@ -169,7 +169,7 @@ class FirstAction:
 def test_sampler_runs_episode_hooks_and_reports_custom_metrics_per_episode() -> None:
     callbacks = Recorder()
     hooks = EpisodeHooks(callbacks, ["final_t", "absent"], worker_index=0, num_envs=2)
-    sampler = VectorSampler([CycleEnv(), CycleEnv()], FirstAction(), fragment_length=12, hooks=hooks)  # type: ignore[arg-type]
+    sampler = VectorSampler([CycleEnv(), CycleEnv()], FirstAction(), fragment_length=12, hooks=hooks)
     sampler.sample()
     stats = sampler.pop_episode_stats()
     # 12 steps per env: episodes of 3, 4, 5 end in each, a fourth (3 steps) is in progress.
@@ -189,7 +189,7 @@ def test_an_info_value_that_is_not_a_number_names_the_key() -> None:
             return obs, reward, terminated, truncated, {"final_t": "done"}
 
     hooks = EpisodeHooks(Callbacks(), ["final_t"], worker_index=3, num_envs=1)
-    sampler = VectorSampler([WordInfo()], FirstAction(), fragment_length=5, hooks=hooks)  # type: ignore[arg-type]
+    sampler = VectorSampler([WordInfo()], FirstAction(), fragment_length=5, hooks=hooks)
     with pytest.raises(EnvError, match=r"info\['final_t'\]='done' \(worker 3, env 0, episode 1\) is not a real number"):
         sampler.sample()
 
@@ -197,7 +197,7 @@ def test_an_info_value_that_is_not_a_number_names_the_key() -> None:
 def test_sampler_state_keeps_the_episodes_in_progress() -> None:
     def sampler() -> VectorSampler:
         hooks = EpisodeHooks(Recorder(), ["final_t"], worker_index=0, num_envs=1)
-        return VectorSampler([CycleEnv()], FirstAction(), fragment_length=5, hooks=hooks)  # type: ignore[arg-type]
+        return VectorSampler([CycleEnv()], FirstAction(), fragment_length=5, hooks=hooks)
 
     first = sampler()
     first.sample()  # an episode of 3 ended, one of 4 is 2 steps in

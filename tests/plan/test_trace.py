@@ -1,4 +1,5 @@
-"""flowrl trace RUN_DIR: the spans a run records for trace_iterations, merged into a Chrome / Perfetto trace (flowrl.plan.trace)."""
+"""flowrl trace RUN_DIR: the spans a run records for trace_iterations, merged into a Chrome /
+Perfetto trace (flowrl.plan.trace)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""flowrl plan RUN_DIR: a run's plan.json and its X-ray drawn as text, Mermaid, DOT and HTML (flowrl.plan.views, flowrl.plan.render)."""
+"""flowrl plan RUN_DIR: a run's plan.json and its X-ray drawn as text, Mermaid, DOT and HTML
+(flowrl.plan.views, flowrl.plan.render)."""
 
 from __future__ import annotations
 

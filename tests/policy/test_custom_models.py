@@ -24,6 +24,7 @@ from flowrl.config import TrainerConfig
 from flowrl.engine.build import policy_specs
 from flowrl.envs import get_env_creator
 from flowrl.errors import ConfigError
+from flowrl.policy import TorchPolicy
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(300)]
 
@@ -149,8 +150,6 @@ class SeesTheDict(nn.Module):
 
 
 def test_structured_observations_reach_the_model_as_a_dict_of_tensors() -> None:
-    from flowrl.policy.torch_policy import TorchPolicy
-
     space = gym.spaces.Dict({"position": gym.spaces.Box(-1, 1, (3, 1), np.float32), "mode": gym.spaces.Discrete(2)})
     algorithm = get_algorithm("ppo")
     config = algorithm.config_class.from_dict(
@@ -216,7 +215,7 @@ def test_checkpoints_record_the_import_path_and_load_policy_rebuilds_the_model(
     finally:
         trainer.stop()
     loaded = flowrl.load_policy(path)
-    assert type(loaded.policy.model).__name__ == "Net"  # type: ignore[attr-defined]
+    assert isinstance(loaded.policy, TorchPolicy) and type(loaded.policy.model).__name__ == "Net"
     np.testing.assert_array_equal(loaded.compute_actions(obs), expected)
     restored = Trainer.from_checkpoint(path)
     try:

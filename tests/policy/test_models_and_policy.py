@@ -260,7 +260,7 @@ def test_default_model_is_separate_vf() -> None:
 def test_model_config_overrides_layer_sizes() -> None:
     p = make_policy(config={"model": {"fcnet_hiddens": [8, 5], "fcnet_activation": "relu"}})
     linears = [m for m in p.model.encoder.net if isinstance(m, nn.Linear)]
-    assert [(l.in_features, l.out_features) for l in linears] == [(4, 8), (8, 5)]
+    assert [(layer.in_features, layer.out_features) for layer in linears] == [(4, 8), (8, 5)]
     assert any(isinstance(m, nn.ReLU) for m in p.model.encoder.net)
     assert p.model.policy_head.in_features == 5
 
@@ -704,11 +704,17 @@ from flowrl.policy import TorchPolicy
 import gymnasium as gym
 sys.path.insert(0, sys.argv[1])
 from test_models_and_policy import bc_batch, bc_loss
-policy = TorchPolicy(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2), TrainerConfig.from_dict({"lr": 0.01}), loss_fn=bc_loss)
+policy = TorchPolicy(
+    gym.spaces.Box(-1, 1, (4,), np.float32),
+    gym.spaces.Discrete(2),
+    TrainerConfig.from_dict({"lr": 0.01}),
+    loss_fn=bc_loss,
+)
 policy.compute_actions(np.zeros((3, 4), np.float32))
 acting = "torch._dynamo" in sys.modules
 policy.learn(bc_batch())
-print(acting, "torch._dynamo" in sys.modules, policy.optimizer.param_groups[0]["lr"], policy.optimizer.defaults["fused"])
+fused = policy.optimizer.defaults["fused"]
+print(acting, "torch._dynamo" in sys.modules, policy.optimizer.param_groups[0]["lr"], fused)
 """
 
 

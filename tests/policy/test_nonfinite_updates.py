@@ -178,9 +178,9 @@ def test_minibatch_sgd_averages_the_applied_updates_and_reports_the_fraction_ski
     batch = SampleBatch({"x": np.arange(8)})
     skipped = {"loss": float("nan"), NONFINITE_UPDATE: 1.0}
     policy = ScriptedPolicy([{"loss": 1.0}, skipped, {"loss": 3.0}, skipped])
-    stats = minibatch_sgd(policy, batch, num_sgd_iter=2, sgd_minibatch_size=4, seed=0)  # type: ignore[arg-type]
+    stats = minibatch_sgd(policy, batch, num_sgd_iter=2, sgd_minibatch_size=4, seed=0)
     assert stats == {"loss": 2.0, NONFINITE_UPDATE: 0.5}
     every_one_skipped = ScriptedPolicy([skipped, skipped])
-    stats = minibatch_sgd(every_one_skipped, batch, num_sgd_iter=2, sgd_minibatch_size=0)  # type: ignore[arg-type]
+    stats = minibatch_sgd(every_one_skipped, batch, num_sgd_iter=2, sgd_minibatch_size=0)
     assert np.isnan(stats["loss"]) and stats[NONFINITE_UPDATE] == 1.0
-    assert minibatch_sgd(ScriptedPolicy([{"loss": 1.0}]), batch, 1, 0) == {"loss": 1.0}  # type: ignore[arg-type]
+    assert minibatch_sgd(ScriptedPolicy([{"loss": 1.0}]), batch, 1, 0) == {"loss": 1.0}

@@ -15,7 +15,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from fakes import checkpoints, progress
@@ -56,7 +56,7 @@ def test_stop_criteria_are_checked() -> None:
     ):
         parse_stop({"training_iterations": 3}, "here")
     with pytest.raises(RunError, match="must be a number"):
-        RunSpec("pg", "CartPole-v1", stop={"timesteps_total": "1e6"})  # type: ignore[dict-item]
+        RunSpec("pg", "CartPole-v1", stop=cast(Any, {"timesteps_total": "1e6"}))
     with pytest.raises(ConfigError, match="checkpoint_freq=-1 must be an integer >= 0"):
         RunSpec("pg", "CartPole-v1", checkpoint_freq=-1)
 
@@ -145,7 +145,9 @@ def test_checkpoints_every_n_iterations_and_at_the_end(tmp_path: Path, ray_sessi
     assert checkpoints(run.directory) == ["checkpoint_000002", "checkpoint_000004", "checkpoint_000005"]
 
 
-def test_ctrl_c_ends_training_with_a_checkpoint(tmp_path: Path, ray_session: None) -> None:
+def test_ctrl_c_ends_training_with_a_checkpoint(
+    tmp_path: Path, ray_session: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with start_run(RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 5}), results_dir=tmp_path) as run:
         real_train = run.trainer.train
 
@@ -154,7 +156,7 @@ def test_ctrl_c_ends_training_with_a_checkpoint(tmp_path: Path, ray_session: Non
                 raise KeyboardInterrupt
             return real_train()
 
-        run.trainer.train = train_until_interrupted  # type: ignore[method-assign]
+        monkeypatch.setattr(run.trainer, "train", train_until_interrupted)
         summary = run.train()
     assert summary.interrupted and summary.stop_reason is None and not summary.save_interrupted
     assert summary.checkpoint == run.directory / "checkpoints" / "checkpoint_000002"
@@ -170,7 +172,7 @@ def replace_train(run: Run, fn: Callable[[Callable[[], dict[str, Any]], int], di
         calls[0] += 1
         return fn(real_train, calls[0])
 
-    run.trainer.train = train  # type: ignore[method-assign]
+    setattr(run.trainer, "train", train)
 
 
 def with_scores(scores: list[float]) -> Callable[[Callable[[], dict[str, Any]], int], dict[str, Any]]:
@@ -183,7 +185,7 @@ def with_scores(scores: list[float]) -> Callable[[Callable[[], dict[str, Any]], 
 
 
 def test_rotation_keeps_the_newest_checkpoints_and_a_failed_save_deletes_nothing(
-    tmp_path: Path, ray_session: None
+    tmp_path: Path, ray_session: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spec = RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 10}, checkpoint_freq=1, keep_checkpoints=3)
     with start_run(spec, results_dir=tmp_path) as run:
@@ -196,7 +198,7 @@ def test_rotation_keeps_the_newest_checkpoints_and_a_failed_save_deletes_nothing
                 raise OSError(28, "No space left on device")
             return real_save(checkpoint_dir, metadata)
 
-        run.trainer.save = save  # type: ignore[method-assign]
+        monkeypatch.setattr(run.trainer, "save", save)
         with pytest.raises(OSError, match="No space left"):
             run.train()
     assert saves == [1, 2, 3, 4, 5, 6]  # the failed save is not tried again as an emergency save
@@ -283,11 +285,15 @@ def test_an_error_leaves_an_emergency_checkpoint(tmp_path: Path, ray_session: No
     assert find_resume_point(run.directory).iteration == 2
 
 
-def test_no_emergency_checkpoint_of_a_broken_state_nor_of_one_already_saved(tmp_path: Path, ray_session: None) -> None:
+def test_no_emergency_checkpoint_of_a_broken_state_nor_of_one_already_saved(
+    tmp_path: Path, ray_session: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spec = RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 5}, checkpoint_freq=2)
     with start_run(spec, results_dir=tmp_path) as run:
         replace_train(run, fail_at_call(4))
-        run.trainer.state_problem = lambda: "policy 'default_policy' has non-finite weights in 'w'"  # type: ignore[method-assign]
+        monkeypatch.setattr(
+            run.trainer, "state_problem", lambda: "policy 'default_policy' has non-finite weights in 'w'"
+        )
         with pytest.raises(WorkerFailureError):
             run.train()
     assert checkpoints(run.directory) == ["checkpoint_000002"]
@@ -332,7 +338,7 @@ def test_sighup_ends_training_with_a_checkpoint(tmp_path: Path, ray_session: Non
 
 
 def test_a_sigterm_that_surfaces_as_a_plain_keyboard_interrupt_is_still_named(
-    tmp_path: Path, ray_session: None
+    tmp_path: Path, ray_session: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A signal landing in a blocking Ray call can reach the run as a plain KeyboardInterrupt."""
     with start_run(RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 5}), results_dir=tmp_path) as run:
@@ -347,13 +353,15 @@ def test_a_sigterm_that_surfaces_as_a_plain_keyboard_interrupt_is_still_named(
                     raise KeyboardInterrupt from None
             return result
 
-        run.trainer.train = train  # type: ignore[method-assign]
+        monkeypatch.setattr(run.trainer, "train", train)
         summary = run.train()
     assert summary.interrupted_by == signal.SIGTERM
     assert summary.checkpoint == run.directory / "checkpoints" / "checkpoint_000002"
 
 
-def test_a_second_signal_abandons_the_final_checkpoint(tmp_path: Path, ray_session: None, sighup_default: None) -> None:
+def test_a_second_signal_abandons_the_final_checkpoint(
+    tmp_path: Path, ray_session: None, sighup_default: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spec = RunSpec("pg", "CartPole-v1", TINY, stop={"training_iteration": 5}, checkpoint_freq=2)
     with start_run(spec, results_dir=tmp_path) as run:
         real_save = run.trainer.save
@@ -367,7 +375,7 @@ def test_a_second_signal_abandons_the_final_checkpoint(tmp_path: Path, ray_sessi
             if result["training_iteration"] == 3:
                 os.kill(os.getpid(), signal.SIGTERM)
 
-        run.trainer.save = save  # type: ignore[method-assign]
+        monkeypatch.setattr(run.trainer, "save", save)
         summary = run.train(on_result=terminate)
     assert summary.save_interrupted and summary.interrupted_by == signal.SIGTERM
     assert summary.checkpoint == run.directory / "checkpoints" / "checkpoint_000002"

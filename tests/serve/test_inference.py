@@ -24,7 +24,7 @@ from policy_files import build_policies, observations, write_files
 import flowrl
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.errors import CheckpointError
-from flowrl.policy import Policy
+from flowrl.policy import Policy, TorchPolicy
 from flowrl.serve.inference import (
     POLICIES_JSON,
     POLICIES_WEIGHTS,
@@ -103,7 +103,8 @@ def test_a_loaded_policy_acts_as_the_original(algo: str, env: str, tmp_path: Pat
     assert all(loaded.action_space.contains(a) for a in actions)
     single = loaded.compute_action(obs[0])
     np.testing.assert_allclose(np.asarray(single), np.asarray(actions[0]), rtol=1e-6, atol=1e-6)
-    model = loaded.policy.model  # type: ignore[attr-defined]
+    assert isinstance(loaded.policy, TorchPolicy)
+    model = loaded.policy.model
     assert isinstance(model, torch.nn.Module) and not model.training
     assert not any(p.requires_grad for p in model.parameters())
     for name, value in original.get_weights().items():

@@ -29,7 +29,8 @@ def env_snapshot(env: Any) -> bytes | None:
     if isinstance(getattr(env, "unwrapped", env), EzPickle):
         return None
     try:
-        return cloudpickle.dumps(env)
+        snapshot: bytes = cloudpickle.dumps(env)
+        return snapshot
     except Exception:  # noqa: BLE001 - any env may hold something unpicklable (a socket, an emulator)
         return None
 
@@ -53,7 +54,7 @@ class ObservationCheck:
     :attr:`flatten`); observations of other spaces (Text, Graph, ...) are only checked to be finite.
     """
 
-    def __init__(self, space: gym.Space | None, space_name: str = "observation_space") -> None:
+    def __init__(self, space: gym.Space[Any] | None, space_name: str = "observation_space") -> None:
         #: Flattens Dict and Tuple observations into rows of ``flatten_space(space)``; None for other spaces.
         self.flatten = ObsFlattener(space) if space is not None and is_structured(space) else None
         self._structure_name = space_name
@@ -135,7 +136,10 @@ class ObservationCheck:
             if len(bad):
                 index = tuple(bad[0])
                 limit = element_name(f"{self.space_name}.{name}", index)
-                return f"{element_name(field, index)}={abbreviate(array[index])} {relation} {limit}={abbreviate(bound[index])}"
+                return (
+                    f"{element_name(field, index)}={abbreviate(array[index])} {relation} "
+                    f"{limit}={abbreviate(bound[index])}"
+                )
         return None
 
     def problem(self, value: Any, field: str) -> str | None:

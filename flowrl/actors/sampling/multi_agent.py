@@ -27,8 +27,8 @@ from flowrl.actors.sampling.episode_hooks import EpisodeHooks
 from flowrl.actors.sampling.recovery import EnvMaker, EpisodeStats, FaultTolerantSampler, no_clock
 from flowrl.data import MultiAgentBatch, SampleBatch, concat_samples
 from flowrl.errors import EnvError, FlowRLError
-from flowrl.policy import Policy
 from flowrl.policy.mapping import PolicyMappingFn
+from flowrl.policy.protocols import AgentPolicy
 
 
 class _Trajectory:
@@ -103,7 +103,7 @@ class MultiAgentSampler(FaultTolerantSampler):
     def __init__(
         self,
         envs: list[Any],
-        policy_map: Mapping[str, Policy],
+        policy_map: Mapping[str, AgentPolicy],
         policy_mapping_fn: PolicyMappingFn,
         *,
         fragment_length: int,

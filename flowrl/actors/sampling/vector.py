@@ -30,8 +30,8 @@ from flowrl.data import SampleBatch, concat_samples
 from flowrl.envs.checker import abbreviate
 from flowrl.envs.envpool_backend import EnvPoolVector, shared_vector
 from flowrl.envs.episodes import recorded_episode, records_episodes
-from flowrl.policy import Policy
 from flowrl.policy.filters import MeanStdFilter, filter_fragment
+from flowrl.policy.protocols import SamplingPolicy
 
 BATCH_MODES = ("truncate_episodes", "complete_episodes")
 
@@ -86,7 +86,7 @@ class VectorSampler(FaultTolerantSampler):
     def __init__(
         self,
         envs: list[gym.Env],
-        policy: Policy,
+        policy: SamplingPolicy,
         *,
         fragment_length: int,
         batch_mode: str = "truncate_episodes",
@@ -493,7 +493,8 @@ class VectorSampler(FaultTolerantSampler):
         return not len(after)
 
     def _whole(self, fragment: _Fragment) -> SampleBatch:
-        """The ``[T, n]`` columns as one batch, env by env (the rows of :meth:`_pieces` concatenated), dropped episodes left out."""
+        """The ``[T, n]`` columns as one batch, env by env (the rows of :meth:`_pieces` concatenated),
+        dropped episodes left out."""
         T, n = self.fragment_length, len(self.envs)
         columns = {k: v.swapaxes(0, 1).reshape(T * n, *v.shape[2:]) for k, v in fragment.columns.items()}
         columns[SampleBatch.ENV_ID] = np.repeat(np.arange(n, dtype=np.int64), T)

@@ -75,7 +75,7 @@ class StubPolicy:
 def sampler(mapping: Any, fragment_length: int, num_envs: int = 1) -> tuple[MultiAgentSampler, dict[str, StubPolicy]]:
     policies = {"pa": StubPolicy(), "pb": StubPolicy()}
     envs = [StaggeredEnv() for _ in range(num_envs)]
-    return MultiAgentSampler(envs, policies, mapping, fragment_length=fragment_length), policies  # type: ignore[arg-type]
+    return MultiAgentSampler(envs, policies, mapping, fragment_length=fragment_length), policies
 
 
 def by_agent(agent: str) -> str:

@@ -68,7 +68,7 @@ class ActsZero:
 
 def sampler(env: gym.Env, fragment_length: int, **kwargs: Any) -> VectorSampler:
     """A seeded sampler of ``env`` acting 0."""
-    return VectorSampler([env], ActsZero(), fragment_length=fragment_length, seed=0, **kwargs)  # type: ignore[arg-type]
+    return VectorSampler([env], ActsZero(), fragment_length=fragment_length, seed=0, **kwargs)
 
 
 # A game: life 1 has 4 sampled steps; the no-op that starts each later life is one of its 4 steps, so 3 sampled
@@ -176,7 +176,7 @@ class ActsRandomly:
 @pytest.mark.parametrize("backend", ["gymnasium", "envpool"])
 def test_breakout_trains_on_lives_and_reports_whole_games(ale: None, backend: str) -> None:
     envs = breakout_envs(backend, 2)
-    breakout = VectorSampler(envs, ActsRandomly(), fragment_length=400, seed=0)  # type: ignore[arg-type]
+    breakout = VectorSampler(envs, ActsRandomly(), fragment_length=400, seed=0)
     batch = breakout.sample()
     games = breakout.pop_episode_stats()
     lives_lost = int(batch[SampleBatch.TERMINATEDS].sum())

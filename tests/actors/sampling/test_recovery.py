@@ -113,7 +113,7 @@ def make_sampler(
     policy = StubPolicy()
     sampler = VectorSampler(
         envs,  # type: ignore[arg-type]
-        policy,  # type: ignore[arg-type]
+        policy,
         fragment_length=fragment_length,
         seed=0,
         on_bad_observation=mode,
@@ -258,7 +258,7 @@ def test_a_bad_first_observation_is_reset_again_when_dropping() -> None:
     assert sampler.num_bad_observations == 1  # at construction: reset again
     batch = sampler.sample()
     assert rows_of(batch, 1)[SampleBatch.T].tolist() == [0, 1, 2, 3, 4] * 2 + [0, 1]
-    assert sampler.num_bad_observations == 2 and sampler.envs[1].resets == 5  # type: ignore[attr-defined]
+    assert sampler.num_bad_observations == 2 and sampler.envs[1].resets == 5
     assert_policy_saw_only_finite(policy)
 
 
@@ -281,7 +281,7 @@ def test_an_env_raising_in_step_is_recreated_with_env_maker_and_its_episode_drop
     sampler, _ = make_sampler({8: "raise"}, env_maker=env_maker)
     old = sampler.envs[1]
     batch = sampler.sample()
-    assert made == [1] and old.closed and sampler.envs[1] is not old  # type: ignore[attr-defined]
+    assert made == [1] and old.closed and sampler.envs[1] is not old
     assert sampler.num_faulty_episodes == 1 and sampler.num_bad_observations == 0
     assert rows_of(batch, 1)[SampleBatch.T].tolist() == [0, 1, 2, 3, 4] + [0, 1, 2, 3]
     assert [s.episode_length for s in sampler.pop_episode_stats()] == [5, 5, 5]
@@ -433,7 +433,7 @@ class TwoAgentEnv(MultiAgentEnv[str]):
 def multi_agent_sampler(faults: dict[int, tuple[str, str]], **kwargs: Any) -> tuple[MultiAgentSampler, StubPolicy]:
     policy = StubPolicy()
     envs = [TwoAgentEnv(), TwoAgentEnv(faults)]
-    sampler = MultiAgentSampler(envs, {"p": policy}, lambda agent: "p", fragment_length=6, worker_index=3, **kwargs)  # type: ignore[dict-item]
+    sampler = MultiAgentSampler(envs, {"p": policy}, lambda agent: "p", fragment_length=6, worker_index=3, **kwargs)
     return sampler, policy
 
 
@@ -442,7 +442,8 @@ def multi_agent_sampler(faults: dict[int, tuple[str, str]], **kwargs: Any) -> tu
     [
         (
             "nan_obs",
-            r"env.step\(\) at step 1 of its episode \(vector step 1\) returned new_obs\['b'\]\[0\]=nan, which is not finite",
+            r"env.step\(\) at step 1 of its episode \(vector step 1\) "
+            r"returned new_obs\['b'\]\[0\]=nan, which is not finite",
         ),
         ("out_of_box", r"new_obs\['b'\]\[0\]=50.0 above observation_space\('b'\).high\[0\]=10.0"),
         ("wrong_shape", r"new_obs\['b'\]=\[2., 2.\] with shape \(2,\), but observation_space\('b'\).shape is \(1,\)"),
@@ -479,11 +480,11 @@ def test_multi_agent_bad_first_observations_raise_or_are_reset_again() -> None:
     with pytest.raises(
         BadObservationError, match=r"env 0: env.reset\(\) \(vector step 0\) returned obs\['a'\]\[0\]=nan"
     ):
-        MultiAgentSampler([TwoAgentEnv(nan_resets=(1,))], {"p": StubPolicy()}, lambda agent: "p", fragment_length=6)  # type: ignore[dict-item]
+        MultiAgentSampler([TwoAgentEnv(nan_resets=(1,))], {"p": StubPolicy()}, lambda agent: "p", fragment_length=6)
     env = TwoAgentEnv(nan_resets=(1, 3))
     sampler = MultiAgentSampler(
         [env], {"p": StubPolicy()}, lambda a: "p", fragment_length=6, on_bad_observation="drop_episode"
-    )  # type: ignore[dict-item]
+    )
     batch = sampler.sample()  # reset 2's episode ends at vector step 4; reset 3 is bad, reset 4 starts the next
     assert batch.policy_batches["p"][SampleBatch.T].tolist() == [0, 1, 2, 3] * 2 + [0, 1] * 2 and batch.env_steps() == 6
     assert sampler.num_bad_observations == 2 and env.resets == 4
