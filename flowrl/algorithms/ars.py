@@ -22,7 +22,7 @@ from flowrl.algorithms.registry import Algorithm
 from flowrl.config import cfg_field
 from flowrl.deferred import torch
 from flowrl.iterators import LocalIterator
-from flowrl.operators import PerturbationSearch, PerturbationUpdate, StandardMetricsReporting
+from flowrl.operators import PerturbationSearch, PerturbationUpdate, SearchRounds, StandardMetricsReporting
 from flowrl.policy import PolicySpec, TorchPolicy
 from flowrl.policy.perturbation_spec import perturbation_policy_spec
 
@@ -99,9 +99,8 @@ class ARSUpdate(PerturbationUpdate):
 def execution_plan(workers: WorkerSet, config: ARSConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """Perturbation rounds -> CollectPerturbations (N pairs) -> ARSUpdate -> observation filter ->
     BroadcastWeights -> metrics."""
-    search = PerturbationSearch(
-        workers, config, ARSUpdate, pairs_per_round=config.num_rollouts, min_episodes=2 * config.num_rollouts
-    )
+    rounds = SearchRounds(pairs_per_round=config.num_rollouts, min_episodes=2 * config.num_rollouts)
+    search = PerturbationSearch(workers, config, ARSUpdate, rounds)
     return StandardMetricsReporting(search, workers, config)
 
 

@@ -22,7 +22,13 @@ from flowrl.algorithms.registry import Algorithm
 from flowrl.config import cfg_field
 from flowrl.deferred import torch
 from flowrl.iterators import LocalIterator
-from flowrl.operators import PerturbationSearch, PerturbationUpdate, StandardMetricsReporting, centered_ranks
+from flowrl.operators import (
+    PerturbationSearch,
+    PerturbationUpdate,
+    SearchRounds,
+    StandardMetricsReporting,
+    centered_ranks,
+)
 from flowrl.policy import PolicySpec, TorchPolicy
 from flowrl.policy.perturbation_spec import perturbation_policy_spec
 
@@ -101,14 +107,12 @@ class ESUpdate(PerturbationUpdate):
 
 def execution_plan(workers: WorkerSet, config: ESConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """Perturbation rounds -> CollectPerturbations -> ESUpdate -> observation filter -> BroadcastWeights -> metrics."""
-    search = PerturbationSearch(
-        workers,
-        config,
-        ESUpdate,
+    rounds = SearchRounds(
         pairs_per_round=math.ceil(config.episodes_per_batch / 2),
         min_episodes=config.episodes_per_batch,
         min_steps=config.train_batch_size,
     )
+    search = PerturbationSearch(workers, config, ESUpdate, rounds)
     return StandardMetricsReporting(search, workers, config)
 
 

@@ -40,6 +40,7 @@ from flowrl.operators.perturbation_ops import (
     PerturbationRollouts,
     PerturbationSearch,
     PerturbationUpdate,
+    SearchRounds,
     UpdateObservationFilter,
     centered_ranks,
 )
@@ -112,6 +113,7 @@ __all__ = [
     "RecordLearnerResults",
     "Replay",
     "SGDConfig",
+    "SearchRounds",
     "SelectExperiences",
     "SendWeightsToSource",
     "StandardMetricsReporting",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
@@ -251,35 +251,44 @@ class PerturbationSearchConfig(Protocol):
 C = TypeVar("C", bound=PerturbationSearchConfig)
 
 
+class SearchRounds(NamedTuple):
+    """How a perturbation search samples: ``pairs_per_round`` antithetic pairs asked of the
+    workers per round, and an update after ``min_episodes`` perturbed episodes and ``min_steps``
+    of their steps."""
+
+    pairs_per_round: int
+    min_episodes: int
+    min_steps: int = 0
+
+
 def PerturbationSearch(
     workers: WorkerSet,
     config: C,
     update: Callable[[WorkerSet, NoiseTable, C], PerturbationUpdate],
-    *,
-    pairs_per_round: int,
-    min_episodes: int,
-    min_steps: int = 0,
+    rounds: SearchRounds,
 ) -> LocalIterator[PerturbationResult]:
     """The training flow of a perturbation search: rounds -> CollectPerturbations -> the update
     -> observation filter -> BroadcastWeights.
 
     A noise table is made from ``config.seed``; ``update(workers, noise, config)`` builds
-    the step (ES's or ARS's). Each round asks the workers for ``pairs_per_round`` antithetic
-    pairs; an update waits for ``min_episodes`` perturbed episodes and ``min_steps`` of
-    their steps. With ``observation_filter="MeanStdFilter"`` the workers' observation
+    the step (ES's or ARS's). Each round asks the workers for ``rounds.pairs_per_round``
+    antithetic pairs; an update waits for ``rounds.min_episodes`` perturbed episodes and
+    ``rounds.min_steps`` of their steps. With ``observation_filter="MeanStdFilter"`` the workers' observation
     statistics are merged into the policy before the weights go out.
     """
     noise = NoiseTable(config.noise_table_size, seed=config.seed or 0)
     filtered = config.observation_filter == "MeanStdFilter"
-    rounds = PerturbationRollouts(
+    sampled = PerturbationRollouts(
         workers,
         noise,
-        pairs_per_round=pairs_per_round,
+        pairs_per_round=rounds.pairs_per_round,
         noise_stdev=config.noise_stdev,
         eval_prob=config.eval_prob,
         collect_obs_stats=filtered,
     )
-    train_op = rounds.combine(CollectPerturbations(min_episodes, min_steps)).for_each(update(workers, noise, config))
+    train_op = sampled.combine(CollectPerturbations(rounds.min_episodes, rounds.min_steps)).for_each(
+        update(workers, noise, config)
+    )
     if filtered:
         train_op = train_op.for_each(UpdateObservationFilter(workers))
     return train_op.for_each(BroadcastWeights(workers))
