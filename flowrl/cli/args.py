@@ -1,10 +1,11 @@
 """The flags several ``flowrl`` subcommands share, and what is built from them.
 
-``--set`` parsing (:func:`parse_value`, :func:`parse_set`, :func:`apply_set`), the config flags
-(``--algo``, ``--env``, ``--num-workers``, ``--config``, ``--set``, ``--address``), the argument
-types that check a flag's value, and the settings built from the flags: the config
-(:func:`build_config`), a new run's ``(algorithm, env, config, stop)`` (:func:`train_settings`),
-its checkpoint and tracker settings.
+``--set`` parsing (:func:`parse_value`, :func:`parse_set`, :func:`apply_set`), the argument types
+that check a flag's value, a subcommand's registration (:func:`add_command`), the flags declared
+once for the commands that share them (the config flags ``--algo``, ``--env``, ``--num-workers``,
+``--config``, ``--set``, ``--address``; ``--results-dir``, ``--last``, the checkpoint flags), and the
+settings built from the flags: the config (:func:`build_config`), a new run's ``(algorithm, env,
+config, stop)`` (:func:`train_settings`), its checkpoint and tracker settings.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from flowrl.config import parse_iteration_window
 from flowrl.config.rllib import RLLIB_MARKER
 from flowrl.errors import CLIError
 from flowrl.runs.experiment import load_experiment_file, parse_experiment
+from flowrl.storage.rundir import DEFAULT_CHECKPOINT_INTERVAL_S, DEFAULT_KEEP_CHECKPOINTS, DEFAULT_RESULTS_DIR
 
 if TYPE_CHECKING:  # algorithms import torch: load them only when a command needs them
     from flowrl.algorithms import Algorithm
@@ -115,14 +117,19 @@ def build_config(algorithm: Algorithm, file_config: Mapping[str, Any], args: arg
     return config
 
 
+def _given(args: argparse.Namespace, dests: Mapping[str, str]) -> dict[str, Any]:
+    """``{key: value}`` of the flags given among ``dests`` (``{key: the flag's dest}``); flags left out are absent,
+    as are those the command does not have."""
+    given = {key: getattr(args, dest, None) for key, dest in dests.items()}
+    return {key: value for key, value in given.items() if value is not None}
+
+
 def stop_from_flags(args: argparse.Namespace) -> dict[str, float]:
     """The stop criteria given as flags."""
-    given = {
-        "episode_reward_mean": getattr(args, "stop_reward", None),
-        "timesteps_total": getattr(args, "stop_timesteps", None),
-        "training_iteration": getattr(args, "stop_iters", None),
-    }
-    return {key: value for key, value in given.items() if value is not None}
+    return _given(
+        args,
+        {"episode_reward_mean": "stop_reward", "timesteps_total": "stop_timesteps", "training_iteration": "stop_iters"},
+    )
 
 
 def train_settings(
@@ -143,20 +150,14 @@ def train_settings(
 
 
 def checkpoint_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The checkpoint settings given as flags, as :class:`~flowrl.storage.rundir.RunSpec` keywords (flags left out are absent)."""
-    given = {
-        "checkpoint_freq": getattr(args, "checkpoint_freq", None),
-        "checkpoint_interval_s": getattr(args, "checkpoint_interval_s", None),
-        "keep_checkpoints": getattr(args, "keep_checkpoints", None),
-        "keep_best": getattr(args, "keep_best", None),
-    }
-    return {key: value for key, value in given.items() if value is not None}
+    """The checkpoint settings given as flags, as :class:`~flowrl.storage.rundir.RunSpec` keywords
+    (flags left out are absent)."""
+    return _given(args, {key: key for key in _CHECKPOINT_FLAGS})
 
 
 def tracker_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The trackers given as flags (``--wandb``, ``--mlflow``), as :class:`~flowrl.storage.rundir.RunSpec` keywords."""
-    given = {"wandb_project": getattr(args, "wandb", None), "mlflow_tracking_uri": getattr(args, "mlflow", None)}
-    return {key: value for key, value in given.items() if value is not None}
+    return _given(args, {"wandb_project": "wandb", "mlflow_tracking_uri": "mlflow"})
 
 
 # --- argument types and shared flags ----------------------------------------------------------------
@@ -220,8 +221,27 @@ ADDRESS_HELP = "Ray cluster to join (default: $RAY_ADDRESS, else start an embedd
 RUN_DIR_HELP = "a run directory (flowrl train's)"
 
 
+def add_command(
+    subparsers: Subparsers,
+    name: str,
+    run: Callable[[argparse.Namespace], int],
+    *,
+    help: str,
+    description: str | None = None,
+    run_dir: str | None = None,
+) -> argparse.ArgumentParser:
+    """Register subcommand ``name``, which ``run(args)`` carries out (returning the exit status); with ``run_dir``
+    (its help), the command reads the run directory given as its RUN_DIR argument."""
+    parser = subparsers.add_parser(name, help=help, description=description)
+    if run_dir is not None:
+        parser.add_argument("run_dir", metavar="RUN_DIR", help=run_dir)
+    parser.set_defaults(func=run)
+    return parser
+
+
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags that say what to run: ``--algo``, ``--env``, ``--num-workers``, ``--config``, ``--set``, ``--address``."""
+    """The flags that say what to run: ``--algo``, ``--env``, ``--num-workers``, ``--config``,
+    ``--set``, ``--address``."""
     parser.add_argument("--algo", help="algorithm name (see `flowrl list`)")
     parser.add_argument(
         "--env", help="Gymnasium id or flowrl env name, e.g. CartPole-v1 or the multi-agent MultiAgentCartPole"
@@ -232,9 +252,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="remote rollout workers (0: sample in this process); overrides --config and --set",
     )
-    parser.add_argument(
-        "--config", metavar="FILE", help="YAML or JSON experiment file (algo, env, stop, config; or flat config keys)"
-    )
+    add_experiment_flag(parser, " (algo, env, stop, config; or flat config keys)")
     parser.add_argument(
         "--set",
         action="append",
@@ -243,13 +261,60 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         help="set a config key (repeatable); VALUE is JSON if it parses, else a string; "
         "dotted keys set inside dicts: model.fcnet_hiddens=[64,64]",
     )
+    add_address_flag(parser)
+
+
+def add_experiment_flag(parser: argparse.ArgumentParser, holding: str) -> None:
+    """``--config FILE``: the experiment file, and what it holds (``holding``, the rest of the help)."""
+    parser.add_argument("--config", metavar="FILE", help=f"YAML or JSON experiment file{holding}")
+
+
+def add_address_flag(parser: argparse.ArgumentParser) -> None:
+    """``--address``: the Ray cluster to join."""
     parser.add_argument("--address", default=None, help=ADDRESS_HELP)
 
 
-def add_run_dir_parser(
-    subparsers: Subparsers, name: str, *, help: str, description: str, run_dir_help: str = RUN_DIR_HELP
-) -> argparse.ArgumentParser:
-    """The parser of subcommand ``name``, which reads the run directory given as its RUN_DIR argument."""
-    parser = subparsers.add_parser(name, help=help, description=description)
-    parser.add_argument("run_dir", metavar="RUN_DIR", help=run_dir_help)
-    return parser
+#: The checkpoint flags by the :class:`~flowrl.storage.rundir.RunSpec` keyword each sets (the flag's name is the
+#: keyword's, dashed: ``--checkpoint-freq``), with their ``add_argument`` keywords.
+_CHECKPOINT_FLAGS: dict[str, dict[str, Any]] = {
+    "checkpoint_freq": {
+        "type": int_at_least(0),
+        "metavar": "N",
+        "help": "also checkpoint every N iterations (default 0: off)",
+    },
+    "checkpoint_interval_s": {
+        "type": seconds,
+        "metavar": "S",
+        "help": f"checkpoint when S seconds have passed since the last one "
+        f"(default {DEFAULT_CHECKPOINT_INTERVAL_S:g}; 0: off); "
+        f"a run also checkpoints at the end, on an error and on Ctrl-C, SIGTERM or SIGHUP",
+    },
+    "keep_checkpoints": {
+        "type": int_at_least(1),
+        "metavar": "K",
+        "help": f"keep the newest K checkpoints, deleting older ones (default {DEFAULT_KEEP_CHECKPOINTS})",
+    },
+    "keep_best": {
+        "metavar": "METRIC",
+        "help": "also keep a copy of the checkpoint with the highest METRIC (a result key, e.g. "
+        "episode_reward_mean; a/b for a nested key) in checkpoints/best (default with "
+        "evaluation_interval set: evaluation/episode_reward_mean)",
+    },
+}
+
+
+def add_checkpoint_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags :func:`checkpoint_settings` reads: ``--checkpoint-freq``, ``--checkpoint-interval-s``,
+    ``--keep-checkpoints``, ``--keep-best``."""
+    for key, keywords in _CHECKPOINT_FLAGS.items():
+        parser.add_argument("--" + key.replace("_", "-"), **keywords)
+
+
+def add_results_dir_flag(parser: argparse.ArgumentParser, goes: str) -> None:
+    """``--results-dir DIR``: where the directories the command writes go (``goes``: what goes there)."""
+    parser.add_argument("--results-dir", metavar="DIR", help=f"where {goes} (default ./{DEFAULT_RESULTS_DIR})")
+
+
+def add_last_flag(parser: argparse.ArgumentParser, help: str, default: int | None = None) -> None:
+    """``--last N``: how many of a run's last iterations to read."""
+    parser.add_argument("--last", type=int_at_least(1), default=default, metavar="N", help=help)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flowrl.cli.args import int_at_least
+from flowrl.cli.args import add_command, int_at_least
 from flowrl.cli.exits import EXIT_OK
 from flowrl.errors import CheckpointError
 from flowrl.outputs.progress import format_number
@@ -49,7 +49,9 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers: Subparsers) -> None:
     """Register ``flowrl evaluate`` and its flags."""
-    evaluate = subparsers.add_parser("evaluate", help="run episodes with a checkpoint's policy (deterministic actions)")
+    evaluate = add_command(
+        subparsers, "evaluate", run, help="run episodes with a checkpoint's policy (deterministic actions)"
+    )
     evaluate.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its latest checkpoint)")
     evaluate.add_argument(
         "--episodes", type=int_at_least(1), default=10, metavar="N", help="episodes to run (default 10)"
@@ -60,4 +62,3 @@ def add_parser(subparsers: Subparsers) -> None:
         metavar="DIR",
         help="record every episode as an MP4 file in DIR (needs pip install 'flowrl-ray[video]')",
     )
-    evaluate.set_defaults(func=run)

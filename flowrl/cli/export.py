@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from flowrl.cli.args import add_run_dir_parser, int_at_least
+from flowrl.cli.args import add_command, int_at_least
 from flowrl.cli.exits import EXIT_OK
 
 if TYPE_CHECKING:
@@ -33,16 +33,23 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+HELP = "export a checkpoint's policy as a TorchScript or ONNX model for serving"
+DESCRIPTION = (
+    "Write a model mapping a batch of observations to greedy actions (and what "
+    "they were chosen from), loadable with torch or onnxruntime alone, and a "
+    "JSON file beside it describing its input and outputs."
+)
+
+
 def add_parser(subparsers: Subparsers) -> None:
     """Register ``flowrl export`` and its flags."""
-    exporter = add_run_dir_parser(
+    exporter = add_command(
         subparsers,
         "export",
-        help="export a checkpoint's policy as a TorchScript or ONNX model for serving",
-        description="Write a model mapping a batch of observations to greedy actions (and what "
-        "they were chosen from), loadable with torch or onnxruntime alone, and a "
-        "JSON file beside it describing its input and outputs.",
-        run_dir_help="a run directory or a checkpoint directory",
+        run,
+        help=HELP,
+        description=DESCRIPTION,
+        run_dir="a run directory or a checkpoint directory",
     )
     exporter.add_argument(
         "--checkpoint",
@@ -62,4 +69,3 @@ def add_parser(subparsers: Subparsers) -> None:
     exporter.add_argument(
         "--policy", metavar="ID", help="the policy to export, for checkpoints holding several (multi-agent)"
     )
-    exporter.set_defaults(func=run)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from flowrl.cli.args import add_command
 from flowrl.cli.exits import EXIT_OK
 
 if TYPE_CHECKING:
@@ -29,6 +30,5 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers: Subparsers) -> None:
     """Register ``flowrl list``."""
-    lister = subparsers.add_parser("list", help="list the algorithms (or one algorithm's config keys)")
+    lister = add_command(subparsers, "list", run, help="list the algorithms (or one algorithm's config keys)")
     lister.add_argument("algo", nargs="?", help="show this algorithm's config keys, defaults and docs")
-    lister.set_defaults(func=run)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from flowrl.cli.args import RUN_DIR_HELP, add_config_flags, int_at_least, positive_seconds, train_settings
+from flowrl.cli.args import RUN_DIR_HELP, add_command, add_config_flags, add_last_flag, positive_seconds, train_settings
 from flowrl.cli.exits import EXIT_OK
 from flowrl.errors import CLIError
 
@@ -75,16 +75,18 @@ def _plan_of_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+HELP = "print an algorithm's execution plan graph, or a run's with its measured figures"
+DESCRIPTION = (
+    "Without RUN_DIR: build the plan --algo and --env would run, without Ray, and print "
+    "its graph. With RUN_DIR: draw that run's plan (its plan.json) with each operator "
+    "coloured by its share of the iteration and each edge by its rate, from the plan "
+    "X-ray of its last iterations (result['plan'] in progress.jsonl)."
+)
+
+
 def add_parser(subparsers: Subparsers) -> None:
     """Register ``flowrl plan`` and its flags."""
-    plan = subparsers.add_parser(
-        "plan",
-        help="print an algorithm's execution plan graph, or a run's with its measured figures",
-        description="Without RUN_DIR: build the plan --algo and --env would run, without Ray, and print "
-        "its graph. With RUN_DIR: draw that run's plan (its plan.json) with each operator "
-        "coloured by its share of the iteration and each edge by its rate, from the plan "
-        "X-ray of its last iterations (result['plan'] in progress.jsonl).",
-    )
+    plan = add_command(subparsers, "plan", run, help=HELP, description=DESCRIPTION)
     plan.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help=f"{RUN_DIR_HELP}: draw its plan with its figures")
     add_config_flags(plan)
     plan.add_argument(
@@ -93,11 +95,9 @@ def add_parser(subparsers: Subparsers) -> None:
         default="text",
         help="output format (default text); html (a self-contained page) needs RUN_DIR",
     )
-    plan.add_argument(
-        "--last",
-        type=int_at_least(1),
-        metavar="N",
-        help="with RUN_DIR: average the figures of the last N iterations (default 5; the first "
+    add_last_flag(
+        plan,
+        "with RUN_DIR: average the figures of the last N iterations (default 5; the first "
         "iteration is left out when there are more)",
     )
     plan.add_argument(
@@ -106,4 +106,3 @@ def add_parser(subparsers: Subparsers) -> None:
         help="with RUN_DIR: redraw the text view every --interval seconds, re-reading the run, until Ctrl-C",
     )
     plan.add_argument("--interval", type=positive_seconds, metavar="S", help="--live's redraw interval (default 2 s)")
-    plan.set_defaults(func=run)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from flowrl.cli.args import add_command
 from flowrl.cli.exits import EXIT_OK
 
 if TYPE_CHECKING:
@@ -23,15 +24,17 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+HELP = "draw learning curves of runs (seeds of one setting as mean ± std)"
+DESCRIPTION = (
+    "Draw learning curves from runs' progress.jsonl: runs of one algorithm, env "
+    "and config that differ only in their seed as their mean ± std, each trial "
+    "of a flowrl tune experiment as its own curve. Needs pip install 'flowrl-ray[plot]'."
+)
+
+
 def add_parser(subparsers: Subparsers) -> None:
     """Register ``flowrl plot`` and its flags."""
-    plotter = subparsers.add_parser(
-        "plot",
-        help="draw learning curves of runs (seeds of one setting as mean ± std)",
-        description="Draw learning curves from runs' progress.jsonl: runs of one algorithm, env "
-        "and config that differ only in their seed as their mean ± std, each trial "
-        "of a flowrl tune experiment as its own curve. Needs pip install 'flowrl-ray[plot]'.",
-    )
+    plotter = add_command(subparsers, "plot", run, help=HELP, description=DESCRIPTION)
     plotter.add_argument(
         "run_dirs", nargs="+", metavar="RUN_DIR", help="run directories or flowrl tune experiment directories"
     )
@@ -48,4 +51,3 @@ def add_parser(subparsers: Subparsers) -> None:
         metavar="FILE.png",
         help="image to write; its suffix sets the format: .png, .svg, .pdf (default curve.png)",
     )
-    plotter.set_defaults(func=run)

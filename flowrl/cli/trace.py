@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from flowrl.cli.args import add_run_dir_parser, iteration_window
+from flowrl.cli.args import RUN_DIR_HELP, add_command, iteration_window
 from flowrl.cli.exits import EXIT_OK
 
 if TYPE_CHECKING:
@@ -32,17 +32,18 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+HELP = "write a run's traced iterations as a Chrome / Perfetto trace"
+DESCRIPTION = (
+    "Merge the spans a run recorded (trace/iteration_<n>.json, for the iterations its "
+    "config's trace_iterations names) into one Chrome trace file: the plan's operators "
+    "nested as they pull from each other, and the rollout workers' sample() calls "
+    "with their env and inference seconds."
+)
+
+
 def add_parser(subparsers: Subparsers) -> None:
     """Register ``flowrl trace`` and its flags."""
-    tracer = add_run_dir_parser(
-        subparsers,
-        "trace",
-        help="write a run's traced iterations as a Chrome / Perfetto trace",
-        description="Merge the spans a run recorded (trace/iteration_<n>.json, for the iterations its "
-        "config's trace_iterations names) into one Chrome trace file: the plan's operators "
-        "nested as they pull from each other, and the rollout workers' sample() calls "
-        "with their env and inference seconds.",
-    )
+    tracer = add_command(subparsers, "trace", run, help=HELP, description=DESCRIPTION, run_dir=RUN_DIR_HELP)
     tracer.add_argument(
         "-o", "--output", default="trace.json", metavar="FILE.json", help="the trace file to write (default trace.json)"
     )
@@ -52,4 +53,3 @@ def add_parser(subparsers: Subparsers) -> None:
         metavar="A:B",
         help="the traced iterations from A to B (or N alone) to include (default: every one recorded)",
     )
-    tracer.set_defaults(func=run)

@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flowrl.cli.args import (
+    add_checkpoint_flags,
+    add_command,
     add_config_flags,
+    add_results_dir_flag,
     checkpoint_settings,
     finite_float,
     int_at_least,
-    seconds,
     stop_from_flags,
     tracker_settings,
     train_settings,
@@ -29,16 +31,7 @@ from flowrl.errors import CLIError, RunWarning
 from flowrl.outputs.progress import Verbosity
 from flowrl.runs.resume import find_resume_point, resume_run
 from flowrl.runs.run import start_run
-from flowrl.storage.rundir import (
-    DEFAULT_CHECKPOINT_INTERVAL_S,
-    DEFAULT_KEEP_CHECKPOINTS,
-    DEFAULT_RESULTS_DIR,
-    PARAMS_FILE,
-    PROGRESS_FILE,
-    RunSpec,
-    find_run_dir,
-    read_run_spec,
-)
+from flowrl.storage.rundir import PARAMS_FILE, PROGRESS_FILE, RunSpec, find_run_dir, read_run_spec
 
 if TYPE_CHECKING:
     from flowrl.cli.args import Subparsers
@@ -135,22 +128,22 @@ def _resume(args: argparse.Namespace) -> int:
         return train_until_stopped(resumed, _verbosity(args))
 
 
+HELP = "train an algorithm on an env, writing a run directory"
+DESCRIPTION = (
+    "Train an algorithm on an env. Config precedence: algorithm defaults "
+    "< --config file < --set < --num-workers/--seed."
+)
+
+
 def add_parser(subparsers: Subparsers) -> None:
     """Register ``flowrl train`` and its flags."""
-    train = subparsers.add_parser(
-        "train",
-        help="train an algorithm on an env, writing a run directory",
-        description="Train an algorithm on an env. Config precedence: algorithm defaults "
-        "< --config file < --set < --num-workers/--seed.",
-    )
+    train = add_command(subparsers, "train", run, help=HELP, description=DESCRIPTION)
     add_config_flags(train)
     train.add_argument("--seed", type=int, help="random seed (config key seed); overrides --config and --set")
     train.add_argument("--stop-reward", type=finite_float, metavar="R", help="stop when episode_reward_mean >= R")
     train.add_argument("--stop-timesteps", type=int_at_least(1), metavar="T", help="stop when timesteps_total >= T")
     train.add_argument("--stop-iters", type=int_at_least(1), metavar="I", help="stop when training_iteration >= I")
-    train.add_argument(
-        "--results-dir", metavar="DIR", help=f"where run directories go (default ./{DEFAULT_RESULTS_DIR})"
-    )
+    add_results_dir_flag(train, "run directories go")
     train.add_argument(
         "--storage-path",
         metavar="DIR",
@@ -159,33 +152,7 @@ def add_parser(subparsers: Subparsers) -> None:
         "before training starts (writable; fsync and rename work there). "
         "With --resume, RUN may be a run directory's name under DIR",
     )
-    train.add_argument(
-        "--checkpoint-freq",
-        type=int_at_least(0),
-        metavar="N",
-        help="also checkpoint every N iterations (default 0: off)",
-    )
-    train.add_argument(
-        "--checkpoint-interval-s",
-        type=seconds,
-        metavar="S",
-        help=f"checkpoint when S seconds have passed since the last one "
-        f"(default {DEFAULT_CHECKPOINT_INTERVAL_S:g}; 0: off); "
-        f"a run also checkpoints at the end, on an error and on Ctrl-C, SIGTERM or SIGHUP",
-    )
-    train.add_argument(
-        "--keep-checkpoints",
-        type=int_at_least(1),
-        metavar="K",
-        help=f"keep the newest K checkpoints, deleting older ones (default {DEFAULT_KEEP_CHECKPOINTS})",
-    )
-    train.add_argument(
-        "--keep-best",
-        metavar="METRIC",
-        help="also keep a copy of the checkpoint with the highest METRIC (a result key, e.g. "
-        "episode_reward_mean; a/b for a nested key) in checkpoints/best (default with "
-        "evaluation_interval set: evaluation/episode_reward_mean)",
-    )
+    add_checkpoint_flags(train)
     train.add_argument(
         "--wandb",
         metavar="PROJECT",
@@ -220,4 +187,3 @@ def add_parser(subparsers: Subparsers) -> None:
         "from its latest usable checkpoint (stop and checkpoint flags given here replace its own; "
         "--algo, --env and --seed may repeat its own)",
     )
-    train.set_defaults(func=run)

@@ -10,11 +10,10 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from flowrl.cli.args import ADDRESS_HELP
+from flowrl.cli.args import add_address_flag, add_command, add_experiment_flag, add_results_dir_flag
 from flowrl.cli.exits import EXIT_FAILURE, EXIT_OK, exit_status_for, signal_label
 from flowrl.errors import CLIError
 from flowrl.outputs.progress import format_number
-from flowrl.storage.rundir import DEFAULT_RESULTS_DIR
 
 if TYPE_CHECKING:
     from flowrl.cli.args import Subparsers
@@ -66,28 +65,26 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_FAILURE if summary.errored else EXIT_OK
 
 
+HELP = "search hyperparameters or train a population (PBT) on Ray Tune"
+DESCRIPTION = (
+    "Run the trials of an experiment file on Ray Tune, side by side, and write "
+    "an experiment directory with one run directory per trial and trials.csv."
+)
+
+
 def add_parser(subparsers: Subparsers) -> None:
     """Register ``flowrl tune`` and its flags."""
-    tuner = subparsers.add_parser(
-        "tune",
-        help="search hyperparameters or train a population (PBT) on Ray Tune",
-        description="Run the trials of an experiment file on Ray Tune, side by side, and write "
-        "an experiment directory with one run directory per trial and trials.csv.",
-    )
-    tuner.add_argument(
-        "--config",
-        metavar="FILE",
-        help="YAML or JSON experiment file: a tuned example with search spaces in its config, and "
+    tuner = add_command(subparsers, "tune", run, help=HELP, description=DESCRIPTION)
+    add_experiment_flag(
+        tuner,
+        ": a tuned example with search spaces in its config, and "
         "num_samples, metric, mode, scheduler, search_alg (see docs/tune.md)",
     )
-    tuner.add_argument(
-        "--results-dir", metavar="DIR", help=f"where the experiment directory goes (default ./{DEFAULT_RESULTS_DIR})"
-    )
+    add_results_dir_flag(tuner, "the experiment directory goes")
     tuner.add_argument(
         "--resume",
         metavar="EXP_DIR",
         help="continue the interrupted experiment in EXP_DIR: its unfinished and failed trials go on "
         "from their latest checkpoints, with the experiment's own settings",
     )
-    tuner.add_argument("--address", default=None, help=ADDRESS_HELP)
-    tuner.set_defaults(func=run)
+    add_address_flag(tuner)

@@ -187,20 +187,24 @@ def read_run_spec(run_dir: str | os.PathLike[str]) -> RunSpec:
     return _read_params(Path(run_dir))[0]
 
 
+def read_json_in(directory: Path, name: str, *, kind: str, not_one: str) -> Any:
+    """The JSON file ``name`` of ``directory``, a ``kind`` (e.g. ``"run directory"``); :class:`RunError` when there
+    is no such directory, when it lacks the file (then it "is not ``not_one``") or when the file cannot be read."""
+    if not directory.is_dir():
+        raise RunError(f"{kind} {str(directory)!r}: no such directory")
+    try:
+        return json.loads((directory / name).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunError(f"{str(directory)!r} is not {not_one}: it has no {name}") from None
+    except (OSError, ValueError) as e:
+        raise RunError(f"{kind} {str(directory)!r}: cannot read {name} ({e})") from None
+
+
 def _read_params(run_dir: Path) -> tuple[RunSpec, Path | None]:
     """A run directory's :class:`RunSpec` and the storage path it was started under (None: none), from
     ``params.json``."""
     path = run_dir / PARAMS_FILE
-    if not run_dir.is_dir():
-        raise RunError(f"run directory {str(run_dir)!r}: no such directory")
-    try:
-        params = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RunError(
-            f"run directory {str(run_dir)!r} is not a flowrl run directory: it has no {PARAMS_FILE}"
-        ) from None
-    except (OSError, ValueError) as e:
-        raise RunError(f"run directory {str(run_dir)!r}: cannot read {PARAMS_FILE} ({e})") from None
+    params = read_json_in(run_dir, PARAMS_FILE, kind="run directory", not_one="a flowrl run directory")
     if not isinstance(params, dict) or not all(
         isinstance(params.get(k), t) for k, t in (("algo", str), ("env", str), ("config", dict))
     ):

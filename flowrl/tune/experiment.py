@@ -37,7 +37,7 @@ from flowrl.engine.ray_runtime import start_ray, stop_ray
 from flowrl.errors import ResourceUnavailableError, RunError, RunWarning
 from flowrl.runs.signals import HANDLED_SIGNALS, SignalInterrupt
 from flowrl.storage.results import finite_number, result_value
-from flowrl.storage.rundir import DEFAULT_RESULTS_DIR, json_safe
+from flowrl.storage.rundir import DEFAULT_RESULTS_DIR, json_safe, read_json_in
 from flowrl.tune.spec import TuneSpec, load_spec, parse_spec
 from flowrl.tune.trainable import RunDirectoryLogger, trainable_for, trial_resources
 
@@ -224,17 +224,12 @@ def _write_spec_file(path: Path, spec: TuneSpec) -> None:
 def _read_experiment_dir(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
     """An experiment directory to resume and its ``spec.json`` (:class:`RunError` if it is neither)."""
     directory = Path(path).expanduser().resolve()
-    if not directory.is_dir():
-        raise RunError(f"experiment directory {str(directory)!r}: no such directory")
-    try:
-        saved = json.loads((directory / SPEC_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RunError(
-            f"{str(directory)!r} is not an experiment directory of flowrl tune: it has no {SPEC_FILE}"
-        ) from None
-    except (OSError, ValueError) as e:
-        raise RunError(f"experiment directory {str(directory)!r}: cannot read {SPEC_FILE} ({e})") from None
-    if not all(isinstance(saved.get(key), str) for key in ("algo", "env", "metric", "mode")):
+    saved = read_json_in(
+        directory, SPEC_FILE, kind="experiment directory", not_one="an experiment directory of flowrl tune"
+    )
+    if not isinstance(saved, dict) or not all(
+        isinstance(saved.get(key), str) for key in ("algo", "env", "metric", "mode")
+    ):
         raise RunError(f"experiment directory {str(directory)!r}: {SPEC_FILE} lacks algo, env, metric or mode")
     if not tune.Tuner.can_restore(directory):
         raise RunError(
