@@ -3,7 +3,7 @@
 Knows nothing about reinforcement learning. See ``docs/iterators.md``.
 """
 
-from flowrl.iterators.local import FromActor, LocalIterator, StageNode, StreamTransform, callable_name
+from flowrl.iterators.local import FromActor, LocalIterator, StreamTransform
 from flowrl.iterators.metrics import MetricsContext, SharedMetrics, StageStats, TimerStat
 from flowrl.iterators.parallel import (
     LATE_ITEMS_COUNTER,
@@ -15,6 +15,7 @@ from flowrl.iterators.parallel import (
 )
 from flowrl.iterators.queues import EventQueue, as_event_queue
 from flowrl.iterators.shards import HandOffSpan, ParallelIteratorWorker
+from flowrl.iterators.stages import StageNode, callable_name
 from flowrl.iterators.union import NextValueNotReady
 
 __all__ = [

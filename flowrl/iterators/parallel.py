@@ -21,7 +21,7 @@ from typing import Any, Callable, Generator, Generic, Iterable, Iterator, Sequen
 
 from flowrl.deferred import ray
 from flowrl.errors import IteratorUsageError
-from flowrl.iterators.local import LocalIterator, StageNode
+from flowrl.iterators.local import LocalIterator
 from flowrl.iterators.metrics import TRANSFERRING, WAITING, SharedMetrics, account, current_metrics
 from flowrl.iterators.shards import (
     _END,
@@ -35,6 +35,7 @@ from flowrl.iterators.shards import (
     _shard_failures,
     _ShardStreams,
 )
+from flowrl.iterators.stages import StageNode
 from flowrl.iterators.union import NextValueNotReady
 
 T = TypeVar("T")

@@ -4,8 +4,9 @@ A run directory holds its plan's graph (``plan.json``, written when the run star
 and, in every result of ``progress.jsonl``, the plan X-ray (``result["plan"]``, see
 :mod:`flowrl.plan.xray`). :func:`load_view` reads both and averages the X-ray over the run's last
 iterations (the first iteration, a warm-up, is left out when there are others) into a
-:class:`~flowrl.plan.render.PlanView`, which :mod:`flowrl.plan.render` draws as text, Mermaid, DOT
-or HTML (:func:`render_run`); :func:`watch_run` redraws the text as a running run goes on.
+:class:`~flowrl.plan.render.PlanView`, which :mod:`flowrl.plan.render` draws as text, Mermaid or DOT
+and :mod:`flowrl.plan.html` as HTML (:func:`render` picks one by format name; :func:`render_run`);
+:func:`watch_run` redraws the text as a running run goes on.
 
 ``flowrl plan RUN_DIR [--format text|mermaid|dot|html] [--last N] [--live]`` prints them.
 """
@@ -16,17 +17,20 @@ import json
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 from flowrl.errors import FlowRLError, RunError
 from flowrl.plan.graph import PlanGraph, graph_from_dict
-from flowrl.plan.render import Format, PlanView, as_number, render
+from flowrl.plan.html import render_html
+from flowrl.plan.render import PlanView, as_number, render_dot, render_mermaid, render_text
 from flowrl.storage.results import finite_number
 from flowrl.storage.rundir import PLAN_FILE, PROGRESS_FILE, RunSpec, read_results, read_run_spec
 
 DEFAULT_LAST = 5
+
+Format = Literal["text", "mermaid", "dot", "html"]
 
 
 class NoXRayError(RunError):
@@ -127,6 +131,19 @@ def load_view(run_dir: str | os.PathLike[str], last: int = DEFAULT_LAST) -> Plan
         raise NoXRayError(f"run directory {str(directory)!r}: {why}")
     iterations = tuple(int(r.get("training_iteration") or 0) for r in window)
     return PlanView(directory, spec.algo, graph, iterations, average_xray([r["plan"] for r in window]))
+
+
+_RENDERERS: dict[str, Callable[[PlanView], str]] = {
+    "text": render_text,
+    "mermaid": render_mermaid,
+    "dot": render_dot,
+    "html": render_html,
+}
+
+
+def render(view: PlanView, fmt: Format = "text") -> str:
+    """``view`` drawn in format ``fmt``."""
+    return _RENDERERS[fmt](view)
 
 
 def render_run(run_dir: str | os.PathLike[str], fmt: Format = "text", last: int = DEFAULT_LAST) -> str:

@@ -1,5 +1,5 @@
 """flowrl plan RUN_DIR: a run's plan.json and its X-ray drawn as text, Mermaid, DOT and HTML
-(flowrl.plan.views, flowrl.plan.render)."""
+(flowrl.plan.views, flowrl.plan.render, flowrl.plan.html)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from fakes import progress
 from flowrl.cli import main as cli
 from flowrl.errors import FlowRLError, RunError
 from flowrl.plan.graph import PlanGraph, graph_from_dict
-from flowrl.plan.render import render_dot, render_html, render_mermaid, render_text, share_colour
+from flowrl.plan.html import render_html
+from flowrl.plan.render import render_dot, render_mermaid, render_text, share_colour
 from flowrl.plan.views import NoXRayError, average_xray, load_view, read_plan_graph, render_run, watch_run, xray_window
 from flowrl.runs.resume import find_resume_point, resume_run
 from flowrl.runs.run import start_run

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -25,6 +24,7 @@ import numpy as np
 
 from flowrl.actors.sampling.checks import ObservationCheck, reward_problem
 from flowrl.actors.sampling.episode_hooks import EpisodeHooks
+from flowrl.actors.sampling.fragment import _Fragment
 from flowrl.actors.sampling.recovery import EnvMaker, EpisodeStats, FaultTolerantSampler, no_clock
 from flowrl.data import SampleBatch, concat_samples
 from flowrl.envs.checker import abbreviate
@@ -34,33 +34,6 @@ from flowrl.policy.filters import MeanStdFilter, filter_fragment
 from flowrl.policy.protocols import SamplingPolicy
 
 BATCH_MODES = ("truncate_episodes", "complete_episodes")
-
-
-@dataclass
-class _Fragment:
-    """One ``_run``'s ``[T, n, ...]`` columns, which of their rows to return, and the episodes it finished."""
-
-    columns: dict[str, np.ndarray]
-    keep: np.ndarray
-    #: ``(episode id, stats)``: published once the fragment's checks passed (a check may drop one).
-    finished: list[tuple[int, EpisodeStats]] = field(default_factory=list)
-    #: The observations the policy acted on, where an observation filter changed them.
-    filtered: np.ndarray | None = None
-    #: The policy's actions and extra outputs, made at the first row (their shapes come from the policy).
-    actions: np.ndarray | None = None
-    extras: dict[str, np.ndarray] = field(default_factory=dict)
-
-    def add_actions(self, step: int, actions: np.ndarray, extra: dict[str, np.ndarray]) -> None:
-        """Write the policy's ``actions`` and ``extra`` outputs into row ``step``."""
-        actions_buf = self.actions
-        if actions_buf is None:
-            T = len(self.keep)
-            actions_buf = self.actions = np.empty((T, *actions.shape), dtype=actions.dtype)
-            self.extras = {k: np.empty((T, *v.shape), dtype=v.dtype) for k, v in extra.items()}
-        actions_buf[step] = actions
-        extra_bufs = self.extras
-        for key, value in extra.items():
-            extra_bufs[key][step] = value
 
 
 class VectorSampler(FaultTolerantSampler):
@@ -157,12 +130,12 @@ class VectorSampler(FaultTolerantSampler):
         if self.batch_mode == "truncate_episodes":
             fragment = self._run()
             if not self.policy.postprocesses:  # the pieces would be concatenated unchanged
-                return self._whole(fragment)
-            return concat_samples([self.policy.postprocess_trajectory(p) for p in self._pieces(fragment)])
+                return fragment.whole()
+            return concat_samples([self.policy.postprocess_trajectory(p) for p in fragment.pieces()])
         done: list[SampleBatch] = []
         target = self.fragment_length * len(self.envs)
         while sum(b.count for b in done) < target:
-            for piece in self._pieces(self._run()):
+            for piece in self._run().pieces():
                 env_index = int(piece[SampleBatch.ENV_ID][0])
                 self._carry[env_index].append(piece)
                 last = len(piece) - 1
@@ -491,31 +464,3 @@ class VectorSampler(FaultTolerantSampler):
         if carry and int(carry[0][SampleBatch.EPS_ID][0]) == eps_id:
             self._carry[i] = []
         return not len(after)
-
-    def _whole(self, fragment: _Fragment) -> SampleBatch:
-        """The ``[T, n]`` columns as one batch, env by env (the rows of :meth:`_pieces` concatenated),
-        dropped episodes left out."""
-        T, n = self.fragment_length, len(self.envs)
-        columns = {k: v.swapaxes(0, 1).reshape(T * n, *v.shape[2:]) for k, v in fragment.columns.items()}
-        columns[SampleBatch.ENV_ID] = np.repeat(np.arange(n, dtype=np.int64), T)
-        keep = fragment.keep.T.reshape(-1)
-        if not keep.all():
-            columns = {k: v[keep] for k, v in columns.items()}
-        return SampleBatch(columns)
-
-    def _pieces(self, fragment: _Fragment) -> list[SampleBatch]:
-        """Cut ``[T, n]`` columns into one batch per env and episode part, leaving out dropped episodes."""
-        T, n = self.fragment_length, len(self.envs)
-        columns = fragment.columns
-        ends = columns[SampleBatch.TERMINATEDS] | columns[SampleBatch.TRUNCATEDS]
-        pieces: list[SampleBatch] = []
-        for i in range(n):
-            env_columns: dict[str, Any] = {k: v[:, i] for k, v in columns.items()}
-            env_columns[SampleBatch.ENV_ID] = np.full(T, i, dtype=np.int64)
-            bounds = [0, *(np.flatnonzero(ends[:, i]) + 1).tolist()]
-            if bounds[-1] != T:
-                bounds.append(T)
-            for start, stop in zip(bounds[:-1], bounds[1:]):
-                if fragment.keep[start, i]:  # a dropped episode's rows are exactly whole pieces
-                    pieces.append(SampleBatch({k: v[start:stop] for k, v in env_columns.items()}))
-        return pieces
