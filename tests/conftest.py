@@ -22,6 +22,7 @@ import logging
 import multiprocessing.process
 import os
 import platform
+import signal
 import subprocess
 from typing import Any, Iterator, NoReturn
 
@@ -42,6 +43,18 @@ def ray_session() -> Iterator[None]:
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.ERROR)
     yield
     ray.shutdown()
+
+
+@pytest.fixture
+def sighup_default() -> Iterator[None]:
+    """SIGHUP with its default action, as a terminal's session has it: a session started under ``nohup``
+    ignores SIGHUP, and a run rightly keeps ignoring it (see ``flowrl.runs.signals``), so a test that
+    sends SIGHUP sets the disposition it relies on."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL if previous is None else previous)
 
 
 def _heavier_than_unit(item: pytest.Item) -> bool:

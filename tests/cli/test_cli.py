@@ -305,7 +305,11 @@ def send_at_call(n: int, signum: int, monkeypatch: pytest.MonkeyPatch) -> list[i
 
 
 def test_sighup_saves_a_checkpoint_and_exits_129(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, ray_session: None
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    ray_session: None,
+    sighup_default: None,
 ) -> None:
     send_at_call(3, signal.SIGHUP, monkeypatch)
     assert train(tmp_path, "--stop-iters", "5") == 129

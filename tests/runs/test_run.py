@@ -13,7 +13,7 @@ import shutil
 import signal
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -310,17 +310,6 @@ def test_no_emergency_checkpoint_of_a_broken_state_nor_of_one_already_saved(
             run.train()
     assert checkpoints(run.directory) == ["checkpoint_000002"]
     assert run.failure is not None and not run.failure.saved and run.failure.not_saved_because is None
-
-
-@pytest.fixture
-def sighup_default() -> Iterator[None]:
-    """SIGHUP with its default action, as a terminal's session has it: a session started under ``nohup``
-    ignores SIGHUP, and a run rightly keeps ignoring it (see ``interrupting_signals``)."""
-    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGHUP, signal.SIG_DFL if previous is None else previous)
 
 
 def test_sighup_ends_training_with_a_checkpoint(tmp_path: Path, ray_session: None, sighup_default: None) -> None:
