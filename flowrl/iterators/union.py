@@ -142,15 +142,17 @@ class _Waiter:
 
     def after_pass(
         self, markers: Sequence[NextValueNotReady], moved: bool, timeout: float | None
-    ) -> Iterator[NextValueNotReady]:
+    ) -> NextValueNotReady | None:
         """End a union's pass over its children: when one ``moved`` (gave an item or ended), forget the backoff;
-        when none did, yield one marker for them all (non-blocking, ``timeout`` not None) or block until one may."""
+        when none did, return one marker for them all to yield (non-blocking, ``timeout`` not None) or block
+        until one may (None: nothing to yield)."""
         if moved:
             self.reset()
         elif timeout is not None:
-            yield NextValueNotReady.merge(markers)
+            return NextValueNotReady.merge(markers)
         else:
             self.wait(markers)
+        return None
 
 
 def _check_weights(weights: Sequence[int | str] | None, n: int) -> list[int | None] | None:
@@ -194,7 +196,9 @@ def _async_base(children: Sequence[Iterator[Any]]) -> Callable[[float | None], I
                 else:
                     progressed = True
                     yield item
-            yield from waiter.after_pass(markers, progressed or not active, timeout)
+            marker = waiter.after_pass(markers, progressed or not active, timeout)
+            if marker is not None:
+                yield marker
 
     return base
 
@@ -232,6 +236,8 @@ def _round_robin_base(
                         yield item  # keep the order: retry this child when resumed
                     else:
                         waiter.wait([item])
-            yield from waiter.after_pass(markers, progressed or not active, timeout)
+            marker = waiter.after_pass(markers, progressed or not active, timeout)
+            if marker is not None:
+                yield marker
 
     return base
