@@ -52,6 +52,14 @@ class BundleRequest:
     count_key: str = ""
     on_driver_node: bool = False
 
+    @classmethod
+    def from_config(
+        cls, role: str, config: object, count_key: str, keys: Mapping[str, str], *, on_driver_node: bool = False
+    ) -> "BundleRequest":
+        """``config.<count_key>`` bundles of the resources that the config keys in ``keys`` (resource to key) give."""
+        resources = {name: getattr(config, key) for name, key in keys.items()}
+        return cls(role, getattr(config, count_key), resources, dict(keys), count_key, on_driver_node)
+
     def term(self, name: str) -> str:
         """How much of resource ``name`` the request asks for, in config keys:
         ``num_workers=4 x num_cpus_per_worker=1``."""

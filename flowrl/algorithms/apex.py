@@ -102,16 +102,9 @@ class ApexConfig(DQNConfig):
 
 def bundles(config: ApexConfig) -> list[BundleRequest]:
     """A bundle per replay shard when they ask for CPUs (on the driver's node unless spread)."""
-    return [
-        BundleRequest(
-            REPLAY_SHARD,
-            config.num_replay_shards,
-            {"CPU": config.num_cpus_per_replay_shard},
-            {"CPU": "num_cpus_per_replay_shard"},
-            "num_replay_shards",
-            on_driver_node=config.replay_shard_placement == "driver_node",
-        )
-    ]
+    on_driver_node = config.replay_shard_placement == "driver_node"
+    cpus = {"CPU": "num_cpus_per_replay_shard"}
+    return [BundleRequest.from_config(REPLAY_SHARD, config, "num_replay_shards", cpus, on_driver_node=on_driver_node)]
 
 
 def make_resources(workers: WorkerSet, config: ApexConfig) -> PlanResources:

@@ -159,13 +159,7 @@ class TrainBatching:
 def bundles(config: ImpalaConfig) -> list[BundleRequest]:
     """A bundle per aggregator actor (none without tree aggregation)."""
     return [
-        BundleRequest(
-            AGGREGATOR,
-            config.num_aggregation_workers,
-            {"CPU": config.num_cpus_per_aggregator},
-            {"CPU": "num_cpus_per_aggregator"},
-            "num_aggregation_workers",
-        )
+        BundleRequest.from_config(AGGREGATOR, config, "num_aggregation_workers", {"CPU": "num_cpus_per_aggregator"})
     ]
 
 

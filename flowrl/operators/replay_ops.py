@@ -141,7 +141,30 @@ def _index_of(shards: Sequence[Any], actor: Any) -> int | None:
         return None
 
 
-class StoreToReplayBuffer(Operator):
+class _ShardWriter(Operator):
+    """An operator that writes to a local replay buffer or, through bounded calls, to replay shards
+    (``_needs_one_target``: exactly one of the two)."""
+
+    _call_name = ""
+    _needs_one_target = False
+
+    def __init__(
+        self,
+        local_buffer: ReplayBufferLike | None = None,
+        *,
+        actors: Sequence[Any] | None = None,
+        max_in_flight: int | None = None,
+        timeout_s: float = SHARD_CALL_TIMEOUT_S,
+    ) -> None:
+        if self._needs_one_target and (local_buffer is None) == (actors is None):
+            raise FlowRLError(f"{type(self).__name__} needs exactly one of local_buffer= or actors=")
+        self.local_buffer = local_buffer
+        # Not copied: a replaced shard must be seen in place of the dead one.
+        self.actors: Sequence[Any] | None = actors
+        self._calls = _ShardCalls(actors, self._call_name, max_in_flight, timeout_s)
+
+
+class StoreToReplayBuffer(_ShardWriter):
     """Add each batch to a local replay buffer, or to a random one of the replay actors (pass-through).
 
     The buffers are owned outside the plan (:class:`~flowrl.actors.PlanResources`), which
@@ -153,30 +176,18 @@ class StoreToReplayBuffer(Operator):
     and the shard recreated when ``actors`` are :class:`~flowrl.actors.ReplayShards`.
     """
 
-    def __init__(
-        self,
-        *,
-        local_buffer: ReplayBufferLike | None = None,
-        actors: Sequence[Any] | None = None,
-        max_in_flight: int | None = None,
-        timeout_s: float = SHARD_CALL_TIMEOUT_S,
-    ) -> None:
-        if (local_buffer is None) == (actors is None):
-            raise FlowRLError("StoreToReplayBuffer needs exactly one of local_buffer= or actors=")
-        self.local_buffer = local_buffer
-        # Not copied: a replaced shard must be seen in place of the dead one.
-        self.actors: Sequence[Any] = actors if actors is not None else ()
-        self._writes = _ShardCalls(self.actors, "store a batch", max_in_flight, timeout_s)
+    _call_name = "store a batch"
+    _needs_one_target = True
 
     @property
     def pending_writes(self) -> int:
         """Writes sent to the replay shards and not yet seen to finish."""
-        return len(self._writes.pending)
+        return len(self._calls.pending)
 
     @property
     def num_lost_replay_writes(self) -> int:
         """Writes that never reached a buffer because their shard died."""
-        return self._writes.num_lost
+        return self._calls.num_lost
 
     def plan_links(self) -> list[ActorLink]:
         """Adds batches to the replay shards (nothing for a local buffer)."""
@@ -186,10 +197,11 @@ class StoreToReplayBuffer(Operator):
         if self.local_buffer is not None:
             self.local_buffer.add_batch(batch)
             return batch
-        self._writes.make_room()
-        index = random.randrange(len(self.actors))
-        actor = self.actors[index]
-        self._writes.add(actor.add_batch.remote(batch), actor, index)
+        self._calls.make_room()
+        actors = self.actors or ()
+        index = random.randrange(len(actors))
+        actor = actors[index]
+        self._calls.add(actor.add_batch.remote(batch), actor, index)
         return batch
 
 
@@ -301,7 +313,7 @@ class MixInReplay(StatefulOperator):
         return [batch, *replayed]
 
 
-class UpdatePriorities(Operator):
+class UpdatePriorities(_ShardWriter):
     """Set the replayed rows' new priorities where they were replayed from (pass-through).
 
     Consumes :class:`~flowrl.operators.train_ops.Trained` (TrainOneStep's, replayed from
@@ -320,28 +332,18 @@ class UpdatePriorities(Operator):
     dead shard is an error.
     """
 
-    def __init__(
-        self,
-        local_buffer: ReplayBufferLike | None = None,
-        *,
-        actors: Sequence[Any] | None = None,
-        max_in_flight: int | None = None,
-        timeout_s: float = SHARD_CALL_TIMEOUT_S,
-    ) -> None:
-        self.local_buffer = local_buffer
-        self.actors = actors
-        self._updates = _ShardCalls(actors, "update priorities", max_in_flight, timeout_s)
-        self._num_dropped_stale = 0
+    _call_name = "update priorities"
+    _num_dropped_stale = 0
 
     @property
     def pending_updates(self) -> int:
         """Priority updates sent to the replay shards and not yet seen to finish."""
-        return len(self._updates.pending)
+        return len(self._calls.pending)
 
     @property
     def num_dropped_priority_updates(self) -> int:
         """Priority updates dropped because their shard had died."""
-        return self._updates.num_lost + self._num_dropped_stale
+        return self._calls.num_lost + self._num_dropped_stale
 
     def plan_links(self) -> list[ActorLink]:
         """Sends priorities back to the replay shards (nothing for a local buffer)."""
@@ -361,14 +363,14 @@ class UpdatePriorities(Operator):
         return item
 
     def _send(self, shard: Any, priorities: dict[str, Any]) -> None:
-        self._updates.make_room()
+        self._calls.make_room()
         if isinstance(self.actors, ReplayShards) and self.actors.was_replaced(shard):
             self._num_dropped_stale += 1
             self.actors.num_lost_calls += 1
             logger.debug("dropped priorities for replay shard %s: it died and was replaced", shard)
             return
         index = _index_of(self.actors, shard) if self.actors is not None else None
-        self._updates.add(shard.update_priorities.remote(priorities), shard, index)
+        self._calls.add(shard.update_priorities.remote(priorities), shard, index)
 
 
 class ThrottleSampling(StreamTransform):
