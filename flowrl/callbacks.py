@@ -122,7 +122,7 @@ def callbacks_class(value: Any) -> type[Callbacks]:
     """
     found: Any = value
     if isinstance(value, str):
-        found = import_callable(value)
+        found = import_callable(value, key="callbacks")
     if not (isinstance(found, type) and issubclass(found, Callbacks)):
         shown = found.__qualname__ if isinstance(found, type) else f"a {type(found).__name__}"
         raise FlowRLError(f"{shown} is not a subclass of flowrl.callbacks.Callbacks")

@@ -1,4 +1,8 @@
-"""``flowrl evaluate``: episodes run with a checkpoint's policy (deterministic actions), and their rewards."""
+"""``flowrl evaluate``: episodes run with a checkpoint's policy (deterministic actions), and their rewards.
+
+The policy is read from the checkpoint's portable files (:func:`flowrl.serve.evaluate.evaluate_policy_files`):
+nothing is unpickled, and no module the checkpoint names is imported unless ``--allow-import`` allows it.
+"""
 
 from __future__ import annotations
 
@@ -6,34 +10,24 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flowrl.cli.args import add_command, int_at_least
+from flowrl.cli.args import add_allow_import_flag, add_command, int_at_least
 from flowrl.cli.exits import EXIT_OK
-from flowrl.errors import CheckpointError
+from flowrl.errors import install_hint
 from flowrl.outputs.progress import format_number
-from flowrl.storage.checkpoints import METADATA_FILE, latest_checkpoint
-from flowrl.storage.rundir import CHECKPOINTS_DIR
 
 if TYPE_CHECKING:
     from flowrl.cli.args import Subparsers
 
 
-def _resolve_checkpoint(path: Path) -> Path:
-    """A checkpoint directory, or the latest checkpoint of a run directory or a ``checkpoints/`` directory."""
-    if (path / METADATA_FILE).is_file() or not path.is_dir():
-        return path  # read_checkpoint reports what is wrong with it
-    for directory in (path / CHECKPOINTS_DIR, path):
-        found = latest_checkpoint(directory) if directory.is_dir() else None
-        if found is not None:
-            return found
-    raise CheckpointError(f"{str(path)!r} is neither a checkpoint nor a directory holding checkpoint_* directories")
-
-
 def run(args: argparse.Namespace) -> int:
     """``flowrl evaluate CHECKPOINT``: run the episodes and print their rewards and lengths."""
-    from flowrl.engine.build import evaluate_checkpoint
+    from flowrl.serve.evaluate import evaluate_policy_files  # loads PyTorch: only for this command
+    from flowrl.serve.inference import checkpoint_dir
 
-    checkpoint = _resolve_checkpoint(Path(args.checkpoint))
-    stats = evaluate_checkpoint(checkpoint, num_episodes=args.episodes, seed=args.seed, video_dir=args.video)
+    checkpoint = checkpoint_dir(Path(args.checkpoint))
+    stats = evaluate_policy_files(
+        checkpoint, num_episodes=args.episodes, seed=args.seed, video_dir=args.video, allow_imports=args.allow_imports
+    )
     print(f"checkpoint: {checkpoint} ({stats['algo']} on {stats['env']}, iteration {stats['iteration']})")
     print(f"{args.episodes} episode{'s' if args.episodes != 1 else ''}, deterministic actions:")
     print(
@@ -52,7 +46,11 @@ def add_parser(subparsers: Subparsers) -> None:
     evaluate = add_command(
         subparsers, "evaluate", run, help="run episodes with a checkpoint's policy (deterministic actions)"
     )
-    evaluate.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its latest checkpoint)")
+    evaluate.add_argument(
+        "checkpoint",
+        help="a checkpoint directory, a run directory (its latest checkpoint) or a flowrl tune trial "
+        "directory (its best checkpoint by the experiment's metric)",
+    )
     evaluate.add_argument(
         "--episodes", type=int_at_least(1), default=10, metavar="N", help="episodes to run (default 10)"
     )
@@ -60,5 +58,6 @@ def add_parser(subparsers: Subparsers) -> None:
     evaluate.add_argument(
         "--video",
         metavar="DIR",
-        help="record every episode as an MP4 file in DIR (needs pip install 'flowrl-ray[video]')",
+        help=f"record every episode as an MP4 file in DIR (needs {install_hint('video')})",
     )
+    add_allow_import_flag(evaluate)

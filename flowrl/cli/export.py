@@ -7,8 +7,9 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from flowrl.cli.args import add_command, int_at_least
+from flowrl.cli.args import add_allow_import_flag, add_command, int_at_least
 from flowrl.cli.exits import EXIT_OK
+from flowrl.errors import install_hint
 
 if TYPE_CHECKING:
     from flowrl.cli.args import Subparsers
@@ -19,7 +20,12 @@ def run(args: argparse.Namespace) -> int:
     from flowrl.serve.export import export_policy  # loads PyTorch: only for this command
 
     model = export_policy(
-        args.run_dir, format=args.format, out=args.out, policy_id=args.policy, checkpoint=args.checkpoint
+        args.run_dir,
+        format=args.format,
+        out=args.out,
+        policy_id=args.policy,
+        checkpoint=args.checkpoint,
+        allow_imports=args.allow_imports,
     )
     description = json.loads(model.with_name(model.name + ".json").read_text(encoding="utf-8"))
 
@@ -49,19 +55,19 @@ def add_parser(subparsers: Subparsers) -> None:
         run,
         help=HELP,
         description=DESCRIPTION,
-        run_dir="a run directory or a checkpoint directory",
+        run_dir="a run directory, a checkpoint directory or a flowrl tune trial directory (its best checkpoint)",
     )
     exporter.add_argument(
         "--checkpoint",
         type=int_at_least(0),
         metavar="N",
-        help="export the run's checkpoint_N (default: its latest checkpoint)",
+        help="export the run's checkpoint of iteration N (default: its latest; a Tune trial's: its best)",
     )
     exporter.add_argument(
         "--format",
         choices=("torchscript", "onnx"),
         required=True,
-        help="torchscript (.pt, needs torch) or onnx (.onnx, needs onnxruntime; pip install 'flowrl-ray[export]')",
+        help=f"torchscript (.pt, needs torch) or onnx (.onnx, needs onnxruntime; {install_hint('export')})",
     )
     exporter.add_argument(
         "--out", metavar="DIR", help="directory to write into (default: exports/<checkpoint> in the run directory)"
@@ -69,3 +75,4 @@ def add_parser(subparsers: Subparsers) -> None:
     exporter.add_argument(
         "--policy", metavar="ID", help="the policy to export, for checkpoints holding several (multi-agent)"
     )
+    add_allow_import_flag(exporter)

@@ -103,7 +103,7 @@ def policy_mapping_fn_problems(fn: Any) -> list[str]:
         return []
     if isinstance(fn, str):
         try:
-            import_callable(fn)
+            import_callable(fn, key="policy_mapping_fn")
         except FlowRLError as e:
             return [f"policy_mapping_fn={fn!r}: {e}"]
         return []

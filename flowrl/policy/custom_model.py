@@ -80,7 +80,7 @@ def custom_model_class(value: Any) -> type[nn.Module]:
 
     Raises :class:`~flowrl.errors.FlowRLError` saying why it is not one.
     """
-    found: Any = import_callable(value) if isinstance(value, str) else value
+    found: Any = import_callable(value, key="model.custom_model") if isinstance(value, str) else value
     if not (isinstance(found, type) and issubclass(found, nn.Module)):
         shown = found.__qualname__ if isinstance(found, type) else f"a {type(found).__name__}"
         raise FlowRLError(f"{shown} is not a subclass of torch.nn.Module")

@@ -27,7 +27,7 @@ def policy_mapping(policy_mapping_fn: PolicyMappingFn | str | None, policy_ids: 
     Raises a :class:`~flowrl.errors.FlowRLError` if it is None with several policies.
     """
     if isinstance(policy_mapping_fn, str):
-        return import_callable(policy_mapping_fn)
+        return import_callable(policy_mapping_fn, key="policy_mapping_fn")
     if policy_mapping_fn is not None:
         return policy_mapping_fn
     if len(policy_ids) != 1:

@@ -16,14 +16,16 @@ chosen from:
 
 Loading it needs only ``torch`` (TorchScript: ``torch.jit.load``) or only ``onnxruntime`` (ONNX);
 the batch dimension is dynamic. The run's observation filter is inside the model, and
-observations of a Dict or Tuple space go in flattened. Beside the model, ``<model file>.json``
-describes its input (name, dtype, shape), its outputs and the spaces, so a server can check
-what it is handed::
+observations of a Dict or Tuple space go in flattened. A policy of a masked observation space (a Dict
+of ``"observations"`` and ``"action_mask"``) takes two inputs: the flattened ``"observations"`` part as
+``obs``, and ``action_mask`` (``[batch, n]`` bools, True: legal); its actions are legal ones. Beside
+the model, ``<model file>.json`` describes its inputs (name, dtype, shape), its outputs and the spaces,
+so a server can check what it is handed::
 
     path = export_policy("flowrl_results/ppo_CartPole-v1_20240101-120000", format="onnx")
     # .../exports/checkpoint_000010/default_policy.onnx (+ default_policy.onnx.json)
 
-ONNX export needs the ``export`` extra (``pip install 'flowrl-ray[export]'``: onnx, onnxscript for
+ONNX export needs the ``export`` extra (:func:`~flowrl.errors.install_hint`; onnx, onnxscript for
 PyTorch's exporter, and onnxruntime, with which every export is checked before it is kept).
 """
 
@@ -37,7 +39,7 @@ import logging
 import os
 import re
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +50,13 @@ from gymnasium.spaces.utils import flatdim
 
 from flowrl._version import __version__
 from flowrl.data import DEFAULT_POLICY_ID
-from flowrl.envs.flatten import flatten_observation, is_structured
-from flowrl.errors import CheckpointError, RunError
+from flowrl.envs.flatten import action_mask_of, flatten_observation, is_masked, is_structured, model_space
+from flowrl.errors import RunError, install_hint
 from flowrl.policy import TorchPolicy
 from flowrl.policy.model_options import is_image_space
 from flowrl.serve.greedy import BATCH, GreedyPolicyModule, _dims, _greedy_module, _Output
-from flowrl.serve.inference import POLICIES_JSON, InferencePolicy, load_policy, space_to_json
-from flowrl.storage.checkpoints import list_checkpoints
+from flowrl.serve.inference import POLICIES_JSON, InferencePolicy, checkpoint_dir, load_policy
+from flowrl.serve.spaces import space_to_json
 from flowrl.storage.rundir import CHECKPOINTS_DIR, PARAMS_FILE
 
 FORMATS = ("torchscript", "onnx")
@@ -63,6 +65,7 @@ DESCRIPTION_FORMAT = "flowrl-export"
 DESCRIPTION_VERSION = 1
 EXPORTS_DIR = "exports"
 INPUT_NAME = "obs"
+MASK_INPUT_NAME = "action_mask"
 _SUFFIXES = {"torchscript": ".pt", "onnx": ".onnx"}
 # The batch the model is traced with: neither 0 nor 1, which torch.export would treat as fixed sizes.
 _TRACE_BATCH = 3
@@ -75,19 +78,24 @@ def export_policy(
     out: str | os.PathLike[str] | None = None,
     policy_id: str | None = None,
     checkpoint: int | None = None,
+    allow_imports: Iterable[str] | None = None,
 ) -> Path:
     """Export one policy of a checkpoint as a TorchScript (``.pt``) or ONNX (``.onnx``) model; returns its path.
 
     ``path``: a run directory (its latest checkpoint, or ``checkpoint_<checkpoint>`` when
-    ``checkpoint`` is given) or a checkpoint directory. ``format``: ``"torchscript"`` or
-    ``"onnx"``. ``out``: the directory to write into (default ``exports/<checkpoint name>`` in the
-    run directory; for a checkpoint outside a run directory, in the current directory).
+    ``checkpoint`` is given), a checkpoint directory or a Tune trial directory (its best
+    checkpoint). ``format``: ``"torchscript"`` or ``"onnx"``. ``out``: the directory to write into
+    (default ``exports/<checkpoint name>`` in the run directory; for a checkpoint outside a run
+    directory, in the current directory).
     ``policy_id``: which policy (needed when the checkpoint holds several). The model is written
     as ``<policy_id>.pt`` or ``.onnx``, with its description in ``<model file>.json``.
+    ``allow_imports``: the modules the checkpoint may name and have imported, as for
+    :func:`~flowrl.serve.inference.load_policy` (by default none).
 
-    Raises :class:`~flowrl.errors.CheckpointError` for a checkpoint that is missing, damaged or
-    lacks the policy, and :class:`~flowrl.errors.RunError` for an unknown format, a missing
-    optional dependency, or a policy whose model or spaces cannot be exported (saying why).
+    Raises :class:`~flowrl.errors.CheckpointError` for a checkpoint that is missing, damaged,
+    lacks the policy or names a module not allowed, and :class:`~flowrl.errors.RunError` for an
+    unknown format, a missing optional dependency, or a policy whose model or spaces cannot be
+    exported (saying why).
     """
     if format not in FORMATS:
         raise RunError(f"export format {format!r} is not one of {', '.join(FORMATS)}")
@@ -95,13 +103,13 @@ def export_policy(
         _check_onnx_dependencies()
     directory = find_checkpoint(path, checkpoint)
     policy_id = _choose_policy(directory, policy_id)
-    inference = load_policy(directory, policy_id)
+    inference = load_policy(directory, policy_id, allow_imports=allow_imports)
     policy = inference.policy
     what = f"policy {policy_id!r} of {str(directory)!r} ({inference.algo})"
     if not isinstance(policy, TorchPolicy):
         raise RunError(f"{what} is a {type(policy).__name__}, not a TorchPolicy: only PyTorch models can be exported")
     module, outputs = _greedy_module(policy, inference.observation_filter, what)
-    example = _observations(policy.observation_space, _TRACE_BATCH)
+    example = _inputs(policy.observation_space, _TRACE_BATCH, module.masked)
     target = Path(out) if out is not None else _default_out(directory)
     target.mkdir(parents=True, exist_ok=True)
     model_file = target / f"{_file_stem(policy_id)}{_SUFFIXES[format]}"
@@ -118,33 +126,9 @@ def export_policy(
 
 
 def find_checkpoint(path: str | os.PathLike[str], checkpoint: int | None = None) -> Path:
-    """The checkpoint directory ``path`` names: itself, or a run directory's latest (or ``checkpoint_<checkpoint>``).
-
-    A run directory keeps its checkpoints in ``checkpoints/`` (a Tune trial directory: beside
-    its files). Raises :class:`~flowrl.errors.CheckpointError` naming what exists instead.
-    """
-    path = Path(path)
-    if (path / POLICIES_JSON).is_file():
-        if checkpoint is not None:
-            raise CheckpointError(
-                f"{str(path)!r} is a checkpoint directory; checkpoint {checkpoint} picks one of "
-                "a run directory's checkpoints: give the run directory"
-            )
-        return path
-    if not path.is_dir():
-        raise CheckpointError(f"{str(path)!r} does not exist or is not a directory")
-    found = next((f for f in (list_checkpoints(path / CHECKPOINTS_DIR), list_checkpoints(path)) if f), [])
-    if not found:
-        return path  # load_policy says what is wrong with it
-    if checkpoint is None:
-        return found[-1]
-    numbered = {int(p.name.rpartition("_")[2]): p for p in found}  # list_checkpoints gives checkpoint_<iteration> only
-    if checkpoint not in numbered:
-        raise CheckpointError(
-            f"run directory {str(path)!r} has no complete checkpoint {checkpoint}; "
-            f"its checkpoints are {sorted(numbered)}"
-        )
-    return numbered[checkpoint]
+    """The checkpoint directory ``path`` names, as :func:`~flowrl.serve.inference.checkpoint_dir` resolves it: itself,
+    a run directory's latest (or ``checkpoint_<checkpoint>``), or a Tune trial directory's best."""
+    return checkpoint_dir(Path(path), checkpoint)
 
 
 def _choose_policy(directory: Path, policy_id: str | None) -> str:
@@ -163,6 +147,7 @@ def _choose_policy(directory: Path, policy_id: str | None) -> str:
 
 
 def _input_shape(space: gym.Space[Any]) -> list[int | str]:
+    space = model_space(space)
     """The exported model's input shape: Discrete indices, flattened Dict/Tuple observations, or the Box's shape."""
     if isinstance(space, gym.spaces.Discrete):
         return [BATCH]
@@ -172,6 +157,7 @@ def _input_shape(space: gym.Space[Any]) -> list[int | str]:
 
 
 def _input_dtype(space: gym.Space[Any]) -> np.dtype[Any]:
+    space = model_space(space)
     if isinstance(space, gym.spaces.Discrete):
         return np.dtype(np.int64)
     if is_image_space(space) and space.dtype == np.uint8:
@@ -179,12 +165,17 @@ def _input_dtype(space: gym.Space[Any]) -> np.dtype[Any]:
     return np.dtype(np.float32)
 
 
-def _observations(space: gym.Space[Any], n: int, seed: int = 0) -> torch.Tensor:
-    """``n`` observations drawn from ``space`` (seeded, from a copy: the policy's space keeps its RNG)."""
+def _inputs(space: gym.Space[Any], n: int, masked: bool, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """The model's inputs for ``n`` observations drawn from ``space`` (seeded, from a copy: the policy's
+    space keeps its RNG): the observations, and with ``masked`` their action masks."""
     space = copy.deepcopy(space)
     space.seed(seed)
-    rows = [np.asarray(flatten_observation(space, space.sample())) for _ in range(n)]
-    return torch.as_tensor(np.stack(rows).astype(_input_dtype(space)))
+    samples = [space.sample() for _ in range(n)]
+    rows = [np.asarray(flatten_observation(space, sample)) for sample in samples]
+    obs = torch.as_tensor(np.stack(rows).astype(_input_dtype(space)))
+    if not masked:
+        return (obs,)
+    return obs, torch.as_tensor(np.stack([np.asarray(action_mask_of(sample)) != 0 for sample in samples]))
 
 
 def _check_onnx_dependencies() -> None:
@@ -193,8 +184,7 @@ def _check_onnx_dependencies() -> None:
             __import__(package)
         except ImportError as e:
             raise RunError(
-                f"exporting to ONNX needs the optional dependency {package} ({e}): "
-                f"pip install 'flowrl-ray[{EXPORT_EXTRA}]'"
+                f"exporting to ONNX needs the optional dependency {package} ({e}): {install_hint(EXPORT_EXTRA)}"
             ) from None
 
 
@@ -216,24 +206,27 @@ def _quiet_exporters() -> Iterator[None]:
                 logger.setLevel(level)
 
 
-def _write_torchscript(module: GreedyPolicyModule, example: torch.Tensor, file: Path, what: str) -> None:
+def _write_torchscript(module: GreedyPolicyModule, example: tuple[torch.Tensor, ...], file: Path, what: str) -> None:
     try:
         with torch.no_grad():
-            traced = torch.jit.trace(module, (example,))
+            traced = torch.jit.trace(module, example)
         traced.save(str(file))
     except Exception as e:  # noqa: BLE001 - tracing a user's model can fail in many ways; say which model
         raise RunError(f"{what}: its model cannot be traced to TorchScript: {type(e).__name__}: {e}") from e
 
 
-def _write_onnx(module: GreedyPolicyModule, example: torch.Tensor, names: Sequence[str], file: Path, what: str) -> None:
+def _write_onnx(
+    module: GreedyPolicyModule, example: tuple[torch.Tensor, ...], names: Sequence[str], file: Path, what: str
+) -> None:
+    batch = torch.export.Dim(BATCH)  # one dimension: the observations and their masks come in the same batch
     try:
         torch.onnx.export(
             module,
-            (example,),
+            example,
             str(file),
-            input_names=[INPUT_NAME],
+            input_names=_input_names(len(example)),
             output_names=list(names),
-            dynamic_shapes=({0: torch.export.Dim(BATCH)},),
+            dynamic_shapes=tuple({0: batch} for _ in example),
             dynamo=True,
             external_data=False,
             verbose=False,
@@ -242,15 +235,21 @@ def _write_onnx(module: GreedyPolicyModule, example: torch.Tensor, names: Sequen
         raise RunError(f"{what}: its model cannot be exported to ONNX: {type(e).__name__}: {e}") from e
 
 
-def _run_exported(file: Path, format: str, obs: torch.Tensor) -> list[np.ndarray]:
+def _input_names(count: int) -> list[str]:
+    """The exported model's input names: the observations, then (a masked policy's) the action masks."""
+    return [INPUT_NAME, MASK_INPUT_NAME][:count]
+
+
+def _run_exported(file: Path, format: str, inputs: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
     if format == "torchscript":
         with _quiet_exporters(), torch.no_grad():
             loaded = torch.jit.load(str(file))
-            return [t.numpy() for t in loaded(obs)]
+            return [t.numpy() for t in loaded(*inputs)]
     import onnxruntime  # type: ignore[import-untyped]
 
     session = onnxruntime.InferenceSession(str(file), providers=["CPUExecutionProvider"])
-    return list(session.run(None, {INPUT_NAME: obs.numpy()}))
+    feed = {name: tensor.numpy() for name, tensor in zip(_input_names(len(inputs)), inputs)}
+    return list(session.run(None, feed))
 
 
 def _check_export(
@@ -266,11 +265,11 @@ def _check_export(
     Catches a model whose trace fixed the batch size or followed one branch of a data-dependent
     condition; the file is removed and a :class:`~flowrl.errors.RunError` says how it differed.
     """
-    obs = _observations(obs_space, _CHECK_BATCH, seed=1)
+    inputs = _inputs(obs_space, _CHECK_BATCH, module.masked, seed=1)
     with torch.no_grad():
-        expected = [t.numpy() for t in module(obs)]
+        expected = [t.numpy() for t in module(*inputs)]
     try:
-        problems = _differences(outputs, expected, _run_exported(file, format, obs), module.kind)
+        problems = _differences(outputs, expected, _run_exported(file, format, inputs), module.kind)
     except Exception as e:  # noqa: BLE001 - a model traced for one batch size fails in its runtime's own ways
         problems = [f"running it raised {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"]
     if problems:
@@ -311,26 +310,29 @@ def _describe(
     policy, policy_id, obs_filter = inference.policy, inference.policy_id, inference.observation_filter
     obs_space = policy.observation_space
     dtype = _input_dtype(obs_space)
-    if isinstance(obs_space, gym.spaces.Discrete):
+    masked = is_masked(obs_space)
+    observed = model_space(obs_space)
+    if isinstance(observed, gym.spaces.Discrete):
         meaning = "observation indices (the model one-hot encodes them)"
-    elif is_structured(obs_space):
+    elif is_structured(observed):
         meaning = (
             "observations flattened with gymnasium.spaces.utils.flatten(observation_space, obs): the parts in "
             "the space's order (a Dict's keys as it lists them), Box parts flattened, Discrete parts one-hot"
         )
     else:
         cast = (
-            ""
-            if np.dtype(obs_space.dtype) == dtype
-            else f" (the observation space's {obs_space.dtype} cast to {dtype})"
+            "" if np.dtype(observed.dtype) == dtype else f" (the observation space's {observed.dtype} cast to {dtype})"
         )
         meaning = "observations as the env returns them" + cast
+    if masked:
+        meaning = f"the 'observations' part of each observation: {meaning}"
     if obs_filter is not None:
         meaning += "; the model normalizes them with the run's observation filter (observation_filter below)"
+    args, feed = ("obs, action_mask", "'obs': obs, 'action_mask': action_mask") if masked else ("obs", "'obs': obs")
     loading = (
-        "torch.jit.load(path); model(obs) returns the outputs as a tuple, in this order"
+        f"torch.jit.load(path); model({args}) returns the outputs as a tuple, in this order"
         if format == "torchscript"
-        else "onnxruntime.InferenceSession(path).run(None, {'obs': obs}) returns the outputs in this order"
+        else f"onnxruntime.InferenceSession(path).run(None, {{{feed}}}) returns the outputs in this order"
     )
     return {
         "format": DESCRIPTION_FORMAT,
@@ -344,10 +346,21 @@ def _describe(
         "checkpoint": str(checkpoint.resolve()),
         "global_timestep": int(policy.global_timestep),
         "input": {"name": INPUT_NAME, "dtype": dtype.name, "shape": _input_shape(obs_space), "description": meaning},
+        **({"action_mask_input": _mask_input(policy.action_space)} if masked else {}),
         "outputs": [dataclasses.asdict(output) for output in outputs],
         "observation_filter": None if obs_filter is None else obs_filter.to_json(),
         "observation_space": space_to_json(obs_space, f"policy {policy_id!r}: its observation space"),
         "action_space": space_to_json(policy.action_space, f"policy {policy_id!r}: its action space"),
+    }
+
+
+def _mask_input(action_space: gym.Space[Any]) -> dict[str, Any]:
+    """The description of a masked policy's second input."""
+    return {
+        "name": MASK_INPUT_NAME,
+        "dtype": "bool",
+        "shape": [BATCH, *_dims(action_space)],
+        "description": "each row's legal actions (True: legal), e.g. the observation's action_mask cast to bool",
     }
 
 
@@ -356,8 +369,8 @@ def _default_out(checkpoint: Path) -> Path:
     parent = checkpoint.resolve().parent
     if parent.name == CHECKPOINTS_DIR:
         return parent.parent / EXPORTS_DIR / checkpoint.name
-    if (parent / PARAMS_FILE).is_file():  # a Tune trial directory keeps its checkpoints beside params.json
-        return parent / EXPORTS_DIR / checkpoint.name
+    if (parent.parent / PARAMS_FILE).is_file():  # a Tune trial directory: <trial>/checkpoint_<index>/checkpoint_<n>
+        return parent.parent / EXPORTS_DIR / checkpoint.name
     return Path(EXPORTS_DIR) / checkpoint.name
 
 

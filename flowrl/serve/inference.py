@@ -18,9 +18,7 @@ Beside its pickled state a checkpoint holds two files anyone can read:
          "tensors": {"<parameter name>": {"key": "<policy_id>/<parameter name>",
                                           "dtype": "float32", "shape": [64, 4]}}}}}
 
-Spaces are Box (bounds as one number when all equal, else nested lists; infinities as the
-strings ``"inf"`` / ``"-inf"``), Discrete, MultiDiscrete, MultiBinary, and Tuple / Dict of
-these (a Dict as ``[key, space]`` pairs, in its order). :func:`policy_files` writes both files'
+Spaces are described as :mod:`flowrl.serve.spaces` says. :func:`policy_files` writes both files'
 contents; :func:`load_policy` rebuilds one policy from them with its algorithm's own builder.
 ``observation_filter`` is there only for a run with ``observation_filter: MeanStdFilter``: the
 statistics (of flattened observations) the policy's inputs are normalized with, which
@@ -30,9 +28,8 @@ statistics (of flattened observations) the policy's inputs are normalized with, 
 from __future__ import annotations
 
 import json
-import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +41,15 @@ from flowrl._version import __version__
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.deferred import torch
-from flowrl.envs.flatten import flatten_observation, is_structured
+from flowrl.envs.flatten import action_mask_of, flatten_observation, is_masked, is_structured
 from flowrl.errors import CheckpointError, FlowRLError
+from flowrl.importing import ImportNotAllowedError, allowed_imports
 from flowrl.policy import Policy
 from flowrl.policy.filters import MeanStdFilter
-from flowrl.storage.checkpoints import latest_checkpoint
+from flowrl.serve.spaces import space_from_json, space_to_json
+from flowrl.storage.checkpoints import latest_checkpoint, list_checkpoints
+from flowrl.storage.results import finite_number, result_value
+from flowrl.storage.rundir import CHECKPOINTS_DIR, EXPERIMENT_FILE, read_results
 
 POLICIES_JSON = "policies.json"
 POLICIES_WEIGHTS = "policies.safetensors"
@@ -57,8 +58,6 @@ FORMAT_VERSION = 1
 #: Config keys that describe the run, not a policy: not written (they may hold functions or
 #: env objects that JSON cannot carry), so a rebuilt policy's config has their defaults.
 _RUN_ONLY_KEYS = ("policy_mapping_fn", "env_config", "callbacks", "evaluation_config")
-_SUPPORTED_SPACES = "Box, Discrete, MultiDiscrete, MultiBinary, and Tuple or Dict (string keys) of them"
-_NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 
 # -- writing -------------------------------------------------------------------------------
@@ -139,106 +138,7 @@ def _config_to_json(config: TrainerConfig) -> dict[str, Any]:
     return values
 
 
-def space_to_json(space: gym.Space[Any], what: str = "space") -> dict[str, Any]:
-    """A JSON-able description of ``space`` (see the module doc); :func:`space_from_json` inverts it.
-
-    Raises :class:`~flowrl.errors.CheckpointError`, its message starting with ``what``, for a
-    space of another kind.
-    """
-    kind = type(space)
-    if kind is gym.spaces.Box:
-        box: gym.spaces.Box = space  # type: ignore[assignment]
-        return {
-            "type": "Box",
-            "dtype": box.dtype.name,
-            "shape": list(box.shape),
-            "low": _bound_to_json(box.low),
-            "high": _bound_to_json(box.high),
-        }
-    if kind is gym.spaces.Discrete:
-        discrete: gym.spaces.Discrete = space  # type: ignore[assignment]
-        dtype = np.dtype(discrete.dtype).name
-        return {"type": "Discrete", "n": int(discrete.n), "start": int(discrete.start), "dtype": dtype}
-    if kind is gym.spaces.MultiDiscrete:
-        multi: gym.spaces.MultiDiscrete = space  # type: ignore[assignment]
-        dtype = np.dtype(multi.dtype).name
-        return {"type": "MultiDiscrete", "nvec": multi.nvec.tolist(), "start": multi.start.tolist(), "dtype": dtype}
-    if kind is gym.spaces.MultiBinary:
-        n = space.n  # type: ignore[attr-defined]
-        return {"type": "MultiBinary", "n": int(n) if np.ndim(n) == 0 else np.asarray(n).tolist()}
-    if kind is gym.spaces.Tuple:
-        parts = space.spaces  # type: ignore[attr-defined]
-        return {"type": "Tuple", "spaces": [space_to_json(part, f"{what} [{i}]") for i, part in enumerate(parts)]}
-    if kind is gym.spaces.Dict:
-        items = space.spaces.items()  # type: ignore[attr-defined]
-        for key, _ in items:
-            if not isinstance(key, str):
-                raise CheckpointError(f"{what} {space} has the key {key!r}: a Dict space needs string keys here")
-        return {"type": "Dict", "spaces": [[key, space_to_json(part, f"{what} [{key!r}]")] for key, part in items]}
-    raise CheckpointError(
-        f"{what} {space} is a {kind.__name__}, which {POLICIES_JSON} cannot describe; supported: {_SUPPORTED_SPACES}"
-    )
-
-
-def _bound_to_json(bound: np.ndarray) -> Any:
-    # One number when every element agrees (image spaces: 0 and 255), else nested lists.
-    flat = bound.reshape(-1)
-    if flat.size and (flat == flat[0]).all():
-        return _finite_or_name(flat[0].item())
-    return _finite_or_name(bound.tolist())
-
-
-def _finite_or_name(value: Any) -> Any:
-    # Standard JSON has no infinity; name it so any reader can parse the file.
-    if isinstance(value, list):
-        return [_finite_or_name(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
-
-
 # -- reading -------------------------------------------------------------------------------
-
-
-def space_from_json(description: Mapping[str, Any]) -> gym.Space[Any]:
-    """The space :func:`space_to_json` described (``KeyError``/``TypeError``/``ValueError`` if malformed)."""
-    kind = description["type"]
-    if kind == "Box":
-        dtype = np.dtype(description["dtype"])
-        shape = tuple(int(d) for d in description["shape"])
-        # The stored numbers came from arrays of this dtype, so converting back is exact.
-        low, high = (
-            np.broadcast_to(np.asarray(_named_to_float(description[k]), dtype=dtype), shape).copy()
-            for k in ("low", "high")
-        )
-        return gym.spaces.Box(low=low, high=high, shape=shape, dtype=dtype)
-    if kind == "Discrete":
-        dtype = np.dtype(description.get("dtype", "int64"))
-        # Only when needed: gymnasium 1.0's Discrete takes no dtype.
-        extra: dict[str, Any] = {} if dtype == np.int64 else {"dtype": dtype.type}
-        return gym.spaces.Discrete(int(description["n"]), start=int(description.get("start", 0)), **extra)
-    if kind == "MultiDiscrete":
-        return gym.spaces.MultiDiscrete(
-            np.asarray(description["nvec"], dtype=np.int64),
-            dtype=np.dtype(description.get("dtype", "int64")).type,
-            start=description.get("start"),
-        )
-    if kind == "MultiBinary":
-        n = description["n"]
-        return gym.spaces.MultiBinary(int(n) if isinstance(n, int) else [int(d) for d in n])
-    if kind == "Tuple":
-        return gym.spaces.Tuple([space_from_json(part) for part in description["spaces"]])
-    if kind == "Dict":
-        return gym.spaces.Dict([(str(key), space_from_json(part)) for key, part in description["spaces"]])
-    raise ValueError(f"unknown space type {kind!r}")
-
-
-def _named_to_float(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_named_to_float(v) for v in value]
-    if isinstance(value, str):
-        return _NON_FINITE[value]
-    return value
 
 
 class InferencePolicy:
@@ -293,27 +193,35 @@ class InferencePolicy:
         """The space of the actions it gives."""
         return self._policy.action_space
 
-    def compute_actions(self, obs_batch: Any, explore: bool = False) -> np.ndarray:
+    def compute_actions(self, obs_batch: Any, explore: bool = False, action_mask: Any = None) -> np.ndarray:
         """Actions for a batch of observations (first axis: the batch), one row each.
 
         For a Dict or Tuple observation space, a sequence of observations as the env returns them.
+        Each action is a legal one: for a masked Dict observation space (keys ``"observations"`` and
+        ``"action_mask"``), by each observation's own mask; else by ``action_mask`` (``[B, n]``, nonzero:
+        legal, e.g. the envs' ``info["action_mask"]``) if given.
         """
         space = self.observation_space
+        if is_masked(space):
+            action_mask = np.stack([np.asarray(action_mask_of(obs)) for obs in obs_batch])
         if is_structured(space):
             obs_batch = [flatten_observation(space, obs) for obs in obs_batch]
         obs = np.asarray(obs_batch)
         if self._filter is not None:
             obs = self._filter(obs, update=False)
+        masks = None if action_mask is None else np.asarray(action_mask) != 0
         with torch.no_grad():
-            actions, _ = self._policy.compute_actions(obs, explore=explore)
+            actions, _ = self._policy.compute_actions(obs, explore=explore, action_mask=masks)
         if self._clip is not None:
             actions = np.clip(actions, *self._clip)
         return actions
 
-    def compute_action(self, obs: Any, explore: bool = False) -> Any:
-        """The action for one observation (for a Discrete action space, a NumPy integer)."""
+    def compute_action(self, obs: Any, explore: bool = False, action_mask: Any = None) -> Any:
+        """The action for one observation (for a Discrete action space, a NumPy integer), a legal one by the
+        observation's own action mask or ``action_mask`` (e.g. ``info["action_mask"]``) if given."""
         batch = [obs] if is_structured(self.observation_space) else np.asarray(obs)[None]
-        return self.compute_actions(batch, explore=explore)[0]
+        masks = None if action_mask is None else np.asarray(action_mask)[None]
+        return self.compute_actions(batch, explore=explore, action_mask=masks)[0]
 
     def __repr__(self) -> str:
         return (
@@ -322,23 +230,31 @@ class InferencePolicy:
         )
 
 
-def load_policy(checkpoint: str | os.PathLike[str], policy_id: str = DEFAULT_POLICY_ID) -> InferencePolicy:
+def load_policy(
+    checkpoint: str | os.PathLike[str],
+    policy_id: str = DEFAULT_POLICY_ID,
+    allow_imports: Iterable[str] | None = None,
+) -> InferencePolicy:
     """The policy ``policy_id`` of a checkpoint, rebuilt for inference from its ``policies.json`` and
     ``policies.safetensors`` alone: no Ray, no Trainer, nothing unpickled (``state.pkl`` is never opened).
 
-    ``checkpoint`` is a checkpoint directory or a run directory (its latest checkpoint is used).
+    ``checkpoint`` is a checkpoint directory, a run directory (its latest checkpoint is used) or a
+    Tune trial directory (its best checkpoint), as :func:`checkpoint_dir` resolves them.
     Raises :class:`~flowrl.errors.CheckpointError` if the files are missing or damaged, the
-    policy id is not among the checkpoint's, or a weight does not fit the rebuilt model. A
-    config naming a custom model by ``"module:name"`` imports that module.
+    policy id is not among the checkpoint's, or a weight does not fit the rebuilt model.
+    Nothing the checkpoint names is imported (a custom model, callbacks or a mapping function,
+    as ``"module:name"``) unless ``allow_imports`` lists its module or a package holding it
+    (``["my_pkg"]`` allows ``my_pkg.models``); a module not allowed raises ``CheckpointError``
+    naming the config key and the module, before it is imported.
     """
-    path = _checkpoint_dir(Path(checkpoint))
-    document = _read_document(path)
+    path = checkpoint_dir(Path(checkpoint))
+    document = read_policies_document(path)
     policies = document["policies"]
     if policy_id not in policies:
         known = sorted(policies)
         raise CheckpointError(f"checkpoint {str(path)!r} has no policy {policy_id!r}; its policies are {known}")
     algo = document["algo"]
-    policy = _build_policy(path, algo, policies, policy_id)
+    policy = _build_policy(path, algo, policies, policy_id, allow_imports)
     _load_weights(path, document, policy, policy_id)
     observation_filter = _read_filter(path, policies[policy_id])
     for module in (getattr(policy, "model", None), getattr(policy, "target_model", None)):
@@ -361,29 +277,83 @@ def _read_filter(path: Path, entry: Mapping[str, Any]) -> MeanStdFilter | None:
         ) from None
 
 
-def _checkpoint_dir(path: Path) -> Path:
-    """The checkpoint directory ``path`` names: itself, or the latest checkpoint of a run directory."""
+def checkpoint_dir(path: Path, checkpoint: int | None = None) -> Path:
+    """The checkpoint directory ``path`` names, the one resolver of ``load_policy``, ``flowrl evaluate`` and ``export``.
+
+    ``path`` is a checkpoint directory (itself), a run directory (its latest checkpoint under
+    ``checkpoints/``), a directory of ``checkpoint_<iteration>`` directories (its latest), or a
+    ``flowrl tune`` trial directory, whose Tune ``checkpoint_*`` directories each hold a flowrl
+    checkpoint: the best by the experiment's metric and mode (in the experiment directory's
+    ``spec.json``, scored with the trial's ``progress.jsonl``), else the latest. ``checkpoint``
+    picks the checkpoint of that iteration instead. Raises :class:`~flowrl.errors.CheckpointError`
+    naming what is there instead.
+    """
     if (path / POLICIES_JSON).is_file():
+        if checkpoint is not None:
+            raise CheckpointError(
+                f"{str(path)!r} is a checkpoint directory; checkpoint {checkpoint} picks one of "
+                "a run directory's checkpoints: give the run directory"
+            )
         return path
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist or is not a directory")
-    if (path / "checkpoints").is_dir():
-        latest = latest_checkpoint(path / "checkpoints")
-        if latest is None:
-            where = str(path / "checkpoints")
+    found = list_checkpoints(path / CHECKPOINTS_DIR) or list_checkpoints(path)
+    in_trial = [] if found else [latest for tune in _tune_checkpoints(path) if (latest := latest_checkpoint(tune))]
+    if not found and not in_trial:
+        if (path / CHECKPOINTS_DIR).is_dir():
+            where = str(path / CHECKPOINTS_DIR)
             raise CheckpointError(f"run directory {str(path)!r} has no complete checkpoint under {where!r}")
-        return latest
-    old = (
-        " (it holds state.pkl: written by a flowrl older than policies.json; "
-        "restore it with Trainer.from_checkpoint and save it again)"
-    )
-    raise CheckpointError(
-        f"checkpoint {str(path)!r} has no {POLICIES_JSON}{old if (path / 'state.pkl').is_file() else ''}; "
-        "give a checkpoint directory or a run directory with a checkpoints/ folder"
+        old = (
+            " (it holds state.pkl: written by a flowrl older than policies.json; "
+            "restore it with Trainer.from_checkpoint and save it again)"
+        )
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has no {POLICIES_JSON}{old if (path / 'state.pkl').is_file() else ''}; "
+            "give a checkpoint directory, a run directory with a checkpoints/ folder or a Tune trial directory"
+        )
+    if checkpoint is not None:
+        numbered = {_iteration(p): p for p in found or in_trial}
+        if checkpoint not in numbered:
+            raise CheckpointError(
+                f"run directory {str(path)!r} has no complete checkpoint {checkpoint}; "
+                f"its checkpoints are {sorted(numbered)}"
+            )
+        return numbered[checkpoint]
+    return found[-1] if found else _best_of_trial(path, in_trial)
+
+
+def _iteration(checkpoint: Path) -> int:
+    """The iteration a ``checkpoint_<iteration>`` directory's name gives."""
+    return int(checkpoint.name.rpartition("_")[2])
+
+
+def _tune_checkpoints(trial: Path) -> list[Path]:
+    """A Tune trial directory's ``checkpoint_<index>`` directories, by index."""
+    return sorted(
+        (entry for entry in trial.glob("checkpoint_*") if entry.is_dir() and entry.name[11:].isdigit()),
+        key=_iteration,
     )
 
 
-def _read_document(path: Path) -> dict[str, Any]:
+def _best_of_trial(trial: Path, checkpoints: list[Path]) -> Path:
+    """The best of a Tune trial's flowrl ``checkpoints`` (by iteration) by the metric and mode its experiment
+    recorded, scored by the trial's results at each one's iteration; the latest when none can be scored."""
+    try:
+        experiment = json.loads((trial.parent / EXPERIMENT_FILE).read_text(encoding="utf-8"))
+        metric, mode = str(experiment["metric"]), experiment["mode"]
+        results = read_results(trial)
+    except (OSError, ValueError, KeyError, TypeError, FlowRLError):
+        return checkpoints[-1]
+    by_iteration = {result.get("training_iteration"): finite_number(result_value(result, metric)) for result in results}
+    scored = [(value, _iteration(c), c) for c in checkpoints if (value := by_iteration.get(_iteration(c))) is not None]
+    if not scored or mode not in ("max", "min"):
+        return checkpoints[-1]
+    sign = 1.0 if mode == "max" else -1.0
+    return max(scored, key=lambda entry: (sign * entry[0], entry[1]))[2]
+
+
+def read_policies_document(path: Path) -> dict[str, Any]:
+    """The parsed ``policies.json`` of the checkpoint directory ``path`` (CheckpointError if missing or bad)."""
     file = path / POLICIES_JSON
     if not file.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} has no {POLICIES_JSON}")
@@ -403,8 +373,21 @@ def _read_document(path: Path) -> dict[str, Any]:
     return document
 
 
-def _build_policy(path: Path, algo: str, policies: Mapping[str, Any], policy_id: str) -> Policy[Any]:
-    """The policy built by the algorithm's own builder from the spaces and config in ``policies.json``."""
+def refused_import_error(where: str, refused: ImportNotAllowedError) -> CheckpointError:
+    """The error for a checkpoint (``where``) naming a module that loading it was not allowed to import."""
+    key = f"its config key {refused.key!r}" if refused.key else "its config"
+    return CheckpointError(
+        f"{where}: {key} names the module {refused.module!r}, and loading a checkpoint imports nothing it names "
+        f"(importing runs the module's code); if you trust it, allow it: allow_imports=[{refused.module!r}], "
+        f"or --allow-import {refused.module} for flowrl evaluate and flowrl export"
+    )
+
+
+def _build_policy(
+    path: Path, algo: str, policies: Mapping[str, Any], policy_id: str, allow_imports: Iterable[str] | None
+) -> Policy[Any]:
+    """The policy built by the algorithm's own builder from the spaces and config in ``policies.json``,
+    importing only the modules ``allow_imports`` allows."""
     from flowrl.algorithms import get_algorithm
 
     where = f"{str(path / POLICIES_JSON)!r}"
@@ -424,15 +407,24 @@ def _build_policy(path: Path, algo: str, policies: Mapping[str, Any], policy_id:
         global_timestep = int(policies[policy_id].get("global_timestep", 0))
     except (KeyError, TypeError, ValueError, AttributeError, AssertionError) as e:
         raise CheckpointError(f"{where} is corrupt: {type(e).__name__}: {e}") from None
-    try:
-        config = algorithm.config_class.from_dict(config_values)
-        if algorithm.make_policies is not None:
-            spec = algorithm.make_policies(spaces, config)[policy_id]
-        else:
-            spec = algorithm.make_policy(*spaces[policy_id], config)
-        policy = spec.build()
-    except FlowRLError as e:
-        raise CheckpointError(f"{where}: policy {policy_id!r} of algorithm {algo!r} cannot be rebuilt: {e}") from e
+    failure: FlowRLError | None = None
+    with allowed_imports(allow_imports) as restriction:
+        try:
+            config = algorithm.config_class.from_dict(config_values)
+            if algorithm.make_policies is not None:
+                spec = algorithm.make_policies(spaces, config)[policy_id]
+            else:
+                spec = algorithm.make_policy(*spaces[policy_id], config)
+            policy = spec.build()
+        except FlowRLError as e:
+            failure = e
+    # A refusal first, even one a config check turned into a problem message, or one a builder absorbed.
+    if restriction.refused:
+        raise refused_import_error(where, restriction.refused[0]) from None
+    if failure is not None:
+        raise CheckpointError(
+            f"{where}: policy {policy_id!r} of algorithm {algo!r} cannot be rebuilt: {failure}"
+        ) from failure
     # Explorations that follow a schedule (epsilon-greedy, action noise) go on from where training left them.
     policy.global_timestep = global_timestep
     return policy

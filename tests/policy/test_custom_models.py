@@ -214,7 +214,7 @@ def test_checkpoints_record_the_import_path_and_load_policy_rebuilds_the_model(
         expected, _ = policy.compute_actions(obs, explore=False)
     finally:
         trainer.stop()
-    loaded = flowrl.load_policy(path)
+    loaded = flowrl.load_policy(path, allow_imports=["my_models"])
     assert isinstance(loaded.policy, TorchPolicy) and type(loaded.policy.model).__name__ == "Net"
     np.testing.assert_array_equal(loaded.compute_actions(obs), expected)
     restored = Trainer.from_checkpoint(path)

@@ -30,9 +30,8 @@ from flowrl.serve.inference import (
     POLICIES_WEIGHTS,
     InferencePolicy,
     load_policy,
-    space_from_json,
-    space_to_json,
 )
+from flowrl.serve.spaces import space_from_json, space_to_json
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(180)]
 
