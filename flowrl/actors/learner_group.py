@@ -10,12 +10,18 @@ the rollout workers and checkpoints read as before; what the driver changes betw
 (loss coefficients, target networks, live config, a restored checkpoint) goes to every replica.
 A learner that dies or hangs ends the round: the group is rebuilt from the driver's policies
 and the batch learned again (``num_restarts``).
+
+The group's rendezvous (rank 0's torch.distributed store) listens on rank 0's node address only,
+and gloo's connections on each node's interface of its address; neither authenticates its peers,
+so a learner group belongs inside a trusted network (see docs/cluster.md, "Security").
 """
 
 from __future__ import annotations
 
 import datetime
 import functools
+import ipaddress
+import os
 import socket
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -64,24 +70,30 @@ class LearnerActor:
         self.shard = Shard(0, 1)
         self.seed = seed
         self.incarnation = incarnation
+        self._listener: socket.socket | None = None
 
     def address(self) -> tuple[str, int]:
-        """This node's address and a free port, for the group's rendezvous (asked of rank 0)."""
-        with socket.socket() as probe:
-            probe.bind(("", 0))
-            port = int(probe.getsockname()[1])
-        return ray.util.get_node_ip_address(), port
+        """This node's cluster address and a port listening there (on no other interface) for the
+        group's rendezvous (asked of rank 0, whose :meth:`join` hands the socket to the store)."""
+        host = ray.util.get_node_ip_address()
+        listener = socket.socket(socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET)
+        listener.bind((host, 0))
+        listener.listen()
+        self._listener = listener
+        return host, int(listener.getsockname()[1])
 
     def join(self, host: str, port: int, rank: int, size: int, timeout_s: float) -> None:
         """Join the group of ``size`` replicas as ``rank``; gradients are averaged with the others from now on."""
         on_gpu = any(isinstance(p, TorchPolicy) and p.device.type == "cuda" for p in self.policies.values())
-        dist.init_process_group(
-            "nccl" if on_gpu else "gloo",
-            init_method=f"tcp://{host}:{port}",
-            rank=rank,
-            world_size=size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if not on_gpu:
+            _gloo_on_the_interface_of(ray.util.get_node_ip_address())
+        if self._listener is not None:  # rank 0: the store serves on the socket address() bound
+            store = dist.TCPStore(host, port, size, True, timeout, master_listen_fd=self._listener.detach())
+            self._listener = None
+        else:
+            store = dist.TCPStore(host, port, size, False, timeout)
+        dist.init_process_group("nccl" if on_gpu else "gloo", store=store, rank=rank, world_size=size, timeout=timeout)
         self.shard = Shard(rank, size)
         if self.seed is None:
             torch.seed()
@@ -159,6 +171,25 @@ class LearnerActor:
                 )
             times[pid] = (policy.learn_times.load_s - before[0], policy.learn_times.update_s - before[1])
         return info, priorities, times
+
+
+def _gloo_on_the_interface_of(address: str) -> None:
+    """Have gloo listen on the network interface that holds ``address`` (by ``GLOO_SOCKET_IFNAME``).
+
+    Left to itself gloo binds the address this host's name resolves to, which may be another
+    interface (or loopback, which peers on other nodes cannot reach). A ``GLOO_SOCKET_IFNAME``
+    the user set is kept; without psutil (which Ray ships) gloo chooses as before.
+    """
+    if "GLOO_SOCKET_IFNAME" in os.environ:
+        return
+    try:
+        import psutil  # type: ignore[import-untyped]  # Ray's own copy is on the path of every Ray process
+    except ImportError:
+        return
+    for interface, addresses in psutil.net_if_addrs().items():
+        if any(entry.address == address for entry in addresses):
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
+            return
 
 
 @functools.cache

@@ -27,6 +27,10 @@ Processes that change checkpoints in one directory take turns through an advisor
 that directory (``flock``, released by the kernel when a process dies), so a lookup in one
 process never restores or removes what a write in another is in the middle of.
 
+A checkpoint's ``metadata.json`` says its ``"kind"`` (:func:`checkpoint_kind`): ``"full"``, everything a
+run resumes exactly from, or ``"weights"``, the small one a run writes first when a signal ends it
+(weights, counters and config, no replay buffers nor envs). Both are read, listed and rotated alike.
+
 Checkpoints written by flowrl before the marker existed (no ``COMPLETE``, and no ``"format"``
 key in ``metadata.json``) are still read, without checksums to verify.
 """
@@ -39,18 +43,21 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
 
-from flowrl.errors import CheckpointError, ConfigError
+from flowrl.errors import CheckpointError, ConfigError, RunWarning
+from flowrl.storage.versions import describe_versions, runtime_versions, version_skew
 
 if sys.platform != "win32":
     import fcntl
@@ -61,6 +68,10 @@ STATE_FILE = "state.pkl"
 METADATA_FILE = "metadata.json"
 #: The completion marker, written last: each other file's size and SHA-256.
 COMPLETE_FILE = "COMPLETE"
+#: ``metadata.json``'s key for what a checkpoint holds, and its values (a checkpoint without it is full).
+KIND_KEY = "kind"
+FULL_KIND = "full"
+WEIGHTS_KIND = "weights"
 #: The on-disk format this module writes (``"format"`` in the marker and in ``metadata.json``).
 FORMAT = 3
 
@@ -202,27 +213,61 @@ def write_checkpoint(
     state: Mapping[str, Any],
     metadata: Mapping[str, Any],
     files: Mapping[str, bytes] | None = None,
+    *,
+    streams: Mapping[str, StreamWriter] | None = None,
 ) -> Path:
     """Write the checkpoint directory ``path`` so that a crash at any instant loses nothing; returns ``path``.
 
-    ``state`` is pickled to ``state.pkl``, ``metadata`` (plus ``"format": 3``) written to
+    ``state`` is pickled to ``state.pkl``, ``metadata`` (plus ``"format": 3`` and this process's
+    ``"versions"``, see :func:`~flowrl.storage.versions.runtime_versions`) written to
     ``metadata.json``, and ``files`` (file name -> bytes) written beside them. An existing
     checkpoint at ``path`` is replaced; it stays in place if the write fails or raises. Leftovers
     of earlier interrupted writes in ``path``'s parent directory are cleaned up first.
+
+    ``streams`` write the large parts of the state (replay buffers' rows) without a copy in memory:
+    each ``streams[key](directory)`` is called, first, with the hidden directory being written. It
+    writes its files there (this process or any other that sees the directory: a replay shard on a
+    filesystem the nodes share), a bounded chunk at a time, and returns ``(value, entries)``:
+    ``state[key]``'s value (what refers to those files) and each file's ``{"size", "sha256"}``, which
+    the marker lists. Their files are checked to exist with those sizes before the marker is written.
     """
     path = Path(path)
     extra = dict(files or {})
     _check_file_names(extra)
     contents = {
-        STATE_FILE: cloudpickle.dumps(dict(state)),
-        METADATA_FILE: json.dumps({**metadata, "format": FORMAT}, indent=2, default=str).encode(),
+        METADATA_FILE: json.dumps(
+            {**metadata, "versions": runtime_versions(), "format": FORMAT}, indent=2, default=str
+        ).encode(),
         **{name: bytes(data) for name, data in extra.items()},
     }
     with _staging(path) as (tmp, entries):
+        streamed = {key: _stream(key, write, tmp, entries, set(contents)) for key, write in (streams or {}).items()}
+        contents[STATE_FILE] = cloudpickle.dumps({**state, **streamed})
         for name, data in contents.items():
             _write_file(tmp / name, data)
             entries[name] = _entry(data)
     return path
+
+
+#: Writes a large part of a checkpoint's state into the directory being staged; returns ``(value, entries)``
+#: (see :func:`write_checkpoint`'s ``streams``).
+StreamWriter = Callable[[Path], tuple[Any, Mapping[str, Mapping[str, Any]]]]
+
+
+def _stream(key: str, write: StreamWriter, tmp: Path, entries: dict[str, Any], taken: set[str]) -> Any:
+    """Run the stream writer of ``state[key]`` in ``tmp``; record its files' entries; return its value."""
+    value, written = write(tmp)
+    for name, entry in written.items():
+        if name in _RESERVED or name in taken or name in entries or Path(name).name != name or name in ("", "..", "."):
+            raise ValueError(f"write_checkpoint: stream {key!r} wrote {name!r}: a name taken, or not a file name")
+        size = (tmp / name).stat().st_size if (tmp / name).is_file() else None
+        if size != entry.get("size") or not isinstance(entry.get("sha256"), str):
+            raise CheckpointError(
+                f"checkpoint {str(tmp)!r}: stream {key!r} reported {name} as {dict(entry)}, but the file "
+                f"{'is missing' if size is None else f'has {size} bytes'}"
+            )
+        entries[name] = {"size": entry["size"], "sha256": entry["sha256"]}
+    return value
 
 
 @contextlib.contextmanager
@@ -416,20 +461,49 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     return metadata
 
 
+def checkpoint_kind(path: str | Path) -> str:
+    """What the checkpoint ``path`` holds: :data:`WEIGHTS_KIND` or :data:`FULL_KIND` (also for one written
+    before kinds existed); raises :class:`CheckpointError` as :func:`read_metadata` does."""
+    return WEIGHTS_KIND if read_metadata(path).get(KIND_KEY) == WEIGHTS_KIND else FULL_KIND
+
+
 def read_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(state, metadata)`` of the checkpoint at ``path``, verified first (see :func:`verify_checkpoint`).
 
-    Raises :class:`CheckpointError` naming the path if it is missing, incomplete or corrupt.
+    Raises :class:`CheckpointError` naming the path if it is missing, incomplete or corrupt, or if
+    its pickle names what this process lacks (a module, a class, a signature: most likely other
+    versions of flowrl or its dependencies; the message names the checkpoint's and this process's).
+    A checkpoint written with other major versions (minor too for Python and PyTorch, see
+    :func:`~flowrl.storage.versions.version_skew`) is read with a :class:`~flowrl.errors.RunWarning`.
     Loading a pickle can run code: read only checkpoints from sources you trust.
     """
     path = Path(path)
     verify_checkpoint(path)
     metadata = read_metadata(path)
+    recorded = metadata.get("versions")
+    recorded = recorded if isinstance(recorded, dict) else {}
+    here = runtime_versions()
+    skew = version_skew(recorded, here)
+    if skew:
+        warnings.warn(
+            f"checkpoint {str(path)!r} was written with other versions: {'; '.join(skew)}. Its pickled state "
+            "may not load, or may not behave the same; restore it with the versions it names to be sure",
+            RunWarning,
+            stacklevel=2,
+        )
     try:
         with open(path / STATE_FILE, "rb") as f:
             state = cloudpickle.load(f)
-    except Exception as e:  # any decoding failure means the file is damaged (a legacy one has no checksum)
+    except (EOFError, pickle.UnpicklingError) as e:  # the bytes themselves: truncated, not a pickle
         raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {STATE_FILE}: {type(e).__name__}: {e}") from e
+    except Exception as e:  # well-formed bytes naming what this process lacks or defines otherwise
+        checked = " (its files match their checksums)" if (path / COMPLETE_FILE).is_file() else ""
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: {STATE_FILE} cannot be loaded by this process ({type(e).__name__}: {e}); "
+            f"most likely version skew, not damage{checked}. The checkpoint's versions: "
+            f"{describe_versions(recorded)}; this process's: {describe_versions(here)}. Load it with the versions "
+            "it was written with"
+        ) from e
     if not isinstance(state, dict):
         raise CheckpointError(
             f"checkpoint {str(path)!r} is corrupt: {STATE_FILE} holds a {type(state).__name__}, not a dict"

@@ -29,6 +29,7 @@ from flowrl.storage.checkpoints import (
     verify_checkpoint,
     write_checkpoint,
 )
+from flowrl.storage.versions import runtime_versions
 
 pytestmark = pytest.mark.unit
 
@@ -66,7 +67,7 @@ def test_a_round_trip_keeps_state_metadata_and_extra_files(tmp_path: Path) -> No
     assert path == tmp_path / "checkpoint_000001"
     state, metadata = read_checkpoint(path)
     assert state == {"value": [1, 2]}
-    assert metadata == {"iteration": 1, "format": 3}
+    assert metadata == {"iteration": 1, "versions": runtime_versions(), "format": 3}
     assert read_metadata(path) == metadata
     for name, data in FILES.items():
         assert (path / name).read_bytes() == data

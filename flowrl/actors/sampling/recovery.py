@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -27,6 +28,8 @@ MAX_UNCOLLECTED_EPISODES = 10_000
 #: Episodes of one env slot dropped in a row (env errors or bad data) before the sampler gives up on it:
 #: dropping is meant for rare faults, and an env that fails every episode would otherwise spin forever.
 MAX_DROPPED_IN_A_ROW = 100
+
+logger = logging.getLogger(__name__)
 
 EnvMaker = Callable[[int], Any]
 """Builds a new env for a vector index (the slot of the env it replaces)."""
@@ -116,8 +119,9 @@ class FaultTolerantSampler:
         """Restore :meth:`get_state`'s output into a sampler with as many envs.
 
         Returns the vector indices of the envs whose state could not be restored: they start
-        a new episode. With a different number of envs nothing is restored and every env
-        index is returned.
+        a new episode. An env saved without its state, or whose snapshot does not unpickle here
+        (another version of the env's code), keeps the env it has. With a different number of
+        envs nothing is restored and every env index is returned.
         """
         snapshots = state["envs"]
         if len(snapshots) != len(self.envs):
@@ -131,9 +135,18 @@ class FaultTolerantSampler:
             if snapshot is None:
                 fresh.append(i)
                 continue
+            try:
+                env = cloudpickle.loads(snapshot)
+            except Exception as e:  # noqa: BLE001 - one env's snapshot must not fail the whole restore
+                logger.warning(
+                    "%s; it starts a new episode",
+                    self._where(i, f"its saved state does not load here ({type(e).__name__}: {e})"),
+                )
+                fresh.append(i)
+                continue
             with contextlib.suppress(Exception):  # the replaced env's close must not stop the restore
                 self.envs[i].close()
-            self.envs[i] = cloudpickle.loads(snapshot)
+            self.envs[i] = env
         for i in fresh:
             self._restart_episode(i)
         return fresh
