@@ -10,11 +10,13 @@ hands the driver a few large train batches. Weights flow back down the same tree
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from flowrl.actors.placeholders import PlaceholderActor, placeholders_active
 from flowrl.actors.placement import AGGREGATOR
+from flowrl.actors.restart_budget import RestartBudget
 from flowrl.deferred import ray
 from flowrl.errors import FlowRLError, ShardFailedError
 from flowrl.iterators import LocalIterator, ParallelIteratorWorker, from_actors
@@ -129,7 +131,10 @@ class AggregatorSet(Sequence[Any]):
     when an aggregator's stream ends because one of its rollout workers failed, that
     worker is handed to the :class:`~flowrl.actors.WorkerSet` (which restarts or drops it)
     and the aggregator is recreated over its group's workers in service; an aggregator
-    that died itself is recreated too. Either way ``num_restarts`` counts it.
+    that died itself is recreated too. Either way ``num_restarts`` counts it. Aggregators
+    have a restart budget of their own (``restart_budget``) with the worker set's cap and
+    window: past it, :meth:`replace` raises :class:`~flowrl.errors.WorkerFailureError`; an
+    aggregator whose replacements keep failing to start is recreated after a growing delay.
     """
 
     def __init__(
@@ -145,6 +150,8 @@ class AggregatorSet(Sequence[Any]):
         self.make_stream = make_stream
         self.num_async = num_async
         self.num_restarts = 0
+        budget = workers.restart_budget
+        self.restart_budget = RestartBudget("aggregator", budget.max_restarts, budget.window_s)
         self._remote_cls = ray.remote(num_cpus=num_cpus, max_restarts=0)(AggregatorWorker)
         self._groups = [indices[i::num_aggregators] for i in range(num_aggregators)]
         # Per aggregator, the worker handles it gathers from, in its shard order.
@@ -188,10 +195,17 @@ class AggregatorSet(Sequence[Any]):
         elif error.reason == "raised":
             raise error  # the aggregator's own code failed: not a fault a restart fixes
         ray.kill(failed, no_restart=True)
+        live = set(self.workers.remote_worker_indices())
+        group = [i for i in self._groups[index] if i in live]
+        if group:
+            what = f"aggregator {index} (of rollout workers {group}) failed"
+            self.restart_budget.spend(what, error, worker_indices=group)
+            delay = self.restart_budget.backoff(index, error)
+            logger.warning("%s (%s); recreating it%s", what, error, f" in {delay:g} s" if delay else "")
+            time.sleep(delay)
+        else:
+            logger.warning("aggregator %d failed (%s); its rollout workers are gone", index, error)
         replacement = self._create(index)
-        logger.warning(
-            "aggregator %d failed (%s); %s", index, error, "recreated" if replacement else "its workers are gone"
-        )
         self._actors[index] = replacement
         self._replacements[failed] = replacement
         self.num_restarts += 1

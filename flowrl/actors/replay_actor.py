@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import time
+from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import ray
 
 from flowrl.data import LocalReplayBuffer, MultiAgentBatch, SampleBatch
 from flowrl.iterators import ParallelIteratorWorker
+from flowrl.storage.array_files import ArrayFileReader, ArrayFileWriter
+
+logger = logging.getLogger(__name__)
 
 Batch = SampleBatch | MultiAgentBatch
 
@@ -77,9 +83,41 @@ class ReplayActor(ParallelIteratorWorker):
         """The buffer's state (optionally with its contents)."""
         return self.buffer.get_state(include_contents=include_contents)
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`get_state`'s output."""
-        self.buffer.set_state(state)
+    def write_state(self, directory: str, prefix: str, include_contents: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The buffer's state with its rows written into ``directory`` (a checkpoint being staged), and the marker
+        entries of the files written there (``<prefix>.<n>.npy``).
+
+        The rows go from the buffer's columns to the files a chunk at a time, in this one call: the state
+        and the rows are of one moment, and no copy of them is made. A shard that cannot see ``directory``
+        (on another node, without a filesystem the nodes share) returns its rows in the state instead.
+        """
+        if not include_contents:
+            return self.buffer.get_state(), {}
+        if not Path(directory).is_dir():
+            logger.warning(
+                "replay shard on node %s cannot see the checkpoint directory %s: its rows go through the driver "
+                "(keep runs on storage every node mounts, --storage-path, to write them directly)",
+                ray.get_runtime_context().get_node_id(),
+                directory,
+            )
+            return self.buffer.get_state(include_contents=True), {}
+        writer = ArrayFileWriter(Path(directory), prefix)
+        return self.buffer.get_state(include_contents=True, write_column=writer), writer.entries
+
+    def set_state(self, state: Mapping[str, Any] | None, directory: str | None = None) -> None:
+        """Restore :meth:`get_state`'s or :meth:`write_state`'s output; rows written to files are read back
+        from the checkpoint ``directory``, a chunk at a time. None (a checkpoint saved while this shard was
+        dead, past its restart cap) leaves the buffer as it is: empty in a new run."""
+        if state is None:
+            logger.warning(
+                "replay shard: the checkpoint holds none of its rows (it was dead when saved): it starts empty"
+            )
+            return
+        self.buffer.set_state(state, read_column=None if directory is None else ArrayFileReader(Path(directory)))
+
+    def pid(self) -> int:
+        """This shard's process id (to watch its memory)."""
+        return os.getpid()
 
     def ping(self) -> str:
         """Answer a health check."""

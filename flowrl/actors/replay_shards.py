@@ -7,12 +7,15 @@ declares its replay tier without importing Ray.
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, Iterator, Mapping, overload
 
 from flowrl.actors.placeholders import PlaceholderActor, placeholders_active
 from flowrl.actors.placement import REPLAY_SHARD, Reservation
+from flowrl.actors.restart_budget import RestartBudget
 from flowrl.deferred import ray
 from flowrl.errors import FlowRLError, ReplayShardError
 
@@ -41,7 +44,10 @@ class ReplayShards(Sequence[Any]):
     warning and counts the restart in ``num_restarts``; ``refill_steps`` sums the
     replacements' ``learning_starts`` (steps sampling must add before they replay), and
     ``num_lost_calls`` counts the writes and priority updates the replay operators lost to a
-    shard that died. Build one with :func:`create_replay_actors`.
+    shard that died. ``restart_budget`` caps the restarts (none by default; a plan's shards get
+    ``max_worker_restarts`` within ``restart_window_s``): past it, :meth:`replace` raises
+    :class:`~flowrl.errors.WorkerFailureError`; a shard whose replacements keep failing to start
+    is recreated after a growing delay. Build one with :func:`create_replay_actors`.
 
     ``placement`` says where on a cluster the shards (and their replacements) run:
     ``"driver_node"`` on the node of this driver, next to the learner that stores to and
@@ -58,6 +64,7 @@ class ReplayShards(Sequence[Any]):
         num_cpus: float = 0.0,
         placement: str = "driver_node",
         reservation: Reservation | None = None,
+        restart_budget: RestartBudget | None = None,
     ) -> None:
         if not shard_args:
             raise FlowRLError("ReplayShards needs the buffer arguments of at least one shard")
@@ -73,6 +80,7 @@ class ReplayShards(Sequence[Any]):
         # Gathers, operators and PlanResources.stats may report the same failure from different threads.
         self._lock = threading.Lock()
         self._stopped = False
+        self.restart_budget = restart_budget or RestartBudget("replay shard", None, math.inf)
         self.num_restarts = 0
         self.refill_steps = 0
         self.num_lost_calls = 0
@@ -133,7 +141,8 @@ class ReplayShards(Sequence[Any]):
         Idempotent: a shard that was already replaced is not replaced again, and every
         caller reporting it gets the shard now in its place. The failed actor is killed, in
         case it is hung rather than dead. Raises :class:`~flowrl.errors.ReplayShardError`
-        for an actor that is not one of these shards, or after :meth:`stop`.
+        for an actor that is not one of these shards, or after :meth:`stop`, and
+        :class:`~flowrl.errors.WorkerFailureError` past the restart budget.
         """
         with self._lock:
             if failed_actor in self._replaced:
@@ -149,16 +158,21 @@ class ReplayShards(Sequence[Any]):
                     f"{failed_actor} failed but is not one of the replay shards {self._actors}"
                 ) from error
             ray.kill(failed_actor)
+            cause = error if error is not None else ReplayShardError(f"replay shard {index} was reported failed")
+            self.restart_budget.spend(f"replay shard {index} failed ({_first_line(error)})", cause)
+            delay = self.restart_budget.backoff(index, cause)
+            logger.warning(
+                "replay shard %d failed (%s); recreating it empty%s (replay shard restart %d)",
+                index,
+                _first_line(error),
+                f" in {delay:g} s" if delay else "",
+                self.num_restarts + 1,
+            )
+            time.sleep(delay)  # every caller waits: none may use the shard before its replacement exists
             self._actors[index] = self._start(self._shard_args[index], index, replacement=True)
             self._replaced[failed_actor] = index
             self.num_restarts += 1
             self.refill_steps += int(self._shard_args[index].get("learning_starts", 0))
-            logger.warning(
-                "replay shard %d failed (%s); recreated it empty (replay shard restart %d)",
-                index,
-                _first_line(error),
-                self.num_restarts,
-            )
             return self._actors[index]
 
     def stop(self) -> None:
@@ -179,6 +193,7 @@ def create_replay_actors(
     placement: str = "driver_node",
     reservation: Reservation | None = None,
     time_handoffs: bool = True,
+    restart_budget: RestartBudget | None = None,
     **buffer_args: Any,
 ) -> ReplayShards:
     """``num_shards`` :class:`ReplayActor` shards splitting ``capacity`` and ``learning_starts`` between them.
@@ -186,7 +201,8 @@ def create_replay_actors(
     ``buffer_args``: the other arguments of :class:`~flowrl.data.LocalReplayBuffer`; shard
     ``i`` samples with ``seed + i``; ``time_handoffs``: the shards time Ray's serialization of
     their replayed batches for the X-ray. The shards come as :class:`ReplayShards` (placed by
-    ``placement``, in ``reservation``'s bundles if it holds some), which recreates a failed one.
+    ``placement``, in ``reservation``'s bundles if it holds some), which recreates a failed one
+    within ``restart_budget``.
     """
     if num_shards < 1:
         raise FlowRLError(f"create_replay_actors(num_shards={num_shards}): needs at least one shard")
@@ -200,4 +216,6 @@ def create_replay_actors(
         }
         for shard in range(num_shards)
     ]
-    return ReplayShards(shard_args, num_cpus=num_cpus, placement=placement, reservation=reservation)
+    return ReplayShards(
+        shard_args, num_cpus=num_cpus, placement=placement, reservation=reservation, restart_budget=restart_budget
+    )

@@ -11,9 +11,11 @@ them, one can be replaced without rebuilding the plan.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from flowrl.actors.aggregator import AggregatorSet
@@ -22,9 +24,11 @@ from flowrl.actors.learner_thread import LearnerThread
 from flowrl.actors.placeholders import placeholders_active
 from flowrl.actors.placement import Reservation
 from flowrl.actors.replay_shards import ReplayShards, create_replay_actors
+from flowrl.actors.restart_budget import RestartBudget
 from flowrl.data import LocalReplayBuffer
 from flowrl.deferred import ray
 from flowrl.errors import CheckpointError, FlowRLError, ReplayShardError
+from flowrl.storage.array_files import ArrayFileReader, ArrayFileWriter
 
 if TYPE_CHECKING:
     from flowrl.actors.worker_set import WorkerSet
@@ -33,10 +37,15 @@ if TYPE_CHECKING:
 #: Longest wait for a replay shard's statistics, and for its state in a checkpoint.
 STATS_TIMEOUT_S = 10.0
 STATE_TIMEOUT_S = 300.0
+#: The slowest storage a save or restore of replay shards' rows waits for: their wait grows by 1 s per this many bytes.
+SLOWEST_REPLAY_BYTES_PER_S = 20e6
+
+logger = logging.getLogger(__name__)
 
 
 class ReplayConfig(Protocol):
-    """The replay keys of a config (DQN's and the algorithms built on its replay)."""
+    """The replay keys of a config (DQN's and the algorithms built on its replay), and the restart budget
+    its replay shards share with every other kind of actor."""
 
     buffer_size: int
     learning_starts: int
@@ -47,6 +56,8 @@ class ReplayConfig(Protocol):
     prioritized_replay_eps: float
     seed: int | None
     profile: bool
+    max_worker_restarts: int
+    restart_window_s: float
 
 
 def replay_buffer_args(config: ReplayConfig) -> dict[str, Any]:
@@ -145,26 +156,80 @@ class PlanResources:
             "num_learner_restarts": self.learners.num_restarts if self.learners is not None else 0,
         }
 
-    def get_state(self) -> dict[str, Any]:
-        """The replay buffers' state (their contents with ``checkpoint_replay_contents``) and the
-        fault counters, for checkpoints.
+    def get_state(self, *, replay: bool = True) -> dict[str, Any]:
+        """The replay buffers' state (their contents with ``checkpoint_replay_contents``; nothing of them
+        with ``replay=False``, which asks no actor), the fault counters and the restarts that count
+        against the replay shards' and aggregators' caps, for checkpoints.
 
         Learner threads and aggregators keep nothing that outlives a batch: the learner's
         policies are the local worker's, saved with it.
         """
-        state: dict[str, Any] = {"fault_counters": self.fault_counters()}
+        state: dict[str, Any] = {"fault_counters": self.fault_counters(), "restart_times": self._restart_times()}
         contents = self.checkpoint_replay_contents
+        if not replay:
+            return state
         if self.replay_buffer is not None:
             state["replay_buffer"] = self.replay_buffer.get_state(include_contents=contents)
         if self.replay_actors:
             args = [(contents,)] * len(self.replay_actors)
-            state["replay_shards"] = self._ask_shards("get_state", args, STATE_TIMEOUT_S)
+            state["replay_shards"] = self._ask_shards(
+                "get_state", args, STATE_TIMEOUT_S, skip_dead=self._shards_capped()
+            )
         return state
 
-    def set_state(self, state: Mapping[str, Any], *, allow_partial: bool = False) -> None:
-        """Restore :meth:`get_state`'s output into resources of the same shape.
+    def write_replay(self, state: Mapping[str, Any], directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``state`` (:meth:`get_state` with ``replay=False``) with the replay buffers' state added, their rows
+        (with ``checkpoint_replay_contents``) written into ``directory``, a checkpoint being staged; and the
+        marker entries of the files written (``replay_buffer.<n>.npy``, ``replay_shard_<i>.<n>.npy``).
 
-        Replay shards of another number are an error, or with ``allow_partial`` left empty.
+        The rows go to the files a chunk at a time, straight from the buffers' columns: the local buffer's
+        from this process, each shard's from its own process (see :meth:`ReplayActor.write_state`). A shard
+        that gives no answer in time (300 s, plus 1 s per 20 MB of the shards' rows) or dies raises
+        :class:`~flowrl.errors.ReplayShardError`. :func:`~flowrl.storage.checkpoints.write_checkpoint`'s
+        ``streams`` take this method.
+        """
+        contents = self.checkpoint_replay_contents
+        replay: dict[str, Any] = {}
+        entries: dict[str, Any] = {}
+        if self.replay_buffer is not None:
+            writer = ArrayFileWriter(directory, "replay_buffer")
+            replay["replay_buffer"] = self.replay_buffer.get_state(
+                include_contents=contents, write_column=writer if contents else None
+            )
+            entries.update(writer.entries)
+        if self.replay_actors:
+            args = [(str(directory), f"replay_shard_{i}", contents) for i in range(len(self.replay_actors))]
+            nbytes = self._shard_bytes() if contents else 0
+            timeout_s = STATE_TIMEOUT_S + nbytes / SLOWEST_REPLAY_BYTES_PER_S
+            answers = self._ask_shards("write_state", args, timeout_s, skip_dead=self._shards_capped())
+            replay["replay_shards"] = [None if answer is None else answer[0] for answer in answers]
+            for answer in answers:
+                entries.update({} if answer is None else answer[1])
+        return {**state, **replay}, entries
+
+    def _shard_bytes(self) -> int:
+        args = [()] * len(self.replay_actors)
+        stats = self._ask_shards("stats", args, STATS_TIMEOUT_S, skip_dead=self._shards_capped())
+        return sum(
+            int(buffer["est_size_bytes"])
+            for shard in stats
+            if shard is not None
+            for buffer in shard["policies"].values()
+        )
+
+    def _shards_capped(self) -> bool:
+        """Whether the replay shards reached their restart cap: a save then leaves a dead shard's rows out
+        (the emergency checkpoint of the error that ends the run) instead of failing on it."""
+        return isinstance(self.replay_actors, ReplayShards) and self.replay_actors.restart_budget.exhausted
+
+    def set_state(
+        self, state: Mapping[str, Any], *, allow_partial: bool = False, directory: Path | None = None
+    ) -> None:
+        """Restore :meth:`get_state`'s (or :meth:`write_replay`'s) output into resources of the same shape.
+
+        Replay shards of another number are an error, or with ``allow_partial`` left empty. Rows that
+        :meth:`write_replay` wrote to files are read back from ``directory``, the checkpoint's, a chunk at a
+        time into the new buffers (each shard reads its own files).
         """
         counters = state.get("fault_counters", {})  # absent in checkpoints written before they were saved
         if isinstance(self.replay_actors, ReplayShards):
@@ -174,8 +239,11 @@ class PlanResources:
             self.aggregators.num_restarts = int(counters.get("num_aggregator_restarts", 0))
         if self.learners is not None:
             self.learners.num_restarts = int(counters.get("num_learner_restarts", 0))
+        for kind, budget in self._restart_budgets().items():  # restarts in the window go on counting
+            budget.set_state(state.get("restart_times", {}).get(kind, []))
+        reader = None if directory is None else ArrayFileReader(directory)
         if self.replay_buffer is not None and "replay_buffer" in state:
-            self.replay_buffer.set_state(state["replay_buffer"])
+            self.replay_buffer.set_state(state["replay_buffer"], read_column=reader)
         shards: Sequence[Any] = state.get("replay_shards", [])
         if self.replay_actors and shards:
             if len(shards) != len(self.replay_actors):
@@ -185,7 +253,22 @@ class PlanResources:
                     f"the checkpoint holds {len(shards)} replay shards, this run has {len(self.replay_actors)}; "
                     "restore with the checkpoint's num_replay_shards"
                 )
-            self._ask_shards("set_state", [(shard,) for shard in shards], STATE_TIMEOUT_S)
+            where = None if directory is None else str(directory)
+            nbytes = 0 if directory is None else sum(f.stat().st_size for f in directory.glob("replay_shard_*.npy"))
+            timeout_s = STATE_TIMEOUT_S + nbytes / SLOWEST_REPLAY_BYTES_PER_S
+            self._ask_shards("set_state", [(shard, where) for shard in shards], timeout_s)
+
+    def _restart_budgets(self) -> dict[str, RestartBudget]:
+        budgets = {}
+        if isinstance(self.replay_actors, ReplayShards):
+            budgets["replay_shards"] = self.replay_actors.restart_budget
+        if self.aggregators is not None:
+            budgets["aggregators"] = self.aggregators.restart_budget
+        return budgets
+
+    def _restart_times(self) -> dict[str, list[float]]:
+        """The times of the replay shards' and aggregators' restarts that count against their caps now."""
+        return {kind: budget.get_state() for kind, budget in self._restart_budgets().items()}
 
     def stats(self) -> dict[str, Any]:
         """Learner queue and throughput, replay sizes: what ``result["info"]`` reports of them."""
@@ -200,13 +283,19 @@ class PlanResources:
         return stats
 
     def _ask_shards(
-        self, method: str, args: Sequence[tuple[Any, ...]], timeout_s: float, replace_dead: bool = False
+        self,
+        method: str,
+        args: Sequence[tuple[Any, ...]],
+        timeout_s: float,
+        replace_dead: bool = False,
+        skip_dead: bool = False,
     ) -> list[Any]:
         """Each replay shard's answer to ``method(*args[i])``, all within ``timeout_s``.
 
         A shard that gives no answer in time, or is dead, raises
         :class:`~flowrl.errors.ReplayShardError` naming it; with ``replace_dead`` a dead shard
-        of :class:`ReplayShards` is recreated instead, and its replacement answers.
+        of :class:`ReplayShards` is recreated instead, and its replacement answers; with
+        ``skip_dead`` a dead shard's answer is None (with a warning that its rows are left out).
         """
         actors = list(self.replay_actors)
         refs = [getattr(actor, method).remote(*call_args) for actor, call_args in zip(actors, args)]
@@ -218,6 +307,12 @@ class PlanResources:
             except ray.exceptions.GetTimeoutError as e:
                 raise ReplayShardError(f"replay shard {index} gave no answer to {method} within {timeout_s} s") from e
             except ray.exceptions.RayActorError as e:
+                if skip_dead:
+                    logger.warning(
+                        "replay shard %d is dead and past its restart cap: %s leaves its rows out", index, method
+                    )
+                    answers.append(None)
+                    continue
                 if not (replace_dead and isinstance(self.replay_actors, ReplayShards)):
                     raise ReplayShardError(
                         f"replay shard {index} died before it answered {method}: its rows are lost"
@@ -261,5 +356,6 @@ def replay_shards(
         placement=placement,
         reservation=reservation,
         time_handoffs=config.profile,
+        restart_budget=RestartBudget("replay shard", config.max_worker_restarts, config.restart_window_s),
         **replay_buffer_args(config),
     )

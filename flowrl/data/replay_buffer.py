@@ -13,15 +13,18 @@
   been added) and ``update_priorities()`` from TD errors.
 
 Every buffer has its own seeded NumPy generator, saved by ``get_state()``, so a restored
-buffer samples exactly what the original would have.
+buffer samples exactly what the original would have. A buffer's rows can stay out of its state:
+``get_state(include_contents=True, write_column=...)`` hands each column's filled rows (a view, not
+a copy) to a writer that stores them (a checkpoint's files) and keeps what it returns in their
+place; ``set_state(state, read_column=...)`` reads them back into the newly allocated columns.
 """
 
 from __future__ import annotations
 
 import numbers
 import zlib
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -40,6 +43,25 @@ Seed = int | np.random.SeedSequence | None
 
 BATCH_INDEXES = "batch_indexes"
 """Column added to sampled batches: each row's position in its buffer (for ``update_priorities``)."""
+
+
+class ColumnSource(Protocol):
+    """Rows kept outside a buffer's state (e.g. a checkpoint's file), read back into an array the buffer allocates."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+
+    def read_into(self, out: np.ndarray) -> None:
+        """Fill ``out`` (of this shape and dtype) with the rows."""
+
+
+#: Stores a column's filled rows (its name, and a view of them: no copy) and returns what the state keeps instead.
+ColumnWriter = Callable[[str, np.ndarray], Any]
+#: Given what a :data:`ColumnWriter` returned, the rows it stored.
+ColumnReader = Callable[[Any], ColumnSource]
 
 
 def _is_int(value: Any) -> bool:
@@ -129,7 +151,7 @@ class ReplayBuffer:
         self._num_added += count
         return (start + np.arange(kept, dtype=np.int64)) % self.capacity
 
-    def _allocate(self, columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _allocate(self, columns: Mapping[str, np.ndarray | ColumnSource]) -> dict[str, np.ndarray]:
         self._storage = {
             key: np.zeros((self.capacity, *array.shape[1:]), dtype=array.dtype) for key, array in columns.items()
         }
@@ -207,8 +229,9 @@ class ReplayBuffer:
 
     # -- state -------------------------------------------------------------------------
 
-    def get_state(self, include_contents: bool = False) -> dict[str, Any]:
-        """Counters and RNG state, and with ``include_contents`` the stored rows (copied)."""
+    def get_state(self, include_contents: bool = False, write_column: ColumnWriter | None = None) -> dict[str, Any]:
+        """Counters and RNG state, and with ``include_contents`` the stored rows: copied, or with
+        ``write_column`` what it returns for each column's rows (which it stores; see the module docstring)."""
         state: dict[str, Any] = {
             "capacity": self.capacity,
             "num_added": self._num_added,
@@ -221,12 +244,18 @@ class ReplayBuffer:
                 "next_idx": self._next_idx,
                 "size": self._size,
                 # Rows [0, size) are exactly the filled slots, so positions survive the round trip.
-                "columns": {key: column[: self._size].copy() for key, column in self._storage.items()},
+                "columns": {
+                    key: column[: self._size].copy()
+                    if write_column is None
+                    else write_column(key, column[: self._size])
+                    for key, column in self._storage.items()
+                },
             }
         return state
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`get_state`'s result. Without contents the buffer is left empty."""
+    def set_state(self, state: Mapping[str, Any], read_column: ColumnReader | None = None) -> None:
+        """Restore :meth:`get_state`'s result. Without contents the buffer is left empty. Columns a
+        ``write_column`` stored are read back with ``read_column`` straight into the new columns."""
         contents = state.get("contents")
         if contents is not None and state["capacity"] != self.capacity:
             raise ReplayBufferError(
@@ -239,14 +268,33 @@ class ReplayBuffer:
         self._rng.bit_generator.state = state["rng"]
         self._storage, self._next_idx, self._size = None, 0, 0
         if contents is not None and int(contents["size"]) > 0:
-            columns = {key: np.asarray(value) for key, value in contents["columns"].items()}
+            size = int(contents["size"])
+            columns = {key: self._column_source(key, value, read_column) for key, value in contents["columns"].items()}
+            for key, source in columns.items():
+                if source.shape[:1] != (size,):
+                    raise ReplayBufferError(
+                        f"column {key!r} of the state holds {source.shape[:1]} rows, its size says {size}"
+                    )
             # Through the returned dict: mypy still holds self._storage as the None assigned above.
             storage = self._allocate(columns)
-            size = int(contents["size"])
-            for key, array in columns.items():
-                storage[key][:size] = array
+            for key, source in columns.items():
+                if isinstance(source, np.ndarray):
+                    storage[key][:size] = source
+                else:
+                    source.read_into(storage[key][:size])
             self._size = size
             self._next_idx = int(contents["next_idx"])
+
+    @staticmethod
+    def _column_source(key: str, value: Any, read_column: ColumnReader | None) -> np.ndarray | ColumnSource:
+        if isinstance(value, np.ndarray):
+            return value
+        if read_column is None:
+            raise ReplayBufferError(
+                f"column {key!r} of the state is stored outside it ({value!r}): restore it with a read_column "
+                "(a checkpoint's, as Trainer.restore does)"
+            )
+        return read_column(value)
 
 
 class PrioritizedReplayBuffer(ReplayBuffer):
@@ -367,8 +415,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         stats["max_priority"] = self._max_priority
         return stats
 
-    def get_state(self, include_contents: bool = False) -> dict[str, Any]:
-        state = super().get_state(include_contents)
+    def get_state(self, include_contents: bool = False, write_column: ColumnWriter | None = None) -> dict[str, Any]:
+        state = super().get_state(include_contents, write_column)
         state["alpha"] = self.alpha
         state["max_priority"] = self._max_priority
         if state["contents"] is not None:
@@ -376,8 +424,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             state["contents"]["priorities"] = self._priorities[: self._size].copy()
         return state
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        super().set_state(state)
+    def set_state(self, state: Mapping[str, Any], read_column: ColumnReader | None = None) -> None:
+        super().set_state(state, read_column)
         # A uniform buffer's state (no priorities) restores with every row at the max priority.
         self._max_priority = float(state.get("max_priority", 1.0))
         self._reset_priorities()
@@ -522,23 +570,28 @@ class LocalReplayBuffer:
             "policies": {policy_id: buffer.stats() for policy_id, buffer in self._buffers.items()},
         }
 
-    def get_state(self, include_contents: bool = False) -> dict[str, Any]:
-        """Counters, ``beta`` and every policy buffer's state (rows only with ``include_contents``)."""
+    def get_state(self, include_contents: bool = False, write_column: ColumnWriter | None = None) -> dict[str, Any]:
+        """Counters, ``beta`` and every policy buffer's state (rows only with ``include_contents``; given to
+        ``write_column`` as ``"<policy id>/<column>"`` if given, see :meth:`ReplayBuffer.get_state`)."""
         return {
             "num_steps_added": self._num_steps_added,
             "num_steps_replayed": self._num_steps_replayed,
             "beta": self._beta,
-            "buffers": {pid: buffer.get_state(include_contents) for pid, buffer in self._buffers.items()},
+            "buffers": {
+                pid: buffer.get_state(include_contents, _prefixed(write_column, pid))
+                for pid, buffer in self._buffers.items()
+            },
         }
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`get_state`'s result (buffers are rebuilt with this object's settings)."""
+    def set_state(self, state: Mapping[str, Any], read_column: ColumnReader | None = None) -> None:
+        """Restore :meth:`get_state`'s result (buffers are rebuilt with this object's settings; stored
+        columns are read with ``read_column``)."""
         self._num_steps_added = int(state["num_steps_added"])
         self._num_steps_replayed = int(state["num_steps_replayed"])
         self.beta = state["beta"]
-        self._buffers = {}
+        self._buffers = {}  # the old rows are freed before the new ones are allocated
         for policy_id, buffer_state in state["buffers"].items():
-            self._buffer(policy_id).set_state(buffer_state)
+            self._buffer(policy_id).set_state(buffer_state, read_column)
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{pid}: {len(b)}" for pid, b in self._buffers.items())
@@ -546,3 +599,9 @@ class LocalReplayBuffer:
             f"LocalReplayBuffer(capacity={self.capacity}, prioritized={self.prioritized}, "
             f"steps_added={self._num_steps_added}, {{{sizes}}})"
         )
+
+
+def _prefixed(write_column: ColumnWriter | None, policy_id: str) -> ColumnWriter | None:
+    if write_column is None:
+        return None
+    return lambda key, rows: write_column(f"{policy_id}/{key}", rows)

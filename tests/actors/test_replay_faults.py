@@ -13,8 +13,9 @@ from fakes import is_dead
 
 from flowrl import Trainer
 from flowrl.actors import Learned, PlanResources, ReplayShards, create_replay_actors
+from flowrl.actors.restart_budget import RestartBudget
 from flowrl.data import SampleBatch
-from flowrl.errors import ReplayShardError, ShardFailedError
+from flowrl.errors import ReplayShardError, ShardFailedError, WorkerFailureError
 from flowrl.iterators import LocalIterator, NextValueNotReady
 from flowrl.operators import STEPS_SAMPLED_COUNTER, Replay, StoreToReplayBuffer, ThrottleSampling, UpdatePriorities
 from flowrl.operators.replay_ops import _ReplaceFailedShard
@@ -73,6 +74,48 @@ def test_a_dead_shard_is_replaced_empty_in_place_and_counted_once() -> None:
         shards.stop()
     with pytest.raises(ReplayShardError, match="stopped"):
         shards.replace(shards[1])
+
+
+def test_a_shard_killed_past_its_restart_cap_is_the_cap_error_and_a_checkpoint_keeps_the_window() -> None:
+    def capped_tier() -> ReplayShards:
+        return create_replay_actors(
+            1,
+            capacity=100,
+            learning_starts=0,
+            replay_batch_size=2,
+            seed=0,
+            restart_budget=RestartBudget("replay shard", 1, 3600.0),
+        )
+
+    shards = capped_tier()
+    resources = PlanResources(replay_actors=shards)
+    try:
+        first = shards[0]
+        kill(first)
+        second = shards.replace(first, RuntimeError("gone"))  # under the cap: recreated empty, as without one
+        ray.get(second.add_batch.remote(rows(2)), timeout=60)
+        assert steps_added(second) == 2 and shards.num_restarts == 1
+        state = resources.get_state()
+        assert len(state["restart_times"]["replay_shards"]) == 1
+        kill(second)
+        with pytest.raises(
+            WorkerFailureError, match=r"replay shard 0 failed .*max_worker_restarts=1, restart_window_s"
+        ):
+            shards.replace(second, RuntimeError("gone again"))
+        assert shards.num_restarts == 1 and shards.restart_budget.exhausted
+    finally:
+        resources.stop()
+
+    resumed = capped_tier()  # a run resumed from the checkpoint: its one restart still counts
+    resources = PlanResources(replay_actors=resumed)
+    try:
+        resources.set_state(state)
+        assert resumed.num_restarts == 1
+        kill(resumed[0])
+        with pytest.raises(WorkerFailureError, match="max_worker_restarts=1"):
+            resumed.replace(resumed[0], RuntimeError("gone"))
+    finally:
+        resources.stop()
 
 
 def test_plan_resources_stats_replace_a_dead_shard_and_state_names_it() -> None:

@@ -417,6 +417,60 @@ def test_prioritized_state_round_trip_restores_trees_and_max_priority() -> None:
     assert empty.priorities()[0] == buffer.max_priority
 
 
+class MemoryColumns:
+    """A column writer and reader that keep the rows they are given in a dict (a checkpoint's files, in tests)."""
+
+    class Source:
+        def __init__(self, rows: np.ndarray) -> None:
+            self.rows, self.shape, self.dtype = rows, rows.shape, rows.dtype
+
+        def read_into(self, out: np.ndarray) -> None:
+            out[...] = self.rows
+
+    def __init__(self) -> None:
+        self.stored: dict[str, np.ndarray] = {}
+        self.views: list[np.ndarray] = []
+
+    def write(self, name: str, rows: np.ndarray) -> Any:
+        self.views.append(rows)
+        self.stored[name] = rows.copy()
+        return {"ref": name}
+
+    def read(self, reference: Any) -> MemoryColumns.Source:
+        return self.Source(self.stored[reference["ref"]])
+
+
+def test_written_columns_are_views_of_the_rows_and_read_back_into_new_columns() -> None:
+    buffer = PrioritizedReplayBuffer(8, alpha=0.6, seed=3)
+    buffer.add(make_batch(6))
+    buffer.update_priorities(np.arange(6), np.linspace(0.5, 3, 6))
+    columns = MemoryColumns()
+    state = pickle.loads(pickle.dumps(buffer.get_state(include_contents=True, write_column=columns.write)))
+    assert state["contents"]["columns"] == {key: {"ref": key} for key in buffer.columns}
+    # No copy of the rows is made: the writer gets views of the buffer's columns, of the filled rows.
+    assert all(np.shares_memory(view, buffer._storage[key]) for view, key in zip(columns.views, buffer.columns))
+    assert [len(view) for view in columns.views] == [6] * len(buffer.columns)
+    restored = PrioritizedReplayBuffer(8, alpha=0.6)
+    restored.set_state(state, read_column=columns.read)
+    np.testing.assert_array_equal(stored_rows(restored), stored_rows(buffer))
+    np.testing.assert_array_equal(restored.priorities(), buffer.priorities())
+    a, b = buffer.sample(16, beta=0.4), restored.sample(16, beta=0.4)
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_written_columns_cannot_be_restored_without_a_reader_nor_with_other_sizes() -> None:
+    buffer = ReplayBuffer(8)
+    buffer.add(make_batch(4))
+    columns = MemoryColumns()
+    state = buffer.get_state(include_contents=True, write_column=columns.write)
+    with pytest.raises(ReplayBufferError, match="column 'obs' of the state is stored outside it .*read_column"):
+        ReplayBuffer(8).set_state(state)
+    columns.stored["obs"] = columns.stored["obs"][:3]
+    with pytest.raises(ReplayBufferError, match=r"column 'obs' of the state holds \(3,\) rows, its size says 4"):
+        ReplayBuffer(8).set_state(state, read_column=columns.read)
+
+
 # -- LocalReplayBuffer ---------------------------------------------------------------------
 
 
@@ -566,6 +620,21 @@ def test_local_state_round_trip_with_contents_replays_identically() -> None:
         for pid in a.policy_batches:
             for key in a.policy_batches[pid]:
                 np.testing.assert_array_equal(a.policy_batches[pid][key], b.policy_batches[pid][key])
+
+
+def test_local_buffers_name_written_columns_by_policy_and_read_them_back() -> None:
+    local = LocalReplayBuffer(capacity=16, learning_starts=5, replay_batch_size=8, seed=5)
+    local.add_batch(MultiAgentBatch({"a": make_batch(10), "b": make_batch(20, start=50)}, env_steps=10))
+    columns = MemoryColumns()
+    state = local.get_state(include_contents=True, write_column=columns.write)
+    assert sorted(columns.stored) == sorted(f"{pid}/{key}" for pid in "ab" for key in make_batch(1))
+    restored = LocalReplayBuffer(capacity=16, learning_starts=5, replay_batch_size=8, seed=0)
+    restored.set_state(state, read_column=columns.read)
+    a, b = local.replay(), restored.replay()
+    assert isinstance(a, MultiAgentBatch) and isinstance(b, MultiAgentBatch)
+    for pid in a.policy_batches:
+        for key in a.policy_batches[pid]:
+            np.testing.assert_array_equal(a.policy_batches[pid][key], b.policy_batches[pid][key])
 
 
 def test_local_state_without_contents_restores_counters_and_leaves_buffers_empty() -> None:
