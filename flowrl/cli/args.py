@@ -14,6 +14,7 @@ import argparse
 import copy
 import json
 import math
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -21,7 +22,12 @@ from flowrl.config import parse_iteration_window
 from flowrl.config.rllib import RLLIB_MARKER
 from flowrl.errors import CLIError
 from flowrl.runs.experiment import load_experiment_file, parse_experiment
-from flowrl.storage.rundir import DEFAULT_CHECKPOINT_INTERVAL_S, DEFAULT_KEEP_CHECKPOINTS, DEFAULT_RESULTS_DIR
+from flowrl.storage.rundir import (
+    DEFAULT_CHECKPOINT_INTERVAL_S,
+    DEFAULT_KEEP_CHECKPOINTS,
+    DEFAULT_RESULTS_DIR,
+    parse_umask,
+)
 
 if TYPE_CHECKING:  # algorithms import torch: load them only when a command needs them
     from flowrl.algorithms import Algorithm
@@ -219,6 +225,7 @@ def iteration_window(text: str) -> tuple[int, int]:
 
 ADDRESS_HELP = "Ray cluster to join (default: $RAY_ADDRESS, else start an embedded local Ray)"
 RUN_DIR_HELP = "a run directory (flowrl train's)"
+HELP_WIDTH = 78  # a description written as given (a command with examples) is wrapped to this width
 
 
 def add_command(
@@ -229,10 +236,21 @@ def add_command(
     help: str,
     description: str | None = None,
     run_dir: str | None = None,
+    examples: Sequence[str] = (),
 ) -> argparse.ArgumentParser:
     """Register subcommand ``name``, which ``run(args)`` carries out (returning the exit status); with ``run_dir``
-    (its help), the command reads the run directory given as its RUN_DIR argument."""
-    parser = subparsers.add_parser(name, help=help, description=description)
+    (its help), the command reads the run directory given as its RUN_DIR argument. ``examples``: command lines
+    that ``--help`` lists after the flags, one a line, as written."""
+    if examples:
+        parser = subparsers.add_parser(
+            name,
+            help=help,
+            description=textwrap.fill(description, HELP_WIDTH) if description else None,
+            epilog="examples:\n" + "\n".join(f"  {example}" for example in examples),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    else:
+        parser = subparsers.add_parser(name, help=help, description=description)
     if run_dir is not None:
         parser.add_argument("run_dir", metavar="RUN_DIR", help=run_dir)
     parser.set_defaults(func=run)
@@ -274,6 +292,20 @@ def add_address_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default=None, help=ADDRESS_HELP)
 
 
+def add_allow_import_flag(parser: argparse.ArgumentParser) -> None:
+    """``--allow-import MODULE`` (repeatable): a module a checkpoint may name and have imported (``allow_imports``)."""
+    parser.add_argument(
+        "--allow-import",
+        action="append",
+        dest="allow_imports",
+        default=[],
+        metavar="MODULE",
+        help="let the checkpoint's config import MODULE and its submodules (a custom model, callbacks, a "
+        "policy_mapping_fn named 'MODULE:name'); importing runs its code, so allow only what you trust; "
+        "repeatable (default: nothing is imported)",
+    )
+
+
 #: The checkpoint flags by the :class:`~flowrl.storage.rundir.RunSpec` keyword each sets (the flag's name is the
 #: keyword's, dashed: ``--checkpoint-freq``), with their ``add_argument`` keywords.
 _CHECKPOINT_FLAGS: dict[str, dict[str, Any]] = {
@@ -313,6 +345,25 @@ def add_checkpoint_flags(parser: argparse.ArgumentParser) -> None:
 def add_results_dir_flag(parser: argparse.ArgumentParser, goes: str) -> None:
     """``--results-dir DIR``: where the directories the command writes go (``goes``: what goes there)."""
     parser.add_argument("--results-dir", metavar="DIR", help=f"where {goes} (default ./{DEFAULT_RESULTS_DIR})")
+
+
+def umask(text: str) -> int:
+    """An argument type: a umask in octal, e.g. ``022``."""
+    try:
+        return parse_umask(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_umask_flag(parser: argparse.ArgumentParser, directory: str) -> None:
+    """``--umask UMASK``: the umask the command's ``directory`` is written under (default private: 077)."""
+    parser.add_argument(
+        "--umask",
+        type=umask,
+        metavar="UMASK",
+        help=f"write the {directory} under this umask, in octal (default 077: directories 0700, files 0600, "
+        f"since checkpoints hold the policy, the config and pickles; 022: 0755 and 0644, readable by all)",
+    )
 
 
 def add_last_flag(parser: argparse.ArgumentParser, help: str, default: int | None = None) -> None:

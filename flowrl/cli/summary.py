@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import shlex
 import signal
 import sys
 import traceback
 from collections.abc import Mapping
+from pathlib import Path
 
 from flowrl.cli.exits import EXIT_FAILURE, EXIT_OK, exit_status_for, report_error, signal_label
-from flowrl.errors import FlowRLError
+from flowrl.errors import CheckpointError, FlowRLError
+from flowrl.outputs.loggers import offline_wandb_runs
 from flowrl.outputs.progress import ProgressDisplay, Verbosity, format_iteration, format_number
 from flowrl.runs.run import Run, RunSummary
+from flowrl.storage.checkpoints import read_metadata
+from flowrl.storage.rundir import BEST_CHECKPOINT, CHECKPOINTS_DIR
 
 
 def describe_stop(stop: Mapping[str, float]) -> str:
@@ -47,13 +52,39 @@ def _report_summary(summary: RunSummary) -> int:
     print(f"interrupted ({signal_label(interrupted_by)})" if summary.interrupted else f"stopped: {summary.stop_reason}")
     if summary.best_reward is not None:
         print(f"best episode_reward_mean: {summary.best_reward:.2f} (iteration {summary.best_iteration})")
-    print(f"checkpoint: {summary.checkpoint or 'none (no iteration finished)'}")
+    weights_only = " (weights and counters only: replay buffers were not saved)" if summary.weights_only else ""
+    print(f"checkpoint: {summary.checkpoint or 'none (no iteration finished)'}{weights_only}")
+    best = _best_checkpoint(summary.directory)
+    if best is not None:
+        print(f"best checkpoint: {best}")
     print(f"results: {summary.directory}")
+    offline = offline_wandb_runs(summary.directory)
+    if offline:
+        print(f"W&B offline run: {offline[-1]}")
+        print(f"upload it with: wandb sync {' '.join(shlex.quote(str(path)) for path in offline)}")
     if summary.interrupted:
         if summary.checkpoint:
             print(f"resume with: flowrl train --resume {summary.directory}", flush=True)
         return exit_status_for(interrupted_by)
     return EXIT_OK
+
+
+def _best_checkpoint(directory: Path) -> str | None:
+    """``checkpoints/best`` of a run directory with the metric and value it was kept for, as the summary says it;
+    None without one."""
+    best = directory / CHECKPOINTS_DIR / BEST_CHECKPOINT
+    if not best.is_dir():
+        return None
+    try:
+        metadata = read_metadata(best)
+    except CheckpointError:
+        return str(best)
+    kept = metadata.get("keep_best")
+    if not isinstance(kept, Mapping) or not isinstance(kept.get("metric"), str):
+        return str(best)
+    iteration = metadata.get("iteration")
+    at = f" at iteration {iteration}" if isinstance(iteration, int) else ""
+    return f"{best} ({kept['metric']} {format_number(kept.get('value'), '.2f')}{at})"
 
 
 def _report_failure(run: Run, error: Exception) -> None:

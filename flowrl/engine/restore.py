@@ -5,7 +5,9 @@ A restore compares the checkpoint's :class:`Layout` with the target trainer's. A
 parameter shapes or policies) means the checkpoint cannot be restored there at all. A
 *partial* restore (a different number of replay shards, an operator state or a target
 network the checkpoint lacks or this plan lacks) would lose part of the checkpoint or of
-the plan's state: it is refused unless the caller allows it, and then reported.
+the plan's state: it is refused unless the caller allows it, and then reported. A checkpoint of
+weights and counters only (``"kind": "weights"``) has no replay state by design: its replay
+buffers are never a partial restore (the Trainer warns that they start empty).
 Config values that differ are *overrides*: the trainer's own values win.
 """
 
@@ -17,6 +19,8 @@ from typing import Any, Mapping
 import gymnasium as gym
 import numpy as np
 
+from flowrl.storage.checkpoints import KIND_KEY, WEIGHTS_KIND
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -24,7 +28,8 @@ class Layout:
 
     ``spaces`` is None for a state written before checkpoints recorded them, and
     ``operators`` for one written before every stateful operator was saved; ``env`` is None
-    when the env is a creator function rather than a registered id.
+    when the env is a creator function rather than a registered id. ``weights_only``: a saved
+    state of weights and counters only, without replay buffers.
     """
 
     algo: str
@@ -35,6 +40,7 @@ class Layout:
     operators: frozenset[str] | None
     replay_shards: int
     replay_buffer: bool
+    weights_only: bool = False
 
 
 def state_layout(state: Mapping[str, Any]) -> Layout:
@@ -53,6 +59,7 @@ def state_layout(state: Mapping[str, Any]) -> Layout:
         operators=frozenset(state["plan"].get("operators", {})) if state.get("upgraded_from", 3) >= 3 else None,
         replay_shards=len(resources.get("replay_shards", [])),
         replay_buffer="replay_buffer" in resources,
+        weights_only=state.get(KIND_KEY) == WEIGHTS_KIND,
     )
 
 
@@ -87,12 +94,13 @@ def check_restore(
                     )
         mismatches += _shape_mismatches(pid, saved.weight_shapes[pid], target.weight_shapes[pid])
     partial: list[str] = []
-    if saved.replay_shards != target.replay_shards:
+    # A weights checkpoint saved no replay state: the buffers start empty whatever their shape.
+    if not saved.weights_only and saved.replay_shards != target.replay_shards:
         partial.append(
             f"replay shards: the checkpoint holds {saved.replay_shards}, this trainer has {target.replay_shards}; "
             "their contents would not be restored (restore with the checkpoint's num_replay_shards to keep them)"
         )
-    if saved.replay_buffer != target.replay_buffer:
+    if not saved.weights_only and saved.replay_buffer != target.replay_buffer:
         partial.append(
             f"replay buffer: the checkpoint {'has' if saved.replay_buffer else 'has none'}, this trainer "
             f"{'has one' if target.replay_buffer else 'has none'}"

@@ -1,10 +1,13 @@
-"""A Trainer's state: what a checkpoint holds (:meth:`TrainerState.get_state`), restoring it, checked first
-(:meth:`TrainerState.set_state`, :meth:`TrainerState.restore`), writing it (:meth:`TrainerState.save`), and
+"""A Trainer's state: what a checkpoint holds (:meth:`TrainerState.get_state`, or only weights and counters:
+:meth:`TrainerState.get_weights_state`), restoring it, checked first (:meth:`TrainerState.set_state`,
+:meth:`TrainerState.restore`), writing it (:meth:`TrainerState.save`, :meth:`TrainerState.save_weights`), and
 the upgrade of older checkpoint layouts (:func:`upgraded_state`)."""
 
 from __future__ import annotations
 
 import logging
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -18,11 +21,11 @@ from flowrl.config import TrainerConfig
 from flowrl.engine.build import EnvSpec
 from flowrl.engine.evaluator import Evaluator
 from flowrl.engine.restore import Layout, check_restore, state_layout
-from flowrl.errors import CheckpointError
+from flowrl.errors import CheckpointError, RunWarning
 from flowrl.operators import STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER
 from flowrl.plan.graph import Plan
 from flowrl.serve.inference import policy_files
-from flowrl.storage.checkpoints import read_checkpoint, write_checkpoint
+from flowrl.storage.checkpoints import FULL_KIND, KIND_KEY, WEIGHTS_KIND, read_checkpoint, write_checkpoint
 
 CHECKPOINT_VERSION = 3
 
@@ -49,11 +52,14 @@ class TrainerState:
     restore_report: dict[str, Any] | None
     _finished_metrics: tuple[dict[str, int], dict[str, Any]]
     _learner_steps_taken: int
+    #: Periodic checkpoints of the whole run that failed (counted by :mod:`flowrl.runs.saving`, kept in checkpoints).
+    num_failed_checkpoints: int = 0
 
-    def get_state(self) -> dict[str, Any]:
+    def get_state(self, *, replay: bool = True) -> dict[str, Any]:
         """Everything needed to resume: config, spaces, weights, optimizer and exploration state,
         counters, RNGs, the envs' episodes in progress in every rollout worker, and the plan's
-        resources (replay buffers).
+        resources (replay buffers; without them with ``replay=False``: :meth:`save` streams them to
+        the checkpoint's files, see :meth:`~flowrl.actors.PlanResources.write_replay`).
 
         A learner thread is paused while the state is read, so weights and counters agree.
         """
@@ -71,8 +77,42 @@ class TrainerState:
                 "worker": local.get_state(),
                 "remote_workers": remote,
                 "num_worker_restarts": self.workers.num_worker_restarts,
+                "worker_restart_times": self.workers.restart_budget.get_state(),
+                "num_failed_checkpoints": self.num_failed_checkpoints,
                 "plan": {**self.plan.get_state(), "metrics": self._checkpoint_metrics()},
-                "resources": self.resources.get_state(),
+                "resources": self.resources.get_state(replay=replay),
+                "evaluation": self.evaluator.get_state(),
+                "rng": process_rng_state(),
+            }
+
+    def get_weights_state(self) -> dict[str, Any]:
+        """:meth:`get_state` without what is slow to gather or large (``"kind": "weights"``): the local
+        policies' states (weights, optimizer and exploration state, target networks), the observation
+        filter, counters, iteration, config and RNGs, read in this process without asking any actor.
+
+        Left out, and fresh on restore: replay buffers, the envs and their episodes in progress, and the
+        remote rollout workers' exploration state (their epsilon follows the restored timestep).
+        """
+        local = self.workers.local_worker()
+        with local.lock:
+            return {
+                "version": CHECKPOINT_VERSION,
+                KIND_KEY: WEIGHTS_KIND,
+                "algo": self.algorithm.name,
+                "env": self.env,
+                "config": self.config.to_dict(jsonable=False),
+                "iteration": self.iteration,
+                "time_total_s": self.time_total_s,
+                "spaces": {pid: (p.observation_space, p.action_space) for pid, p in local.policy_map.items()},
+                "worker": {
+                    "policies": {pid: p.get_state() for pid, p in local.policy_map.items()},
+                    "obs_filter": None if local.obs_filter is None else local.obs_filter.get_state(),
+                },
+                "num_worker_restarts": self.workers.num_worker_restarts,
+                "worker_restart_times": self.workers.restart_budget.get_state(),
+                "num_failed_checkpoints": self.num_failed_checkpoints,
+                "plan": {**self.plan.get_state(), "metrics": self._checkpoint_metrics()},
+                "resources": self.resources.get_state(replay=False),
                 "evaluation": self.evaluator.get_state(),
                 "rng": process_rng_state(),
             }
@@ -105,10 +145,26 @@ class TrainerState:
             replay_buffer=self.resources.replay_buffer is not None,
         )
 
+    def _warn_weights_only(self, source: str) -> None:
+        replay = " with empty replay buffers" if self.resources.replay_buffer or self.resources.replay_actors else ""
+        warnings.warn(
+            f"{source} holds weights and counters only (written when a signal ended the run, before the full "
+            f"state could be saved): training goes on from iteration {self.iteration}{replay}, and the envs "
+            f"start new episodes; the optimizer state and the counters are restored",
+            RunWarning,
+            stacklevel=3,
+        )
+
     def set_state(
-        self, state: Mapping[str, Any], *, allow_partial: bool = False, source: str = "the checkpoint"
+        self,
+        state: Mapping[str, Any],
+        *,
+        allow_partial: bool = False,
+        source: str = "the checkpoint",
+        checkpoint_dir: Path | None = None,
     ) -> None:
-        """Restore :meth:`get_state`'s output into this trainer; older layouts are upgraded.
+        """Restore :meth:`get_state`'s output into this trainer; older layouts are upgraded. Replay rows
+        a save wrote to the checkpoint's own files are read back from ``checkpoint_dir``.
 
         Everything is checked first (see :mod:`flowrl.engine.restore`): a checkpoint of another
         algorithm, env, spaces or model shapes raises :class:`~flowrl.errors.CheckpointError`
@@ -136,7 +192,7 @@ class TrainerState:
             fresh = {0: local.set_state(state["worker"])}
             self._apply_overrides(check.overrides)
         self.plan.set_state(state["plan"])
-        self.resources.set_state(state["resources"], allow_partial=allow_partial)
+        self.resources.set_state(state["resources"], allow_partial=allow_partial, directory=checkpoint_dir)
         if self.resources.learners is not None:  # the replicas learn from the restored policies
             with local.lock:
                 self.resources.learners.sync()
@@ -148,20 +204,27 @@ class TrainerState:
         )
         self.iteration = int(state["iteration"])
         self.time_total_s = float(state["time_total_s"])
-        # The whole run's restarts: max_worker_restarts caps them across resumed sessions too.
+        # The whole run's restarts, and those of them in the window max_worker_restarts caps (which goes
+        # on across resumed sessions; this trainer's config says the cap and the window).
         self.workers.num_worker_restarts = int(state.get("num_worker_restarts", 0))
+        self.workers.restart_budget.set_state(state.get("worker_restart_times", []))
+        self.num_failed_checkpoints = int(state.get("num_failed_checkpoints", 0))
         set_process_rng_state(state["rng"])
         timestep = self.plan.metrics.counters[STEPS_SAMPLED_COUNTER]
         self.workers.sync_weights(global_vars={"timestep": timestep})
         fresh.update(self.workers.set_remote_states(state.get("remote_workers", {})))
         restarted = {index: envs for index, envs in fresh.items() if envs}
+        weights_only = state.get(KIND_KEY) == WEIGHTS_KIND
         self.restore_report = {
             "checkpoint": source,
             "iteration": self.iteration,
+            KIND_KEY: WEIGHTS_KIND if weights_only else FULL_KIND,
             "config_overrides": check.overrides,
             "partial": check.partial,
             "envs_restarted": restarted,
         }
+        if weights_only:
+            self._warn_weights_only(source)
         if restarted:
             logger.warning(
                 "restored from %s, but these envs (worker index: vector indices) could not be saved "
@@ -185,9 +248,30 @@ class TrainerState:
         ``metadata`` adds keys to the checkpoint's ``metadata.json`` (e.g. the metric a run
         keeps its best checkpoint by).
         """
+        return self._write(checkpoint_dir, lambda: self.get_state(replay=False), FULL_KIND, metadata)
+
+    def save_weights(self, checkpoint_dir: str | Path) -> str:
+        """Write a checkpoint of :meth:`get_weights_state` under ``checkpoint_dir`` (atomically, with the
+        portable policy files) and return its path: what a run saves first when a signal ends it.
+
+        Its ``metadata.json`` says ``"kind": "weights"``. It asks no actor and pickles no replay buffer,
+        so its time depends only on the size of the policies. :func:`flowrl.load_policy`, ``flowrl
+        evaluate`` and ``flowrl export`` read it as any checkpoint; :meth:`restore` resumes from it
+        with a :class:`~flowrl.errors.RunWarning` naming what starts afresh.
+        """
+        return self._write(checkpoint_dir, self.get_weights_state, WEIGHTS_KIND, None)
+
+    def _write(
+        self,
+        checkpoint_dir: str | Path,
+        get_state: Callable[[], dict[str, Any]],
+        kind: str,
+        metadata: Mapping[str, Any] | None,
+    ) -> str:
         path = Path(checkpoint_dir) / f"checkpoint_{self.iteration:06d}"
         metadata = {
             **(metadata or {}),
+            KIND_KEY: kind,
             "algo": self.algorithm.name,
             "env": self.env if isinstance(self.env, str) else repr(self.env),
             "iteration": self.iteration,
@@ -196,13 +280,16 @@ class TrainerState:
         }
         local = self.workers.local_worker()
         with local.lock:  # the portable weights are the same moment's as the state's
-            state = self.get_state()
+            state = get_state()
             try:
                 files = policy_files(local.policy_map, self.algorithm.name, self.config, local.obs_filter)
             except CheckpointError as e:  # an exotic space JSON cannot describe: the full checkpoint still counts
                 logger.warning("checkpoint %s: no portable policy files (load_policy cannot read it): %s", path, e)
                 files = {}
-        saved = str(write_checkpoint(path, state, metadata, files=files))
+        # A full checkpoint's replay rows go from the buffers straight to its files, never copied whole.
+        replay = {"resources": lambda tmp: self.resources.write_replay(state["resources"], tmp)}
+        streams = replay if kind == FULL_KIND else None
+        saved = str(write_checkpoint(path, state, metadata, files=files, streams=streams))
         run_hook(self.callbacks, "on_checkpoint", self, saved, where=f"driver, iteration {self.iteration}")
         return saved
 
@@ -224,7 +311,8 @@ class TrainerState:
         you trust (:func:`flowrl.load_policy` reads a policy from anyone without unpickling).
         """
         state, _ = read_checkpoint(checkpoint_path)
-        self.set_state(state, allow_partial=allow_partial, source=f"checkpoint {str(checkpoint_path)!r}")
+        source = f"checkpoint {str(checkpoint_path)!r}"
+        self.set_state(state, allow_partial=allow_partial, source=source, checkpoint_dir=Path(checkpoint_path))
 
 
 # Version 1 keyed operator state by "<position>:<label>" and kept the replay buffers' state

@@ -231,7 +231,12 @@ class Trainer(TrainerState):
                 )
         trainer = cls(state["algo"], state["env"], {**state["config"], **(config_overrides or {})}, address=address)
         try:
-            trainer.set_state(state, allow_partial=allow_partial, source=f"checkpoint {str(checkpoint_path)!r}")
+            trainer.set_state(
+                state,
+                allow_partial=allow_partial,
+                source=f"checkpoint {str(checkpoint_path)!r}",
+                checkpoint_dir=Path(checkpoint_path),
+            )
         except BaseException:
             trainer.stop()
             raise

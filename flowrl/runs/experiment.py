@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, TypedDict
 
-from flowrl.errors import RunError
+from flowrl.errors import RunError, install_hint
 from flowrl.storage.rundir import parse_stop
 
 # Top-level keys of an experiment file besides flat config keys ("run" is RLlib's name for "algo").
@@ -95,8 +95,8 @@ def read_experiment_data(path: str | os.PathLike[str]) -> Any:
         import yaml
     except ImportError:
         raise RunError(
-            f"experiment file {str(file)!r}: reading YAML needs PyYAML (pip install pyyaml); "
-            "or write the config as .json"
+            f"experiment file {str(file)!r}: reading YAML needs PyYAML, which flowrl depends on but this "
+            f"environment lacks (reinstall flowrl: {install_hint()}); or write the config as .json"
         ) from None
     try:
         return _load_yaml(text)

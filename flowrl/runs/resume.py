@@ -21,15 +21,17 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from flowrl.errors import CheckpointError, RunWarning
+from flowrl.errors import CheckpointError, ConfigError, RunError, RunWarning
 from flowrl.outputs.loggers import check_trackers, open_loggers
 from flowrl.plan.trace import write_plan
 from flowrl.runs.run import Run, _default_keep_best
 from flowrl.storage.checkpoints import list_checkpoints, verify_checkpoint
+from flowrl.storage.lock import RunLock
 from flowrl.storage.rundir import (
     CHECKPOINTS_DIR,
+    PRIVATE_UMASK,
     PROGRESS_FILE,
     RunSpec,
     _checkpoint_progress,
@@ -37,11 +39,19 @@ from flowrl.storage.rundir import (
     _read_progress,
     _replace_file,
     _write_params,
+    applied_umask,
     find_run_dir,
     json_safe,
     stop_reason,
 )
 from flowrl.storage.shared import probe_storage, storage_root
+
+if TYPE_CHECKING:  # the Trainer imports torch: load it only when a run resumes
+    from flowrl.engine.trainer import Trainer
+
+
+#: The config keys a resumed run may change: a run that stopped at its restart cap goes on with a higher one.
+RESUME_CONFIG_KEYS = frozenset({"max_worker_restarts", "restart_window_s"})
 
 
 class SkippedCheckpoint(NamedTuple):
@@ -88,19 +98,27 @@ def find_resume_point(
     keep_best: str | None = None,
     wandb_project: str | None = None,
     mlflow_tracking_uri: str | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> ResumePoint:
     """Read a run directory and find where it resumes: its newest usable checkpoint and the results up to it.
 
     With ``storage_path``, ``run_dir`` may be a run directory's name under it (see
     :func:`~flowrl.storage.rundir.find_run_dir`), and the run is taken to live there; without, a run started under a
-    storage path keeps the one its ``params.json`` records. ``stop`` criteria replace the
-    run's own key by key (the others are kept) and count the whole run; each checkpoint
-    and tracker setting given (not None) replaces the run's own. Checkpoints are checked newest first
-    (:func:`~flowrl.storage.checkpoints.verify_checkpoint`: complete, checksums match); one that fails
-    is skipped with a :class:`~flowrl.errors.RunWarning` and recorded in :attr:`ResumePoint.skipped`. Raises
-    :class:`RunError` if ``run_dir`` is not a run directory and :class:`CheckpointError` if
-    none of its checkpoints is usable.
+    storage path keeps the one its ``params.json`` records. ``stop`` criteria, when given
+    (not empty), replace the run's own (none of them is kept) and count the whole run; each checkpoint
+    and tracker setting given (not None) replaces the run's own, and so do the keys of ``config``, which
+    may only be the restart budget's (:data:`RESUME_CONFIG_KEYS`; others raise :class:`ConfigError`).
+    Checkpoints are checked newest first (:func:`~flowrl.storage.checkpoints.verify_checkpoint`:
+    complete, checksums match); one that fails is skipped with a :class:`~flowrl.errors.RunWarning` and
+    recorded in :attr:`ResumePoint.skipped`. Raises :class:`RunError` if ``run_dir`` is not a run
+    directory and :class:`CheckpointError` if none of its checkpoints is usable.
     """
+    refused = sorted(set(config or {}) - RESUME_CONFIG_KEYS)
+    if refused:
+        raise ConfigError(
+            f"{', '.join(refused)} cannot change on resume: a resumed run keeps its config but for "
+            f"{', '.join(sorted(RESUME_CONFIG_KEYS))}"
+        )
     directory = find_run_dir(run_dir, storage_path)
     spec, recorded_storage = _read_params(directory)
     storage = recorded_storage if storage_path is None else storage_root(storage_path)
@@ -109,7 +127,8 @@ def find_resume_point(
         directory = Path(os.path.abspath(directory))
     spec = dataclasses.replace(
         spec,
-        stop={**spec.stop, **(stop or {})},
+        stop=dict(stop) if stop else spec.stop,
+        config={**spec.config, **(config or {})},
         checkpoint_freq=spec.checkpoint_freq if checkpoint_freq is None else checkpoint_freq,
         checkpoint_interval_s=spec.checkpoint_interval_s if checkpoint_interval_s is None else checkpoint_interval_s,
         keep_checkpoints=spec.keep_checkpoints if keep_checkpoints is None else keep_checkpoints,
@@ -156,8 +175,19 @@ def find_resume_point(
     )
 
 
-def resume_run(point: ResumePoint, *, num_workers: int | None = None, address: str | None = None) -> Run:
+def resume_run(
+    point: ResumePoint,
+    *,
+    num_workers: int | None = None,
+    address: str | None = None,
+    umask: int | None = PRIVATE_UMASK,
+) -> Run:
     """Restore ``point``'s checkpoint into a new Trainer and continue its run directory.
+
+    The run directory's lock is taken first (:class:`~flowrl.storage.lock.RunLockedError` names the
+    driver writing it; a stale lock is taken over with a warning), and :class:`~flowrl.errors.RunError`
+    is raised if a checkpoint newer than ``point``'s appeared since it was found. Files are written
+    under ``umask`` as :func:`~flowrl.runs.run.start_run` writes them.
 
     Results after the checkpoint are dropped from ``progress.jsonl`` (they are lost work;
     dropping them keeps iteration numbers unique), and ``params.json`` is rewritten with the
@@ -177,29 +207,63 @@ def resume_run(point: ResumePoint, *, num_workers: int | None = None, address: s
     config = dict(point.spec.config)
     if num_workers is not None:
         config["num_workers"] = num_workers
-    trainer = Trainer(point.spec.algo, point.spec.env, config, address=address)
+    lock = RunLock.acquire(point.directory)
     try:
-        trainer.restore(point.checkpoint)
-        if point.drops_results:
-            _replace_file(point.directory / PROGRESS_FILE, "".join(json.dumps(r) + "\n" for r in point.results))
-        spec = dataclasses.replace(
-            point.spec,
-            config=trainer.config.to_dict(),
-            keep_best=_default_keep_best(point.spec.keep_best, trainer.config.evaluation_interval),
-        )
-        _write_params(point.directory, spec, point.storage_path)
-        write_plan(point.directory, trainer)
-        loggers = open_loggers(
-            point.directory,
-            json_safe(spec.to_params()),
-            wandb_project=spec.wandb_project,
-            mlflow_tracking_uri=spec.mlflow_tracking_uri,
-            previous_results=point.results,
-            resumed_at_step=point.timesteps_total,
-        )
+        _check_still_latest(point)
+        trainer = Trainer(point.spec.algo, point.spec.env, config, address=address)
     except BaseException:
-        trainer.stop()
+        lock.release()
         raise
+    try:
+        with applied_umask(umask):
+            return _resumed(point, trainer, lock, umask)
+    except BaseException:
+        try:
+            trainer.stop()
+        finally:
+            lock.release()
+        raise
+
+
+def _check_still_latest(point: ResumePoint) -> None:
+    """:class:`~flowrl.errors.RunError` if the run directory has a checkpoint newer than those ``point`` saw."""
+    newest_seen = point.skipped[0].path if point.skipped else point.checkpoint
+    checkpoints = list_checkpoints(point.directory / CHECKPOINTS_DIR)
+    if checkpoints and checkpoints[-1] != newest_seen:
+        raise RunError(
+            f"run directory {str(point.directory)!r} has a checkpoint newer than its resume point "
+            f"({checkpoints[-1].name}, written since by another driver): find the resume point again"
+        )
+
+
+def _resumed(point: ResumePoint, trainer: Trainer, lock: RunLock, umask: int | None) -> Run:
+    """The resumed run: ``point``'s checkpoint restored, ``progress.jsonl``, ``params.json`` and ``plan.json``
+    rewritten, the loggers open."""
+    trainer.restore(point.checkpoint)
+    if point.drops_results:
+        _replace_file(point.directory / PROGRESS_FILE, "".join(json.dumps(r) + "\n" for r in point.results))
+    spec = dataclasses.replace(
+        point.spec,
+        config=trainer.config.to_dict(),
+        keep_best=_default_keep_best(point.spec.keep_best, trainer.config.evaluation_interval),
+    )
+    _write_params(point.directory, spec, point.storage_path)
+    write_plan(point.directory, trainer)
+    loggers = open_loggers(
+        point.directory,
+        json_safe(spec.to_params()),
+        wandb_project=spec.wandb_project,
+        mlflow_tracking_uri=spec.mlflow_tracking_uri,
+        previous_results=point.results,
+        resumed_at_step=point.timesteps_total,
+    )
     return Run(
-        point.directory, spec, trainer, checkpoint=point.checkpoint, previous_results=point.results, loggers=loggers
+        point.directory,
+        spec,
+        trainer,
+        checkpoint=point.checkpoint,
+        previous_results=point.results,
+        loggers=loggers,
+        lock=lock,
+        umask=umask,
     )

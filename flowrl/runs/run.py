@@ -13,8 +13,10 @@ stop criteria are :mod:`flowrl.storage.rundir`'s. Start one, train it, and read 
 
 Runs are not lost. :meth:`Run.train` checkpoints every ``checkpoint_freq`` iterations and every
 ``checkpoint_interval_s`` seconds (10 minutes by default), keeps the newest ``keep_checkpoints``
-of them (and, with ``keep_best``, a copy of the best), and saves at the end. Ctrl-C, SIGTERM and
-SIGHUP end training with a checkpoint and a summary naming the signal (:attr:`RunSummary.interrupted_by`;
+of them (and, with ``keep_best``, a copy of the best), and saves at the end; a periodic save that fails
+is counted in ``num_failed_checkpoints`` and training goes on (see :mod:`flowrl.runs.saving`). Ctrl-C,
+SIGTERM and SIGHUP end training with a checkpoint of weights and counters, then the full state within
+``preemption_grace_s``, and a summary naming the signal (:attr:`RunSummary.interrupted_by`;
 see :mod:`flowrl.runs.signals`); an error ends it with an emergency checkpoint when the Trainer's
 state is intact, described in :attr:`Run.failure`, and then propagates. :mod:`flowrl.runs.resume`
 continues a run from its latest usable checkpoint.
@@ -25,7 +27,6 @@ The ``flowrl train`` command is a shell over this module; it only parses flags a
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import os
 import signal
@@ -39,22 +40,21 @@ from typing import TYPE_CHECKING, Any
 from flowrl.errors import RunError, RunWarning
 from flowrl.outputs.loggers import ResultLogger, check_trackers, open_loggers
 from flowrl.plan.trace import traced_window, train_iteration, write_plan
-from flowrl.runs.signals import interrupt_signal, interrupting_signals
-from flowrl.storage.checkpoints import copy_checkpoint, prune_checkpoints
-from flowrl.storage.results import finite_number, result_value
+from flowrl.runs.saving import RunSaving
+from flowrl.runs.signals import interrupt_signal, interrupting_signals, signal_received_at
+from flowrl.storage.lock import RunLock, RunLockedError
+from flowrl.storage.results import finite_number
 from flowrl.storage.rundir import (
-    BEST_CHECKPOINT,
-    CHECKPOINTS_DIR,
     DEFAULT_RESULTS_DIR,
-    EVALUATION_KEY_PREFIX,
     EVALUATION_REWARD,
+    PRIVATE_UMASK,
     PROGRESS_FILE,
     VIDEOS_DIR,
     RunSpec,
-    _kept_best_value,
-    _make_run_dir,
     _write_params,
+    applied_umask,
     json_safe,
+    open_run_dir,
     stop_reason,
 )
 from flowrl.storage.shared import check_storage_path
@@ -76,7 +76,9 @@ class RunSummary:
     its iteration. ``checkpoint`` is the last complete checkpoint (None if no iteration
     finished); ``save_interrupted`` says a second signal cut the final checkpoint short
     (``interrupted_by`` is then the first signal, or the one that cut it short when a stop
-    criterion had ended training).
+    criterion had ended training). ``weights_only`` says ``checkpoint`` holds weights and counters
+    only: after a signal, the full state could not be saved (in time, or at all); a resume starts
+    with empty replay buffers.
     """
 
     directory: Path
@@ -86,6 +88,7 @@ class RunSummary:
     checkpoint: Path | None
     save_interrupted: bool = False
     interrupted_by: signal.Signals | None = None
+    weights_only: bool = False
 
     @property
     def interrupted(self) -> bool:
@@ -137,7 +140,9 @@ class Run:
     :meth:`train` (None otherwise). ``loggers`` get every result (TensorBoard, ``progress.csv``,
     the trackers: see :func:`~flowrl.outputs.loggers.open_loggers`); append your own
     :class:`~flowrl.outputs.loggers.ResultLogger` to add one. :meth:`close` (or leaving a ``with`` block)
-    closes the loggers and stops the Trainer.
+    closes the loggers, stops the Trainer and releases ``lock``, the run directory's
+    :class:`~flowrl.storage.lock.RunLock` (one driver at a time writes a run). Files are written under
+    ``umask`` (:data:`~flowrl.storage.rundir.PRIVATE_UMASK`: private; None: the process's own).
     """
 
     def __init__(
@@ -149,26 +154,33 @@ class Run:
         checkpoint: Path | None = None,
         previous_results: Sequence[Mapping[str, Any]] = (),
         loggers: Sequence[ResultLogger] = (),
+        lock: RunLock | None = None,
+        umask: int | None = PRIVATE_UMASK,
     ) -> None:
         self.directory = directory
+        self.lock = lock
+        self.umask = umask
         self.spec = spec
         self.trainer = trainer
         self.loggers = list(loggers)
         self._failed_loggers: set[int] = set()  # id() of the loggers already warned about
-        self.checkpoint = checkpoint
-        self.resumed_from = checkpoint
+        #: The run's checkpoints: when they are due, rotation, failed saves (see :mod:`flowrl.runs.saving`).
+        self.saving = RunSaving(directory, spec, trainer, checkpoint)
         self.failure: RunFailure | None = None
-        # A resumed run starts from its checkpoint: there is nothing new to save until it trains.
-        self._saved_iteration = trainer.iteration if checkpoint is not None else None
         self._best: tuple[float, int] | None = None
         for result in previous_results:
             self._best = _better(self._best, result)
-        self._kept_best = _kept_best_value(directory / CHECKPOINTS_DIR, spec.keep_best)
-        self._last_result: Mapping[str, Any] | None = None
-        self._last_save_time = time.monotonic()
-        self._metric_seen = False
-        self._warned_metric = False
         self._traced = traced_window(trainer)
+
+    @property
+    def checkpoint(self) -> Path | None:
+        """The latest complete checkpoint (None until one is saved)."""
+        return self.saving.checkpoint
+
+    @property
+    def resumed_from(self) -> Path | None:
+        """The checkpoint a resumed run started from (never deleted by rotation), or None."""
+        return self.saving.resumed_from
 
     @property
     def best(self) -> tuple[float, int] | None:
@@ -191,55 +203,67 @@ class Run:
         then given to ``on_result``.
         Checkpoints follow ``spec`` (see :class:`~flowrl.storage.rundir.RunSpec`); each successful save is followed
         by the rotation to ``spec.keep_checkpoints`` and the ``keep_best`` copy, while a
-        save that raises deletes nothing. At the end the last iteration is saved, unless it
-        already is.
+        save that raises deletes nothing; a periodic save that fails on the disk or the checkpoint
+        files is a :class:`~flowrl.errors.RunWarning`, counted in every later result's ``num_failed_checkpoints``,
+        and training goes on. It first warns if ``keep_checkpoints`` checkpoints will not fit on the disk.
+        At the end the last iteration is saved, unless it already is.
 
         Ctrl-C, SIGTERM and SIGHUP (handled while this method runs, when it runs in the
-        main thread) end training with that final checkpoint; a second signal while it is
-        written abandons it, and the previous checkpoint stays the latest. Any error
+        main thread) end training with that final checkpoint in two steps: weights and counters,
+        then the full state within ``preemption_grace_s`` (see :mod:`flowrl.runs.saving`); a second
+        signal while the full state is written abandons it, and the weights checkpoint stays the latest
+        (one while the weights are written abandons them too, and the previous checkpoint stays). Any error
         (a :class:`~flowrl.errors.FlowRLError` such as a worker failure, or another
         exception) first writes an emergency checkpoint of the last finished iteration if
         the Trainer's state is intact (:meth:`~flowrl.engine.trainer.Trainer.state_problem`), sets
         :attr:`failure`, then propagates.
         """
-        with interrupting_signals():
+        with interrupting_signals(), applied_umask(self.umask):
             return self._train(on_result)
 
     def _train(self, on_result: Callable[[dict[str, Any]], None] | None) -> RunSummary:
         self.failure = None
-        self._last_save_time = time.monotonic()
+        self.saving.start()
         reason: str | None = None
         interrupted_by: signal.Signals | None = None
+        interrupted_at = 0.0
         saving = False
         try:
             with open(self.directory / PROGRESS_FILE, "a", encoding="utf-8") as progress:
                 while reason is None:
                     result = train_iteration(self.trainer, self.directory, self._traced)
+                    result["num_failed_checkpoints"] = self.trainer.num_failed_checkpoints
+                    self._check_lock()
                     progress.write(json.dumps(json_safe(result), allow_nan=False) + "\n")
                     progress.flush()
                     self._log_result(result)
-                    self._last_result = result
-                    self._metric_seen = self._metric_seen or (
-                        self.spec.keep_best is not None and result_value(result, self.spec.keep_best) is not None
-                    )
+                    self.saving.observe(result)
                     self._write_video()
                     if on_result is not None:
                         on_result(result)
                     self._best = _better(self._best, result)
-                    if self._save_due() or self._evaluation_improved(result):
+                    if self.saving.due(result):
                         saving = True
-                        self._save()
+                        self.saving.save_periodic()
                         saving = False
                     reason = stop_reason(self.spec.stop, result)
         except KeyboardInterrupt as interrupt:
             interrupted_by = interrupt_signal(interrupt)
+            interrupted_at = signal_received_at() or time.monotonic()
+        except RunLockedError as error:
+            because = "another driver took the run directory over: it is that driver's to write"
+            self.failure = RunFailure(error, self.checkpoint, saved=False, not_saved_because=because)
+            raise
         except Exception as error:
             self.failure = self._save_failed(error) if saving else self._save_after_error(error)
             raise
         save_interrupted = False
-        if self._unsaved():
+        if self.saving.unsaved():
             try:
-                self._save()
+                if interrupted_by is None:
+                    self.saving.save()
+                else:
+                    save_interrupted = self.saving.save_on_signal(interrupted_by, interrupted_at)
             except KeyboardInterrupt as interrupt:
                 save_interrupted = True
                 interrupted_by = interrupted_by or interrupt_signal(interrupt)
@@ -248,26 +272,23 @@ class Run:
                 raise
         best_reward, best_iteration = self._best if self._best is not None else (None, None)
         return RunSummary(
-            self.directory, reason, best_reward, best_iteration, self.checkpoint, save_interrupted, interrupted_by
+            self.directory,
+            reason,
+            best_reward,
+            best_iteration,
+            self.checkpoint,
+            save_interrupted,
+            interrupted_by,
+            self.saving.weights_only,
         )
 
-    def _unsaved(self) -> bool:
-        """Whether a finished iteration is not in a checkpoint yet."""
-        return self.trainer.iteration > 0 and self.trainer.iteration != self._saved_iteration
-
-    def _save_due(self) -> bool:
-        freq, interval = self.spec.checkpoint_freq, self.spec.checkpoint_interval_s
-        if freq and self.trainer.iteration % freq == 0:
-            return True
-        return interval > 0 and time.monotonic() - self._last_save_time >= interval
-
-    def _evaluation_improved(self, result: Mapping[str, Any]) -> bool:
-        """Whether ``result``'s evaluation beats the kept best checkpoint's (kept by a key under ``evaluation/``)."""
-        metric = self.spec.keep_best
-        if metric is None or not metric.startswith(EVALUATION_KEY_PREFIX):
-            return False
-        value = finite_number(result_value(result, metric))
-        return value is not None and (self._kept_best is None or value > self._kept_best)
+    def _check_lock(self) -> None:
+        """Raise :class:`~flowrl.storage.lock.RunLockedError` if another driver took the run directory's lock over."""
+        if self.lock is not None and self.lock.lost:
+            raise RunLockedError(
+                f"run directory {str(self.directory)!r}: another driver took its lock over (this one was "
+                f"silent for too long); stopping without writing anything more"
+            )
 
     def _write_video(self) -> None:
         """Write the video of the iteration's evaluation, if it recorded one, to ``videos/iteration_<n>.mp4``."""
@@ -292,7 +313,7 @@ class Run:
 
     def _save_after_error(self, error: BaseException) -> RunFailure:
         """Write the emergency checkpoint for ``error`` if there is something worth saving."""
-        if not self._unsaved():
+        if not self.saving.unsaved():
             return RunFailure(error, self.checkpoint, saved=False)
         try:
             problem = self.trainer.state_problem()
@@ -303,7 +324,7 @@ class Run:
                 error, self.checkpoint, saved=False, not_saved_because=f"the trainer's state is not intact: {problem}"
             )
         try:
-            self._save()
+            self.saving.save()
         except KeyboardInterrupt as interrupt:
             because = f"{interrupt_signal(interrupt).name} interrupted the save"
             return RunFailure(error, self.checkpoint, saved=False, not_saved_because=because)
@@ -311,43 +332,6 @@ class Run:
             because = f"saving it failed ({type(e).__name__}: {e})"
             return RunFailure(error, self.checkpoint, saved=False, not_saved_because=because)
         return RunFailure(error, self.checkpoint, saved=True)
-
-    def _save(self) -> None:
-        """Save the last finished iteration, then keep the best copy and rotate (only once the save succeeded)."""
-        checkpoints = self.directory / CHECKPOINTS_DIR
-        metric = self.spec.keep_best
-        value = None
-        if metric is not None:
-            self._warn_if_metric_unseen(metric)
-            if self._last_result is not None and self._last_result.get("training_iteration") == self.trainer.iteration:
-                value = finite_number(result_value(self._last_result, metric))
-        best = value is not None and (self._kept_best is None or value > self._kept_best)
-        metadata = {"keep_best": {"metric": metric, "value": value}} if best else None
-        path = Path(self.trainer.save(checkpoints, metadata=metadata))
-        self.checkpoint = path
-        self._saved_iteration = self.trainer.iteration
-        self._last_save_time = time.monotonic()
-        if best:
-            copy_checkpoint(path, checkpoints / BEST_CHECKPOINT)
-            self._kept_best = value
-        protect = [self.resumed_from] if self.resumed_from is not None else []
-        prune_checkpoints(checkpoints, self.spec.keep_checkpoints, protect=protect)
-
-    def _warn_if_metric_unseen(self, metric: str) -> None:
-        if self._metric_seen or self._warned_metric or self._last_result is None:
-            return
-        interval = self.trainer.config.evaluation_interval
-        if metric.startswith(EVALUATION_KEY_PREFIX) and interval and self.trainer.iteration < interval:
-            return  # the first evaluation is still to come
-        self._warned_metric = True
-        close = difflib.get_close_matches(metric, [str(key) for key in self._last_result], n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        warnings.warn(
-            f"keep_best={metric!r} is not a key of any result so far (up to iteration {self.trainer.iteration}); "
-            f"no checkpoint is kept as best until it appears{hint}",
-            RunWarning,
-            stacklevel=2,
-        )
 
     def _log_result(self, result: Mapping[str, Any]) -> None:
         for logger in self.loggers:
@@ -367,18 +351,24 @@ class Run:
             )
 
     def close(self) -> None:
-        """Close the loggers (finishing the tracker runs), then stop the Trainer: its actors, and Ray if it started it.
+        """Close the loggers (finishing the tracker runs), stop the Trainer (its actors, and Ray if it started it),
+        then release the run directory's lock.
 
         A logger that fails to close is reported with a :class:`~flowrl.errors.RunWarning`.
         """
         try:
-            for logger in self.loggers:
-                try:
-                    logger.close()
-                except Exception as e:  # noqa: BLE001 - the others, and the Trainer, must still close
-                    self._logger_failed(logger, "closing", e)
+            with applied_umask(self.umask):
+                for logger in self.loggers:
+                    try:
+                        logger.close()
+                    except Exception as e:  # noqa: BLE001 - the others, and the Trainer, must still close
+                        self._logger_failed(logger, "closing", e)
         finally:
-            self.trainer.stop()
+            try:
+                self.trainer.stop()
+            finally:
+                if self.lock is not None:
+                    self.lock.release()
 
     def __enter__(self) -> Self:
         return self
@@ -399,8 +389,18 @@ def start_run(
     results_dir: str | os.PathLike[str] | None = None,
     storage_path: str | os.PathLike[str] | None = None,
     address: str | None = None,
+    name: str | None = None,
+    restart_unfinished: bool = False,
+    umask: int | None = PRIVATE_UMASK,
 ) -> Run:
     """Build the Trainer for ``spec``, then create its run directory with ``params.json`` and ``plan.json``.
+
+    The run directory is named ``name``, else ``<algo>_<env>_<YYYYmmdd-HHMMSS>``; a run directory
+    ``name`` that exists raises :class:`~flowrl.errors.RunError`, unless ``restart_unfinished`` and its
+    run ended before its first checkpoint (see :func:`~flowrl.storage.rundir.open_run_dir`). The run
+    holds the directory's lock until it closes. Everything in it is created under ``umask``:
+    :data:`~flowrl.storage.rundir.PRIVATE_UMASK` (directories 0700, files 0600) unless another is
+    given (``0o022``: 0755 and 0644), or None for the process's umask.
 
     The run directory goes under ``results_dir`` (None: ``./flowrl_results``), or under
     ``storage_path``, an absolute path every node of the cluster mounts: it is checked first
@@ -422,23 +422,38 @@ def start_run(
     storage = None if storage_path is None else check_storage_path(storage_path)
     parent = storage if storage is not None else Path(DEFAULT_RESULTS_DIR if results_dir is None else results_dir)
     trainer = Trainer(spec.algo, spec.env, dict(spec.config), address=address)
+    lock = None
     try:
-        directory = _make_run_dir(parent, trainer.algorithm.name, spec.env)
-        spec = dataclasses.replace(
-            spec,
-            algo=trainer.algorithm.name,
-            config=trainer.config.to_dict(),
-            keep_best=_default_keep_best(spec.keep_best, trainer.config.evaluation_interval),
-        )
-        _write_params(directory, spec, storage)
-        write_plan(directory, trainer)
-        loggers = open_loggers(
-            directory,
-            json_safe(spec.to_params()),
-            wandb_project=spec.wandb_project,
-            mlflow_tracking_uri=spec.mlflow_tracking_uri,
-        )
+        with applied_umask(umask):  # after the Trainer: Ray's own files keep the process's umask
+            directory, lock = open_run_dir(
+                parent, trainer.algorithm.name, spec.env, name=name, restart_unfinished=restart_unfinished
+            )
+            return _started(directory, lock, spec, trainer, storage, umask)
     except BaseException:
-        trainer.stop()
+        try:
+            trainer.stop()
+        finally:
+            if lock is not None:
+                lock.release()
         raise
-    return Run(directory, spec, trainer, loggers=loggers)
+
+
+def _started(
+    directory: Path, lock: RunLock, spec: RunSpec, trainer: Trainer, storage: Path | None, umask: int | None
+) -> Run:
+    """The new run in ``directory``, once its ``params.json`` and ``plan.json`` are written and its loggers open."""
+    spec = dataclasses.replace(
+        spec,
+        algo=trainer.algorithm.name,
+        config=trainer.config.to_dict(),
+        keep_best=_default_keep_best(spec.keep_best, trainer.config.evaluation_interval),
+    )
+    _write_params(directory, spec, storage)
+    write_plan(directory, trainer)
+    loggers = open_loggers(
+        directory,
+        json_safe(spec.to_params()),
+        wandb_project=spec.wandb_project,
+        mlflow_tracking_uri=spec.mlflow_tracking_uri,
+    )
+    return Run(directory, spec, trainer, loggers=loggers, lock=lock, umask=umask)

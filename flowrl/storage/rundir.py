@@ -1,8 +1,10 @@
 """The run directory: its layout, the ``params.json`` spec and stop criteria, and the readers of what a run left.
 
-One run directory per run::
+One run directory per run, named by the run (``name``) or by its algorithm, env and start time, created
+private (:data:`PRIVATE_UMASK`)::
 
     <results_dir>/<algo>_<env>_<YYYYmmdd-HHMMSS>/
+        run.lock           while a driver writes the run: its host and pid (flowrl.storage.lock)
         params.json        algo, env, the full validated config, stop criteria, checkpoint cadence
         plan.json          the plan's graph: operators, actors, edges (rewritten on resume)
         progress.jsonl     one result dict per training iteration (JSON; NaN written as null)
@@ -32,14 +34,17 @@ import json
 import math
 import os
 import re
+import shutil
 import time
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flowrl.errors import CheckpointError, ConfigError, RunError
-from flowrl.storage.checkpoints import METADATA_FILE, read_metadata, verify_checkpoint
+from flowrl.errors import CheckpointError, ConfigError, RunError, RunWarning
+from flowrl.storage.checkpoints import METADATA_FILE, list_checkpoints, read_metadata, verify_checkpoint
+from flowrl.storage.lock import LOCK_FILE, RunLock
 from flowrl.storage.results import finite_number, result_value
 from flowrl.storage.shared import storage_root
 
@@ -49,10 +54,14 @@ PROGRESS_FILE = "progress.jsonl"
 PLAN_FILE = "plan.json"  # the plan's graph (flowrl.plan.graph.PlanGraph.to_dict), read by flowrl plan RUN_DIR
 TRACE_DIR = "trace"  # the spans of the traced iterations (flowrl.plan.trace), read by flowrl trace
 CHECKPOINTS_DIR = "checkpoints"
+EXPERIMENT_FILE = "spec.json"  # in a flowrl tune experiment directory: its spec, metric and mode
 BEST_CHECKPOINT = "best"  # checkpoints/best: the copy keep_best keeps
 DEFAULT_CHECKPOINT_INTERVAL_S = 600.0
 DEFAULT_KEEP_CHECKPOINTS = 5
 STORAGE_PATH_KEY = "storage_path"  # in params.json: the shared directory a run was started under
+#: The umask a run writes its directory under unless told otherwise: directories 0700, files 0600, since
+#: checkpoints hold the policy, the config and pickles.
+PRIVATE_UMASK = 0o077
 
 #: The evaluation's mean reward (``result["evaluation"]["episode_reward_mean"]``): what a run that
 #: evaluates during training keeps its best checkpoint by, unless ``keep_best`` names another key.
@@ -116,7 +125,7 @@ class RunSpec:
 
     Every run writes TensorBoard event files and ``progress.csv`` (:mod:`flowrl.outputs.loggers`).
     ``wandb_project`` also logs it to that Weights & Biases project and ``mlflow_tracking_uri``
-    to that MLflow tracking server or store (both need ``pip install 'flowrl-ray[tracking]'``); a
+    to that MLflow tracking server or store (both need the ``tracking`` extra); a
     resumed run keeps logging to them, in the same tracker runs.
     """
 
@@ -243,6 +252,90 @@ def json_safe(value: Any) -> Any:
     return str(value)
 
 
+def check_run_name(name: str) -> str:
+    """``name`` if it can name a run directory (one path component: no ``/``, not ``.`` or ``..``), else
+    :class:`~flowrl.errors.RunError`."""
+    if not isinstance(name, str) or name.strip() in ("", ".", "..") or "/" in name or os.sep in name or "\0" in name:
+        raise RunError(
+            f"run name {name!r} cannot name a run directory: give one directory name, without '/', "
+            "e.g. 'apex1' or 'ppo-cartpole-seed0'"
+        )
+    return name
+
+
+def named_run_dir(
+    name: str, *, results_dir: str | os.PathLike[str] | None = None, storage_path: str | os.PathLike[str] | None = None
+) -> Path:
+    """The run directory named ``name``: under ``storage_path`` if given, else under ``results_dir``
+    (None: ``./flowrl_results``); it may not exist."""
+    check_run_name(name)
+    if storage_path is not None:
+        return storage_root(storage_path) / name
+    return Path(DEFAULT_RESULTS_DIR if results_dir is None else results_dir) / name
+
+
+def open_run_dir(
+    parent: Path, algo: str, env: str, *, name: str | None = None, restart_unfinished: bool = False
+) -> tuple[Path, RunLock]:
+    """Create a new run directory under ``parent`` and take its lock (:class:`~flowrl.storage.lock.RunLock`).
+
+    Its name is ``name``, else ``<algo>_<env>_<YYYYmmdd-HHMMSS>``. A run directory ``name`` that
+    exists already raises :class:`~flowrl.errors.RunError` (a run is never overwritten), except with
+    ``restart_unfinished`` when it is a run that ended before its first checkpoint: its files are
+    removed (with a :class:`~flowrl.errors.RunWarning`) and the new run starts in it. A directory
+    another driver is writing raises :class:`~flowrl.storage.lock.RunLockedError`.
+    """
+    if name is None:
+        directory = _make_run_dir(parent, algo, env)
+        return directory, RunLock.acquire(directory)
+    parent.mkdir(parents=True, exist_ok=True)
+    directory = parent / check_run_name(name)
+    try:
+        directory.mkdir()
+    except FileExistsError:
+        if not directory.is_dir():
+            raise RunError(f"cannot create run directory {str(directory)!r}: a file of that name exists") from None
+    else:
+        (directory / CHECKPOINTS_DIR).mkdir()
+        return directory, RunLock.acquire(directory)
+    lock = RunLock.acquire(directory)
+    try:
+        _restart_unfinished(directory, restart_unfinished)
+    except BaseException:
+        lock.release()
+        raise
+    return directory, lock
+
+
+def _restart_unfinished(directory: Path, allowed: bool) -> None:
+    """Empty ``directory`` (all but its lock) for a new run, if it is an unfinished run and ``allowed``; else raise."""
+    entries = [path for path in directory.iterdir() if path.name != LOCK_FILE]
+    if not entries:
+        (directory / CHECKPOINTS_DIR).mkdir()
+        return
+    if list_checkpoints(directory / CHECKPOINTS_DIR) or not allowed:
+        raise RunError(
+            f"run directory {str(directory)!r} already exists; a run is never overwritten: resume it "
+            f"(flowrl train --resume {directory}, or the same command with --name {directory.name} "
+            "--resume-if-exists), or give another name"
+        )
+    if not (directory / PARAMS_FILE).is_file():
+        raise RunError(
+            f"{str(directory)!r} exists and is not a flowrl run directory (it has no {PARAMS_FILE}): give another name"
+        )
+    warnings.warn(
+        f"run directory {str(directory)!r} holds no checkpoint (its run ended before the first): starting it again",
+        RunWarning,
+        stacklevel=3,
+    )
+    for path in entries:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    (directory / CHECKPOINTS_DIR).mkdir()
+
+
 def _make_run_dir(results_dir: Path, algo: str, env: str) -> Path:
     """Create ``<results_dir>/<algo>_<env>_<YYYYmmdd-HHMMSS>`` (with ``_1``, ``_2``... if taken)."""
     stem = f"{algo}_{re.sub(r'[^A-Za-z0-9._-]+', '_', env)}_{time.strftime('%Y%m%d-%H%M%S')}"
@@ -256,6 +349,31 @@ def _make_run_dir(results_dir: Path, algo: str, env: str) -> Path:
         (run_dir / CHECKPOINTS_DIR).mkdir()
         return run_dir
     raise RunError(f"cannot create a run directory {stem!r} under {str(results_dir)!r}: every numbered name is taken")
+
+
+@contextlib.contextmanager
+def applied_umask(umask: int | None) -> Iterator[None]:
+    """Within the block, the process creates files and directories under ``umask`` (None: the umask as it is).
+
+    The previous umask comes back when the block ends. A umask is the whole process's: threads that
+    create files meanwhile (TensorBoard's writer) get it too.
+    """
+    if umask is None:
+        yield
+        return
+    previous = os.umask(umask)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def parse_umask(text: str) -> int:
+    """A umask written in octal (``"022"``, ``"0o077"``) as a number; :class:`ValueError` if it is not one."""
+    digits = text.strip().lower().removeprefix("0o")
+    if not digits or any(c not in "01234567" for c in digits) or int(digits, 8) > 0o777:
+        raise ValueError(f"{text!r} is not a umask: give 3 octal digits, e.g. 022 (files 0644, directories 0755)")
+    return int(digits, 8)
 
 
 def _replace_file(path: Path, text: str) -> None:
@@ -355,7 +473,7 @@ def _checkpoint_progress(checkpoint: Path) -> tuple[int, int]:
         ) from None
 
 
-def _kept_best_value(checkpoints: Path, metric: str | None) -> float | None:
+def kept_best_value(checkpoints: Path, metric: str | None) -> float | None:
     """The ``metric`` value recorded in ``checkpoints/best`` (None: no usable best checkpoint for that metric)."""
     best = checkpoints / BEST_CHECKPOINT
     if metric is None or not best.is_dir():
