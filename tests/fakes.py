@@ -172,6 +172,8 @@ class FakeWorkerSet:
         self.local = local if local is not None else FakeWorker(policy_ids=policy_ids or (DEFAULT_POLICY_ID,))
         self.remotes = list(remotes)
         self.num_worker_restarts = 0
+        self.num_workers_missing = 0
+        self.num_slow_workers = 0
         self.syncs: list[tuple[list[str] | None, Mapping[str, Any] | None]] = []
         self.global_vars: list[Mapping[str, Any]] = []
 
@@ -288,6 +290,16 @@ class FailsWhenRecreated(gym.Wrapper):
     def __init__(self, env_config: EnvContext) -> None:
         if env_config.recreated_worker:
             raise RuntimeError(f"cannot start again on worker {env_config.worker_index}")
+        super().__init__(gym.make("CartPole-v1"))
+
+
+class SlowToStartWhenRecreated(gym.Wrapper):
+    """CartPole whose creator takes ``env_config["start_s"]`` seconds in a worker that replaces a failed one
+    (a replacement that waits, as for room on a lost node)."""
+
+    def __init__(self, env_config: EnvContext) -> None:
+        if env_config.recreated_worker:
+            time.sleep(env_config["start_s"])
         super().__init__(gym.make("CartPole-v1"))
 
 

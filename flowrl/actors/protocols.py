@@ -77,6 +77,16 @@ class WorkerSetLike(Protocol):
         """Remote workers replaced after a failure, so far."""
         ...
 
+    @property
+    def num_workers_missing(self) -> int:
+        """Replacements of failed remote workers that have not started yet."""
+        ...
+
+    @property
+    def num_slow_workers(self) -> int:
+        """Remote workers found slower than their siblings at the last metrics collection."""
+        ...
+
     def local_worker(self) -> LocalWorkerLike:
         """The worker in the driver (it holds the learning policies)."""
         ...

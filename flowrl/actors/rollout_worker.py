@@ -11,6 +11,8 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, TypeVar, cast
 import gymnasium as gym
 import numpy as np
 
+from flowrl._version import __version__
+from flowrl.actors.liveness import Progress, ProgressCounter
 from flowrl.actors.rng import process_rng_state, set_process_rng_state
 from flowrl.actors.sampling.episode_hooks import EpisodeHooks
 from flowrl.actors.sampling.multi_agent import MultiAgentSampler
@@ -75,6 +77,18 @@ class WorkerMetrics(NamedTuple):
     num_faulty_episodes: int = 0
     num_bad_observations: int = 0
     phases: dict[str, float] | None = None
+    #: Mean seconds per :meth:`RolloutWorker.sample` since the last report (the one in progress, if none
+    #: ended: a lower bound); None if it did not sample.
+    fragment_s: float | None = None
+
+
+class ProcessInfo(NamedTuple):
+    """Where a remote worker runs: its Ray node, process id, and the flowrl and torch versions there."""
+
+    node_id: str
+    pid: int
+    flowrl_version: str
+    torch_version: str
 
 
 class SampleSpan(NamedTuple):
@@ -203,6 +217,10 @@ class RolloutWorker(ParallelIteratorWorker):
                 **self._sampler_options(),
             )
         self.sampler.timed = config.profile
+        self.progress_counter = ProgressCounter()
+        self.sampler.on_step = self.progress_counter.step
+        if worker_index > 0:  # a remote worker: its heartbeat tells a GIL held by an env step from a hang
+            self.progress_counter.start_heartbeat()
         self.sample_s = 0.0  # seconds in sample() (with profile on)
         self.num_samples = 0  # sample() calls (with profile on)
         self._sample_spans: list[SampleSpan] | None = None  # while a list: each sample() call (see trace_samples)
@@ -261,7 +279,11 @@ class RolloutWorker(ParallelIteratorWorker):
         spans = self._sample_spans
         if spans is not None:
             started_ns, env_s, inference_s = time.time_ns(), self.sampler.env_s, self.sampler.inference_s
-        batch = self.sampler.sample()
+        self.progress_counter.sample_started()
+        try:
+            batch = self.sampler.sample()
+        finally:
+            self.progress_counter.sample_ended()
         run_hook(self.callbacks, "on_sample_end", batch, self, where=f"worker {self.worker_index}")
         if self.config.compress_observations:
             batch.compress()
@@ -356,7 +378,13 @@ class RolloutWorker(ParallelIteratorWorker):
             totals, last_totals = self._phase_totals(), self._reported_phases
             self._reported_phases = totals
             phases = {key: round(totals[key] - last_totals[key], 6) for key in totals}
-        return WorkerMetrics(episodes, faulty - last.num_faulty_episodes, bad - last.num_bad_observations, phases)
+        return WorkerMetrics(
+            episodes,
+            faulty - last.num_faulty_episodes,
+            bad - last.num_bad_observations,
+            phases,
+            self.progress_counter.pop_fragment_s(),
+        )
 
     def _phase_totals(self) -> dict[str, float]:
         sampler = self.sampler
@@ -428,6 +456,14 @@ class RolloutWorker(ParallelIteratorWorker):
     def node_id(self) -> str:
         """The Ray node this worker runs on (through :func:`control_call`, like :meth:`ping`)."""
         return ray.get_runtime_context().get_node_id()
+
+    def process_info(self) -> ProcessInfo:
+        """Where this worker runs, and the versions it runs (through :func:`control_call`, like :meth:`ping`)."""
+        return ProcessInfo(self.node_id(), os.getpid(), __version__, str(torch.__version__))
+
+    def progress(self) -> Progress:
+        """Env steps taken and seconds since the last (through :func:`control_call`: answered mid-sample)."""
+        return self.progress_counter.read()
 
     def ping(self) -> str:
         """Answer a health check (through :func:`control_call`: it shows the process is alive, even mid-sample)."""

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-import collections
 import functools
 import logging
+import os
+import signal
+import sys
 import time
+import warnings
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, TypeVar, cast
 
 import gymnasium as gym
 
+from flowrl._version import __version__
+from flowrl.actors.liveness import STOPPED_GRACE_S, Answer, LivenessMonitor, SlowWorkers, process_state
 from flowrl.actors.placeholders import PlaceholderActor, PlaceholderLocalWorker, placeholders_active
 from flowrl.actors.placement import (
     WORKER,
@@ -20,9 +26,17 @@ from flowrl.actors.placement import (
     driver_request,
     worker_request,
 )
-from flowrl.actors.rollout_worker import CONTROL_GROUP, RolloutWorker, WorkerMetrics, as_config, control_call
+from flowrl.actors.restart_budget import RestartBudget
+from flowrl.actors.rollout_worker import (
+    CONTROL_GROUP,
+    ProcessInfo,
+    RolloutWorker,
+    WorkerMetrics,
+    as_config,
+    control_call,
+)
 from flowrl.config import TrainerConfig
-from flowrl.deferred import ray
+from flowrl.deferred import ray, torch
 from flowrl.envs import check_env as check_env_api
 from flowrl.envs import check_multi_agent_env, is_multi_agent_env
 from flowrl.envs.context import EnvContext
@@ -32,6 +46,7 @@ from flowrl.errors import (
     CallbackError,
     FlowRLError,
     ResourceUnavailableError,
+    RunWarning,
     ShardFailedError,
     WorkerFailureError,
 )
@@ -46,16 +61,16 @@ PROBE_TIMEOUT_S = 10.0
 CALL_TIMEOUT_S = 600.0
 #: Longest wait for the remote workers to close their envs when the set stops.
 STOP_TIMEOUT_S = 5.0
-MAX_RESTART_DELAY_S = 30.0
 
 
-def restart_delay_s(failed_starts: int) -> float:
-    """Seconds to wait before restarting a worker whose last ``failed_starts`` incarnations failed to start.
+@dataclass
+class _Starting:
+    """A replacement worker not yet in service: its actor, the ref of its first answer, and since when."""
 
-    0 after a worker that ran (a one-off crash is replaced at once), then 1, 2, 4 ...
-    capped at 30: a worker whose constructor keeps failing backs off.
-    """
-    return 0.0 if failed_starts == 0 else min(2.0 ** (failed_starts - 1), MAX_RESTART_DELAY_S)
+    actor: Any
+    ready: Any
+    since: float
+    warned: bool = False
 
 
 class WorkerSet:
@@ -79,9 +94,21 @@ class WorkerSet:
     ``recreate_failed_workers``, replaced by a new actor at the same index (same
     exploration slot), loaded with the local worker's weights and the latest global vars,
     and counted in ``num_worker_restarts``; without, dropped. Restarts are capped by
-    ``config.max_worker_restarts`` and back off while a worker's replacements fail to start; past the
-    cap, or with no worker left, a :class:`~flowrl.errors.WorkerFailureError` names the
-    worker and carries the remote traceback.
+    ``config.max_worker_restarts`` within any ``config.restart_window_s`` seconds (``restart_budget``)
+    and back off while a worker's replacements fail to start; past the cap, or with no worker
+    left, a :class:`~flowrl.errors.WorkerFailureError` names the worker and carries the remote
+    traceback. An exception that ``foreach_worker``'s function raises is the caller's, not a
+    worker fault: it is raised as it is and restarts nothing.
+
+    Liveness, not deadlines: a gather's request past ``sample_timeout_s`` fails its worker only
+    once :class:`~flowrl.actors.liveness.LivenessMonitor` finds it hung (no env step for that long,
+    a stopped process, or a control thread silent for ``worker_unresponsive_timeout_s``); slow
+    workers are counted in ``num_slow_workers``. A replacement is never waited for: it joins
+    :meth:`remote_workers` (with the current weights, global vars and filter) once it has started,
+    which a node lost without spare capacity may put off for long; meanwhile the run goes on with
+    the others (``num_workers_missing``), unless fewer than ``min_healthy_workers`` are left once a
+    replacement has waited ``worker_startup_timeout_s``. The set is the gathers'
+    :class:`~flowrl.iterators.shards.ShardSupervisor` (:meth:`check`, :meth:`started`).
     """
 
     def __init__(
@@ -126,15 +153,26 @@ class WorkerSet:
             "concurrency_groups": {CONTROL_GROUP: 1},
         }
         self.recreate_failed_workers = recreate_failed_workers
-        self.max_worker_restarts = config.max_worker_restarts
+        self.restart_budget = RestartBudget("rollout worker", config.max_worker_restarts, config.restart_window_s)
         self.sample_timeout_s = config.sample_timeout_s
         self.sample_min_fraction = config.sample_min_fraction
         self.num_worker_restarts = 0
         self.num_workers_dropped = 0
-        self._init_failures: dict[int, int] = collections.defaultdict(int)  # in a row, per worker index
-        self._node_ids: dict[int, str] = {}
+        self.num_slow_workers = 0
+        self.min_healthy_workers = min(config.min_healthy_workers, num_workers)
+        self.liveness = LivenessMonitor(
+            config.sample_timeout_s or CALL_TIMEOUT_S,
+            config.worker_unresponsive_timeout_s,
+            ask=lambda worker: control_call(worker, "progress"),
+            answer=_poll,
+            stopped=self._stopped,
+        )
+        self.slow_workers = SlowWorkers(config.slow_worker_factor)
+        self._info: dict[int, ProcessInfo] = {}
         self._remote: list[Any] = []
         self._indices: list[int] = []
+        self._starting: dict[int, _Starting] = {}
+        self._hung: dict[Any, str] = {}
         self._replacements: dict[Any, Any] = {}
         self._global_vars: Mapping[str, Any] | None = None
         self.reservation = Reservation(requests, config.placement_strategy, config.worker_startup_timeout_s)
@@ -194,12 +232,12 @@ class WorkerSet:
 
     def _wait_started(self, num_cpus_per_worker: float) -> None:
         """Wait for every remote worker to answer a probe; fail clearly (killing them all) if one cannot."""
-        probes = {control_call(worker, "node_id"): index for worker, index in zip(self._remote, self._indices)}
+        probes = {control_call(worker, "process_info"): index for worker, index in zip(self._remote, self._indices)}
         timeout = self._config.worker_startup_timeout_s
         ready, pending = ray.wait(list(probes), num_returns=len(probes), timeout=timeout)
         try:
             for ref in ready:
-                self._node_ids[probes[ref]] = ray.get(ref)
+                self._record(probes[ref], ray.get(ref))
         except ray.exceptions.RayActorError as e:
             self._kill_remote()
             raise WorkerFailureError(
@@ -222,16 +260,145 @@ class WorkerSet:
         return self._local
 
     def remote_workers(self) -> list[Any]:
-        """Handles of the live remote workers, in worker-index order."""
+        """Handles of the remote workers in service, in worker-index order (replacements once started)."""
+        self._refresh()
         return list(self._remote)
 
     def remote_worker_indices(self) -> list[int]:
         """The worker index (1-based, as in ``env_config.worker_index``) of each of :meth:`remote_workers`."""
+        self._refresh()
         return list(self._indices)
 
     def num_healthy_workers(self) -> int:
-        """Remote workers in service (replacements included, dropped ones not)."""
+        """Remote workers in service (started replacements included, dropped ones not)."""
+        self._refresh()
         return len(self._remote)
+
+    @property
+    def num_workers_missing(self) -> int:
+        """Replacements not started yet (e.g. waiting for room after their node was lost)."""
+        return len(self._starting)
+
+    def _record(self, index: int, info: ProcessInfo) -> None:
+        """Remember where worker ``index`` runs, and warn if its node runs other flowrl or torch versions."""
+        self._info[index] = info
+        here = (__version__, str(torch.__version__))
+        if (info.flowrl_version, info.torch_version) != here:
+            message = (
+                f"rollout worker {index} on node {info.node_id} runs flowrl {info.flowrl_version} and torch "
+                f"{info.torch_version}, the driver flowrl {here[0]} and torch {here[1]}: install the same versions "
+                "on every node"
+            )
+            logger.warning(message)
+            warnings.warn(message, RunWarning, stacklevel=2)
+
+    def _stopped(self, worker: Any) -> bool:
+        """Whether ``worker``'s process is known to be stopped (state T): readable on the driver's node only."""
+        index = self._index_of(worker)
+        info = None if index is None else self._info.get(index)
+        if info is None or info.node_id != self._driver_node:
+            return False
+        return process_state(info.pid) == "T"
+
+    @functools.cached_property
+    def _driver_node(self) -> str:
+        return str(ray.get_runtime_context().get_node_id())
+
+    def _index_of(self, worker: Any) -> int | None:
+        if worker in self._remote:
+            return self._indices[self._remote.index(worker)]
+        return next((index for index, s in self._starting.items() if s.actor is worker), None)
+
+    def _latest(self, actor: Any) -> Any:
+        """What serves in ``actor``'s place now: itself, or its latest replacement (None: dropped)."""
+        while actor in self._replacements:
+            actor = self._replacements[actor]
+        return actor
+
+    def check(self, actor: Any) -> float | None:
+        """:class:`~flowrl.iterators.shards.ShardSupervisor`: for a request to ``actor`` past ``sample_timeout_s``,
+        seconds until its next check while it makes progress, or None once it is hung (never blocks)."""
+        recheck = self.liveness.check(actor)
+        if recheck is None:
+            self._hung[actor] = self.liveness.reason
+        return recheck
+
+    def started(self, actor: Any) -> Any | None:
+        """:class:`~flowrl.iterators.shards.ShardSupervisor`: the worker serving in ``actor``'s place once it has
+        started, None while it is starting (never blocks; may raise :class:`~flowrl.errors.WorkerFailureError`
+        when fewer than ``min_healthy_workers`` are in service)."""
+        self._refresh()
+        actor = self._latest(actor)
+        return actor if actor is not None and actor in self._remote else None
+
+    def _refresh(self) -> None:
+        """Put the replacements that have started into service (without waiting for any); handle those that
+        failed to start; warn about those past ``worker_startup_timeout_s``, and end the run if too few
+        workers are left to go on with."""
+        if not self._starting:
+            return
+        now = time.monotonic()
+        timeout = self._config.worker_startup_timeout_s
+        for index, starting in list(self._starting.items()):
+            if self._starting.get(index) is not starting:
+                continue  # replaced while an earlier one was handled
+            ready, _ = ray.wait([starting.ready], timeout=0)
+            if ready:
+                try:
+                    info = ray.get(starting.ready)
+                except ray.exceptions.RayActorError as e:
+                    self.handle_failure(starting.actor, e)
+                    continue
+                self._rejoin(index, starting.actor, info)
+            elif not starting.warned and now - starting.since >= timeout:
+                starting.warned = True
+                message = (
+                    f"the replacement of rollout worker {index} did not start within worker_startup_timeout_s="
+                    f"{timeout:g} (Ray has {ray.available_resources()} available); the run goes on with "
+                    f"{len(self._remote)} of {self._num_workers} workers, and it joins once Ray finds it room"
+                )
+                logger.warning(message)
+                warnings.warn(message, RunWarning, stacklevel=2)
+        waited = [i for i, s in self._starting.items() if s.warned]
+        if waited and len(self._remote) < self.min_healthy_workers:
+            raise WorkerFailureError(
+                f"only {len(self._remote)} rollout workers are in service, fewer than min_healthy_workers="
+                f"{self.min_healthy_workers}: the replacements of workers {sorted(waited)} did not start within "
+                f"worker_startup_timeout_s={timeout:g}; Ray has {ray.available_resources()} available now",
+                worker_indices=sorted(waited),
+            )
+
+    def _rejoin(self, index: int, actor: Any, info: ProcessInfo) -> None:
+        """Put a started replacement into service, with the current weights, global vars and filter."""
+        del self._starting[index]
+        self._record(index, info)
+        self._send_state(actor)
+        position = sum(1 for i in self._indices if i < index)
+        self._remote.insert(position, actor)
+        self._indices.insert(position, index)
+        logger.info("rollout worker %d is back in service (%d of %d)", index, len(self._remote), self._num_workers)
+
+    def _send_state(self, actor: Any) -> None:
+        """Queue the local worker's weights, the last global vars and the filter's statistics to ``actor``."""
+        with self._local.lock:  # not halfway through a learner thread's step
+            weights = self._local.get_weights()
+        actor.set_weights.remote(weights, self._global_vars)
+        if self._local.obs_filter is not None:  # it filters with the run's statistics from its first sample on
+            actor.sync_filter.remote(self._local.obs_filter.stats())
+
+    def _await_control(self, worker: Any, ref: Any, deadline: float) -> Any:
+        """A control call's answer: a worker whose control thread waits for the GIL gets until ``deadline``;
+        one whose process is stopped fails as soon as that shows (GetTimeoutError)."""
+        while True:
+            left = deadline - time.monotonic()
+            ready, _ = ray.wait([ref], timeout=max(0.0, min(STOPPED_GRACE_S, left)))
+            if ready:
+                return ray.get(ref)
+            if left <= STOPPED_GRACE_S or self._stopped(worker):
+                raise ray.exceptions.GetTimeoutError(f"rollout worker {self._index_of(worker)} did not answer")
+
+    def _control_deadline(self) -> float:
+        return time.monotonic() + self._config.worker_unresponsive_timeout_s
 
     @property
     def policy_specs(self) -> dict[str, Any]:
@@ -255,6 +422,7 @@ class WorkerSet:
         if global_vars is not None:
             self.remember_global_vars(global_vars)
             self._local.set_global_vars(global_vars)
+        self._refresh()
         if not self._remote:
             return
         weights = ray.put(self._local.get_weights(policies))
@@ -266,18 +434,19 @@ class WorkerSet:
         worker's filter, and send the merged statistics back to every remote worker (RLlib's
         ``FilterManager.synchronize``). Nothing to do without an observation filter.
 
-        Asked through the workers' control threads, with a timeout; a worker that cannot answer
-        is handled as failed (its statistics since the last sync are lost with it). Returns once
-        every worker has the merged statistics.
+        Asked through the workers' control threads, with a timeout (``worker_unresponsive_timeout_s``;
+        a stopped process fails at once); a worker that cannot answer is handled as failed (its
+        statistics since the last sync are lost with it). Returns once every worker has the merged statistics.
         """
         local_filter = self._local.obs_filter
         if local_filter is None:
             return
         local_filter.pop_delta()  # the local worker's own observations are in its statistics already
         asked = [(worker, control_call(worker, "pop_filter_delta")) for worker in self._remote]
+        deadline = self._control_deadline()
         for worker, ref in asked:
             try:
-                local_filter.apply_delta(ray.get(ref, timeout=PROBE_TIMEOUT_S))
+                local_filter.apply_delta(self._await_control(worker, ref, deadline))
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
                 self.handle_failure(worker, e)
         if self._remote:
@@ -285,31 +454,63 @@ class WorkerSet:
             # checkpoint or a state read right after sees them, not a sync still on its way).
             merged = ray.put(local_filter.stats())
             synced = [(worker, control_call(worker, "sync_filter", merged)) for worker in self._remote]
+            deadline = self._control_deadline()
             for worker, ref in synced:
                 try:
-                    ray.get(ref, timeout=PROBE_TIMEOUT_S)
+                    self._await_control(worker, ref, deadline)
                 except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
                     self.handle_failure(worker, e)
 
     def foreach_worker(self, fn: Callable[[RolloutWorker], R], local: bool = True) -> list[R]:
         """``fn(worker)`` on the local worker (if ``local``) and every remote one; results in order.
 
-        A remote worker that fails (or takes longer than ``sample_timeout_s``) is handled as
-        in a gather, and ``fn`` runs on its replacement.
+        An exception ``fn`` raises is the caller's error, not a worker fault: it is raised here
+        as soon as it arrives (a remote one as Ray raises it, an instance of both ``RayTaskError``
+        and the original type), with a note naming the worker index, and nothing is restarted.
+        A remote worker that dies (or takes longer than ``sample_timeout_s``) is handled as in
+        a gather, and ``fn`` runs on its replacement once that has started. Replacements still
+        starting are waited for, each up to ``worker_startup_timeout_s`` from its start; one that has
+        not started by then (e.g. no room after a lost node) is left out.
         """
-        results = [fn(self._local)] if local else []
+        results = []
+        if local:
+            try:
+                results.append(fn(self._local))
+            except Exception as e:
+                _name_worker(e, 0)
+                raise
         timeout = self._config.sample_timeout_s or CALL_TIMEOUT_S
-        for worker, ref in [(w, w.apply.remote(fn)) for w in self._remote]:
+        for starting in [s for s in self._starting.values() if not s.warned]:
+            self._wait_for_start(starting.actor)
+        for index, worker, ref in [(i, w, w.apply.remote(fn)) for i, w in zip(self._indices, self._remote)]:
             while True:
                 try:
                     results.append(ray.get(ref, timeout=timeout))
                     break
-                except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError) as e:
-                    worker = self.handle_failure(worker, e)
+                except ray.exceptions.RayTaskError as e:  # the task ran and fn raised: its worker is fine
+                    _name_worker(e, index)
+                    raise
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+                    worker = self._wait_for_start(self.handle_failure(worker, e))
                     if worker is None:
                         break
                     ref = worker.apply.remote(fn)
         return results
+
+    def _wait_for_start(self, replacement: Any) -> Any | None:
+        """``replacement`` (or what replaced it in turn) once in service, within ``worker_startup_timeout_s``;
+        None if dropped or not started by then."""
+        starting = next((s for s in self._starting.values() if s.actor is replacement), None)
+        deadline = (starting.since if starting else time.monotonic()) + self._config.worker_startup_timeout_s
+        while replacement is not None:
+            starting = next((s for s in self._starting.values() if s.actor is replacement), None)
+            if starting is not None:
+                ray.wait([starting.ready], timeout=max(0.0, deadline - time.monotonic()))
+            started = self.started(replacement)
+            if started is not None or starting is None or time.monotonic() >= deadline:
+                return started
+            replacement = self._latest(replacement)  # it failed to start: its own replacement, if any
+        return None
 
     def get_remote_states(self) -> dict[int, dict[str, Any]]:
         """Each remote worker's state (:meth:`RolloutWorker.get_state` without weights) keyed by worker index.
@@ -318,7 +519,8 @@ class WorkerSet:
         asynchronous plan's requests in flight are served first). A worker that fails, or
         has not answered once ``sample_timeout_s`` has passed since all were asked, is handled
         as failed (counted in ``num_worker_restarts``) and left out: its replacement starts
-        afresh on restore.
+        afresh on restore. Once the restart cap was reached (the run is ending with that error,
+        and this is its emergency checkpoint), a failed worker is only left out: nothing restarts.
         """
         deadline = time.monotonic() + (self._config.sample_timeout_s or CALL_TIMEOUT_S)
         asked = [
@@ -335,7 +537,8 @@ class WorkerSet:
                     index,
                     _how_it_failed(e),
                 )
-                self.handle_failure(worker, e)
+                if not self.restart_budget.exhausted:
+                    self.handle_failure(worker, e)
         return states
 
     def set_remote_states(self, states: Mapping[int, Mapping[str, Any]]) -> dict[int, list[int]]:
@@ -363,19 +566,23 @@ class WorkerSet:
 
     def collect_metrics(self) -> list[tuple[int, WorkerMetrics]]:
         """(worker index, report) of each worker in service: the remote ones', or the local worker's
-        when there are none. Asked through the control thread, with a timeout; a worker that
-        cannot answer is handled as failed (its report is lost with it)."""
+        when there are none. Asked through the control thread, with a timeout
+        (``worker_unresponsive_timeout_s``; a stopped process fails at once); a worker that cannot
+        answer is handled as failed (its report is lost with it). Updates ``num_slow_workers``."""
+        self._refresh()
         if not self._remote:
             return [(0, self._local.get_metrics())]
         asked = [
             (index, worker, control_call(worker, "get_metrics")) for index, worker in zip(self._indices, self._remote)
         ]
         reports = []
+        deadline = self._control_deadline()
         for index, worker, ref in asked:
             try:
-                reports.append((index, ray.get(ref, timeout=PROBE_TIMEOUT_S)))
+                reports.append((index, self._await_control(worker, ref, deadline)))
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
                 self.handle_failure(worker, e)
+        self.num_slow_workers = self.slow_workers.update({index: report.fragment_s for index, report in reports})
         return reports
 
     def on_shard_failure(self, shard_index: int, failed: Any, error: ShardFailedError) -> Any:
@@ -383,31 +590,34 @@ class WorkerSet:
         return self.handle_failure(failed, error)
 
     def handle_failure(self, failed: Any, error: BaseException) -> Any:
-        """Kill a failed remote worker and replace or drop it; returns the replacement or None."""
+        """Kill a failed remote worker and replace or drop it; returns the replacement (which joins
+        :meth:`remote_workers` once started: see :meth:`started`) or None. Never waits for the replacement."""
         if failed in self._replacements:  # another caller already handled this failure
-            replacement = self._replacements[failed]
-            while replacement in self._replacements:  # which may have failed to start in turn
-                replacement = self._replacements[replacement]
-            return replacement
-        if failed not in self._remote:
+            return self._latest(failed)
+        worker_index = self._index_of(failed)
+        if worker_index is None:
             raise FlowRLError(f"rollout worker {failed} failed but is not one of this WorkerSet's workers") from error
-        position = self._remote.index(failed)
-        worker_index = self._indices[position]
-        what = f"rollout worker {worker_index} {_how_it_failed(error)}"
-        if what.endswith("timed out"):
-            what += f" ({_probe(failed)})"
-        ray.kill(failed, no_restart=True)  # a worker that raised or hangs is still alive
         cause = error.__cause__ if isinstance(error, ShardFailedError) and error.__cause__ is not None else error
+        # Neither is a fault of the worker, which is left alive (an emergency checkpoint still gets its state).
         if isinstance(cause, BadObservationError):
             raise cause  # on_bad_observation="raise": the user asked for the run to stop on it
         if isinstance(cause, CallbackError):
             raise cause  # the user's code failed: a replacement would run it again
-        if not self.recreate_failed_workers:
+        what = f"rollout worker {worker_index} {_how_it_failed(error)}"
+        if what.endswith("timed out"):
+            what += f" ({self._hung.pop(failed, None) or _probe(failed)})"
+        self._kill(failed)
+        self.liveness.forget(failed)
+        if failed in self._remote:
+            position = self._remote.index(failed)
             self._remote.pop(position)
             self._indices.pop(position)
+        else:
+            del self._starting[worker_index]
+        if not self.recreate_failed_workers:
             self._replacements[failed] = None
             self.num_workers_dropped += 1
-            if not self._remote:
+            if not self._remote and not self._starting:
                 raise WorkerFailureError(
                     f"{what}, and it was the last one: every rollout worker failed and recreate_failed_workers=False. "
                     f"Last failure:\n{cause}",
@@ -415,60 +625,43 @@ class WorkerSet:
                 ) from cause
             logger.warning("%s; continuing without it (%d left)", what, len(self._remote))
             return None
-        if self.num_worker_restarts >= self.max_worker_restarts:
-            raise WorkerFailureError(
-                f"{what}, and the run already restarted workers {self.num_worker_restarts} times "
-                f"(max_worker_restarts={self.max_worker_restarts}). Last failure:\n{cause}",
-                worker_indices=[worker_index],
-            ) from cause
-        delay = self._backoff(worker_index, cause)
+        try:
+            self.restart_budget.spend(what, cause, worker_indices=[worker_index])
+        except WorkerFailureError:
+            self._replacements[failed] = None  # at the cap, the run ends: its state is left out of a checkpoint
+            raise
+        delay = self.restart_budget.backoff(worker_index, cause)
         logger.warning("%s; recreating it%s: %s", what, f" in {delay:g} s" if delay else "", cause)
         time.sleep(delay)
         self.num_worker_restarts += 1
         replacement = self._make_remote(worker_index, incarnation=self.num_worker_restarts)
-        with self._local.lock:  # not halfway through a learner thread's step
-            weights = self._local.get_weights()
-        replacement.set_weights.remote(weights, self._global_vars)
-        if self._local.obs_filter is not None:  # it filters with the run's statistics from its first sample on
-            replacement.sync_filter.remote(self._local.obs_filter.stats())
-        self._remote[position] = replacement
+        self._send_state(replacement)
+        ready = control_call(replacement, "process_info")
+        self._starting[worker_index] = _Starting(replacement, ready, time.monotonic())
         self._replacements[failed] = replacement
-        return self._started(replacement, worker_index)
-
-    def _started(self, replacement: Any, worker_index: int) -> Any:
-        """``replacement`` once it has started (its constructor ran), or what replaced it in turn if it failed to.
-
-        Waiting here, rather than in the gather that asked, keeps a short ``sample_timeout_s``
-        from timing out a worker that is still starting.
-        """
-        try:
-            self._node_ids[worker_index] = ray.get(
-                control_call(replacement, "node_id"), timeout=self._config.worker_startup_timeout_s
-            )
-        except ray.exceptions.RayActorError as e:
-            return self.handle_failure(replacement, e)
-        except ray.exceptions.GetTimeoutError:
-            raise ResourceUnavailableError(
-                f"the replacement of rollout worker {worker_index} did not start within worker_startup_timeout_s="
-                f"{self._config.worker_startup_timeout_s:g}; Ray has {ray.available_resources()} available now"
-            ) from None
         return replacement
 
-    def _backoff(self, worker_index: int, cause: BaseException) -> float:
-        """The delay before restarting ``worker_index``: it grows while its replacements keep failing to start."""
-        if isinstance(cause, ray.exceptions.RayActorError) and cause.actor_init_failed:
-            self._init_failures[worker_index] += 1
-        else:
-            self._init_failures[worker_index] = 0
-        return restart_delay_s(self._init_failures[worker_index])
+    def _kill(self, worker: Any) -> None:
+        """Kill a worker that raised or hangs (it is still alive); a stopped process on this node by its pid too,
+        since it cannot act on Ray's request and holds its bundle until it dies."""
+        if self._stopped(worker):
+            index = self._index_of(worker)
+            if index is not None:
+                try:
+                    os.kill(self._info[index].pid, signal.SIGKILL)
+                except OSError:
+                    pass  # gone already
+        ray.kill(worker, no_restart=True)
 
     def probe_unhealthy_workers(self) -> int:
         """Probe every remote worker (with a timeout), replacing or dropping the dead; returns how many were dead."""
+        self._refresh()
         probes = [(worker, control_call(worker, "ping")) for worker in self._remote]
         dead = 0
+        deadline = self._control_deadline()
         for worker, ref in probes:
             try:
-                ray.get(ref, timeout=PROBE_TIMEOUT_S)
+                self._await_control(worker, ref, deadline)
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
                 dead += 1
                 self.handle_failure(worker, e)
@@ -499,9 +692,9 @@ class WorkerSet:
             raise FlowRLError("stopping the rollout workers: " + "; ".join(problems))
 
     def _kill_remote(self) -> None:
-        for worker in self._remote:
+        for worker in [*self._remote, *(s.actor for s in self._starting.values())]:
             ray.kill(worker, no_restart=True)
-        self._remote, self._indices = [], []
+        self._remote, self._indices, self._starting = [], [], {}
         self.reservation.release()
 
     def placement(self) -> dict[str, Any]:
@@ -510,7 +703,9 @@ class WorkerSet:
         return {
             "strategy": self._config.placement_strategy,
             "driver_node": ray.get_runtime_context().get_node_id(),
-            "worker_nodes": {index: self._node_ids.get(index) for index in self._indices},
+            "worker_nodes": {
+                index: info.node_id if (info := self._info.get(index)) else None for index in self._indices
+            },
             "bundles": self.reservation.layout(),
         }
 
@@ -526,6 +721,27 @@ def _how_it_failed(error: BaseException) -> str:
     else:
         reason = "died"
     return {"died": "died", "raised": "raised an error", "timed_out": "timed out"}[reason]
+
+
+def _name_worker(error: BaseException, worker_index: int) -> None:
+    """Say which worker's ``foreach_worker`` call raised ``error``: a note under its traceback (Python 3.11 on),
+    else a line in the log."""
+    note = f"raised by foreach_worker's function in rollout worker {worker_index} (the worker was not restarted)"
+    if sys.version_info >= (3, 11):
+        error.add_note(note)
+    else:
+        logger.error(note)
+
+
+def _poll(ref: Any) -> Answer:
+    """A progress probe's answer without waiting: the progress, None while unanswered, or a dead worker's error."""
+    ready, _ = ray.wait([ref], timeout=0)
+    if not ready:
+        return None
+    try:
+        return cast(Answer, ray.get(ref))
+    except ray.exceptions.RayActorError as e:
+        return e
 
 
 def _probe(worker: Any) -> str:

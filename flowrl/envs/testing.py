@@ -39,6 +39,9 @@ A fault dict: ``kind`` (required), one of
 - ``"hang"``: ``step`` (or ``reset``) blocks for ``hang_s`` seconds (default 10**6: for ever), then goes on;
 - ``"exit"``: the process dies at once (``os._exit(1)``), as a crash or OOM kill would end it;
 - ``"slow"``: ``step`` sleeps ``delay_s`` seconds (default 0.01) before stepping the wrapped env;
+- ``"hold_gil"``: ``step`` computes for ``hold_s`` seconds (default 15) in one C call that holds the GIL
+  (``sum`` over a ``range``), as a C extension's long computation does: no other thread of the process,
+  such as a rollout worker's control thread, runs meanwhile;
 - ``"nan_obs"``: the observation is NaN (float64 where the space's dtype is an integer);
 - ``"out_of_space_obs"``: one element of the observation is outside its space: for a ``Box``, the
   first element with a finite bound (CartPole: the cart position, above 4.8), so a ``Box`` needs
@@ -93,11 +96,21 @@ from flowrl.errors import EnvError, FlowRLError
 
 logger = logging.getLogger(__name__)
 
-FAULT_KINDS = ("raise", "hang", "exit", "slow", "nan_obs", "out_of_space_obs", "wrong_shape_obs", "nan_reward")
+FAULT_KINDS = (
+    "raise",
+    "hang",
+    "exit",
+    "slow",
+    "hold_gil",
+    "nan_obs",
+    "out_of_space_obs",
+    "wrong_shape_obs",
+    "nan_reward",
+)
 OBSERVATION_KINDS = ("nan_obs", "out_of_space_obs", "wrong_shape_obs")
 RESET_KINDS = ("raise", "hang", "exit")
 # Kinds that act before the wrapped env steps (the others change what it returned).
-_DISRUPTION_KINDS = ("raise", "hang", "exit", "slow")
+_DISRUPTION_KINDS = ("raise", "hang", "exit", "slow", "hold_gil")
 COUNTER_NAMESPACE = "flowrl"
 # A counter that does not answer in this time is lost (its node died): report it, never wait for ever.
 COUNTER_TIMEOUT_S = 30.0
@@ -114,9 +127,10 @@ _FAULT_KEYS = (
     "times",
     "hang_s",
     "delay_s",
+    "hold_s",
 )
 # Options of one kind only: given with another kind they are a mistake, not a no-op.
-_KIND_OPTIONS = {"hang_s": "hang", "delay_s": "slow"}
+_KIND_OPTIONS = {"hang_s": "hang", "delay_s": "slow", "hold_s": "hold_gil"}
 _ENV_CONFIG_KEYS = ("env", "env_config", "faults", "fault_counter")
 
 
@@ -154,6 +168,8 @@ class Fault:
     """Seconds a ``hang`` blocks."""
     delay_s: float = 0.01
     """Seconds a ``slow`` fault adds to each step."""
+    hold_s: float = 15.0
+    """Seconds a ``hold_gil`` fault holds the GIL."""
 
     def applies_to(self, worker_index: int, vector_index: int, recreated_worker: bool) -> bool:
         """Whether this fault may fire in the env at ``worker_index`` / ``vector_index``."""
@@ -225,6 +241,9 @@ def _parse_fault(spec: Any, index: int, problems: list[str]) -> Fault | None:
     delay_s = spec.get("delay_s", Fault.delay_s)
     if not _is_number(delay_s) or delay_s < 0:
         problems.append(f"{where}['delay_s']={delay_s!r} must be a number of seconds >= 0")
+    hold_s = spec.get("hold_s", Fault.hold_s)
+    if not _is_number(hold_s) or hold_s <= 0:
+        problems.append(f"{where}['hold_s']={hold_s!r} must be a number of seconds > 0")
     if len(problems) > count:
         return None
     return Fault(
@@ -239,6 +258,7 @@ def _parse_fault(spec: Any, index: int, problems: list[str]) -> Fault | None:
         times=times,
         hang_s=float(hang_s),
         delay_s=float(delay_s),
+        hold_s=float(hold_s),
     )
 
 
@@ -405,6 +425,8 @@ class FaultInjectEnv(gym.Wrapper[Any, Any, Any, Any]):
             time.sleep(fault.hang_s)
         elif fault.kind == "slow":
             time.sleep(fault.delay_s)
+        elif fault.kind == "hold_gil":
+            hold_gil(fault.hold_s)
         elif fault.kind == "exit":
             # os._exit skips every cleanup, as a crash would; flush so the warning above is not lost.
             sys.stderr.flush()
@@ -415,6 +437,17 @@ class FaultInjectEnv(gym.Wrapper[Any, Any, Any, Any]):
             f"injected fault {fault.name!r} (kind {fault.kind!r}) in worker {self.worker_index}, "
             f"vector index {self.vector_index}"
         )
+
+
+def hold_gil(seconds: float) -> None:
+    """Compute for about ``seconds`` (more on a loaded machine) in one C call that never releases the GIL
+    (``sum`` over a ``range``, its rate measured first)."""
+    fastest = float("inf")
+    for _ in range(3):  # the fastest of three: a run the scheduler interrupted measures too slow a rate
+        started = time.perf_counter()
+        sum(range(1_000_000))
+        fastest = min(fastest, time.perf_counter() - started)
+    sum(range(int(1_000_000 / max(fastest, 1e-9) * seconds)))
 
 
 def _corrupter(kind: str, space: spaces.Space[Any], fault: str) -> Callable[[Any], Any]:

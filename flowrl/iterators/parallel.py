@@ -27,6 +27,7 @@ from flowrl.iterators.shards import (
     _END,
     FailureHook,
     ItemSource,
+    ShardSupervisor,
     ShardTransform,
     _ActorSet,
     _check_item_source,
@@ -34,6 +35,10 @@ from flowrl.iterators.shards import (
     _Shard,
     _shard_failures,
     _ShardStreams,
+    next_deadline,
+    overdue,
+    timed_out,
+    wait_parked,
 )
 from flowrl.iterators.stages import StageNode
 from flowrl.iterators.union import NextValueNotReady
@@ -46,29 +51,6 @@ _RESTARTED = object()
 #: Metrics counter of the items a ``batch_across_shards(min_fraction < 1)`` round did not wait
 #: for, which joined a later round.
 LATE_ITEMS_COUNTER = "num_late_items"
-
-
-def _next_deadline(deadlines: Iterable[float], timeout: float | None) -> float | None:
-    """How long a wait may block: until the nearest shard deadline or the caller's timeout."""
-    nearest = min(deadlines, default=None)
-    if nearest is None:
-        return timeout
-    left = max(0.0, nearest - time.monotonic())
-    return left if timeout is None else min(left, timeout)
-
-
-def _overdue(requests: dict[_Shard, tuple[ray.ObjectRef[Any], float]]) -> list[_Shard]:
-    """The shards whose request, pending since the time given, is still not answered past their timeout."""
-    now = time.monotonic()
-    late = {s: ref for s, (ref, since) in requests.items() if s.timeout_s is not None and now - since >= s.timeout_s}
-    if not late:
-        return []
-    answered, _ = ray.wait(list(late.values()), num_returns=len(late), timeout=0)
-    return [s for s, ref in late.items() if ref not in answered]
-
-
-def _timed_out(shard: _Shard) -> ray.exceptions.GetTimeoutError:
-    return ray.exceptions.GetTimeoutError(f"no item from {shard.actor} within {shard.timeout_s} s")
 
 
 class ParallelIterator(Generic[T]):
@@ -142,9 +124,7 @@ class ParallelIterator(Generic[T]):
         shards: list[_Shard] = []
         for actor_set in self.actor_sets:
             for actor in actor_set.actors:
-                shards.append(
-                    _Shard(len(shards), actor, actor_set.transforms, actor_set.on_failure, actor_set.timeout_s)
-                )
+                shards.append(actor_set.shard(len(shards), actor))
         return shards
 
     def num_shards(self) -> int:
@@ -172,7 +152,9 @@ class ParallelIterator(Generic[T]):
                     f"select_shards({list(shards_to_keep)}): {self!r} has shards 0..{len(shards) - 1}"
                 )
         sets = [
-            _ActorSet([shards[i].actor], shards[i].transforms, shards[i].on_failure, shards[i].timeout_s)
+            _ActorSet(
+                [shards[i].actor], shards[i].transforms, shards[i].on_failure, shards[i].timeout_s, shards[i].supervisor
+            )
             for i in shards_to_keep
         ]
         return ParallelIterator(sets, f"{self.name}.select_shards({len(sets)} shards)", [self])
@@ -196,7 +178,8 @@ class ParallelIterator(Generic[T]):
 
         A round requests an item from every live shard that has none in flight and ends once
         ``ceil(min_fraction * live shards)`` of the items in flight arrived; the others stay
-        in flight and join a later round (counted in ``LATE_ITEMS_COUNTER``).
+        in flight and join a later round (counted in ``LATE_ITEMS_COUNTER``). Parked shards (a
+        replacement still starting) sit rounds out and join the first round after they started.
         """
         streams = _ShardStreams(self._shards(), self.name)
         # Per shard, its request in flight: (ref, when sent, round sent in).
@@ -204,11 +187,19 @@ class ParallelIterator(Generic[T]):
         active = list(streams.live)
         round_number = 0
         try:
-            while active:
+            while active or streams.parked:
+                rejoined = streams.rejoined()
+                if rejoined:
+                    active = sorted(active + rejoined, key=lambda shard: shard.index)
+                if not active:
+                    wait_parked()
+                    continue
                 round_number += 1
                 for shard in active:
                     if shard not in in_flight:
-                        in_flight[shard] = (streams.request(shard), time.monotonic(), round_number)
+                        now = time.monotonic()
+                        shard.requested(now)
+                        in_flight[shard] = (streams.request(shard), now, round_number)
                 done = yield from self._wait_round(streams, active, in_flight, timeout, min_fraction, round_number)
                 round_items = self._collect_round(streams, active, in_flight, done, round_number)
                 if round_items:
@@ -231,18 +222,19 @@ class ParallelIterator(Generic[T]):
             if not refs:
                 return set()
             need = max(1, math.ceil(min_fraction * len(refs)))
-            deadlines = [in_flight[s][1] + s.timeout_s for s in active if s.timeout_s is not None]
             started = time.perf_counter()
-            done, pending = ray.wait(refs, num_returns=need, timeout=_next_deadline(deadlines, timeout))
+            done, pending = ray.wait(refs, num_returns=need, timeout=next_deadline(active, streams, timeout))
             account(WAITING, time.perf_counter() - started)
             if len(done) >= need:
                 ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
                 return set(ready)
-            expired = _overdue({s: in_flight[s][:2] for s in active})
+            expired = overdue({s: in_flight[s][0] for s in active})
             for shard in expired:
                 del in_flight[shard]
-                if streams.restart(shard, _timed_out(shard)):
-                    in_flight[shard] = (streams.request(shard), time.monotonic(), round_number)
+                if streams.restart(shard, timed_out(shard)):
+                    now = time.monotonic()
+                    shard.requested(now)
+                    in_flight[shard] = (streams.request(shard), now, round_number)
                 else:
                     active.remove(shard)
             if not expired and timeout is not None:
@@ -340,7 +332,7 @@ class ParallelIterator(Generic[T]):
         ``num_async=1`` a function applied after the gather has run on an actor's item
         before that actor is asked for the next one. The source actor of each item is
         recorded for :meth:`LocalIterator.zip_with_source_actor`. A shard replaced after a
-        failure gets ``num_async`` fresh requests.
+        failure gets ``num_async`` fresh requests (a parked one once its actor has started).
         """
         if num_async < 1:
             raise IteratorUsageError(f"gather_async(num_async={num_async}): must be >= 1 requests in flight per shard")
@@ -357,6 +349,7 @@ class ParallelIterator(Generic[T]):
             def refill(shard: _Shard) -> None:
                 queues[shard] = collections.deque(streams.request(shard) for _ in range(num_async))
                 head_since[shard] = time.monotonic()
+                shard.requested(head_since[shard])
 
             def restart(shard: _Shard, cause: BaseException) -> None:
                 # Requests sent to the failed actor are abandoned; the replacement gets fresh ones.
@@ -369,18 +362,21 @@ class ParallelIterator(Generic[T]):
             ready: list[_Shard] = []
             last: _Shard | None = None
             try:
-                while queues:
+                while queues or streams.parked:
                     if not ready:
-                        expired = _overdue({s: (q[0], head_since[s]) for s, q in queues.items()})
+                        for shard in streams.rejoined():
+                            refill(shard)
+                        expired = overdue({s: q[0] for s, q in queues.items()})
                         for shard in expired:
-                            restart(shard, _timed_out(shard))
+                            restart(shard, timed_out(shard))
                         if not queues:
-                            break
+                            if streams.parked:
+                                wait_parked()
+                            continue
                         heads = {q[0]: shard for shard, q in queues.items()}
                         refs = list(heads)
-                        deadlines = [head_since[s] + s.timeout_s for s in queues if s.timeout_s is not None]
                         started = time.perf_counter()
-                        done, _ = ray.wait(refs, num_returns=1, timeout=_next_deadline(deadlines, timeout))
+                        done, _ = ray.wait(refs, num_returns=1, timeout=next_deadline(queues, streams, timeout))
                         account(WAITING, time.perf_counter() - started)
                         if not done:
                             if timeout is not None:
@@ -398,6 +394,7 @@ class ParallelIterator(Generic[T]):
                     if metrics.profile:  # since the actor began this request: the latency a straggler stretches
                         metrics.latencies[f"{self.name}[{shard.index}]"].append(now - head_since[shard])
                     head_since[shard] = now
+                    shard.requested(now)
                     started = time.perf_counter()
                     try:
                         item = ray.get(ref)
@@ -469,6 +466,7 @@ def from_actors(
     name: str | None = None,
     on_shard_failure: FailureHook | None = None,
     shard_timeout_s: float | None = None,
+    supervisor: ShardSupervisor | None = None,
 ) -> ParallelIterator[Any]:
     """A parallel iterator over existing actors whose class inherits :class:`ParallelIteratorWorker`.
 
@@ -479,6 +477,9 @@ def from_actors(
     which), which may return a replacement actor, on which the gather reopens its stream and
     carries on, or None to go on without that shard; raising propagates. ``shard_timeout_s``:
     the longest a shard may take to answer a request before it counts as failed (None: no limit).
+    With a ``supervisor`` (see :class:`~flowrl.iterators.shards.ShardSupervisor`), a request past
+    ``shard_timeout_s`` fails only once the supervisor says its actor is hung, and a replacement that
+    is still starting is left out of the gather (which goes on with the other shards) until it has started.
     """
     if not actors:
         raise IteratorUsageError("from_actors() needs at least one actor")
@@ -490,5 +491,6 @@ def from_actors(
     if shard_timeout_s is not None and shard_timeout_s <= 0:
         raise IteratorUsageError(f"from_actors(shard_timeout_s={shard_timeout_s}): must be > 0 seconds, or None")
     return ParallelIterator(
-        [_ActorSet(list(actors), [], on_shard_failure, shard_timeout_s)], name or f"from_actors[shards={len(actors)}]"
+        [_ActorSet(list(actors), [], on_shard_failure, shard_timeout_s, supervisor)],
+        name or f"from_actors[shards={len(actors)}]",
     )

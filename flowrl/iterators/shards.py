@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence
 
 from flowrl.deferred import ray
 from flowrl.errors import IteratorUsageError, ShardFailedError
@@ -208,6 +208,21 @@ def _remote_shard_actor() -> Any:
 FailureHook = Callable[[int, Any, ShardFailedError], Any]
 """``hook(shard_index, failed_actor, error)`` returns a replacement actor, or None to drop the shard."""
 
+
+class ShardSupervisor(Protocol):
+    """What a gather asks, besides its failure hook, of whoever keeps its shards' actors (never blocking)."""
+
+    def check(self, actor: Any) -> float | None:
+        """For a request to ``actor`` pending past the shard's timeout: seconds until it may be checked
+        again (it is making progress), or None if it is hung (the gather then fails it)."""
+        ...
+
+    def started(self, actor: Any) -> Any | None:
+        """The actor now serving in ``actor``'s place once it has started (``actor`` itself, or what replaced
+        it in turn), or None while it is still starting: the gather leaves its shard out until then."""
+        ...
+
+
 #: Least time a shard actor gets to open a stream, whatever the gather's ``shard_timeout_s`` (which
 #: bounds items): a replacement actor may still be starting (importing, building envs).
 OPEN_TIMEOUT_S = 120.0
@@ -227,9 +242,14 @@ class _ActorSet:
     transforms: list[ShardTransform] = field(default_factory=list)
     on_failure: FailureHook | None = None
     timeout_s: float | None = None
+    supervisor: ShardSupervisor | None = None
 
     def with_transform(self, transform: ShardTransform) -> "_ActorSet":
-        return _ActorSet(self.actors, self.transforms + [transform], self.on_failure, self.timeout_s)
+        return _ActorSet(self.actors, self.transforms + [transform], self.on_failure, self.timeout_s, self.supervisor)
+
+    def shard(self, index: int, actor: Any) -> "_Shard":
+        """Shard ``index`` of a gather, served by ``actor`` (one of this set's)."""
+        return _Shard(index, actor, self.transforms, self.on_failure, self.timeout_s, self.supervisor)
 
 
 @dataclass(eq=False)
@@ -241,8 +261,16 @@ class _Shard:
     transforms: list[ShardTransform]
     on_failure: FailureHook | None
     timeout_s: float | None = None
+    supervisor: ShardSupervisor | None = None
     dropped: bool = False
     next_item: Callable[[], ray.ObjectRef[Any]] | None = None
+    #: When the request in flight (the oldest, with several) is next checked: its timeout, or a later
+    #: check the supervisor asked for. None: no limit.
+    deadline: float | None = None
+
+    def requested(self, now: float) -> None:
+        """The shard's actor began a request at ``now``: its timeout runs from then."""
+        self.deadline = None if self.timeout_s is None else now + self.timeout_s
 
 
 class _ShardStreams:
@@ -250,26 +278,35 @@ class _ShardStreams:
 
     A shard fails when its actor dies, when code in it raises (only with a failure hook;
     without one the task error propagates as Ray raised it) or when a request is pending
-    longer than its ``timeout_s``. The failure hook then replaces the actor (the stream is
-    reopened on it) or drops the shard; without a hook a :class:`ShardFailedError` is raised.
+    longer than its ``timeout_s`` (and, with a supervisor, its :meth:`ShardSupervisor.check` says it is
+    hung). The failure hook then replaces the actor (the stream is reopened on it) or drops the
+    shard; without a hook a :class:`ShardFailedError` is raised. A replacement its supervisor says is
+    still starting is ``parked``: left out until :meth:`rejoined` finds it started.
     """
 
     def __init__(self, shards: list[_Shard], iterator_name: str) -> None:
         self.iterator_name = iterator_name
         self.key = uuid.uuid4().hex
+        self.parked: list[_Shard] = []
         opening = [(shard, shard.actor.par_iter_init.remote(self.key, shard.transforms)) for shard in shards]
         self.live = [shard for shard, ref in opening if self._finish_open(shard, ref)]
 
+    def _open(self, shard: _Shard) -> bool:
+        """Open this stream on the shard's (replacement) actor; False if it is still starting (parked) or dropped."""
+        if shard.supervisor is not None:
+            started = shard.supervisor.started(shard.actor)
+            if started is None:
+                self.parked.append(shard)
+                return False
+            shard.actor = started
+        return self._finish_open(shard, shard.actor.par_iter_init.remote(self.key, shard.transforms))
+
     def _finish_open(self, shard: _Shard, ref: ray.ObjectRef[Any]) -> bool:
-        """Wait for a stream to open (re-opening on a replacement actor); False if dropped."""
-        while True:
-            try:
-                slot = ray.get(ref, timeout=max(shard.timeout_s or 0.0, OPEN_TIMEOUT_S))
-                break
-            except _shard_failures() as e:
-                if not self.fail(shard, e):
-                    return False
-                ref = shard.actor.par_iter_init.remote(self.key, shard.transforms)
+        """Wait for a stream to open (re-opening on a replacement actor); False if dropped or parked."""
+        try:
+            slot = ray.get(ref, timeout=max(shard.timeout_s or 0.0, OPEN_TIMEOUT_S))
+        except _shard_failures() as e:
+            return self.fail(shard, e) and self._open(shard)
         if slot is None:
             shard.next_item = functools.partial(shard.actor.par_iter_next.remote, self.key)
         else:
@@ -303,10 +340,16 @@ class _ShardStreams:
         return True
 
     def restart(self, shard: _Shard, cause: BaseException) -> bool:
-        """Fail ``shard`` and reopen this stream on its replacement; False if it was dropped."""
-        return self.fail(shard, cause) and self._finish_open(
-            shard, shard.actor.par_iter_init.remote(self.key, shard.transforms)
-        )
+        """Fail ``shard`` and reopen this stream on its replacement; False if it was dropped or parked."""
+        return self.fail(shard, cause) and self._open(shard)
+
+    def rejoined(self) -> list[_Shard]:
+        """The parked shards whose actors have started, with this stream open on them again (never waits
+        for one still starting)."""
+        parked, self.parked = self.parked, []
+        back = [shard for shard in parked if self._open(shard)]
+        self.live += [shard for shard in back if shard not in self.live]
+        return back
 
     def request(self, shard: _Shard) -> ray.ObjectRef[Any]:
         """Ask ``shard`` for the next item of this stream."""
@@ -320,3 +363,49 @@ class _ShardStreams:
         for shard in self.live:
             if not shard.dropped:
                 shard.actor.par_iter_close.remote(self.key)
+
+
+#: Seconds between two looks, while a gather has parked shards, at whether their actors have started.
+PARKED_POLL_S = 1.0
+
+
+def next_deadline(shards: Iterable[_Shard], streams: _ShardStreams, timeout: float | None) -> float | None:
+    """How long a wait may block: until the nearest shard deadline, the next look at the parked shards, or
+    the caller's timeout."""
+    deadlines = [s.deadline for s in shards if s.deadline is not None]
+    nearest = min(deadlines, default=None)
+    left = None if nearest is None else max(0.0, nearest - time.monotonic())
+    if streams.parked:
+        left = PARKED_POLL_S if left is None else min(left, PARKED_POLL_S)
+    if left is None:
+        return timeout
+    return left if timeout is None else min(left, timeout)
+
+
+def overdue(requests: dict[_Shard, ray.ObjectRef[Any]]) -> list[_Shard]:
+    """The shards whose request is still not answered past their deadline, and (if they have a supervisor)
+    that it says are hung; the deadlines of those it says are progressing move to their next check."""
+    now = time.monotonic()
+    late = {s: ref for s, ref in requests.items() if s.deadline is not None and now >= s.deadline}
+    if not late:
+        return []
+    answered, _ = ray.wait(list(late.values()), num_returns=len(late), timeout=0)
+    expired = []
+    for shard, ref in late.items():
+        if ref in answered:
+            continue
+        recheck = None if shard.supervisor is None else shard.supervisor.check(shard.actor)
+        if recheck is None:
+            expired.append(shard)
+        else:
+            shard.deadline = now + recheck
+    return expired
+
+
+def wait_parked() -> None:
+    """With every shard of a gather parked: wait until the next look at them (bounded, no spinning)."""
+    time.sleep(PARKED_POLL_S)
+
+
+def timed_out(shard: _Shard) -> ray.exceptions.GetTimeoutError:
+    return ray.exceptions.GetTimeoutError(f"no item from {shard.actor} within {shard.timeout_s} s")

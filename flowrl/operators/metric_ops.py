@@ -130,8 +130,8 @@ class CollectMetrics(StatefulOperator):
     episodes count (e.g. Ape-X's lowest-epsilon ones; looked up among the live workers each
     time, so replacements count); by default all workers, the local one included only when
     there are no remote workers. Faults absorbed by any worker are counted: the result's
-    top-level ``num_healthy_workers``, ``num_worker_restarts``, ``num_faulty_episodes``,
-    ``num_bad_observations``, ``num_nonfinite_updates`` and ``num_late_fragments``.
+    top-level ``num_healthy_workers``, ``num_worker_restarts``, ``num_workers_missing``, ``num_slow_workers``,
+    ``num_faulty_episodes``, ``num_bad_observations``, ``num_nonfinite_updates`` and ``num_late_fragments``.
     """
 
     state_key = "collect_metrics"
@@ -191,6 +191,8 @@ class CollectMetrics(StatefulOperator):
             "timers": {f"{name}_time_ms": round(1000 * t.mean, 3) for name, t in metrics.timers.items()},
             "num_healthy_workers": self.workers.num_healthy_workers(),
             "num_worker_restarts": self.workers.num_worker_restarts,
+            "num_workers_missing": self.workers.num_workers_missing,
+            "num_slow_workers": self.workers.num_slow_workers,
             **self.faults,
             "num_nonfinite_updates": sum(policy.num_nonfinite_updates for policy in policies),
             "num_late_fragments": metrics.counters[LATE_ITEMS_COUNTER],

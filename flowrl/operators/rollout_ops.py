@@ -42,13 +42,15 @@ def count_steps_sampled(batch: Batch) -> Batch:
 
 
 def rollout_actors(workers: WorkerSet) -> ParallelIterator[Batch]:
-    """The remote workers as a parallel iterator whose failed shards the worker set restarts
-    (``sample_timeout_s`` bounds each request)."""
+    """The remote workers as a parallel iterator whose failed shards the worker set restarts: a request
+    pending past ``sample_timeout_s`` fails once the worker set finds its worker hung (not merely slow), and
+    a replacement still starting sits the gather out until it has started."""
     return from_actors(
         workers.remote_workers(),
         name="rollout_workers",
         on_shard_failure=workers.on_shard_failure,
         shard_timeout_s=workers.sample_timeout_s,
+        supervisor=workers,
     )
 
 
@@ -61,7 +63,9 @@ def ParallelRollouts(workers: WorkerSet, *, mode: str = "bulk_sync", num_async: 
     ``num_async`` requests in flight per worker. ``raw``: the
     :class:`~flowrl.iterators.ParallelIterator` over the workers, for plans that gather it
     themselves. With no remote workers the local worker samples. Workers that die, raise or
-    time out are replaced (or dropped) by the worker set without ending the stream.
+    hang are replaced (or dropped) by the worker set without ending the stream; while a replacement
+    waits to start (e.g. for room after a lost node), rounds and gathers go on with the other workers
+    (downstream ``ConcatBatches`` takes more of them to fill a train batch).
     """
     if mode not in ROLLOUT_MODES:
         raise FlowRLError(f"ParallelRollouts(mode={mode!r}): mode must be one of {ROLLOUT_MODES}")

@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+import sys
+import time
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 import pytest
 import ray
-from fakes import bc_loss, weights_of
+from fakes import bc_loss, is_dead, weights_of
 
 from flowrl.actors import WorkerSet
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.envs import get_env_creator
-from flowrl.errors import EnvCheckError
+from flowrl.errors import EnvCheckError, WorkerFailureError
 from flowrl.iterators import from_actors
 from flowrl.policy import PolicySpec, TorchPolicy
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session")]
 
 
-def make_workers(num_workers: int = 2, recreate: bool = True) -> WorkerSet:
+def make_workers(num_workers: int = 2, recreate: bool = True, **config: Any) -> WorkerSet:
     env = gym.make("CartPole-v1")
     spec = PolicySpec(
         TorchPolicy, env.observation_space, env.action_space, TrainerConfig(lr=0.01), {"loss_fn": bc_loss}
@@ -27,7 +31,7 @@ def make_workers(num_workers: int = 2, recreate: bool = True) -> WorkerSet:
     return WorkerSet(
         env_creator=get_env_creator("CartPole-v1"),
         policy_specs={DEFAULT_POLICY_ID: spec},
-        config={"seed": 0, "rollout_fragment_length": 20, "num_envs_per_worker": 2},
+        config={"seed": 0, "rollout_fragment_length": 20, "num_envs_per_worker": 2, **config},
         num_workers=num_workers,
         num_cpus_per_worker=0.1,
         recreate_failed_workers=recreate,
@@ -100,6 +104,51 @@ def test_dead_workers_are_dropped_when_recreation_is_off() -> None:
         assert results == [0, 2]
         assert len(workers.remote_workers()) == 1 and workers.num_workers_dropped == 1
         assert workers.probe_unhealthy_workers() == 0
+    finally:
+        workers.stop()
+
+
+def notes(error: BaseException) -> str:
+    return "\n".join(getattr(error, "__notes__", []))
+
+
+@pytest.mark.timeout(120)
+def test_an_error_in_foreach_workers_function_reaches_the_caller_and_restarts_nothing() -> None:
+    workers = make_workers()
+    try:
+        before = workers.remote_workers()
+        started = time.monotonic()
+        with pytest.raises(ZeroDivisionError) as info:
+            workers.foreach_worker(lambda w: 1 / (w.worker_index - 2))  # only remote worker 2 divides by 0
+        # The acceptance bound: the error arrives at once rather than after restarts and retries (it takes
+        # well under a second here; a restart alone takes seconds).
+        assert time.monotonic() - started < 5.0
+        assert isinstance(info.value, ray.exceptions.RayTaskError)  # and Ray's remote traceback with it
+        if sys.version_info >= (3, 11):
+            assert "rollout worker 2 (the worker was not restarted)" in notes(info.value)
+        assert workers.num_worker_restarts == 0 and workers.remote_workers() == before
+        with pytest.raises(ZeroDivisionError) as info:
+            workers.foreach_worker(lambda w: 1 / w.worker_index)  # the local worker, index 0
+        if sys.version_info >= (3, 11):
+            assert "rollout worker 0" in notes(info.value)
+        assert workers.foreach_worker(lambda w: w.worker_index) == [0, 1, 2]  # every worker still serves
+        assert workers.num_worker_restarts == 0 and workers.restart_budget.recent() == 0
+    finally:
+        workers.stop()
+
+
+@pytest.mark.timeout(120)
+def test_at_the_restart_cap_a_checkpoint_leaves_the_dead_worker_out_and_restarts_nothing() -> None:
+    workers = make_workers(max_worker_restarts=0)
+    try:
+        victim = workers.remote_workers()[0]
+        ray.kill(victim, no_restart=True)
+        assert is_dead(victim)
+        with pytest.raises(WorkerFailureError, match="max_worker_restarts=0") as info:
+            workers.foreach_worker(lambda w: w.worker_index)
+        assert info.value.worker_indices == [1] and workers.restart_budget.exhausted
+        states = workers.get_remote_states()  # what an emergency checkpoint asks for
+        assert list(states) == [2] and workers.num_worker_restarts == 0
     finally:
         workers.stop()
 

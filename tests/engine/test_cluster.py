@@ -314,7 +314,8 @@ def lose_a_node_mid_run(
     cluster: ClusterHandle, tmp_path: Path, victim_of: Callable[[dict[str, Any], str], str], *args: str
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
     """Run ``flowrl train *args`` on the cluster; after 2 iterations remove the node ``victim_of(last result,
-    head node id)`` names and add a fresh one; after 5 more, SIGTERM the run (which must exit 143).
+    head node id)`` names and add a fresh one; after 5 more, once every worker is in service again, SIGTERM
+    the run (which must exit 143).
 
     Returns the results before the loss, all the results, and the lost node's id.
     """
@@ -331,7 +332,7 @@ def lose_a_node_mid_run(
         victim_id = victim_of(before[-1], cluster.head)
         cluster.remove_node(victim_id)
         cluster.add_node()
-        results = wait_for_iterations(proc, tmp_path, len(before) + 5)
+        results = wait_for_iterations(proc, tmp_path, len(before) + 5, whole=True)
     finally:
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
@@ -340,19 +341,23 @@ def lose_a_node_mid_run(
     return before, results, victim_id
 
 
-def wait_for_iterations(proc: subprocess.Popen[str], results_dir: Path, iterations: int) -> list[dict[str, Any]]:
-    """The run's results once ``progress.jsonl`` holds ``iterations`` of them (the process must keep running)."""
+def wait_for_iterations(
+    proc: subprocess.Popen[str], results_dir: Path, iterations: int, whole: bool = False
+) -> list[dict[str, Any]]:
+    """The run's results once ``progress.jsonl`` holds ``iterations`` of them (the process must keep running)
+    and, with ``whole``, the last of them has every worker in service (a replacement starts in the background
+    while the run goes on without it)."""
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.stderr.read()[-3000:] if proc.stderr else "the run ended"
         if results_dir.exists() and any(results_dir.iterdir()):
             path = run_directory(results_dir) / "progress.jsonl"
             if path.exists():
-                lines = [line for line in path.read_text().splitlines() if line.strip()]
-                if len(lines) >= iterations:
-                    return [json.loads(line) for line in lines]
+                results = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+                if len(results) >= iterations and not (whole and results[-1]["num_workers_missing"]):
+                    return results
         time.sleep(0.2)
-    raise AssertionError(f"fewer than {iterations} iterations within 180 s")
+    raise AssertionError(f"fewer than {iterations} iterations{' with every worker' if whole else ''} within 180 s")
 
 
 def test_the_cluster_tuned_example_is_a_valid_config() -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import math
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,6 +140,8 @@ class MultiAgentSampler(FaultTolerantSampler):
         self._next_episode_id = episode_id_base
         n = len(envs)
         self.steps_sampled = 0
+        #: Called after each vector step (a rollout worker counts its progress with it).
+        self.on_step: Callable[[], object] = no_clock
         self.obs: list[dict[Hashable, Any]] = [{} for _ in envs]
         self.ts = np.zeros(n, dtype=np.int64)
         self.eps_ids = np.zeros(n, dtype=np.int64)
@@ -217,6 +219,7 @@ class MultiAgentSampler(FaultTolerantSampler):
             started, inference = clock(), self.inference_s
             self._step(fragment, step)
             self.env_s += clock() - started - (self.inference_s - inference)
+            self.on_step()
         for env_trajectories in self.trajectories:
             for trajectory in env_trajectories.values():
                 self._close(fragment, trajectory)
