@@ -33,6 +33,7 @@ from flowrl.operators import (
     UpdateTargetNetwork,
 )
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy, nstep_postprocess
+from flowrl.policy.action_masks import next_state_values
 from flowrl.policy.custom_model import Q_VALUES
 from flowrl.policy.distributions import ActionDistribution
 from flowrl.policy.postprocessing import DISCOUNTS
@@ -115,19 +116,17 @@ def dqn_loss(
     dist_class: type[ActionDistribution],
     batch: dict[str, torch.Tensor],
 ) -> LossOutput:
-    """Importance-weighted Huber loss on the n-step TD error, with (double) target Q-values; the TD
-    errors set priorities."""
+    """Importance-weighted Huber loss on the n-step TD error, with (double) target Q-values over the next
+    state's legal actions; the TD errors set priorities."""
     q_values, _ = model(batch[SampleBatch.OBS])
     actions = batch[SampleBatch.ACTIONS].long()
     q_taken = q_values.gather(1, actions.unsqueeze(1)).squeeze(1)
     assert policy.target_model is not None
     with torch.no_grad():
         next_target, _ = policy.target_model(batch[SampleBatch.NEW_OBS])
-        if policy.config.double_q:
-            next_online, _ = model(batch[SampleBatch.NEW_OBS])
-            next_q = next_target.gather(1, next_online.argmax(dim=1, keepdim=True)).squeeze(1)
-        else:
-            next_q = next_target.max(dim=1).values
+        next_online = model(batch[SampleBatch.NEW_OBS])[0] if policy.config.double_q else None
+        # The best legal action of the next state (its action mask, when the env gives them).
+        next_q = next_state_values(next_target, next_online, batch.get(SampleBatch.NEXT_ACTION_MASK))
         # Bootstrap unless the episode terminated (a truncated one goes on).
         not_done = 1.0 - batch[SampleBatch.TERMINATEDS].float()
         target = batch[SampleBatch.REWARDS] + batch[DISCOUNTS] * not_done * next_q

@@ -14,6 +14,7 @@ import numpy as np
 
 from flowrl.data.compression import CompressedColumn, compress_array, decompress_array
 
+#: The policy id of single-agent training: the one policy a plain ``SampleBatch`` belongs to.
 DEFAULT_POLICY_ID = "default_policy"
 
 
@@ -40,6 +41,10 @@ class SampleBatch(dict[str, Any]):
     ADVANTAGES = "advantages"
     VALUE_TARGETS = "value_targets"
     WEIGHTS = "weights"
+    #: Legal actions of the row's observation (``[B, n]`` bools), for envs that mask actions.
+    ACTION_MASK = "action_mask"
+    #: Legal actions of the row's ``new_obs``: the TD targets' max and argmax range over them.
+    NEXT_ACTION_MASK = "next_action_mask"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -17,25 +17,35 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from flowrl.errors import EnvCheckError
+from flowrl.envs.flatten import action_mask_of, legal_actions
+from flowrl.errors import EnvCheckError, EnvError
 
 _STEP_API = "(obs, reward, terminated, truncated, info)"
+
+#: What to do instead of giving flowrl a Gymnasium ``VectorEnv`` (whose rewards are arrays).
+VECTOR_ENV_HINT = (
+    "a Gymnasium VectorEnv steps several envs at once, which flowrl's workers do themselves; give a creator "
+    "of one env and set num_envs_per_worker, or use env_backend: envpool"
+)
 
 
 def check_env(env: gymnasium.Env, *, num_steps: int = 50, seed: int = 0) -> None:
     """Check ``env``'s spaces, ``reset`` and ``num_steps`` random ``step`` calls; raise on the first problem.
 
     Resets twice with ``seed`` (the first observations must match), then steps with actions
-    sampled from the action space seeded with ``seed``, resetting when an episode ends.
+    sampled from the action space seeded with ``seed`` (legal ones where an observation or its info
+    carries an action mask, see :mod:`flowrl.envs.flatten`), resetting when an episode ends.
     The env is left open; the caller owns it. Raises :class:`EnvCheckError`.
     """
+    if isinstance(env, gymnasium.vector.VectorEnv):
+        raise EnvCheckError(f"env is a {type(env).__name__}: {VECTOR_ENV_HINT}")
     observation_space = _space(env, "observation_space")
     action_space = _space(env, "action_space")
     _check_reset_accepts_seed(env)
 
     method = f"env.reset(seed={seed})"
-    first_obs = _checked_reset(env, method, observation_space, seed=seed)
-    again_obs = _checked_reset(env, method, observation_space, seed=seed)
+    first_obs, _ = _checked_reset(env, method, observation_space, seed=seed)
+    again_obs, info = _checked_reset(env, method, observation_space, seed=seed)
     if not _same(first_obs, again_obs):
         raise EnvCheckError(
             f"{method} ignores seed: two calls returned different first observations "
@@ -44,8 +54,9 @@ def check_env(env: gymnasium.Env, *, num_steps: int = 50, seed: int = 0) -> None
         )
 
     action_space.seed(seed)
+    obs = again_obs
     for step in range(1, num_steps + 1):
-        action = action_space.sample()
+        action = _sample_action(action_space, obs, info, step)
         try:
             result = env.step(action)
         except Exception as exc:
@@ -53,8 +64,28 @@ def check_env(env: gymnasium.Env, *, num_steps: int = 50, seed: int = 0) -> None
                 f"env.step({abbreviate(action)}) raised {type(exc).__name__}: {exc} (step {step} of check_env)"
             ) from exc
         terminated, truncated = _check_step_result(result, observation_space, step)
+        obs, info = result[0], result[4]
         if terminated or truncated:
-            _checked_reset(env, "env.reset()", observation_space)
+            obs, info = _checked_reset(env, "env.reset()", observation_space)
+
+
+def _sample_action(space: spaces.Space, obs: Any, info: Any, step: int) -> Any:
+    """A random action of ``space``: a legal one where ``obs`` or ``info`` carries an action mask."""
+    mask = action_mask_of(obs, info)
+    if mask is None:
+        return space.sample()
+    where = f" (the observation before step {step} of check_env)"
+    if not isinstance(space, spaces.Discrete):
+        raise EnvCheckError(
+            f"an observation carries an action_mask, but the action space {space} is not Discrete{where}"
+        )
+    try:
+        legal = legal_actions(mask, int(space.n))
+    except EnvError as exc:
+        raise EnvCheckError(f"{exc}{where}") from None
+    if not legal.any():
+        raise EnvCheckError(f"action_mask={abbreviate(mask)} marks no action legal in a state that goes on{where}")
+    return space.sample(mask=legal.astype(np.int8))
 
 
 def _space(env: Any, attribute: str) -> spaces.Space:
@@ -83,7 +114,7 @@ def _check_reset_accepts_seed(
         )
 
 
-def _checked_reset(env: Any, method: str, observation_space: spaces.Space, **kwargs: Any) -> Any:
+def _checked_reset(env: Any, method: str, observation_space: spaces.Space, **kwargs: Any) -> tuple[Any, dict]:
     try:
         result = env.reset(**kwargs)
     except Exception as exc:
@@ -104,7 +135,7 @@ def _checked_reset(env: Any, method: str, observation_space: spaces.Space, **kwa
             f"{method} returned info {abbreviate(info)} of type {type(info).__name__}; info must be a dict"
         )
     _check_obs(obs, observation_space, method, "obs", "observation_space")
-    return obs
+    return obs, info
 
 
 def _check_step_result(result: Any, observation_space: spaces.Space, step: int) -> tuple[bool, bool]:
@@ -145,9 +176,10 @@ def _check_reward(reward: Any, method: str, name: str, subject: str, where: str)
     """Raise unless ``reward`` is a finite real scalar; ``name`` spells where it was returned,
     ``subject`` the rule's subject."""
     if not _is_real_scalar(reward):
+        vectorized = f"; {VECTOR_ENV_HINT}" if np.ndim(reward) > 0 and np.size(reward) > 1 else ""
         raise EnvCheckError(
             f"{method} returned {name}={abbreviate(reward)} of type {type(reward).__name__}; "
-            f"{subject} must be a finite real scalar (a float){where}"
+            f"{subject} must be a finite real scalar (a float){where}{vectorized}"
         )
     if not math.isfinite(float(reward)):
         raise EnvCheckError(f"{method} returned {name}={float(reward)}; {subject} must be a finite real scalar{where}")

@@ -2,7 +2,8 @@
 
 Each class is built from a batch of "distribution inputs" (what the model emits) and
 gives samples, log-probabilities, entropies and KL divergences per row.
-``dist_class_for(action_space)`` picks the distribution and the number of inputs it needs.
+``dist_class_for(action_space)`` picks the distribution and the number of inputs it needs;
+``Categorical.with_action_mask(mask)`` binds a batch's legal actions (see :mod:`flowrl.policy.action_masks`).
 """
 
 from __future__ import annotations
@@ -15,12 +16,22 @@ import numpy as np
 
 from flowrl.deferred import F, torch
 from flowrl.errors import FlowRLError
+from flowrl.policy.action_masks import mask_logits
 
 
 class ActionDistribution:
     """A batch of action distributions built from ``inputs`` of shape ``[B, num_inputs]``."""
 
     deterministic_only: ClassVar[bool] = False
+    #: The legal actions (``[B, n]`` bools) a class made by :meth:`with_action_mask` binds; None: all are legal.
+    action_mask: ClassVar[torch.Tensor | None] = None
+
+    @classmethod
+    def with_action_mask(cls, mask: torch.Tensor) -> type["ActionDistribution"]:
+        """A subclass whose distributions give the actions ``mask`` marks illegal no probability."""
+        raise FlowRLError(
+            f"action masks need a Discrete action space (a Categorical distribution), not a {cls.__name__}"
+        )
 
     def __init__(self, inputs: torch.Tensor) -> None:
         self.inputs = inputs
@@ -52,9 +63,12 @@ class ActionDistribution:
 
 
 class Categorical(ActionDistribution):
-    """A categorical distribution over ``n`` discrete actions, from unnormalised logits."""
+    """A categorical distribution over ``n`` discrete actions, from unnormalised logits (masked first when
+    the class binds an action mask)."""
 
     def __init__(self, inputs: torch.Tensor) -> None:
+        if self.action_mask is not None:
+            inputs = mask_logits(inputs, self.action_mask)
         super().__init__(inputs)
         self.log_probs = F.log_softmax(inputs, dim=-1)
 
@@ -80,6 +94,10 @@ class Categorical(ActionDistribution):
     def required_inputs(action_space: gym.Space[Any]) -> int:
         assert isinstance(action_space, gym.spaces.Discrete)
         return int(action_space.n)
+
+    @classmethod
+    def with_action_mask(cls, mask: torch.Tensor) -> type["ActionDistribution"]:
+        return type(f"Masked{cls.__name__}", (cls,), {"action_mask": mask})
 
 
 class DiagGaussian(ActionDistribution):

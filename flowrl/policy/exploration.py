@@ -15,6 +15,7 @@ import numpy as np
 
 from flowrl.deferred import torch
 from flowrl.errors import FlowRLError
+from flowrl.policy.action_masks import random_legal_actions
 from flowrl.policy.distributions import ActionDistribution
 
 
@@ -70,6 +71,9 @@ class StochasticSampling(Exploration):
 class EpsilonGreedy(Exploration):
     """With probability epsilon a uniformly random action, else the argmax of the inputs (Q-values).
 
+    With an action mask bound to the distribution, both are legal: the random action is uniform
+    over the legal ones, the argmax is over the masked inputs.
+
     Epsilon anneals linearly from ``initial_epsilon`` to ``final_epsilon`` over
     ``epsilon_timesteps`` global timesteps. A fixed ``epsilon`` (Ape-X's per-worker
     values) overrides the schedule.
@@ -106,7 +110,12 @@ class EpsilonGreedy(Exploration):
             batch = greedy.shape[0]
             random_rows = self.rng.random(batch) < self.epsilon(timestep)
             if random_rows.any():
-                random_actions = torch.as_tensor(self.rng.integers(0, int(self.action_space.n), batch))
+                mask = dist.action_mask
+                if mask is None:
+                    drawn = self.rng.integers(0, int(self.action_space.n), batch)
+                else:
+                    drawn = random_legal_actions(mask.reshape(batch, -1).cpu().numpy(), self.rng)
+                random_actions = torch.as_tensor(drawn)
                 greedy = torch.where(torch.as_tensor(random_rows), random_actions.to(greedy.device), greedy)
         return greedy, torch.zeros(greedy.shape[0])
 

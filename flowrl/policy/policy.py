@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 
 from flowrl.data import SampleBatch
-from flowrl.envs.flatten import flatten_observation
+from flowrl.envs.flatten import action_mask_of, flatten_observation
 from flowrl.errors import ConfigError, NonFiniteUpdateError
 
 ModelWeights = dict[str, np.ndarray]
@@ -190,18 +190,31 @@ class Policy(abc.ABC, Generic[ConfigT]):
 
     @abc.abstractmethod
     def compute_actions(
-        self, obs_batch: np.ndarray, *, explore: bool | None = None, timestep: int | None = None
+        self,
+        obs_batch: np.ndarray,
+        *,
+        explore: bool | None = None,
+        timestep: int | None = None,
+        action_mask: np.ndarray | None = None,
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Actions for a batch of observations, and extra per-row outputs (e.g. ``action_logp``).
 
         Observations of a Dict or Tuple space come flattened, as the samplers store them
-        (:func:`flowrl.envs.flatten.flatten_observation`).
+        (:func:`flowrl.envs.flatten.flatten_observation`; a masked Dict's ``"observations"`` part).
+        ``action_mask`` (``[B, n]``, nonzero: legal) restricts each row's action to its legal ones.
         """
 
-    def compute_single_action(self, obs: Any, *, explore: bool | None = None) -> Any:
-        """The action for one observation (a Dict or Tuple one as the env returns it: it is flattened here)."""
+    def compute_single_action(
+        self, obs: Any, *, explore: bool | None = None, action_mask: np.ndarray | None = None
+    ) -> Any:
+        """The action for one observation (a Dict or Tuple one as the env returns it: it is flattened here).
+
+        A masked Dict observation's own mask applies; else ``action_mask`` (e.g. ``info["action_mask"]``) if given.
+        """
+        mask = action_mask_of(obs, {"action_mask": action_mask})
         obs = flatten_observation(self.observation_space, obs)
-        actions, _ = self.compute_actions(np.asarray(obs)[None], explore=explore)
+        masks = None if mask is None else np.asarray(mask)[None]
+        actions, _ = self.compute_actions(np.asarray(obs)[None], explore=explore, action_mask=masks)
         return actions[0]
 
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:

@@ -89,7 +89,7 @@ def adjust_nstep(batch: SampleBatch, n_step: int, gamma: float) -> SampleBatch:
     """Rewrite a trajectory piece into n-step transitions (in place; returns it).
 
     Row t's reward becomes ``sum_{k<m} gamma**k r[t+k]`` with ``m = min(n, steps left)``,
-    its ``new_obs``/``terminateds``/``truncateds`` those of row ``t+m-1``, and the
+    its ``new_obs``/``terminateds``/``truncateds`` (and ``next_action_mask``) those of row ``t+m-1``, and the
     ``discounts`` column ``gamma**m`` (the factor for the bootstrapped value).
     """
     count = batch.count
@@ -102,7 +102,7 @@ def adjust_nstep(batch: SampleBatch, n_step: int, gamma: float) -> SampleBatch:
     steps = np.minimum(n_step, count - np.arange(count))
     last = np.arange(count) + steps - 1
     batch[SampleBatch.REWARDS] = summed
-    for key in (SampleBatch.NEW_OBS, SampleBatch.TERMINATEDS, SampleBatch.TRUNCATEDS):
+    for key in (SampleBatch.NEW_OBS, SampleBatch.TERMINATEDS, SampleBatch.TRUNCATEDS, SampleBatch.NEXT_ACTION_MASK):
         if key in batch:
             batch[key] = batch[key][last]
     batch[DISCOUNTS] = (gamma**steps).astype(np.float32)

@@ -51,8 +51,11 @@ class ActingPolicy(Protocol):
     """What a sampler uses of a policy: actions for a batch of observations, and the
     postprocessing of each trajectory piece."""
 
-    def compute_actions(self, obs_batch: np.ndarray, /) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Actions for ``obs_batch`` and extra per-row outputs (e.g. ``action_logp``)."""
+    def compute_actions(
+        self, obs_batch: np.ndarray, /, *, action_mask: np.ndarray | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Actions for ``obs_batch`` (each row's among its legal ones, given ``action_mask``) and extra
+        per-row outputs (e.g. ``action_logp``)."""
         ...
 
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:

@@ -11,7 +11,9 @@ import numpy as np
 
 from flowrl.data import SampleBatch
 from flowrl.deferred import DeferredModule, nn, torch
+from flowrl.envs.flatten import model_space
 from flowrl.errors import ConfigError
+from flowrl.policy.action_masks import mask_logits_numpy
 from flowrl.policy.custom_model import ACTOR_CRITIC, ModelInterface, build_custom_model
 from flowrl.policy.distributions import ActionDistribution, dist_class_for
 from flowrl.policy.exploration import StochasticSampling, make_exploration
@@ -81,6 +83,11 @@ class TorchPolicy(Policy[ConfigT]):
     checkpoints (e.g. PPO's KL coefficient) live in ``policy.coeffs``. With
     ``target_network=True`` the policy keeps a frozen copy of its model in ``target_model``,
     moved by :meth:`update_target` (DQN, DDPG, TD3).
+
+    Models see ``model_observation_space``: the ``"observations"`` part of a masked Dict observation
+    space (see :mod:`flowrl.envs.flatten`). Given action masks (``compute_actions(action_mask=...)``,
+    a batch's ``action_mask`` column), the distribution (and exploration) gives illegal actions no
+    probability: a loss's ``dist_class`` has the batch's mask bound (``Categorical.with_action_mask``).
     """
 
     def __init__(
@@ -104,11 +111,13 @@ class TorchPolicy(Policy[ConfigT]):
         use_gpu = config.num_gpus > 0 and torch.cuda.is_available()
         self.device = torch.device("cuda" if use_gpu else "cpu")
         self.dist_class, num_outputs = dist_class_for(action_space, dist_kind)
+        #: What the model sees of observations (a masked Dict's "observations" part).
+        self.model_observation_space = space = model_space(observation_space)
         options = model_config(config.model)
         if options["custom_model"] is not None:
-            model = build_custom_model(model_interface, observation_space, action_space, num_outputs, options)
+            model = build_custom_model(model_interface, space, action_space, num_outputs, options)
         else:
-            model = make_model(observation_space, action_space, num_outputs, options)
+            model = make_model(space, action_space, num_outputs, options)
         self.model = model.to(self.device)
         self.target_model: nn.Module | None = None
         if target_network:
@@ -159,16 +168,21 @@ class TorchPolicy(Policy[ConfigT]):
     # -- acting ----------------------------------------------------------------------
 
     def _forward(self, obs_batch: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:
-        out = self.model(models.obs_to_tensor(obs_batch, self.observation_space, self.device))
+        out = self.model(models.obs_to_tensor(obs_batch, self.model_observation_space, self.device))
         return out if isinstance(out, tuple) else (out, None)
 
     def _numpy_twin(self) -> NumpyActorCritic | None:
         if self._numpy_model is _NOT_BUILT:
-            self._numpy_model = numpy_inference.NumpyActorCritic.build(self.model, self.observation_space)
+            self._numpy_model = numpy_inference.NumpyActorCritic.build(self.model, self.model_observation_space)
         return self._numpy_model  # type: ignore[return-value]
 
     def compute_actions(
-        self, obs_batch: np.ndarray, *, explore: bool | None = None, timestep: int | None = None
+        self,
+        obs_batch: np.ndarray,
+        *,
+        explore: bool | None = None,
+        timestep: int | None = None,
+        action_mask: np.ndarray | None = None,
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         explore = self.explore if explore is None else explore
         timestep = self.global_timestep if timestep is None else timestep
@@ -176,6 +190,8 @@ class TorchPolicy(Policy[ConfigT]):
         if twin is not None:
             # Small MLP policies act faster in NumPy than through PyTorch's dispatch.
             dist_inputs_np, values_np = twin.forward(obs_batch)
+            if action_mask is not None:
+                dist_inputs_np = mask_logits_numpy(dist_inputs_np, action_mask)
             sampled = numpy_inference.sample_numpy(self.dist_class, dist_inputs_np, explore, self._np_rng)
             if sampled is not None:
                 self.exploration.last_timestep = timestep
@@ -186,12 +202,14 @@ class TorchPolicy(Policy[ConfigT]):
                 return actions_np, extra
         with torch.inference_mode():
             dist_inputs, values = self._forward(obs_batch)
-            actions, logp = self.exploration.get_action(
-                self.dist_class(dist_inputs), timestep=timestep, explore=explore
-            )
+            dist_class = self.dist_class
+            if action_mask is not None:
+                dist_class = dist_class.with_action_mask(torch.as_tensor(action_mask, device=self.device))
+            dist = dist_class(dist_inputs)
+            actions, logp = self.exploration.get_action(dist, timestep=timestep, explore=explore)
             extra = {
                 SampleBatch.ACTION_LOGP: logp.cpu().numpy(),
-                SampleBatch.ACTION_DIST_INPUTS: dist_inputs.cpu().numpy(),
+                SampleBatch.ACTION_DIST_INPUTS: dist.inputs.cpu().numpy(),
             }
             if values is not None:
                 extra[SampleBatch.VF_PREDS] = values.cpu().numpy()
@@ -228,7 +246,7 @@ class TorchPolicy(Policy[ConfigT]):
             if not value.flags.writeable:
                 value = value.copy()  # batches from Ray's object store are read-only; torch needs writable memory
             if key in (SampleBatch.OBS, SampleBatch.NEW_OBS):
-                tensors[key] = models.obs_to_tensor(value, self.observation_space, self.device)
+                tensors[key] = models.obs_to_tensor(value, self.model_observation_space, self.device)
             elif value.dtype.kind in "biuf":
                 tensors[key] = torch.as_tensor(value, device=self.device)
         return tensors
@@ -243,7 +261,10 @@ class TorchPolicy(Policy[ConfigT]):
             self.model.train()
         with self.learn_times.loading():
             tensors = self.to_tensors(batch)
-        out = LossOutput(*self.loss_fn(self, self.model, self.dist_class, tensors))
+        dist_class = self.dist_class
+        if SampleBatch.ACTION_MASK in tensors:
+            dist_class = dist_class.with_action_mask(tensors[SampleBatch.ACTION_MASK])
+        out = LossOutput(*self.loss_fn(self, self.model, dist_class, tensors))
         self.optimizer.zero_grad()
         out.loss.backward()
         loss = float(out.loss.detach())

@@ -2,7 +2,8 @@
 
 :class:`GreedyPolicyModule` wraps a policy's model, its observation filter and its action
 choice (argmax, the Gaussian's mean, the deterministic actor's output) in one ``nn.Module``
-whose ``forward(obs)`` returns ``(actions, *distribution inputs)``; ``_greedy_module`` builds it
+whose ``forward(obs)`` returns ``(actions, *distribution inputs)`` (``forward(obs, action_mask)`` for a
+policy of a masked observation space, choosing among legal actions); ``_greedy_module`` builds it
 from a :class:`~flowrl.policy.TorchPolicy` with the description of each output (``_Output``).
 :mod:`flowrl.serve.export` traces it to TorchScript or ONNX. Holding an ``nn.Module`` subclass,
 this module is imported only when exporting (through :mod:`flowrl.serve.export`), never by a
@@ -21,9 +22,10 @@ import torch
 from gymnasium.spaces.utils import flatdim
 from torch import nn
 
-from flowrl.envs.flatten import is_structured
+from flowrl.envs.flatten import is_masked, is_structured
 from flowrl.errors import RunError
 from flowrl.policy import TorchPolicy
+from flowrl.policy.action_masks import mask_logits
 from flowrl.policy.distributions import Categorical, Deterministic, DiagGaussian, SquashedGaussian
 from flowrl.policy.exploration import EpsilonGreedy
 from flowrl.policy.filters import MeanStdFilter
@@ -49,7 +51,9 @@ class GreedyPolicyModule(nn.Module):
     ``"squashed"`` (the mean squashed into the bounds) or ``"deterministic"`` (the model's
     output). ``bounds`` (low, high) clip Box actions as the samplers clip what reaches the env.
     ``normalization`` (shift, scale of flattened observations) is the run's observation filter,
-    applied first. Observations of a Dict or Tuple space come in flattened.
+    applied first. Observations of a Dict or Tuple space come in flattened. With ``masked``, ``forward`` also
+    takes each row's legal actions (``[B, n]`` bools): illegal ones get the lowest float as their
+    logit or Q-value (:func:`~flowrl.policy.action_masks.mask_logits`), so the argmax is legal.
     """
 
     # Registered buffers: nn.Module's __getattr__ types them as ``Tensor | Module``.
@@ -68,10 +72,12 @@ class GreedyPolicyModule(nn.Module):
         bounds: tuple[np.ndarray, np.ndarray] | None,
         squash: tuple[torch.Tensor, torch.Tensor] | None = None,
         normalization: tuple[np.ndarray, np.ndarray] | None = None,
+        masked: bool = False,
     ) -> None:
         super().__init__()
         self.model = model
         self.kind = kind
+        self.masked = masked
         self.normalize = normalization is not None
         shift, scale = normalization if normalization is not None else (np.zeros(0), np.ones(0))
         self.register_buffer("obs_shift", torch.as_tensor(shift, dtype=torch.float64))
@@ -98,9 +104,11 @@ class GreedyPolicyModule(nn.Module):
             return obs
         return obs.float()
 
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(self, obs: torch.Tensor, action_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         out = self.model(self._preprocess(obs))
         inputs = out[0] if isinstance(out, (tuple, list)) else out
+        if action_mask is not None:
+            inputs = mask_logits(inputs, action_mask)
         if self.kind in ("categorical", "q_values"):
             # Categorical.deterministic_sample's argmax of the log-probabilities, so ties resolve alike.
             return torch.argmax(nn.functional.log_softmax(inputs, dim=-1), dim=-1), inputs
@@ -120,7 +128,7 @@ def _greedy_module(
     policy: TorchPolicy[Any], obs_filter: MeanStdFilter | None, what: str
 ) -> tuple[GreedyPolicyModule, list[_Output]]:
     """The module acting as ``policy`` (behind ``obs_filter``) acts greedily, and its outputs."""
-    obs_space, action_space = policy.observation_space, policy.action_space
+    obs_space, action_space = policy.model_observation_space, policy.action_space
     if not isinstance(obs_space, (gym.spaces.Box, gym.spaces.Discrete)) and not is_structured(obs_space):
         raise RunError(
             f"{what} takes observations of {obs_space}, which the exporter cannot describe as one array; "
@@ -175,7 +183,11 @@ def _greedy_module(
         # No statistics yet: the filter only casts to float32.
         normalization = stats.normalization() if stats is not None else (np.zeros(size), np.ones(size))
     model = copy.deepcopy(policy.model).cpu().eval()
-    return GreedyPolicyModule(model, obs_space, kind, bounds, squash, normalization).eval(), outputs
+    masked = is_masked(policy.observation_space) and kind in ("categorical", "q_values")
+    if masked:
+        legal = "; illegal actions' entries are the lowest float32"
+        outputs[1] = dataclasses.replace(outputs[1], description=outputs[1].description + legal)
+    return GreedyPolicyModule(model, obs_space, kind, bounds, squash, normalization, masked).eval(), outputs
 
 
 def _dims(space: gym.Space[Any]) -> list[int | str]:

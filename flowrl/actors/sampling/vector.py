@@ -14,9 +14,10 @@ learner either raises :class:`~flowrl.errors.BadObservationError` or has its epi
 
 from __future__ import annotations
 
+import copy
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -25,6 +26,7 @@ import numpy as np
 from flowrl.actors.sampling.checks import ObservationCheck, reward_problem
 from flowrl.actors.sampling.episode_hooks import EpisodeHooks
 from flowrl.actors.sampling.fragment import _Fragment
+from flowrl.actors.sampling.masks import ActionMasks
 from flowrl.actors.sampling.recovery import EnvMaker, EpisodeStats, FaultTolerantSampler, no_clock
 from flowrl.data import SampleBatch, concat_samples
 from flowrl.envs.checker import abbreviate
@@ -54,6 +56,11 @@ class VectorSampler(FaultTolerantSampler):
 
     ``obs_filter`` (optional): the policy acts on the observations it filters, and the
     fragments hold those (the checks above read the raw ones).
+
+    Action masks (a Discrete action space, and a masked Dict observation space or
+    ``info["action_mask"]`` from ``reset`` on; see :mod:`flowrl.envs.flatten`): the policy acts with
+    each env's current mask, and the fragments hold the ``action_mask`` of each row's observation and
+    the ``next_action_mask`` of its ``new_obs``.
     """
 
     def __init__(
@@ -90,14 +97,17 @@ class VectorSampler(FaultTolerantSampler):
         self._clip = (space.low, space.high) if clip_actions and isinstance(space, gym.spaces.Box) else None
         self._obs_check = ObservationCheck(getattr(envs[0], "observation_space", None))
         self._flatten = self._obs_check.flatten
+        n = len(envs)
+        self.masks = ActionMasks(envs[0], n, worker_index)
         #: Checks on (the default); benchmarks/sampler_checks.py turns them off to measure their cost.
         self._check_data = True
-        n = len(envs)
         self._next_episode_id = episode_id_base
         self.eps_ids = np.array([self._new_episode_id() for _ in range(n)], dtype=np.int64)
         self.ts = np.zeros(n, dtype=np.int64)
         self.episode_rewards = np.zeros(n, dtype=np.float64)
         self.steps_sampled = 0
+        #: Called after each vector step (a rollout worker counts its progress with it).
+        self.on_step: Callable[[], object] = no_clock
         resets = [self._reset(i, None if seed is None else seed + i, 0, full=True) for i in range(n)]
         observations = [obs for obs, _, _ in resets]
         dtype = self._obs_check.dtype
@@ -116,6 +126,16 @@ class VectorSampler(FaultTolerantSampler):
         "obs",
         "_carry",
     )
+
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "action_masks": (copy.deepcopy(self.masks.current), self.masks.masked)}
+
+    def set_state(self, state: Mapping[str, Any]) -> list[int]:
+        # Before the envs: an env that cannot be restored starts an episode, and with it its mask.
+        if "action_masks" in state and len(state["envs"]) == len(self.envs):
+            current, self.masks.masked = state["action_masks"]
+            self.masks.current = copy.deepcopy(current)
+        return super().set_state(state)
 
     def _restart_episode(self, index: int) -> None:
         self._carry[index] = []
@@ -162,11 +182,13 @@ class VectorSampler(FaultTolerantSampler):
             np.ones((T, n), dtype=bool),
             filtered=None if self.obs_filter is None else np.empty((T, *self.obs.shape), dtype=np.float32),
         )
+        fragment.columns.update(self.masks.columns(T))
         pool = shared_vector(self.envs)  # a worker's EnvPool, stepped in one call, or None
         recording = [records_episodes(env) for env in self.envs]  # read per fragment: a recreated env may differ
         clock = time.perf_counter if self.timed else no_clock
         for step in range(T):
             self._step_all(fragment, step, pool, recording, clock)
+            self.on_step()
         return self._finish_fragment(fragment)
 
     def _step_all(
@@ -181,12 +203,18 @@ class VectorSampler(FaultTolerantSampler):
         started = clock()
         obs_filter = self.obs_filter
         policy_obs = self.obs if obs_filter is None else obs_filter(self.obs)
-        actions, extra = self.policy.compute_actions(policy_obs)
+        columns = fragment.columns
+        # Masks only where the fragment has their columns (made when the envs were known to be masked).
+        masks = self.masks.current if SampleBatch.ACTION_MASK in columns else None
+        if masks is None:
+            actions, extra = self.policy.compute_actions(policy_obs)
+        else:
+            columns[SampleBatch.ACTION_MASK][step] = masks
+            actions, extra = self.policy.compute_actions(policy_obs, action_mask=masks)
         inferred = clock()
         if fragment.filtered is not None:
             fragment.filtered[step] = policy_obs
         fragment.add_actions(step, actions, extra)
-        columns = fragment.columns
         columns[SampleBatch.OBS][step] = self.obs
         columns[SampleBatch.EPS_ID][step] = self.eps_ids
         columns[SampleBatch.T][step] = self.ts
@@ -210,6 +238,8 @@ class VectorSampler(FaultTolerantSampler):
         self.inference_s += inferred - started
         self.env_s += stepped_at - inferred
         self.obs[:] = new_obs
+        if masks is not None:
+            masks[:] = columns[SampleBatch.NEXT_ACTION_MASK][step]
         self.episode_rewards += step_rewards
         self.ts += 1
         if hooks is not None:
@@ -237,6 +267,7 @@ class VectorSampler(FaultTolerantSampler):
         new_obs, step_rewards = columns[SampleBatch.NEW_OBS][step], columns[SampleBatch.REWARDS][step]
         step_terms, step_truncs = columns[SampleBatch.TERMINATEDS][step], columns[SampleBatch.TRUNCATEDS][step]
         check, hooks, flatten = self._check_data, self.hooks, self._flatten
+        next_masks = columns.get(SampleBatch.NEXT_ACTION_MASK)
         shape, dtype = self.obs.shape[1:], self.obs.dtype
         # Bound once: the checks run for every env on every step, where each lookup shows.
         ndarray = np.ndarray
@@ -253,6 +284,8 @@ class VectorSampler(FaultTolerantSampler):
                 recorded[i] = recorded_episode(info)
             if hooks is not None:
                 stepped[i] = (obs, info)
+            if next_masks is not None:
+                self.masks.read(i, obs, info, next_masks[step])
             if flatten is not None:
                 obs = flatten(obs)
             # A wrong shape may broadcast silently into the row (a scalar fills it): check the form first.
@@ -397,6 +430,7 @@ class VectorSampler(FaultTolerantSampler):
                     raise
                 seed = self._recreate_env(i, "env.reset()", error)
                 continue
+            self.masks.read(i, raw, info)
             obs = raw if self._flatten is None else self._flatten(raw)
             if not self._check_data:
                 return obs, raw, info
