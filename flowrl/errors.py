@@ -8,6 +8,17 @@ while programming bugs inside flowrl still surface as ordinary Python errors.
 
 from __future__ import annotations
 
+#: The name flowrl's distribution takes on a package index (``pip install`` finds it once it is published).
+DISTRIBUTION = "flowrl-ray"
+
+
+def install_hint(extra: str | None = None) -> str:
+    """How to install optional-dependency group ``extra`` (an extra of ``pyproject.toml``; None: flowrl and its
+    required dependencies), for a message: from a clone of the repository, and by the distribution's name once
+    it is published."""
+    target = f"[{extra}]" if extra else ""
+    return f"pip install -e '.{target}' in a clone of flowrl (pip install '{DISTRIBUTION}{target}' once published)"
+
 
 class FlowRLError(Exception):
     """Base class of every error flowrl raises on purpose."""

@@ -114,6 +114,41 @@ _MODULES: dict[str, _BuiltIn] = {
 _REGISTERED: dict[str, Algorithm] = {}
 
 
+class _Instead(NamedTuple):
+    use: tuple[str, ...]  # built-in algorithms to use instead, best first
+    why: str  # what they share with the one asked for
+
+
+#: Well-known algorithms flowrl does not have, with the built-in ones that serve the same purpose:
+#: an unknown name is answered by purpose when it is here, by spelling otherwise.
+NOT_IMPLEMENTED: dict[str, _Instead] = {
+    "sac": _Instead(("td3", "ddpg", "apex_ddpg"), "off-policy continuous control; SAC is planned"),
+    "rainbow": _Instead(
+        ("dqn", "apex"), "DQN with double Q, dueling, n-step and prioritized replay, no C51 or noisy nets"
+    ),
+    "r2d2": _Instead(("apex", "dqn"), "distributed prioritized replay, without the recurrent Q-network"),
+    "ddppo": _Instead(("ppo",), "PPO with num_learners >= 2 learns data-parallel"),
+    "trpo": _Instead(("ppo",), "a trust-region policy gradient"),
+    "acktr": _Instead(("a2c", "ppo"), "synchronous actor-critic"),
+    "mappo": _Instead(("ppo",), "PPO trains multi-agent envs, one policy per policies entry"),
+    "ippo": _Instead(("ppo",), "PPO trains multi-agent envs, one policy per policies entry"),
+    "qmix": _Instead(("dqn", "ppo_dqn"), "per-agent Q-learning on a multi-agent env, without the mixing network"),
+    "maddpg": _Instead(("ppo",), "multi-agent envs with continuous actions, one policy per policies entry"),
+    "bc": _Instead(("ppo",), "flowrl learns online only; no offline algorithm yet"),
+    "marwil": _Instead(("ppo",), "flowrl learns online only; no offline algorithm yet"),
+    "cql": _Instead(("dqn", "td3"), "flowrl learns online only; these are the online off-policy ones"),
+    "crr": _Instead(("ddpg", "td3"), "flowrl learns online only; these are the online off-policy ones"),
+    "iql": _Instead(("ddpg", "td3"), "flowrl learns online only; these are the online off-policy ones"),
+    "alphazero": _Instead(("ppo",), "model-free policy learning; no tree search"),
+    "muzero": _Instead(("ppo", "impala"), "model-free learning; no learned model or tree search"),
+    "dreamer": _Instead(("ppo", "impala"), "model-free learning; no world model"),
+    "dreamerv3": _Instead(("ppo", "impala"), "model-free learning; no world model"),
+    "maml": _Instead(("ppo",), "the inner-loop learner; no meta-learning"),
+    "mbmpo": _Instead(("ppo",), "the policy learner; no learned dynamics models"),
+    "slateq": _Instead(("dqn",), "Q-learning over flat discrete actions"),
+}
+
+
 def register_algorithm(algorithm: Algorithm, *, replace: bool = False) -> None:
     """Make ``algorithm`` available to :func:`get_algorithm` and the Trainer under its name (case-insensitive).
 
@@ -148,6 +183,12 @@ def get_algorithm(name: str) -> Algorithm:
         _REGISTERED[key] = algorithm
         return algorithm
     names = list_algorithms()
+    if key in NOT_IMPLEMENTED:
+        instead = NOT_IMPLEMENTED[key]
+        raise UnknownAlgorithmError(
+            f"algorithm {name!r} is not implemented in flowrl; use {' or '.join(map(repr, instead.use))} "
+            f"({instead.why}); available: {', '.join(names)}"
+        )
     close = difflib.get_close_matches(str(key), names, n=3, cutoff=0.4)
     hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
     raise UnknownAlgorithmError(f"unknown algorithm {name!r}; {hint}available: {', '.join(names)}")

@@ -1,8 +1,12 @@
+# PYTHON_ARGCOMPLETE_OK (argcomplete's global completion completes only scripts that say so)
 """The ``flowrl`` command: train, resume, tune and evaluate runs, list algorithms, print execution plans.
 
 This module builds the parser from the subcommands' modules (each registers its own parser and
 flags with ``add_parser`` and runs with ``run``), runs the one asked for and turns what ends it
-into an exit status. Each subcommand parses flags, calls the library and prints. ``flowrl train``
+into an exit status. ``flowrl --version`` prints flowrl's version and Ray's, PyTorch's and Python's.
+With ``argcomplete`` installed (the ``completion`` extra), the shell completes
+commands and flags after ``eval "$(register-python-argcomplete flowrl)"``. Each subcommand parses
+flags, calls the library and prints. ``flowrl train``
 (:mod:`flowrl.cli.train`) is a shell over :mod:`flowrl.runs.run` (the run directory, stop criteria,
 checkpoints, resuming), and ``--config`` files are read by :mod:`flowrl.runs.experiment`; ``flowrl
 tune`` is a shell over :func:`flowrl.tune.run`, ``flowrl export`` over
@@ -32,11 +36,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
+import platform
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from flowrl._version import __version__
 from flowrl.cli import doctor, evaluate, export, plan, plot, trace, train, tune
 from flowrl.cli import list as list_command
 from flowrl.cli.exits import EXIT_FAILURE, EXIT_USAGE, USAGE_ERRORS, exit_status_for, report_error, signal_label
@@ -48,13 +55,46 @@ from flowrl.runs.signals import interrupt_signal
 COMMANDS = (train, tune, list_command, plan, trace, doctor, evaluate, export, plot)
 
 
+def version_text() -> str:
+    """``flowrl <version>`` and the versions of Ray, PyTorch and Python it runs with (read without importing them)."""
+    found = []
+    for name, distribution in (("Ray", "ray"), ("PyTorch", "torch")):
+        try:
+            found.append(f"{name} {importlib.metadata.version(distribution)}")
+        except importlib.metadata.PackageNotFoundError:
+            found.append(f"{name} not installed")
+    return f"flowrl {__version__} ({', '.join(found)}, Python {platform.python_version()})"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print :func:`version_text` and exit (the text is made only when asked for)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``flowrl`` command."""
     parser = argparse.ArgumentParser(prog="flowrl", description="Distributed RL as dataflow execution plans.")
+    parser.add_argument("--version", action=_VersionAction, help="print the versions of flowrl, Ray, PyTorch, Python")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         command.add_parser(sub)
     return parser
+
+
+def _complete(parser: argparse.ArgumentParser) -> None:
+    """When the shell asks for completions (argcomplete's environment variables set), print them and exit;
+    otherwise, and without argcomplete, nothing."""
+    try:
+        import argcomplete
+    except ImportError:
+        return
+    argcomplete.autocomplete(parser)
 
 
 @contextlib.contextmanager
@@ -80,7 +120,9 @@ def _run_warnings_as_messages() -> Iterator[None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flowrl`` console script; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    _complete(parser)
+    args = parser.parse_args(argv)
     try:
         with _run_warnings_as_messages():
             return args.func(args)

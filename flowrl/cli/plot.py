@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from flowrl.cli.args import add_command
 from flowrl.cli.exits import EXIT_OK
+from flowrl.errors import install_hint
 
 if TYPE_CHECKING:
     from flowrl.cli.args import Subparsers
@@ -28,7 +29,7 @@ HELP = "draw learning curves of runs (seeds of one setting as mean ± std)"
 DESCRIPTION = (
     "Draw learning curves from runs' progress.jsonl: runs of one algorithm, env "
     "and config that differ only in their seed as their mean ± std, each trial "
-    "of a flowrl tune experiment as its own curve. Needs pip install 'flowrl-ray[plot]'."
+    f"of a flowrl tune experiment as its own curve. Needs {install_hint('plot')}."
 )
 
 

@@ -70,11 +70,17 @@ DESCRIPTION = (
     "Run the trials of an experiment file on Ray Tune, side by side, and write "
     "an experiment directory with one run directory per trial and trials.csv."
 )
+EXAMPLES = (
+    "flowrl tune --config tuned_examples/tune-cartpole-ppo-grid.yaml",
+    "flowrl tune --config tuned_examples/tune-cartpole-ppo-pbt.yaml --results-dir ~/tune_results",
+    "flowrl tune --resume flowrl_results/ppo_CartPole-v1_20250101-120000",
+    "flowrl evaluate BEST_TRIAL_DIRECTORY  # the best trial's best checkpoint, as tune prints it",
+)
 
 
 def add_parser(subparsers: Subparsers) -> None:
     """Register ``flowrl tune`` and its flags."""
-    tuner = add_command(subparsers, "tune", run, help=HELP, description=DESCRIPTION)
+    tuner = add_command(subparsers, "tune", run, help=HELP, description=DESCRIPTION, examples=EXAMPLES)
     add_experiment_flag(
         tuner,
         ": a tuned example with search spaces in its config, and "
@@ -85,6 +91,7 @@ def add_parser(subparsers: Subparsers) -> None:
         "--resume",
         metavar="EXP_DIR",
         help="continue the interrupted experiment in EXP_DIR: its unfinished and failed trials go on "
-        "from their latest checkpoints, with the experiment's own settings",
+        "from their latest checkpoints, with the experiment's own settings; it unpickles the experiment's "
+        "state and checkpoints, which can run code: resume only experiments you trust",
     )
     add_address_flag(tuner)

@@ -49,6 +49,28 @@ RENAMED: dict[str, str] = {
     "num_steps_sampled_before_learning_starts": "learning_starts",
     "sgd_stepsize": "lr",  # RLlib's first PPO; ARS declares sgd_stepsize itself, so it is never renamed there
     "noise_size": "noise_table_size",
+    # RLlib 2.x: its new API stack's EnvRunners and Learners, and the names used between the two stacks.
+    "num_env_runners": "num_workers",
+    "num_envs_per_env_runner": "num_envs_per_worker",
+    "num_cpus_per_env_runner": "num_cpus_per_worker",
+    "num_gpus_per_env_runner": "num_gpus_per_worker",
+    "custom_resources_per_env_runner": "custom_resources_per_worker",
+    "evaluation_num_env_runners": "evaluation_num_workers",
+    "num_epochs": "num_sgd_iter",
+    "num_learner_workers": "num_learners",
+    "num_cpus_per_learner_worker": "num_cpus_per_learner",
+    "num_gpus_per_learner_worker": "num_gpus_per_learner",
+    "num_cpus_for_main_process": "num_cpus_for_driver",
+    "num_cpus_for_local_worker": "num_cpus_for_driver",
+    "restart_failed_env_runners": "recreate_failed_workers",
+    "recreate_failed_env_runners": "recreate_failed_workers",
+}
+
+#: RLlib keys (its new API stack's) that count per learner, and flowrl's key, which counts over all learners:
+#: flowrl's value is RLlib's times ``max(1, num_learners)`` (RLlib's ``total_train_batch_size``).
+PER_LEARNER: dict[str, str] = {
+    "train_batch_size_per_learner": "train_batch_size",
+    "minibatch_size": "sgd_minibatch_size",
 }
 
 #: flowrl's key for a key RLlib kept inside a dict: ``{dict key: {sub-key: flowrl key}}``.
@@ -105,6 +127,15 @@ IGNORED: dict[str, str] = {
     "extra_python_environs_for_driver": "process environment",
     "extra_python_environs_for_worker": "process environment",
     "ignore_worker_failures": "flowrl replaces or drops failed workers (recreate_failed_workers)",
+    "ignore_env_runner_failures": "flowrl replaces or drops failed workers (recreate_failed_workers)",
+    "enable_rl_module_and_learner": "RLlib's API stack switch; flowrl has one stack",
+    "enable_env_runner_and_connector_v2": "RLlib's API stack switch; flowrl has one stack",
+    "create_local_env_runner": "flowrl makes envs where it needs them",
+    "create_env_on_local_worker": "flowrl makes envs where it needs them",
+    "max_requests_in_flight_per_env_runner": "how many samples are requested at once",
+    "delay_between_env_runner_restarts_s": "flowrl restarts a failed worker at once, within max_worker_restarts",
+    "env_runner_health_probe_timeout_s": "flowrl's worker_unresponsive_timeout_s bounds a worker's silence",
+    "evaluation_sample_timeout_s": "flowrl's sample_timeout_s bounds evaluation too",
     "metrics_episode_collection_timeout_s": "flowrl's timeouts bound metric collection",
     "collect_metrics_timeout": "flowrl's timeouts bound metric collection",
     # Logging, reporting and debugging.
@@ -322,6 +353,7 @@ class _Reader:
         self.result = Translation({})
         self.sources: dict[str, str] = {}  # flowrl key -> the RLlib key that set it
         self.is_rllib = False  # the config has RLLIB_MARKER: RLlib's defaults fill the keys it leaves out
+        self.per_learner: dict[str, Any] = {}  # PER_LEARNER keys given, read in finish()
 
     def read(self, key: Any, value: Any) -> None:
         if not isinstance(key, str):
@@ -333,6 +365,8 @@ class _Reader:
             self._framework(value)
         elif key in RENAMED:
             self._map(key, RENAMED[key], _renamed_value(key, value))
+        elif key in PER_LEARNER:
+            self.per_learner[key] = value  # finish(): the total needs num_learners, which may come later
         elif key in NESTED:
             self._nested(key, value)
         elif key == "evaluation_duration":
@@ -510,8 +544,9 @@ class _Reader:
 
     def finish(self) -> None:
         """What needs several keys: RLlib's defaults, ``rollout_fragment_length: auto``, RLlib's mapping functions."""
+        self._per_learner()  # first: the batch size it sets is what 'auto' divides
         if self.is_rllib:
-            self._rllib_defaults()  # first: 'auto' may be RLlib's default, and it needs the batch size
+            self._rllib_defaults()  # before 'auto': it may be RLlib's default, and it needs the batch size
         values = self.result.values
         if values.get("rollout_fragment_length") == "auto":
             batch, workers, envs = (
@@ -534,6 +569,21 @@ class _Reader:
             and _takes_episode(mapping)
         ):
             values["policy_mapping_fn"] = RLlibPolicyMapping(mapping)
+
+    def _per_learner(self) -> None:
+        """The :data:`PER_LEARNER` keys given, as flowrl's totals over ``max(1, num_learners)`` learners."""
+        learners = self.result.values.get("num_learners", self.defaults.get("num_learners", 0))
+        factor = max(1, learners) if isinstance(learners, int) and not isinstance(learners, bool) else 1
+        for rllib_key, value in self.per_learner.items():
+            key = PER_LEARNER[rllib_key]
+            total = value * factor if isinstance(value, int) and not isinstance(value, bool) else value
+            self._map(
+                rllib_key,
+                key,
+                total,
+                f"RLlib key {rllib_key}={value!r} is {key}={total!r} here: RLlib's counts per learner, "
+                f"flowrl's {key} is shared by all learners ({value!r} x max(1, num_learners={learners!r}))",
+            )
 
     def _note(self, text: str) -> None:
         if text not in self.result.notes:

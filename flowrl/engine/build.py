@@ -18,7 +18,7 @@ from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.engine.evaluator import evaluate_policies
 from flowrl.envs import get_env_creator, is_multi_agent_env
 from flowrl.envs.context import EnvContext
-from flowrl.envs.registry import EnvCreator, close_env
+from flowrl.envs.registry import EnvCreator, close_env, create_env
 from flowrl.errors import CheckpointError, ConfigError, FlowRLError
 from flowrl.plan.graph import Plan
 from flowrl.policy import PolicySpec
@@ -81,7 +81,7 @@ def policy_specs(
     Problems a user can cause (a mapping to an unknown policy, agents of one policy with
     different spaces, ``policies`` on a single-agent env) raise one :class:`~flowrl.errors.ConfigError`.
     """
-    probe = env_creator(EnvContext(config.env_config, num_workers=config.num_workers))
+    probe: Any = create_env(env_creator, EnvContext(config.env_config, num_workers=config.num_workers))
     try:
         if not is_multi_agent_env(probe):
             if config.policies:
@@ -173,7 +173,7 @@ def evaluate_checkpoint(
     """Evaluate a Trainer checkpoint's policy without Ray or rollout workers (deterministic actions).
 
     Returns the episode statistics plus the checkpoint's ``algo``, ``env`` and ``iteration``.
-    With ``video_dir``, each episode is recorded there as an MP4 file (``pip install 'flowrl-ray[video]'``).
+    With ``video_dir``, each episode is recorded there as an MP4 file (it needs the ``video`` extra).
     """
     state, _ = read_checkpoint(checkpoint_path)
     for key in ("algo", "env", "config", "worker"):

@@ -70,7 +70,7 @@ def evaluate_policies(
     Episode i resets with ``seed + i`` (unseeded without ``seed``); actions are deterministic
     unless ``explore``. A Gymnasium env acts with ``default_policy``; in a multi-agent env each
     agent acts with the policy ``config.policy_mapping_fn`` maps it to. With ``video_dir``,
-    every episode is recorded there as an MP4 file (``pip install 'flowrl-ray[video]'``). ``obs_filter``:
+    every episode is recorded there as an MP4 file (it needs the ``video`` extra). ``obs_filter``:
     the run's observation filter (see :mod:`flowrl.policy.filters`), applied without updating it.
     """
     episodes = run_episodes(

@@ -1,5 +1,6 @@
 """Env creation (flowrl names, Gymnasium ids, creator functions), env checks, Atari preprocessing,
-and the multi-agent env API (PettingZoo's Parallel API) with built-in multi-agent envs.
+and the multi-agent env API (PettingZoo's Parallel API) with built-in multi-agent envs; the built-in
+``MaskedCartPole-v1`` (action masks, :mod:`flowrl.envs.masked`) is registered with Gymnasium on import.
 
 See :mod:`flowrl.envs.registry` for how names resolve and how creators reach Ray actors,
 :mod:`flowrl.envs.multi_agent` for the multi-agent API, :mod:`flowrl.envs.multi_agent_checker` for
@@ -9,6 +10,7 @@ its checker and :mod:`flowrl.envs.multi_agent_envs` for the built-in multi-agent
 from flowrl.envs.atari import is_atari_id, make_atari_env
 from flowrl.envs.checker import check_env
 from flowrl.envs.context import EnvContext
+from flowrl.envs.masked import MaskedCartPole
 from flowrl.envs.multi_agent import MultiAgentEnv, is_multi_agent_env, seed_action_spaces
 from flowrl.envs.multi_agent_checker import check_multi_agent_env
 from flowrl.envs.multi_agent_envs import CooperativeMatching, MultiAgentCartPole
@@ -29,6 +31,7 @@ __all__ = [
     "FaultCounter",
     "FaultInjectEnv",
     "InjectedFault",
+    "MaskedCartPole",
     "MultiAgentCartPole",
     "MultiAgentEnv",
     "check_env",

@@ -14,7 +14,7 @@ options as :func:`flowrl.envs.make_atari_env` (same names and defaults, read fro
   ``recreate_failed_workers`` replaces; ``restart_failed_sub_environments`` (one env at a
   time) does not apply. ``on_bad_observation`` checks EnvPool's observations and rewards as any others.
 
-envpool is an optional dependency (``pip install 'flowrl-ray[envpool]'``), imported only when
+envpool is an optional dependency (the ``envpool`` extra), imported only when
 ``env_backend: envpool`` is asked for.
 """
 
@@ -31,11 +31,9 @@ import numpy as np
 
 from flowrl.envs.atari import is_atari_id
 from flowrl.envs.registry import GymnasiumCreator
-from flowrl.errors import EnvError
+from flowrl.errors import EnvError, install_hint
 
-MISSING_ENVPOOL_MESSAGE = (
-    "env_backend 'envpool' needs the optional dependency envpool: pip install 'flowrl-ray[envpool]'"
-)
+MISSING_ENVPOOL_MESSAGE = f"env_backend 'envpool' needs the optional dependency envpool: {install_hint('envpool')}"
 
 #: flowrl's Atari options (:func:`flowrl.envs.make_atari_env`) as EnvPool's keyword arguments, with flowrl's defaults.
 ATARI_OPTIONS: dict[str, tuple[str, Any]] = {

@@ -23,6 +23,7 @@ from typing import Any, Callable, Union
 import gymnasium
 
 from flowrl.envs.atari import is_atari_id, make_atari_env, require_ale_py, require_atari_dependencies
+from flowrl.envs.checker import VECTOR_ENV_HINT
 from flowrl.envs.multi_agent import (
     AgentID,
     MultiAgentEnv,
@@ -128,31 +129,54 @@ def make_env(env: EnvSpec, env_config: dict | None = None, *, seed: int | None =
     unknown name and :class:`EnvError` (chaining the original) when the creator fails.
     """
     creator = get_env_creator(env)
-    config = dict(env_config or {})
-    label = env if isinstance(env, str) else _describe_creator(creator)
-    config_text = repr(config)  # taken now: the creator may pop keys from its copy
+    instance = create_env(creator, dict(env_config or {}), env if isinstance(env, str) else None)
+    if seed is not None:
+        if isinstance(instance, gymnasium.Env):
+            instance.action_space.seed(seed)
+        else:
+            seed_action_spaces(instance, seed)
+    return instance
+
+
+def create_env(creator: EnvCreator, env_config: dict, label: str | None = None) -> AnyEnv:
+    """``creator(env_config)`` (``env_config`` passed as it is, e.g. an
+    :class:`~flowrl.envs.context.EnvContext`), checked to be a ``gymnasium.Env`` or a multi-agent env.
+
+    Every failure is one :class:`EnvError` line naming the env (``label``, else the creator): a
+    missing package (Gymnasium's ``DependencyNotInstalled``, a ``ModuleNotFoundError``) with what to
+    install, any other exception with its type and message (chained), and a returned object that is
+    no env, a Gymnasium ``VectorEnv`` included, with what to give instead.
+    """
+    label = label or _describe_creator(creator)
+    config_text = repr(dict(env_config))  # taken now: the creator may pop keys from its copy
     try:
-        instance = creator(config)
+        instance = creator(env_config)
     except FlowRLError:
         raise  # already says what went wrong (e.g. a missing optional dependency)
+    except (gymnasium.error.DependencyNotInstalled, ModuleNotFoundError) as exc:
+        raise EnvError(f"env {label!r} needs a package that is not installed: {_missing_package(exc)}") from exc
     except Exception as exc:
         raise EnvError(
             f"creating env {label!r} with env_config={config_text} failed: {type(exc).__name__}: {exc}"
         ) from exc
-    if isinstance(instance, gymnasium.Env):
-        if seed is not None:
-            instance.action_space.seed(seed)
+    if isinstance(instance, gymnasium.Env) or is_multi_agent_env(instance):
         return instance
-    if is_multi_agent_env(instance):
-        if seed is not None:
-            seed_action_spaces(instance, seed)
-        return instance
+    if isinstance(instance, gymnasium.vector.VectorEnv):
+        raise EnvError(f"the creator of env {label!r} returned {type(instance).__name__}: {VECTOR_ENV_HINT}")
     hint = f" ({aec_env_message(instance)})" if _is_aec_env(instance) else ""
     raise EnvError(
         f"the creator of env {label!r} returned {instance!r} of type {type(instance).__name__}; "
         f"it must return a gymnasium.Env or a multi-agent env with PettingZoo's Parallel API "
         f"(possible_agents, observation_space(agent), action_space(agent), reset, step){hint}"
     )
+
+
+def _missing_package(error: BaseException) -> str:
+    """What a creator's missing-package error says: Gymnasium's own message names the package and the
+    command that installs it; a ``ModuleNotFoundError`` names the module."""
+    if isinstance(error, ModuleNotFoundError) and error.name:
+        return f"no module named {error.name!r} ({error}); install the package that provides it"
+    return str(error) or type(error).__name__
 
 
 def env_spaces(env: EnvSpec, env_config: dict | None = None) -> tuple[gymnasium.spaces.Space, gymnasium.spaces.Space]:

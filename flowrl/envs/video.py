@@ -1,7 +1,7 @@
 """Recording an env's episodes as MP4 files with Gymnasium's ``RecordVideo`` wrapper.
 
 Recording is optional: ``RecordVideo`` writes with moviepy, and Gymnasium's classic-control
-envs render their frames with pygame (``pip install 'flowrl-ray[video]'`` installs both). They are
+envs render their frames with pygame (the ``video`` extra installs both). They are
 imported only when a recording is asked for; without them :func:`require_video_dependencies`
 raises an :class:`~flowrl.errors.EnvError` naming the pip command.
 """
@@ -18,9 +18,9 @@ from typing import Any
 import gymnasium as gym
 
 from flowrl.envs.registry import GymnasiumCreator
-from flowrl.errors import EnvError
+from flowrl.errors import EnvError, install_hint
 
-VIDEO_EXTRA_HINT = "pip install 'flowrl-ray[video]'"
+VIDEO_EXTRA_HINT = install_hint("video")
 #: How ``RecordVideo`` names the files it writes: ``<prefix>-episode-<n>.mp4``.
 VIDEO_SUFFIX = ".mp4"
 _RENDER_MODE = "rgb_array"

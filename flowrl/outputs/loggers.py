@@ -2,13 +2,13 @@
 
 A logger takes each result dict of a run (:class:`ResultLogger`: ``log_result(result)``, then
 ``close()`` when the run ends). Nested keys are flattened into ``a/b`` names
-(``info/learner/default_policy/policy_loss``, ``plan/3:for_each(TrainOneStep)/time_s``):
+(``info/learner/default_policy/policy_loss``, ``plan/operators/6:for_each(TrainOneStep)/time_s``):
 
 - :class:`TensorBoardLogger` (every run): each finite number is a scalar, at step
   ``timesteps_total``; non-numeric and non-finite values are skipped.
 - :class:`CSVLogger` (every run): ``progress.csv``, one row per iteration, a column per
   scalar key; a key first seen in a later iteration widens the header (the file is rewritten).
-- :class:`WandbLogger` and :class:`MLflowLogger` (opt-in, ``pip install 'flowrl-ray[tracking]'``):
+- :class:`WandbLogger` and :class:`MLflowLogger` (opt-in, the ``tracking`` extra):
   the run's parameters once, the same numbers as TensorBoard per iteration. Their run ids are
   kept in the run directory's ``trackers.json``, so that a resumed run goes on in the same
   tracker run.
@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from flowrl.errors import RunError
+from flowrl.errors import RunError, install_hint
 from flowrl.storage.results import finite_number, flatten_result
 
 if TYPE_CHECKING:  # the trackers are optional dependencies, imported only when a run asks for them
@@ -184,7 +184,7 @@ def check_trackers(wandb_project: str | None, mlflow_tracking_uri: str | None) -
     if mlflow_tracking_uri is not None and importlib.util.find_spec("mlflow") is None:
         missing.append(f"logging to MLflow ({mlflow_tracking_uri!r}) needs the MLflow tracking client")
     if missing:
-        raise RunError(f"{'; '.join(missing)}: pip install 'flowrl-ray[{TRACKING_EXTRA}]'")
+        raise RunError(f"{'; '.join(missing)}: {install_hint(TRACKING_EXTRA)}")
 
 
 class WandbLogger:
@@ -304,6 +304,17 @@ def _read_tracker_ids(run_dir: Path) -> dict[str, Any]:
         if isinstance(ids, dict):
             return ids
     return {}
+
+
+def offline_wandb_runs(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """The offline W&B runs a run directory holds for its W&B run (``wandb/offline-run-<time>-<run id>``,
+    one per session of a resumed run), oldest first; empty when W&B logged online or not at all.
+    ``wandb sync`` uploads them."""
+    entry = _read_tracker_ids(Path(run_dir)).get("wandb")
+    run_id = entry.get("run_id") if isinstance(entry, Mapping) else None
+    if not isinstance(run_id, str) or not run_id:
+        return []
+    return sorted(path for path in (Path(run_dir) / "wandb").glob(f"offline-run-*-{run_id}") if path.is_dir())
 
 
 def _previous_id(ids: Mapping[str, Any], tracker: str, setting: str, value: str) -> str | None:

@@ -16,7 +16,7 @@ Result keys nested in a result are named with ``/``: ``evaluation/episode_reward
 evaluation every few iterations gives a point every few iterations).
 
 It draws on a :class:`matplotlib.figure.Figure` of its own (the Agg canvas, never a window or
-pyplot's global state); matplotlib is the ``plot`` extra: ``pip install 'flowrl-ray[plot]'``.
+pyplot's global state); matplotlib is the ``plot`` extra.
 """
 
 from __future__ import annotations
@@ -33,17 +33,14 @@ from typing import Any
 
 import numpy as np
 
-from flowrl.errors import RunError, RunWarning
+from flowrl.errors import RunError, RunWarning, install_hint
 from flowrl.storage.results import finite_number, flatten_result, result_value
-from flowrl.storage.rundir import PARAMS_FILE, PROGRESS_FILE, read_run_spec
+from flowrl.storage.rundir import EXPERIMENT_FILE, PARAMS_FILE, PROGRESS_FILE, read_run_spec
 
 PLOT_EXTRA = "plot"
 DEFAULT_X = "timesteps_total"
 DEFAULT_Y = "episode_reward_mean"
 DEFAULT_OUT = "curve.png"
-#: What ``flowrl tune`` writes at the top of an experiment directory (flowrl.tune.experiment.SPEC_FILE,
-#: not imported from there: that module loads Ray and Tune, which plotting does not need).
-TUNE_SPEC_FILE = "spec.json"
 _CLOSE_KEYS = 8
 
 
@@ -158,9 +155,7 @@ def _figure_class() -> Any:
     try:
         from matplotlib.figure import Figure
     except ImportError as e:
-        raise RunError(
-            f"plotting needs the optional dependency matplotlib ({e}): pip install 'flowrl-ray[{PLOT_EXTRA}]'"
-        ) from None
+        raise RunError(f"plotting needs the optional dependency matplotlib ({e}): {install_hint(PLOT_EXTRA)}") from None
     return Figure
 
 
@@ -171,7 +166,7 @@ def _read_runs(path: Path) -> list[_Run]:
     """The runs ``path`` holds: itself (a run directory) or each trial of a Tune experiment directory."""
     if (path / PARAMS_FILE).is_file():
         return [_read_run(path)]
-    if (path / TUNE_SPEC_FILE).is_file():
+    if (path / EXPERIMENT_FILE).is_file():
         return _read_experiment(path)
     if not path.is_dir():
         raise RunError(f"{str(path)!r}: no such directory")
@@ -183,7 +178,7 @@ def _read_runs(path: Path) -> list[_Run]:
     )
     raise RunError(
         f"{str(path)!r} is neither a flowrl run directory (with {PARAMS_FILE} and {PROGRESS_FILE}) nor "
-        f"a flowrl tune experiment directory (with {TUNE_SPEC_FILE}){hint}"
+        f"a flowrl tune experiment directory (with {EXPERIMENT_FILE}){hint}"
     )
 
 
@@ -219,10 +214,11 @@ def _read_experiment(directory: Path) -> list[_Run]:
     """Each trial of a Tune experiment: its run directory, labelled by its searched config."""
     try:
         searched = [
-            str(key) for key in json.loads((directory / TUNE_SPEC_FILE).read_text(encoding="utf-8")).get("searched", [])
+            str(key)
+            for key in json.loads((directory / EXPERIMENT_FILE).read_text(encoding="utf-8")).get("searched", [])
         ]
     except (OSError, ValueError, AttributeError) as e:
-        raise RunError(f"experiment directory {str(directory)!r}: cannot read {TUNE_SPEC_FILE} ({e})") from None
+        raise RunError(f"experiment directory {str(directory)!r}: cannot read {EXPERIMENT_FILE} ({e})") from None
     trials = sorted(entry for entry in directory.iterdir() if (entry / PARAMS_FILE).is_file())
     if not trials:
         raise RunError(f"experiment directory {str(directory)!r} has no trial directories (with {PARAMS_FILE}) yet")

@@ -42,6 +42,9 @@ class PlanGraph:
     operators: dict[int, StageNode] = field(default_factory=dict)
     actors: dict[str, int] = field(default_factory=dict)  # actor class -> how many
     edges: list[tuple[str, str, str]] = field(default_factory=list)
+    #: Stage id -> result key, as a stored graph recorded them (runs written before operators were
+    #: numbered from 1 keep their own keys); empty for a live graph, whose keys :meth:`operator_keys` makes.
+    keys: dict[int, str] = field(default_factory=dict)
 
     @staticmethod
     def op_id(stage: StageNode) -> str:
@@ -59,16 +62,18 @@ class PlanGraph:
         return actor_class if count <= 1 else f"{actor_class} x{count}"
 
     def operator_keys(self) -> dict[int, str]:
-        """Stage id -> ``"<position in dataflow order>:<label>"``, how results (``result["plan"]["operators"]``)
-        name the operators."""
+        """Stage id -> ``"<number>:<label>"``, how results (``result["plan"]["operators"]``) name the operators:
+        numbered from 1 in dataflow order, as every rendering of the plan numbers them."""
         return {
-            stage_id: f"{position}:{stage.label}" for position, (stage_id, stage) in enumerate(self.operators.items())
+            stage_id: self.keys.get(stage_id) or f"{number}:{stage.label}"
+            for number, (stage_id, stage) in enumerate(self.operators.items(), start=1)
         }
 
     def to_dict(self) -> dict[str, Any]:
         """The graph as plain JSON data, independent of the process that built it.
 
-        ``operators``: in dataflow order, each with its ``position``, ``key`` (as in results),
+        ``operators``: in dataflow order, each with its ``position`` (its index in this list, from 0),
+        ``key`` (as in results, numbered from 1),
         ``label``, ``kind`` and the ``stage_id`` it had in the process that built it. ``actors``:
         ``{"class", "count"}`` each. ``edges``: ``{"source", "target", "label"}``, whose ends are
         ``{"operator": position}`` or ``{"actor": class}``. :func:`graph_from_dict` reads it back.
@@ -108,6 +113,7 @@ def graph_from_dict(data: Any) -> PlanGraph:
         graph = PlanGraph(
             operators={stage.id: stage for stage in stages},
             actors={str(actor["class"]): int(actor["count"]) for actor in data["actors"]},
+            keys={stage.id: str(op["key"]) for stage, op in zip(stages, data["operators"]) if "key" in op},
         )
 
         def node(end: Mapping[str, Any]) -> str:
@@ -236,7 +242,7 @@ class Plan:
         """What each operator did since the last call (one training iteration of ``iteration_s`` seconds),
         and the request-to-arrival latencies of the gathers' shards.
 
-        ``operators`` is keyed ``"<position in dataflow order>:<label>"``; each entry has the items and
+        ``operators`` is keyed ``"<number>:<label>"`` (:meth:`PlanGraph.operator_keys`); each entry has the items and
         bytes through the operator, its own seconds (``time_s`` = ``busy_s`` + ``wait_s`` for input +
         ``transfer_s`` + ``blocked_out_s``, blocked until what consumes its output had room), the
         seconds it held an item back while other operators ran (``held_out_s``: back-pressure that
@@ -248,7 +254,8 @@ class Plan:
         stage_stats = self.metrics.stage_stats
         span = iteration_s if iteration_s > 0 else 1.0
         operators: dict[str, dict[str, float]] = {}
-        for position, (stage_id, stage) in enumerate(self.graph.operators.items()):
+        keys = self.graph.operator_keys()
+        for stage_id, stage in self.graph.operators.items():
             now = dataclasses.replace(stage_stats.get(stage_id) or StageStats())
             last, self._last[stage_id] = self._last.get(stage_id, StageStats()), now
             time_s, wait_s, transfer_s = (
@@ -277,7 +284,7 @@ class Plan:
                     previous = self._last_reported.get((stage_id, key), 0.0)
                     self._last_reported[(stage_id, key)] = value
                     entry[key] = round(value - previous, 6)
-            operators[f"{position}:{stage.label}"] = entry
+            operators[keys[stage_id]] = entry
         latencies = self.metrics.latencies
         latency = {
             name: {

@@ -136,12 +136,12 @@ def render_html(view: PlanView) -> str:
     (a view with figures only: raises :class:`~flowrl.errors.FlowRLError` for a bare graph)."""
     graph, figures, labels = view.graph, _figures(view), _node_labels(view)
     rows = []
-    for position, stage in enumerate(graph.operators.values()):
+    for number, stage in enumerate(graph.operators.values(), start=1):
         entry = view.operator(stage.id)
         share = as_number(entry.get("share"))
         rows.append(
             "<tr>"
-            + _cell(str(position))
+            + _cell(str(number))
             + _cell(stage.label)
             + _cell(_percent(share), share)
             + "".join(

@@ -194,7 +194,7 @@ def render_text(view: PlanView) -> str:
     if view.figures is None:
         return _graph_text(view)
     graph, figures = view.graph, view.figures
-    names = [f"  [{position}] {stage.label}" for position, stage in enumerate(graph.operators.values())]
+    names = [f"  [{number}] {stage.label}" for number, stage in enumerate(graph.operators.values(), start=1)]
     width = max(len(name) for name in [*names, "operators (dataflow order)"]) + 2
     lines = [
         f"plan {view.name} of {view.run_dir}: {_iterations(view)}",
@@ -267,10 +267,10 @@ def _graph_text(view: PlanView) -> str:
     """The graph as indented text: each operator, what it reads from, and the actors it touches."""
     graph, labels = view.graph, _node_labels(view)
     lines = [f"plan {view.name}:", "  operators (in dataflow order):"]
-    for stage in graph.operators.values():
+    for number, stage in enumerate(graph.operators.values(), start=1):
         sources = [labels[src] for src, dst, _ in graph.edges if dst == graph.op_id(stage)]
         reads = f"  <- {', '.join(sources)}" if sources else ""
-        lines.append(f"    [{stage.id}] {stage.label}{reads}")
+        lines.append(f"    [{number}] {stage.label}{reads}")
     lines.append("  actors:")
     for actor_class in graph.actors:
         lines.append(f"    {graph.actor_label(actor_class)}")

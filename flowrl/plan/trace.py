@@ -11,7 +11,7 @@ iteration, ``<run_dir>/trace/iteration_<n>.json``::
 
     {"iteration": 2, "start_ns": ..., "end_ns": ...,          # the training iteration, wall clock
      "driver": {"pid": 4242, "thread_id": 4242},              # the process and thread that ran it
-     "operators": [{"operator": "3:for_each(TrainOneStep)", "thread_id": ..., "start_ns": ...,
+     "operators": [{"operator": "6:for_each(TrainOneStep)", "thread_id": ..., "start_ns": ...,
                     "end_ns": ..., "ready": true}, ...],      # each next() call, keyed as in result["plan"]
      "samples": [{"worker": 1, "pid": ..., "thread_id": ..., "start_ns": ..., "duration_ns": ...,
                   "env_s": ..., "inference_s": ..., "steps": 64}, ...],

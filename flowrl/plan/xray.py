@@ -2,8 +2,8 @@
 
 Each iteration the Trainer puts :meth:`XRay.report` into ``result["plan"]``:
 
-- ``operators``: per operator of the plan (``"<position>:<label>"``), what it did in the
-  iteration: items and bytes through it, its own seconds split into ``busy_s`` (its code in
+- ``operators``: per operator of the plan (``"<number>:<label>"``, from 1 in dataflow order), what it did in
+  the iteration: items and bytes through it, its own seconds split into ``busy_s`` (its code in
   the driver), ``wait_s`` (waiting for input: actors, threads, queues), ``transfer_s``
   (fetching arrived results) and ``blocked_out_s`` (blocked on its output in place: replay
   shards at ``max_in_flight``); ``held_out_s``, outside its own seconds (back-pressure while the

@@ -37,11 +37,11 @@ from flowrl.engine.ray_runtime import start_ray, stop_ray
 from flowrl.errors import ResourceUnavailableError, RunError, RunWarning
 from flowrl.runs.signals import HANDLED_SIGNALS, SignalInterrupt
 from flowrl.storage.results import finite_number, result_value
-from flowrl.storage.rundir import DEFAULT_RESULTS_DIR, json_safe, read_json_in
+from flowrl.storage.rundir import DEFAULT_RESULTS_DIR, EXPERIMENT_FILE, json_safe, read_json_in
+from flowrl.tune.reporting import TrialLines, TrialNames, last_line, tune_output
 from flowrl.tune.spec import TuneSpec, load_spec, parse_spec
 from flowrl.tune.trainable import RunDirectoryLogger, trainable_for, trial_resources
 
-SPEC_FILE = "spec.json"
 TRIALS_FILE = "trials.csv"
 #: Tune's trial statuses of a trial that ended: the others (PENDING, RUNNING, PAUSED) were interrupted.
 ENDED = (Trial.TERMINATED, Trial.ERROR)
@@ -151,20 +151,23 @@ def run(
     else:
         raise RunError("give an experiment (a spec, its mapping or its file) or resume=EXPERIMENT_DIR, one of the two")
 
-    started_here = start_ray(address)
-    try:
-        if spec is None:
-            tuner = tune.Tuner.restore(str(directory), trainable=trainable_for(algo, env), resume_errored=True)
-        else:
-            # Only an embedded Ray that flowrl started here cannot grow; a cluster's autoscaler may add nodes.
-            _check_trial_fits(spec, can_grow=not (started_here and not (address or os.environ.get("RAY_ADDRESS"))))
-            tuner = _new_tuner(spec, directory, verbose, callbacks)
-            _write_spec_file(directory / SPEC_FILE, spec)
-        with _signals_to_tune() as received, _legacy_tune_output():
-            tuner.fit()
-        trials = _trial_summaries(directory, metric, mode, searched)  # Tune's trials need Ray
-    finally:
-        stop_ray(started_here)
+    # The trials' lines reach this process's output as long as Ray runs: plain ones all that time.
+    with tune_output(terminal=sys.stdout.isatty()):
+        started_here = start_ray(address)
+        try:
+            if spec is None:
+                tuner = tune.Tuner.restore(str(directory), trainable=trainable_for(algo, env), resume_errored=True)
+            else:
+                # Only an embedded Ray that flowrl started here cannot grow; a cluster's autoscaler may add nodes.
+                embedded = started_here and not (address or os.environ.get("RAY_ADDRESS"))
+                _check_trial_fits(spec, can_grow=not embedded)
+                tuner = _new_tuner(spec, directory, verbose, callbacks)
+                _write_spec_file(directory / EXPERIMENT_FILE, spec)
+            with _signals_to_tune() as received:
+                tuner.fit()
+            trials = _trial_summaries(directory, metric, mode, searched)  # Tune's trials need Ray
+        finally:
+            stop_ray(started_here)
     interrupted = any(trial.status not in ENDED for trial in trials)
     interrupted_by = (received[-1] if received else signal.SIGINT) if interrupted else None
     summary = TuneSummary(directory, metric, mode, trials, interrupted_by)
@@ -225,12 +228,12 @@ def _read_experiment_dir(path: str | os.PathLike[str]) -> tuple[Path, dict[str, 
     """An experiment directory to resume and its ``spec.json`` (:class:`RunError` if it is neither)."""
     directory = Path(path).expanduser().resolve()
     saved = read_json_in(
-        directory, SPEC_FILE, kind="experiment directory", not_one="an experiment directory of flowrl tune"
+        directory, EXPERIMENT_FILE, kind="experiment directory", not_one="an experiment directory of flowrl tune"
     )
     if not isinstance(saved, dict) or not all(
         isinstance(saved.get(key), str) for key in ("algo", "env", "metric", "mode")
     ):
-        raise RunError(f"experiment directory {str(directory)!r}: {SPEC_FILE} lacks algo, env, metric or mode")
+        raise RunError(f"experiment directory {str(directory)!r}: {EXPERIMENT_FILE} lacks algo, env, metric or mode")
     if not tune.Tuner.can_restore(directory):
         raise RunError(
             f"experiment directory {str(directory)!r} holds no Tune experiment state to resume "
@@ -265,6 +268,8 @@ def _new_tuner(spec: TuneSpec, directory: Path, verbose: bool, extra_callbacks: 
             max_concurrent_trials=spec.max_concurrent_trials,
             # PBT hands a paused trial's actor the next trial; its trainable takes the new config live or rebuilds.
             reuse_actors=spec.is_pbt,
+            trial_name_creator=TrialNames(spec.algo, spec.env),
+            trial_dirname_creator=TrialNames(spec.algo, spec.env),
         ),
         run_config=tune.RunConfig(
             name=directory.name,
@@ -280,50 +285,6 @@ def _new_tuner(spec: TuneSpec, directory: Path, verbose: bool, extra_callbacks: 
             sync_config=tune.SyncConfig(sync_artifacts=True),
         ),
     )
-
-
-class TrialLines(Callback):
-    """Prints a line when a trial starts (or continues, as PBT's do), ends or fails: progress for logs."""
-
-    def __init__(self, metric: str, searched: Sequence[str]) -> None:
-        self.metric, self.searched = metric, list(searched)
-        self.started: set[str] = set()
-
-    def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        verb = "continued" if trial.trial_id in self.started else "started"
-        self.started.add(trial.trial_id)
-        config = ", ".join(f"{key}={result_value(trial.config, key)!r}" for key in self.searched) or "no searched keys"
-        print(f"trial {trial.trial_id} {verb}: {config}", flush=True)
-
-    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        result = trial.last_result
-        print(
-            f"trial {trial.trial_id} ended after {result.get('training_iteration', 0)} iterations: "
-            f"{self.metric} {_number_text(finite_number(result.get(self.metric)))}",
-            flush=True,
-        )
-
-    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        error = _last_line(Path(trial.error_file)) if trial.error_file else None
-        print(f"trial {trial.trial_id} failed: {error or 'no error recorded'}", flush=True)
-
-
-def _number_text(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.4g}"
-
-
-@contextlib.contextmanager
-def _legacy_tune_output() -> Iterator[None]:
-    """Tune's ``CLIReporter`` table and quiet mode, which its newer output engine (the default) ignores."""
-    previous = os.environ.get("RAY_AIR_NEW_OUTPUT")
-    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # read when fit() starts
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ["RAY_AIR_NEW_OUTPUT"]
-        else:
-            os.environ["RAY_AIR_NEW_OUTPUT"] = previous
 
 
 @contextlib.contextmanager
@@ -427,20 +388,11 @@ def _trial_summaries(directory: Path, metric: str, mode: str, searched: list[str
                 last=finite_number(analysis.get("last")),
                 best=finite_number(analysis.get(mode)),
                 directory=Path(trial.path) if trial.path else None,
-                error=_last_line(error_file),
+                error=last_line(error_file),
                 error_file=error_file,
             )
         )
     return summaries
-
-
-def _last_line(path: Path | None) -> str | None:
-    """The last non-empty line of a text file (a traceback's exception), or None."""
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path is not None else []
-    except OSError:
-        return None
-    return next((line.strip() for line in reversed(lines) if line.strip()), None)
 
 
 def write_trials_csv(summary: TuneSummary) -> Path:

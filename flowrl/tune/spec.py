@@ -42,7 +42,7 @@ from ray.tune.search import Searcher
 
 from flowrl.algorithms import get_algorithm
 from flowrl.config import TrainerConfig
-from flowrl.errors import ConfigError, FlowRLError, RunError, RunWarning
+from flowrl.errors import ConfigError, FlowRLError, RunError, RunWarning, install_hint
 from flowrl.runs.experiment import EXPERIMENT_KEYS, parse_experiment, read_experiment_data
 from flowrl.storage.rundir import DEFAULT_KEEP_CHECKPOINTS, json_safe, parse_stop
 from flowrl.tune.search_space import (
@@ -435,9 +435,7 @@ def _search_alg_args(value: Any, spaces: Spaces, problems: list[str]) -> tuple[s
     try:
         importlib.import_module("optuna")  # whether it imports: Ray's OptunaSearch needs it whole
     except ImportError as e:
-        problems.append(
-            f"search_alg type optuna needs the optuna package ({e}): pip install 'flowrl-ray[{OPTUNA_EXTRA}]'"
-        )
+        problems.append(f"search_alg type optuna needs the optuna package ({e}): {install_hint(OPTUNA_EXTRA)}")
     return None if grids else found
 
 

@@ -39,7 +39,10 @@ def no_ale_py(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_missing_ale_py_is_reported_with_the_extra_to_install(no_ale_py: None) -> None:
-    assert MISSING_ALE_MESSAGE == "Atari envs need the optional dependency ale-py: pip install 'flowrl-ray[atari]'"
+    assert MISSING_ALE_MESSAGE == (
+        "Atari envs need the optional dependency ale-py: pip install -e '.[atari]' in a clone of flowrl "
+        "(pip install 'flowrl-ray[atari]' once published)"
+    )
     with pytest.raises(EnvError) as info:
         make_atari_env("ALE/Pong-v5")
     assert str(info.value) == MISSING_ALE_MESSAGE

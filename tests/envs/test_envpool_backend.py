@@ -42,7 +42,8 @@ def worker(env_id: str = "CartPole-v1", **config: Any) -> RolloutWorker:
 def test_a_missing_envpool_is_reported_with_the_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "envpool", None)
     assert MISSING_ENVPOOL_MESSAGE == (
-        "env_backend 'envpool' needs the optional dependency envpool: pip install 'flowrl-ray[envpool]'"
+        "env_backend 'envpool' needs the optional dependency envpool: pip install -e '.[envpool]' in a clone of "
+        "flowrl (pip install 'flowrl-ray[envpool]' once published)"
     )
     with pytest.raises(EnvError) as info:
         worker()

@@ -202,7 +202,7 @@ def test_concurrently_plumbing_is_hidden_from_the_graph() -> None:
 
 
 def check_stats(stats: dict[str, dict[str, float]], plan: Plan, iteration_s: float) -> None:
-    assert list(stats) == [f"{i}:{s.label}" for i, s in enumerate(plan.graph.operators.values())]
+    assert list(stats) == [f"{i}:{s.label}" for i, s in enumerate(plan.graph.operators.values(), start=1)]
     for entry in stats.values():
         assert entry["time_s"] >= 0 and 0 <= entry["share"] <= 1
         assert math.isclose(entry["share"], entry["time_s"] / iteration_s, abs_tol=1e-3)

@@ -142,8 +142,8 @@ def test_text_shows_every_operator_and_shares_that_add_up_with_unattributed_to_1
     text = render_text(view)
     graph = read_plan_graph(run_dir)
     table = text.split("\nactors\n")[0]
-    for position, stage in enumerate(graph.operators.values()):
-        assert f"[{position}] {stage.label}" in table
+    for number, stage in enumerate(graph.operators.values(), start=1):
+        assert f"[{number}] {stage.label}" in table
     rows = [line for line in table.splitlines()[3:] if not line.startswith(("driver (", "total"))]
     shares = [float(PERCENT.search(line + " ").group(1)) for line in rows]
     assert (

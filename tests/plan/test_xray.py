@@ -80,7 +80,7 @@ def test_the_operators_explain_at_least_95_percent_of_each_iteration(algo: str) 
     env, config = ALGORITHMS[algo]
     with Trainer(algo, env, {**config, "seed": 0}) as trainer:
         results = [trainer.train() for _ in range(3)]
-        positions = [f"{i}:{stage.label}" for i, stage in enumerate(trainer.plan.graph.operators.values())]
+        positions = [f"{i}:{stage.label}" for i, stage in enumerate(trainer.plan.graph.operators.values(), start=1)]
     for result in results[1:]:  # the first iteration also starts things up
         plan = result["plan"]
         assert plan["profile"] is True and list(plan["operators"]) == positions
@@ -102,7 +102,7 @@ def test_a_sampling_iteration_reports_its_workers_fragments_and_bytes() -> None:
     with Trainer("ppo", env, {**config, "seed": 0}) as trainer:
         trainer.train()
         plan = trainer.train()["plan"]
-    gather = plan["operators"]["0:batch_across_shards(rollout_workers)"]
+    gather = plan["operators"]["1:batch_across_shards(rollout_workers)"]
     # 200 steps a batch = 2 workers x 4 rounds of 25 steps; CartPole's rows are a few hundred bytes.
     assert gather["items"] == 4 and gather["bytes"] > 200 * 4 * 4 and gather["wait_s"] > 0
     assert sorted(plan["latency_s"]) == ["rollout_workers[0]", "rollout_workers[1]"]
@@ -113,7 +113,7 @@ def test_a_sampling_iteration_reports_its_workers_fragments_and_bytes() -> None:
     assert all(w["fragments"] == 4 and w["sample_s_per_fragment"] > 0 for w in workers["per_worker"].values())
     # Every fragment the gather fetched was serialized by Ray in its worker, and timed there.
     assert workers["fragments_serialized"] == 8 and workers["serialize_s"] > 0
-    train = plan["operators"]["5:for_each(TrainOneStep)"]
+    train = plan["operators"]["6:for_each(TrainOneStep)"]
     # TrainOneStep's two parts, within its own time; learning split into getting the data ready and updating.
     assert set(plan["learner"]) == {"learn_s", "weight_sync_s", "load_s", "update_s"}
     assert plan["learner"]["learn_s"] + plan["learner"]["weight_sync_s"] <= train["time_s"] + 1e-4
@@ -193,9 +193,9 @@ def xray(operators: dict[str, dict[str, float]], iteration_s: float = 1.0, **ext
 
 
 GATHER, TRAIN, METRICS = (
-    "0:batch_across_shards(rollout_workers)",
-    "4:for_each(TrainOneStep)",
-    "6:for_each(CollectMetrics)",
+    "1:batch_across_shards(rollout_workers)",
+    "5:for_each(TrainOneStep)",
+    "7:for_each(CollectMetrics)",
 )
 
 

@@ -191,6 +191,13 @@ def test_flowrl_tune_runs_an_experiment_file(tmp_path: Path) -> None:
     rows = read_csv(tmp_path / "grid" / "trials.csv")
     assert [row["status"] for row in rows] == ["TERMINATED", "TERMINATED"]
     assert sorted(row["config/lr"] for row in rows) == ["0.001", "0.01"]
+    # Not on a terminal: plain lines (the trials' "(flowrl_ppo pid=...)" lines too), short trial directory names.
+    assert "\x1b[" not in done.stdout + done.stderr and "Exception ignored" not in done.stderr, done.stderr[-3000:]
+    names = sorted(Path(row["directory"]).name for row in rows)
+    assert [re.sub(r"_[0-9a-f]+$", "", name) for name in names] == ["ppo_CartPole-v1_0", "ppo_CartPole-v1_1"], names
+    # The best trial directory it prints is what flowrl evaluate takes.
+    [best] = re.findall(r"^best trial directory: (.+)$", done.stdout, re.MULTILINE)
+    assert main(["evaluate", best, "--episodes", "1"]) == 0
 
 
 def test_flowrl_tune_reports_a_bad_spec_as_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,7 +16,7 @@ from ray.tune.schedulers import ASHAScheduler, PopulationBasedTraining
 from ray.tune.search.sample import Categorical, Float, Integer, LogUniform, Quantized
 
 from flowrl.algorithms import get_algorithm, list_algorithms
-from flowrl.errors import ConfigError, RunError, RunWarning
+from flowrl.errors import ConfigError, RunError, RunWarning, install_hint
 from flowrl.tune import TuneSpec, load_spec, parse_spec
 
 pytestmark = pytest.mark.unit
@@ -315,7 +315,7 @@ def test_the_pages_experiments_parse_and_its_live_keys_match_the_algorithms() ->
         elif "search_alg" in data and importlib.util.find_spec("optuna") is None:
             assert problems(data) == [
                 "search_alg type optuna needs the optuna package (No module named 'optuna'): "
-                "pip install 'flowrl-ray[tune-optuna]'"
+                + install_hint("tune-optuna")
             ]
         else:
             parse_spec(data)

@@ -16,7 +16,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.utils import EzPickle
 
-from flowrl.envs.checker import abbreviate, element_name
+from flowrl.envs.checker import VECTOR_ENV_HINT, abbreviate, element_name
 from flowrl.envs.flatten import ObsFlattener, is_structured
 
 
@@ -37,6 +37,11 @@ def env_snapshot(env: Any) -> bytes | None:
 
 def reward_problem(reward: Any, field: str = "reward") -> str | None:
     """What is wrong with one reward (not a real number, or not finite), or None; ``field`` names it."""
+    if np.ndim(reward) > 0 and np.size(reward) > 1:  # one reward per env: the env steps several at once
+        return (
+            f"{field}={abbreviate(reward)} of type {type(reward).__name__}, which is not one real number; "
+            f"{VECTOR_ENV_HINT}"
+        )
     try:
         value = float(reward)
     except (TypeError, ValueError):
