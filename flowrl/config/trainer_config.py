@@ -58,6 +58,7 @@ from flowrl.config.checks import (
     policy_mapping_fn_problems,
 )
 from flowrl.config.fields import BaseConfig, _check_value, _specs, cfg_field
+from flowrl.errors import install_hint
 
 __all__ = ["TrainerConfig"]
 
@@ -158,7 +159,7 @@ class TrainerConfig(BaseConfig):
         "gymnasium",
         "How a worker steps its num_envs_per_worker envs: 'gymnasium', one env object after another; 'envpool', "
         "all in one call in EnvPool's C++ threads (one per CPU of the worker), for the Gymnasium and Atari ids "
-        "EnvPool has (pip install 'flowrl-ray[envpool]'; faults fail the whole worker).",
+        f"EnvPool has ({install_hint('envpool')}; faults fail the whole worker).",
     )
     compress_observations: bool = cfg_field(
         False, "LZ4-compress the observation columns of sampled batches on the worker (for image observations)."
@@ -205,9 +206,18 @@ class TrainerConfig(BaseConfig):
     )
     max_worker_restarts: int = cfg_field(
         1000,
-        "Most rollout-worker restarts in a run; one more failure raises a FlowRLError naming the worker. "
-        "While a worker's replacements fail to start, each next attempt waits 1, 2, 4 ... (at most 30) seconds.",
+        "Most rollout-worker restarts within restart_window_s seconds; one more failure raises a "
+        "WorkerFailureError naming the worker. Replay shards and aggregators have the same cap, each kind its "
+        "own count. While an actor's replacements fail to start, each next attempt waits 1, 2, 4 ... (at most "
+        "30) seconds. A resumed run may raise it (flowrl train --resume RUN --set max_worker_restarts=N).",
         min=0,
+    )
+    restart_window_s: float = cfg_field(
+        3600.0,
+        "Seconds over which max_worker_restarts counts restarts (a sliding window, kept in checkpoints): a "
+        "restart older than this no longer counts, so a long run that loses an actor now and then never runs out.",
+        min=0,
+        min_exclusive=True,
     )
     restart_failed_sub_environments: bool = cfg_field(
         False,
@@ -216,11 +226,31 @@ class TrainerConfig(BaseConfig):
     )
     sample_timeout_s: float | None = cfg_field(
         600.0,
-        "Seconds a remote worker may take to deliver a requested sample; past it the worker is probed, killed "
-        "and replaced and the iteration goes on with the others. Keep it well above one fragment's sampling "
-        "time. None: no limit (a hung env then stalls synchronous plans for ever).",
+        "Seconds a remote worker may go without an env step while a sample is requested; past it the worker is "
+        "killed and replaced and the iteration goes on with the others. A slow worker that keeps stepping is "
+        "never killed (see slow_worker_factor). None: no limit (a hung env then stalls synchronous plans for ever).",
         min=0,
         min_exclusive=True,
+    )
+    worker_unresponsive_timeout_s: float = cfg_field(
+        60.0,
+        "Seconds a remote worker's control thread may go without answering (an env step holding the GIL) before "
+        "the worker counts as hung; a worker process stopped on the driver's node (state T) counts at once.",
+        min=0,
+        min_exclusive=True,
+    )
+    slow_worker_factor: float = cfg_field(
+        5.0,
+        "A remote worker whose seconds per fragment exceed this many times its siblings' median is reported "
+        "(num_slow_workers, and a warning with the seconds measured); it is not restarted.",
+        min=1,
+    )
+    min_healthy_workers: int = cfg_field(
+        1,
+        "Fewest remote workers in service a run goes on with while lost ones wait for room to restart "
+        "(capped at num_workers); below it, once a replacement has waited worker_startup_timeout_s, a "
+        "WorkerFailureError ends the run.",
+        min=0,
     )
     sample_min_fraction: float = cfg_field(
         1.0,
@@ -233,7 +263,8 @@ class TrainerConfig(BaseConfig):
     worker_startup_timeout_s: float = cfg_field(
         120.0,
         "Seconds the run's placement group may take to be reserved, and its remote workers to start (Ray must find "
-        "their CPUs, GPUs and custom resources); past it a FlowRLError names what is missing.",
+        "their CPUs, GPUs and custom resources); past it a FlowRLError names what is missing. A replacement that "
+        "finds no room within it is warned about, and the run goes on without it until it starts.",
         min=0,
         min_exclusive=True,
     )
@@ -280,6 +311,14 @@ class TrainerConfig(BaseConfig):
         "also the longest wait on a learner group's actors (num_learners >= 2).",
         min=0,
         min_exclusive=True,
+    )
+    preemption_grace_s: float = cfg_field(
+        25.0,
+        "Seconds after SIGTERM or SIGHUP a run may spend saving: it first writes a small checkpoint of weights and "
+        "counters (within moments), then, if this budget allows, the full state (replay buffers, envs), which "
+        "replaces it; a full save still going when the budget runs out is abandoned. Keep it below the platform's "
+        "grace period (Kubernetes 30 s; ray job stop 3 s). 0: the weights checkpoint only.",
+        min=0,
     )
     # Reporting.
     metrics_smoothing_episodes: int = cfg_field(
@@ -346,7 +385,7 @@ class TrainerConfig(BaseConfig):
     evaluation_video: bool = cfg_field(
         False,
         "Record the first episode of each evaluation as MP4 (a run writes <run_dir>/videos/iteration_<n>.mp4); "
-        "needs pip install 'flowrl-ray[video]'.",
+        f"needs {install_hint('video')}.",
     )
 
     def check(self) -> list[str]:
