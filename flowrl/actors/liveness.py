@@ -205,8 +205,14 @@ class LivenessMonitor:
         self._probes.pop(worker, None)
 
 
+#: A worker whose fragments take less than this is never a straggler, whatever its siblings' take: at a few
+#: milliseconds per fragment the ratio between workers is noise (a busy machine), not a slow worker.
+MIN_SLOW_FRAGMENT_S = 0.25
+
+
 class SlowWorkers:
-    """Stragglers among the workers: seconds per fragment above ``factor`` times the median of the others'.
+    """Stragglers among the workers: seconds per fragment above ``factor`` times the median of the others'
+    (and above :data:`MIN_SLOW_FRAGMENT_S`).
 
     :meth:`update` takes each reporting worker's seconds per fragment and returns how many are slow
     now; each is warned about (a :class:`~flowrl.errors.RunWarning` and a log line with the measured
@@ -228,7 +234,7 @@ class SlowWorkers:
                 if not others:
                     continue
                 median = statistics.median(others)
-                if seconds > self.factor * median:
+                if seconds > self.factor * median and seconds > MIN_SLOW_FRAGMENT_S:
                     slow.add(index)
                     if index not in self.slow:
                         message = (

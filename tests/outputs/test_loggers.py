@@ -310,6 +310,9 @@ def test_wandb_offline_run_gets_the_config_and_metrics_and_a_resume_continues_it
     config = {item.key: json.loads(item.value_json) for item in run_record.config.update}
     assert config["algo"] == "pg" and config["config"]["train_batch_size"] == 64
 
+    # W&B names an offline run's directory by the second it started: a resume within the same second as
+    # the first run (three tiny iterations take less) would write into the first run's directory.
+    time.sleep(1.05 - time.time() % 1)
     with resume_run(find_resume_point(run_dir, stop={"training_iteration": 4})) as resumed:
         resumed.train()
     assert json.loads((run_dir / "trackers.json").read_text())["wandb"]["run_id"] == run_id  # the same W&B run

@@ -122,9 +122,9 @@ def test_describe_lists_operators_their_inputs_and_actors(trainer: Trainer) -> N
     text = plan.describe()
     assert text.startswith("plan ppo:")
     stages = list(plan.graph.operators.values())
-    assert f"[{stages[0].id}] batch_across_shards(rollout_workers)  <- RolloutWorker x2" in text
-    for previous, stage in zip(stages, stages[1:]):
-        assert f"[{stage.id}] {stage.label}  <- {previous.label}" in text
+    assert "[1] batch_across_shards(rollout_workers)  <- RolloutWorker x2" in text  # numbered from 1, in order
+    for number, (previous, stage) in enumerate(zip(stages, stages[1:]), start=2):
+        assert f"[{number}] {stage.label}  <- {previous.label}" in text
     assert "actors:\n    RolloutWorker x2" in text
     assert "for_each(TrainOneStep) --broadcast weights--> RolloutWorker x2" in text
     assert "for_each(CollectMetrics) --collect episode stats--> RolloutWorker x2" in text
