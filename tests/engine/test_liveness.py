@@ -69,8 +69,8 @@ def test_an_env_step_holding_the_gil_for_15_s_restarts_nothing(counter: str) -> 
 
 
 def test_a_worker_slower_than_sample_timeout_s_per_fragment_but_stepping_is_not_killed(counter: str) -> None:
-    # 20 steps of 0.2 s: 4 s per fragment, twice sample_timeout_s; the other worker takes milliseconds.
-    slow = {"kind": "slow", "delay_s": 0.2, "worker_indices": [1]}
+    # 20 steps of 0.1 s: 2 s per fragment, twice sample_timeout_s; the other worker takes milliseconds.
+    slow = {"kind": "slow", "delay_s": 0.1, "worker_indices": [1]}
     trainer = trainer_of(
         "ppo",
         FaultInjectEnv,
@@ -79,7 +79,7 @@ def test_a_worker_slower_than_sample_timeout_s_per_fragment_but_stepping_is_not_
         train_batch_size=40,
         sgd_minibatch_size=20,
         num_sgd_iter=1,
-        sample_timeout_s=2.0,
+        sample_timeout_s=1.0,
     )
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -88,7 +88,7 @@ def test_a_worker_slower_than_sample_timeout_s_per_fragment_but_stepping_is_not_
         assert [r["num_worker_restarts"] for r in results] == [0] * 10
         assert [r["num_slow_workers"] for r in results] == [1] * 10
         [message] = slow_warnings(caught)  # once: it stayed slow
-        assert float(message.split("slow: ")[1].split(" s per")[0]) >= 3.5
+        assert float(message.split("slow: ")[1].split(" s per")[0]) >= 1.75
     finally:
         trainer.stop()
 
