@@ -160,9 +160,10 @@ class AggregatorSet(Sequence[Any]):
         self._replacements: dict[Any, Any] = {}
 
     def _create(self, index: int) -> Any:
+        # Of its group, the workers in service now (a worker still being replaced rejoins the aggregator's next
+        # incarnation: the group itself is kept).
         live = dict(zip(self.workers.remote_worker_indices(), self.workers.remote_workers()))
-        self._groups[index] = [i for i in self._groups[index] if i in live]
-        self._members[index] = [live[i] for i in self._groups[index]]
+        self._members[index] = [live[i] for i in self._groups[index] if i in live]
         if not self._members[index]:
             return None
         if placeholders_active():
@@ -191,7 +192,10 @@ class AggregatorSet(Sequence[Any]):
         if worker_failure is not None:
             # The handle the aggregator gathered from: if the worker set already replaced it
             # (another caller saw the death first), this returns that replacement untouched.
-            self.workers.handle_failure(self._members[index][worker_failure.shard_index], worker_failure)
+            replacement = self.workers.handle_failure(self._members[index][worker_failure.shard_index], worker_failure)
+            # The worker set starts its replacement in the background; the new aggregator gathers from it, so
+            # it waits for it here (at most worker_startup_timeout_s; without it, the group goes on short).
+            self.workers.wait_for_start(replacement)
         elif error.reason == "raised":
             raise error  # the aggregator's own code failed: not a fault a restart fixes
         ray.kill(failed, no_restart=True)

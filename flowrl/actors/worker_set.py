@@ -481,7 +481,7 @@ class WorkerSet:
                 raise
         timeout = self._config.sample_timeout_s or CALL_TIMEOUT_S
         for starting in [s for s in self._starting.values() if not s.warned]:
-            self._wait_for_start(starting.actor)
+            self.wait_for_start(starting.actor)
         for index, worker, ref in [(i, w, w.apply.remote(fn)) for i, w in zip(self._indices, self._remote)]:
             while True:
                 try:
@@ -491,13 +491,13 @@ class WorkerSet:
                     _name_worker(e, index)
                     raise
                 except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
-                    worker = self._wait_for_start(self.handle_failure(worker, e))
+                    worker = self.wait_for_start(self.handle_failure(worker, e))
                     if worker is None:
                         break
                     ref = worker.apply.remote(fn)
         return results
 
-    def _wait_for_start(self, replacement: Any) -> Any | None:
+    def wait_for_start(self, replacement: Any) -> Any | None:
         """``replacement`` (or what replaced it in turn) once in service, within ``worker_startup_timeout_s``;
         None if dropped or not started by then."""
         starting = next((s for s in self._starting.values() if s.actor is replacement), None)
@@ -635,8 +635,7 @@ class WorkerSet:
         time.sleep(delay)
         self.num_worker_restarts += 1
         replacement = self._make_remote(worker_index, incarnation=self.num_worker_restarts)
-        self._send_state(replacement)
-        ready = control_call(replacement, "process_info")
+        ready = control_call(replacement, "process_info")  # the weights follow when it rejoins (_rejoin)
         self._starting[worker_index] = _Starting(replacement, ready, time.monotonic())
         self._replacements[failed] = replacement
         return replacement

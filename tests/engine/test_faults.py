@@ -183,6 +183,12 @@ def test_a_killed_worker_is_replaced_for_every_algorithm_family(algo: str, confi
             within_s=60,
         )
         assert trainer.train()["num_worker_restarts"] == 1
+        if algo != "es":  # ES evaluates perturbations, not fragments
+            # The replacement samples for the plan again (through its aggregator too, once it started).
+            deadline = time.monotonic() + 30
+            while min(trainer.workers.foreach_worker(lambda w: w.sampler.steps_sampled, local=False)) == 0:
+                assert time.monotonic() < deadline, "the replacement never sampled"
+                trainer.train()
     finally:
         trainer.stop()
 
