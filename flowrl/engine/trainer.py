@@ -162,6 +162,7 @@ class Trainer(TrainerState):
         if self.workers.remote_workers():
             result["info"]["placement"] = self.workers.placement()
         result.update(self.resources.fault_counters())
+        result["num_failed_checkpoints"] = self.num_failed_checkpoints  # periodic saves a run absorbed
         if self.restore_report is not None:
             result["restore"] = self.restore_report
         self._finished_metrics = self.plan.metrics.save()

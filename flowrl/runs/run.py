@@ -232,7 +232,6 @@ class Run:
             with open(self.directory / PROGRESS_FILE, "a", encoding="utf-8") as progress:
                 while reason is None:
                     result = train_iteration(self.trainer, self.directory, self._traced)
-                    result["num_failed_checkpoints"] = self.trainer.num_failed_checkpoints
                     self._check_lock()
                     progress.write(json.dumps(json_safe(result), allow_nan=False) + "\n")
                     progress.flush()

@@ -41,6 +41,7 @@ STALE_AFTER_S = 300.0
 # A lock file just created by another driver may not hold its owner yet: how long to wait for it.
 _UNWRITTEN_WAIT_S = 2.0
 _ATTEMPTS = 5  # takeovers raced by other drivers before giving up
+_JOIN_TIMEOUT_S = 5.0  # the longest release() waits for the heartbeat thread
 
 
 @dataclass(frozen=True)
@@ -172,19 +173,34 @@ class RunLock:
         )
 
     def _beat(self, interval: float) -> None:
+        gone = failed = 0  # beats in a row without the lock file, and with a heartbeat that could not be written
         while not self._stop.wait(interval):
             current = read_lock(self.directory)
-            if current is None or current.token != self.owner.token:
+            if current is not None and current.token != self.owner.token:
+                self.lost = True  # another driver took it over
+                return
+            gone = gone + 1 if current is None and not self.path.exists() else 0
+            if gone >= 2:  # removed (one missing look may be a filesystem hiccup)
                 self.lost = True
                 return
-            with contextlib.suppress(OSError):  # a filesystem hiccup: the next beat tries again
+            try:
                 os.utime(self.path)
+                failed = 0
+            except OSError as error:  # a filesystem hiccup: the next beat tries again
+                failed += 1
+                if failed == 2:
+                    warnings.warn(
+                        f"the heartbeat of {str(self.path)!r} cannot be written ({error}): if it stays so, another "
+                        f"driver may take the run over once the heartbeat is {STALE_AFTER_S:g} s old",
+                        RunWarning,
+                        stacklevel=1,
+                    )
 
     def release(self) -> None:
         """Stop the heartbeat and remove the lock file, if it is still this driver's (calling it again does nothing)."""
         self._stop.set()
         if self._thread is not threading.current_thread():
-            self._thread.join()
+            self._thread.join(timeout=_JOIN_TIMEOUT_S)  # a daemon: one stuck on a hung filesystem is left behind
         if not self.lost and not self._released:
             _remove_if_owned(self.directory, self.owner)
         self._released = True
