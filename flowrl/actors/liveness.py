@@ -164,10 +164,16 @@ class LivenessMonitor:
         self._probes: dict[Any, _Probe] = {}
         self.reason = ""
 
-    def check(self, worker: Any) -> float | None:
-        """Seconds until ``worker`` may next be checked, or None if it is hung (:attr:`reason` says why)."""
+    def check(self, worker: Any, since: float | None = None) -> float | None:
+        """Seconds until ``worker`` may next be checked, or None if it is hung (:attr:`reason` says why).
+
+        ``since``: when the request being judged began; a probe sent before it (about an earlier request,
+        since answered) is dropped and a new one sent.
+        """
         now = self._clock()
         probe = self._probes.get(worker)
+        if probe is not None and since is not None and probe.sent < since:
+            probe = None
         if probe is None:
             self._probes[worker] = _Probe(self._ask(worker), now)
             return ANSWER_WAIT_S

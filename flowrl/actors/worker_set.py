@@ -158,7 +158,6 @@ class WorkerSet:
         self.sample_min_fraction = config.sample_min_fraction
         self.num_worker_restarts = 0
         self.num_workers_dropped = 0
-        self.num_slow_workers = 0
         self.min_healthy_workers = min(config.min_healthy_workers, num_workers)
         self.liveness = LivenessMonitor(
             config.sample_timeout_s or CALL_TIMEOUT_S,
@@ -275,6 +274,11 @@ class WorkerSet:
         return len(self._remote)
 
     @property
+    def num_slow_workers(self) -> int:
+        """Workers slower than ``slow_worker_factor`` times their siblings' median at the last metrics collection."""
+        return len(self.slow_workers.slow)
+
+    @property
     def num_workers_missing(self) -> int:
         """Replacements not started yet (e.g. waiting for room after their node was lost)."""
         return len(self._starting)
@@ -315,10 +319,10 @@ class WorkerSet:
             actor = self._replacements[actor]
         return actor
 
-    def check(self, actor: Any) -> float | None:
+    def check(self, actor: Any, since: float) -> float | None:
         """:class:`~flowrl.iterators.shards.ShardSupervisor`: for a request to ``actor`` past ``sample_timeout_s``,
         seconds until its next check while it makes progress, or None once it is hung (never blocks)."""
-        recheck = self.liveness.check(actor)
+        recheck = self.liveness.check(actor, since)
         if recheck is None:
             self._hung[actor] = self.liveness.reason
         return recheck
@@ -339,11 +343,12 @@ class WorkerSet:
             return
         now = time.monotonic()
         timeout = self._config.worker_startup_timeout_s
+        refs = [starting.ready for starting in self._starting.values()]
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])  # one look at them all
         for index, starting in list(self._starting.items()):
             if self._starting.get(index) is not starting:
                 continue  # replaced while an earlier one was handled
-            ready, _ = ray.wait([starting.ready], timeout=0)
-            if ready:
+            if starting.ready in ready:
                 try:
                     info = ray.get(starting.ready)
                 except ray.exceptions.RayActorError as e:
@@ -582,7 +587,7 @@ class WorkerSet:
                 reports.append((index, self._await_control(worker, ref, deadline)))
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
                 self.handle_failure(worker, e)
-        self.num_slow_workers = self.slow_workers.update({index: report.fragment_s for index, report in reports})
+        self.slow_workers.update({index: report.fragment_s for index, report in reports})
         return reports
 
     def on_shard_failure(self, shard_index: int, failed: Any, error: ShardFailedError) -> Any:

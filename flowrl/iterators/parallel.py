@@ -192,7 +192,10 @@ class ParallelIterator(Generic[T]):
                 if rejoined:
                     active = sorted(active + rejoined, key=lambda shard: shard.index)
                 if not active:
-                    wait_parked()
+                    if timeout is None:
+                        wait_parked()
+                    else:  # in a union: the other sources go on meanwhile
+                        yield NextValueNotReady()
                     continue
                 round_number += 1
                 for shard in active:
@@ -341,15 +344,13 @@ class ParallelIterator(Generic[T]):
             streams = _ShardStreams(self._shards(), self.name)
             # Per shard, its requests in the order sent. An actor answers in that order, so
             # only the oldest request of each shard is waited on: items from one shard are
-            # yielded in order even with num_async > 1. ``head_since``: when the oldest
+            # yielded in order even with num_async > 1. ``shard.since``: when the oldest
             # request became the one the actor works on (its timeout runs from then).
             queues: dict[_Shard, collections.deque[ray.ObjectRef[Any]]] = {}
-            head_since: dict[_Shard, float] = {}
 
             def refill(shard: _Shard) -> None:
                 queues[shard] = collections.deque(streams.request(shard) for _ in range(num_async))
-                head_since[shard] = time.monotonic()
-                shard.requested(head_since[shard])
+                shard.requested(time.monotonic())
 
             def restart(shard: _Shard, cause: BaseException) -> None:
                 # Requests sent to the failed actor are abandoned; the replacement gets fresh ones.
@@ -370,8 +371,10 @@ class ParallelIterator(Generic[T]):
                         for shard in expired:
                             restart(shard, timed_out(shard))
                         if not queues:
-                            if streams.parked:
+                            if streams.parked and timeout is None:
                                 wait_parked()
+                            elif streams.parked:  # in a union: the other sources go on meanwhile
+                                yield NextValueNotReady()
                             continue
                         heads = {q[0]: shard for shard, q in queues.items()}
                         refs = list(heads)
@@ -392,8 +395,7 @@ class ParallelIterator(Generic[T]):
                     now = time.monotonic()
                     metrics = current_metrics()
                     if metrics.profile:  # since the actor began this request: the latency a straggler stretches
-                        metrics.latencies[f"{self.name}[{shard.index}]"].append(now - head_since[shard])
-                    head_since[shard] = now
+                        metrics.latencies[f"{self.name}[{shard.index}]"].append(now - shard.since)
                     shard.requested(now)
                     started = time.perf_counter()
                     try:

@@ -212,9 +212,10 @@ FailureHook = Callable[[int, Any, ShardFailedError], Any]
 class ShardSupervisor(Protocol):
     """What a gather asks, besides its failure hook, of whoever keeps its shards' actors (never blocking)."""
 
-    def check(self, actor: Any) -> float | None:
-        """For a request to ``actor`` pending past the shard's timeout: seconds until it may be checked
-        again (it is making progress), or None if it is hung (the gather then fails it)."""
+    def check(self, actor: Any, since: float) -> float | None:
+        """For a request to ``actor`` pending (since ``since``, monotonic seconds) past the shard's timeout:
+        seconds until it may be checked again (it is making progress), or None if it is hung (the gather
+        then fails it)."""
         ...
 
     def started(self, actor: Any) -> Any | None:
@@ -267,9 +268,12 @@ class _Shard:
     #: When the request in flight (the oldest, with several) is next checked: its timeout, or a later
     #: check the supervisor asked for. None: no limit.
     deadline: float | None = None
+    #: When the actor began that request.
+    since: float = 0.0
 
     def requested(self, now: float) -> None:
         """The shard's actor began a request at ``now``: its timeout runs from then."""
+        self.since = now
         self.deadline = None if self.timeout_s is None else now + self.timeout_s
 
 
@@ -394,7 +398,7 @@ def overdue(requests: dict[_Shard, ray.ObjectRef[Any]]) -> list[_Shard]:
     for shard, ref in late.items():
         if ref in answered:
             continue
-        recheck = None if shard.supervisor is None else shard.supervisor.check(shard.actor)
+        recheck = None if shard.supervisor is None else shard.supervisor.check(shard.actor, shard.since)
         if recheck is None:
             expired.append(shard)
         else:
@@ -403,7 +407,8 @@ def overdue(requests: dict[_Shard, ray.ObjectRef[Any]]) -> list[_Shard]:
 
 
 def wait_parked() -> None:
-    """With every shard of a gather parked: wait until the next look at them (bounded, no spinning)."""
+    """With every shard of a blocking gather parked: wait until the next look at them (bounded, no spinning;
+    a gather with a timeout yields a not-ready marker instead)."""
     time.sleep(PARKED_POLL_S)
 
 

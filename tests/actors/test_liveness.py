@@ -77,6 +77,16 @@ def test_a_worker_that_answers_promptly_without_stepping_is_hung() -> None:
     assert "no env step for 10.5 s" in liveness.reason and "sample_timeout_s=10" in liveness.reason
 
 
+def test_a_probe_about_an_earlier_request_is_not_used_for_a_later_one() -> None:
+    clock, worker = Clock(), FakeWorker()
+    liveness = monitor(clock)
+    assert liveness.check(worker, since=90.0) == ANSWER_WAIT_S  # probe sent at 100 about a request of 90
+    worker.answer = Progress(env_steps=5, idle_s=12.0)  # it answered: stuck then; that request's item came since
+    clock.now = 130.0
+    assert liveness.check(worker, since=120.0) == ANSWER_WAIT_S  # a new request: a new probe, not the old answer
+    assert worker.asked == 2
+
+
 def test_a_held_up_heartbeat_means_the_gil_was_held_and_the_worker_is_busy() -> None:
     clock, worker = Clock(), FakeWorker()
     liveness = monitor(clock)
