@@ -30,7 +30,7 @@ from flowrl.operators import (
     TrainOneStep,
 )
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy, actor_critic_postprocess
-from flowrl.policy.distributions import ActionDistribution
+from flowrl.policy.distributions import DistFactory
 
 
 @dataclass(kw_only=True)
@@ -79,7 +79,7 @@ class A2CConfig(TrainerConfig):
 def actor_critic_loss(
     policy: TorchPolicy[A2CConfig],
     model: nn.Module,
-    dist_class: type[ActionDistribution],
+    dist_class: DistFactory,
     batch: dict[str, torch.Tensor],
 ) -> LossOutput:
     """Policy gradient on advantages + ``vf_loss_coeff`` * squared value error - ``entropy_coeff`` * entropy."""

@@ -30,7 +30,7 @@ from flowrl.operators import (
     UpdateTargetNetwork,
 )
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy
-from flowrl.policy.distributions import ActionDistribution
+from flowrl.policy.distributions import DistFactory
 from flowrl.policy.vtrace import batch_vtrace, next_state_values, time_major
 
 
@@ -83,7 +83,7 @@ class APPOConfig(impala.ImpalaConfig):
 def appo_loss(
     policy: TorchPolicy[APPOConfig],
     model: nn.Module,
-    dist_class: type[ActionDistribution],
+    dist_class: DistFactory,
     batch: dict[str, torch.Tensor],
 ) -> LossOutput:
     """Clipped surrogate (ratio to the target policy) on V-trace advantages + value loss + KL penalty - entropy."""

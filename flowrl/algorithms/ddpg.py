@@ -25,7 +25,7 @@ from flowrl.deferred import DeferredModule, nn, torch
 from flowrl.errors import ConfigError
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy, nstep_postprocess
 from flowrl.policy.custom_model import ModelInterface, probe_observations
-from flowrl.policy.distributions import ActionDistribution
+from flowrl.policy.distributions import DistFactory
 from flowrl.policy.postprocessing import DISCOUNTS
 from flowrl.policy.torch_policy import adam
 
@@ -167,7 +167,7 @@ class TD3Config(DDPGConfig):
 def ddpg_loss(
     policy: TorchPolicy[DDPGConfig],
     model: nn.Module,
-    dist_class: type[ActionDistribution],
+    dist_class: DistFactory,
     batch: dict[str, torch.Tensor],
 ) -> LossOutput:
     """Critic: n-step TD on (twin-min) target Q; actor (every ``policy_delay`` steps): maximise Q(s, pi(s)).

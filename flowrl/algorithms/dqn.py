@@ -33,9 +33,9 @@ from flowrl.operators import (
     UpdateTargetNetwork,
 )
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy, nstep_postprocess
-from flowrl.policy.action_masks import next_state_values
+from flowrl.policy.action_masks import masked_bootstrap_q
 from flowrl.policy.custom_model import Q_VALUES
-from flowrl.policy.distributions import ActionDistribution
+from flowrl.policy.distributions import DistFactory
 from flowrl.policy.postprocessing import DISCOUNTS
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ class DQNConfig(TrainerConfig):
 def dqn_loss(
     policy: TorchPolicy[DQNConfig],
     model: nn.Module,
-    dist_class: type[ActionDistribution],
+    dist_class: DistFactory,
     batch: dict[str, torch.Tensor],
 ) -> LossOutput:
     """Importance-weighted Huber loss on the n-step TD error, with (double) target Q-values over the next
@@ -126,7 +126,7 @@ def dqn_loss(
         next_target, _ = policy.target_model(batch[SampleBatch.NEW_OBS])
         next_online = model(batch[SampleBatch.NEW_OBS])[0] if policy.config.double_q else None
         # The best legal action of the next state (its action mask, when the env gives them).
-        next_q = next_state_values(next_target, next_online, batch.get(SampleBatch.NEXT_ACTION_MASK))
+        next_q = masked_bootstrap_q(next_target, next_online, batch.get(SampleBatch.NEXT_ACTION_MASK))
         # Bootstrap unless the episode terminated (a truncated one goes on).
         not_done = 1.0 - batch[SampleBatch.TERMINATEDS].float()
         target = batch[SampleBatch.REWARDS] + batch[DISCOUNTS] * not_done * next_q

@@ -35,7 +35,7 @@ from flowrl.operators import (
     StandardMetricsReporting,
 )
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy
-from flowrl.policy.distributions import ActionDistribution
+from flowrl.policy.distributions import DistFactory
 from flowrl.policy.vtrace import batch_vtrace, next_state_values, time_major
 
 Batch = SampleBatch | MultiAgentBatch
@@ -117,7 +117,7 @@ class ImpalaConfig(TrainerConfig):
 def impala_loss(
     policy: TorchPolicy[ImpalaConfig],
     model: nn.Module,
-    dist_class: type[ActionDistribution],
+    dist_class: DistFactory,
     batch: dict[str, torch.Tensor],
 ) -> LossOutput:
     """Policy gradient on V-trace advantages + value loss to the V-trace targets - entropy bonus."""

@@ -20,7 +20,7 @@ from flowrl.iterators import LocalIterator
 from flowrl.operators import ConcatBatches, ParallelRollouts, StandardMetricsReporting, TrainOneStep
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy, compute_advantages
 from flowrl.policy.custom_model import POLICY
-from flowrl.policy.distributions import ActionDistribution
+from flowrl.policy.distributions import DistFactory
 
 
 @dataclass(kw_only=True)
@@ -38,7 +38,7 @@ class PGConfig(TrainerConfig):
 def pg_loss(
     policy: TorchPolicy[PGConfig],
     model: nn.Module,
-    dist_class: type[ActionDistribution],
+    dist_class: DistFactory,
     batch: dict[str, torch.Tensor],
 ) -> LossOutput:
     """``-mean(log pi(a|s) * G)`` where G is the discounted return from each step."""

@@ -29,7 +29,7 @@ from flowrl.operators import (
     UpdateKL,
 )
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy, actor_critic_postprocess
-from flowrl.policy.distributions import ActionDistribution
+from flowrl.policy.distributions import DistFactory
 
 
 @dataclass(kw_only=True)
@@ -86,7 +86,7 @@ class PPOConfig(TrainerConfig):
 def ppo_loss(
     policy: TorchPolicy[PPOConfig],
     model: nn.Module,
-    dist_class: type[ActionDistribution],
+    dist_class: DistFactory,
     batch: dict[str, torch.Tensor],
 ) -> LossOutput:
     """Clipped surrogate + KL penalty + clipped value loss - entropy bonus (Schulman et al. 2017)."""

@@ -35,6 +35,7 @@ from flowrl.envs.multi_agent import (
 )
 from flowrl.envs.multi_agent_envs import BUILTIN_MULTI_AGENT_ENVS
 from flowrl.errors import EnvError, FlowRLError, UnknownEnvError
+from flowrl.importing import check_import_allowed
 
 logger = logging.getLogger(__name__)
 
@@ -239,6 +240,8 @@ def _is_gymnasium_id(env_id: str) -> bool:
     if sep:
         # "package.module:EnvId": gymnasium.make imports the module, which registers EnvId; do the same
         # here so the id can be validated in the driver (actors import it again inside gymnasium.make).
+        # Within allowed_imports (evaluating a checkpoint) the module must be allowed first.
+        check_import_allowed(module, key="env")
         try:
             importlib.import_module(module)
         except ImportError as exc:

@@ -12,9 +12,6 @@ import numpy as np
 
 from flowrl.deferred import torch
 
-#: The value masked logits and Q-values take (float32's lowest finite value).
-FLOAT_MIN = float(np.finfo(np.float32).min)
-
 
 def mask_logits(inputs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``inputs`` (``[..., n]`` logits or Q-values) with the entries ``mask`` marks illegal (False or 0) at the
@@ -28,7 +25,7 @@ def mask_logits_numpy(inputs: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return np.where(np.asarray(mask, dtype=bool), inputs, np.asarray(np.finfo(inputs.dtype).min, inputs.dtype))
 
 
-def next_state_values(
+def masked_bootstrap_q(
     next_target: torch.Tensor, next_online: torch.Tensor | None, next_mask: torch.Tensor | None
 ) -> torch.Tensor:
     """The bootstrapped value of each next state: the target network's Q-value of the best legal action,

@@ -3,13 +3,16 @@
 Each class is built from a batch of "distribution inputs" (what the model emits) and
 gives samples, log-probabilities, entropies and KL divergences per row.
 ``dist_class_for(action_space)`` picks the distribution and the number of inputs it needs;
-``Categorical.with_action_mask(mask)`` binds a batch's legal actions (see :mod:`flowrl.policy.action_masks`).
+``Categorical(inputs, action_mask=mask)`` gives a batch's illegal actions no probability, and
+``Categorical.with_action_mask(mask)`` binds the mask into a one-argument factory (see
+:mod:`flowrl.policy.action_masks`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -20,20 +23,25 @@ from flowrl.policy.action_masks import mask_logits
 
 
 class ActionDistribution:
-    """A batch of action distributions built from ``inputs`` of shape ``[B, num_inputs]``."""
+    """A batch of action distributions built from ``inputs`` of shape ``[B, num_inputs]``.
+
+    ``action_mask`` (``[B, n]`` bools; None: all actions legal) is taken only by :class:`Categorical`;
+    the other distributions raise on one.
+    """
 
     deterministic_only: ClassVar[bool] = False
-    #: The legal actions (``[B, n]`` bools) a class made by :meth:`with_action_mask` binds; None: all are legal.
-    action_mask: ClassVar[torch.Tensor | None] = None
+    #: The legal actions (``[B, n]`` bools) this distribution was built with; None: all are legal.
+    action_mask: torch.Tensor | None = None
 
     @classmethod
-    def with_action_mask(cls, mask: torch.Tensor) -> type["ActionDistribution"]:
-        """A subclass whose distributions give the actions ``mask`` marks illegal no probability."""
-        raise FlowRLError(
-            f"action masks need a Discrete action space (a Categorical distribution), not a {cls.__name__}"
-        )
+    def with_action_mask(cls, mask: torch.Tensor) -> DistFactory:
+        """A factory ``inputs -> distribution`` whose distributions give the actions ``mask`` marks illegal
+        no probability (``functools.partial(cls, action_mask=mask)``)."""
+        raise _unmaskable(cls)
 
-    def __init__(self, inputs: torch.Tensor) -> None:
+    def __init__(self, inputs: torch.Tensor, action_mask: torch.Tensor | None = None) -> None:
+        if action_mask is not None:
+            raise _unmaskable(type(self))
         self.inputs = inputs
 
     def sample(self) -> torch.Tensor:
@@ -62,14 +70,24 @@ class ActionDistribution:
         raise NotImplementedError
 
 
+#: What a loss's ``dist_class`` is: a distribution class, or one with an action mask bound
+#: (:meth:`ActionDistribution.with_action_mask`); called with a batch of distribution inputs.
+DistFactory = Callable[["torch.Tensor"], ActionDistribution]
+
+
+def _unmaskable(cls: type[ActionDistribution]) -> FlowRLError:
+    return FlowRLError(f"action masks need a Discrete action space (a Categorical distribution), not a {cls.__name__}")
+
+
 class Categorical(ActionDistribution):
     """A categorical distribution over ``n`` discrete actions, from unnormalised logits (masked first when
-    the class binds an action mask)."""
+    given an ``action_mask``)."""
 
-    def __init__(self, inputs: torch.Tensor) -> None:
-        if self.action_mask is not None:
-            inputs = mask_logits(inputs, self.action_mask)
+    def __init__(self, inputs: torch.Tensor, action_mask: torch.Tensor | None = None) -> None:
+        if action_mask is not None:
+            inputs = mask_logits(inputs, action_mask)
         super().__init__(inputs)
+        self.action_mask = action_mask
         self.log_probs = F.log_softmax(inputs, dim=-1)
 
     def sample(self) -> torch.Tensor:
@@ -96,15 +114,15 @@ class Categorical(ActionDistribution):
         return int(action_space.n)
 
     @classmethod
-    def with_action_mask(cls, mask: torch.Tensor) -> type["ActionDistribution"]:
-        return type(f"Masked{cls.__name__}", (cls,), {"action_mask": mask})
+    def with_action_mask(cls, mask: torch.Tensor) -> DistFactory:
+        return functools.partial(cls, action_mask=mask)
 
 
 class DiagGaussian(ActionDistribution):
     """A Gaussian with diagonal covariance; inputs are ``[mean, log_std]`` halves."""
 
-    def __init__(self, inputs: torch.Tensor) -> None:
-        super().__init__(inputs)
+    def __init__(self, inputs: torch.Tensor, action_mask: torch.Tensor | None = None) -> None:
+        super().__init__(inputs, action_mask)
         self.mean, self.log_std = torch.chunk(inputs, 2, dim=-1)
         self.std = self.log_std.exp()
 

@@ -15,7 +15,7 @@ from flowrl.envs.flatten import model_space
 from flowrl.errors import ConfigError
 from flowrl.policy.action_masks import mask_logits_numpy
 from flowrl.policy.custom_model import ACTOR_CRITIC, ModelInterface, build_custom_model
-from flowrl.policy.distributions import ActionDistribution, dist_class_for
+from flowrl.policy.distributions import DistFactory, dist_class_for
 from flowrl.policy.exploration import StochasticSampling, make_exploration
 from flowrl.policy.model_options import model_config
 from flowrl.policy.policy import NONFINITE_UPDATE, ConfigT, LearnOutput, ModelWeights, Policy
@@ -41,7 +41,7 @@ class LossOutput(NamedTuple):
 
 # A plain ``(loss, stats)`` tuple is accepted too.
 LossFn = Callable[
-    ["TorchPolicy[Any]", "nn.Module", type[ActionDistribution], TensorBatch],
+    ["TorchPolicy[Any]", "nn.Module", DistFactory, TensorBatch],
     "LossOutput | tuple[torch.Tensor, dict[str, float]]",
 ]
 PostprocessFn = Callable[["TorchPolicy[Any]", SampleBatch], SampleBatch]
@@ -87,7 +87,8 @@ class TorchPolicy(Policy[ConfigT]):
     Models see ``model_observation_space``: the ``"observations"`` part of a masked Dict observation
     space (see :mod:`flowrl.envs.flatten`). Given action masks (``compute_actions(action_mask=...)``,
     a batch's ``action_mask`` column), the distribution (and exploration) gives illegal actions no
-    probability: a loss's ``dist_class`` has the batch's mask bound (``Categorical.with_action_mask``).
+    probability: a loss's ``dist_class`` has the batch's mask bound (``Categorical.with_action_mask``, a
+    ``functools.partial``: call it, do not subclass or compare it).
     """
 
     def __init__(
@@ -202,10 +203,8 @@ class TorchPolicy(Policy[ConfigT]):
                 return actions_np, extra
         with torch.inference_mode():
             dist_inputs, values = self._forward(obs_batch)
-            dist_class = self.dist_class
-            if action_mask is not None:
-                dist_class = dist_class.with_action_mask(torch.as_tensor(action_mask, device=self.device))
-            dist = dist_class(dist_inputs)
+            mask = None if action_mask is None else torch.as_tensor(action_mask, device=self.device)
+            dist = self.dist_class(dist_inputs, action_mask=mask)
             actions, logp = self.exploration.get_action(dist, timestep=timestep, explore=explore)
             extra = {
                 SampleBatch.ACTION_LOGP: logp.cpu().numpy(),
@@ -261,9 +260,8 @@ class TorchPolicy(Policy[ConfigT]):
             self.model.train()
         with self.learn_times.loading():
             tensors = self.to_tensors(batch)
-        dist_class = self.dist_class
-        if SampleBatch.ACTION_MASK in tensors:
-            dist_class = dist_class.with_action_mask(tensors[SampleBatch.ACTION_MASK])
+        mask = tensors.get(SampleBatch.ACTION_MASK)
+        dist_class: DistFactory = self.dist_class if mask is None else self.dist_class.with_action_mask(mask)
         out = LossOutput(*self.loss_fn(self, self.model, dist_class, tensors))
         self.optimizer.zero_grad()
         out.loss.backward()

@@ -19,7 +19,7 @@ from flowrl.actors.evaluation import run_episodes
 from flowrl.config import TrainerConfig
 from flowrl.envs import get_env_creator
 from flowrl.errors import CheckpointError, FlowRLError
-from flowrl.importing import allowed_imports, check_import_allowed
+from flowrl.importing import allowed_imports
 from flowrl.operators.metric_ops import summarize_episodes
 from flowrl.policy import Policy
 from flowrl.serve.inference import checkpoint_dir, load_policy, read_policies_document, refused_import_error
@@ -68,11 +68,12 @@ def evaluate_policy_files(
     where = repr(str(path / METADATA_FILE))
     with allowed_imports(allowed) as restriction:
         try:
-            module, sep, _ = env.rpartition(":")
-            if sep:  # Gymnasium imports the module of an id "module:EnvId" to register it
-                check_import_allowed(module, key="env")
+            # With one policy every agent plays it: the run's mapping is not needed (nor imported).
             config = TrainerConfig.from_dict(
-                {"env_config": config_values.get("env_config") or {}, "policy_mapping_fn": mapping}
+                {
+                    "env_config": config_values.get("env_config") or {},
+                    "policy_mapping_fn": mapping if len(policy_map) > 1 else None,
+                }
             )
             seeds = [None if seed is None else seed + i for i in range(num_episodes)]
             first = inference[policy_ids[0]]

@@ -119,7 +119,7 @@ def export_policy(
         else:
             _write_onnx(module, example, [output.name for output in outputs], model_file, what)
     _check_export(module, model_file, format, policy.observation_space, outputs, what)
-    description = _describe(inference, directory, format, model_file, outputs)
+    description = _describe(inference, directory, format, model_file, outputs, module.masked)
     description_file = model_file.with_name(model_file.name + ".json")
     description_file.write_text(json.dumps(description, indent=2) + "\n", encoding="utf-8")
     return model_file
@@ -147,8 +147,8 @@ def _choose_policy(directory: Path, policy_id: str | None) -> str:
 
 
 def _input_shape(space: gym.Space[Any]) -> list[int | str]:
-    space = model_space(space)
     """The exported model's input shape: Discrete indices, flattened Dict/Tuple observations, or the Box's shape."""
+    space = model_space(space)
     if isinstance(space, gym.spaces.Discrete):
         return [BATCH]
     if is_structured(space):
@@ -305,12 +305,18 @@ def _differences(
 
 
 def _describe(
-    inference: InferencePolicy, checkpoint: Path, format: str, model_file: Path, outputs: Sequence[_Output]
+    inference: InferencePolicy,
+    checkpoint: Path,
+    format: str,
+    model_file: Path,
+    outputs: Sequence[_Output],
+    takes_mask: bool,
 ) -> dict[str, Any]:
+    """The exported model's description; ``takes_mask``: whether the module takes an ``action_mask`` input
+    (its ``masked``: a masked observation space and a categorical or Q-value action choice)."""
     policy, policy_id, obs_filter = inference.policy, inference.policy_id, inference.observation_filter
     obs_space = policy.observation_space
     dtype = _input_dtype(obs_space)
-    masked = is_masked(obs_space)
     observed = model_space(obs_space)
     if isinstance(observed, gym.spaces.Discrete):
         meaning = "observation indices (the model one-hot encodes them)"
@@ -324,11 +330,11 @@ def _describe(
             "" if np.dtype(observed.dtype) == dtype else f" (the observation space's {observed.dtype} cast to {dtype})"
         )
         meaning = "observations as the env returns them" + cast
-    if masked:
+    if is_masked(obs_space):
         meaning = f"the 'observations' part of each observation: {meaning}"
     if obs_filter is not None:
         meaning += "; the model normalizes them with the run's observation filter (observation_filter below)"
-    args, feed = ("obs, action_mask", "'obs': obs, 'action_mask': action_mask") if masked else ("obs", "'obs': obs")
+    args, feed = ("obs, action_mask", "'obs': obs, 'action_mask': action_mask") if takes_mask else ("obs", "'obs': obs")
     loading = (
         f"torch.jit.load(path); model({args}) returns the outputs as a tuple, in this order"
         if format == "torchscript"
@@ -346,7 +352,7 @@ def _describe(
         "checkpoint": str(checkpoint.resolve()),
         "global_timestep": int(policy.global_timestep),
         "input": {"name": INPUT_NAME, "dtype": dtype.name, "shape": _input_shape(obs_space), "description": meaning},
-        **({"action_mask_input": _mask_input(policy.action_space)} if masked else {}),
+        **({"action_mask_input": _mask_input(policy.action_space)} if takes_mask else {}),
         "outputs": [dataclasses.asdict(output) for output in outputs],
         "observation_filter": None if obs_filter is None else obs_filter.to_json(),
         "observation_space": space_to_json(obs_space, f"policy {policy_id!r}: its observation space"),

@@ -13,6 +13,7 @@ from typing import Any
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
+from flowrl.outputs.progress import format_number
 from flowrl.storage.results import finite_number, result_value
 
 
@@ -33,17 +34,13 @@ class TrialLines(Callback):
         result = trial.last_result
         print(
             f"trial {trial.trial_id} ended after {result.get('training_iteration', 0)} iterations: "
-            f"{self.metric} {number_text(finite_number(result.get(self.metric)))}",
+            f"{self.metric} {format_number(finite_number(result.get(self.metric)), '.4g')}",
             flush=True,
         )
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         error = last_line(Path(trial.error_file)) if trial.error_file else None
         print(f"trial {trial.trial_id} failed: {error or 'no error recorded'}", flush=True)
-
-
-def number_text(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.4g}"
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ from flowrl.algorithms.dqn import DQNConfig, make_dqn_policy
 from flowrl.algorithms.ppo import PPOConfig, make_ppo_policy
 from flowrl.data import SampleBatch
 from flowrl.errors import FlowRLError
-from flowrl.policy.action_masks import mask_logits, next_state_values, random_legal_actions
+from flowrl.policy.action_masks import mask_logits, masked_bootstrap_q, random_legal_actions
 from flowrl.policy.distributions import Categorical, DiagGaussian
 from flowrl.policy.exploration import EpsilonGreedy
 from flowrl.policy.postprocessing import adjust_nstep
@@ -56,11 +56,11 @@ def test_td_targets_range_over_the_next_states_legal_actions() -> None:
     online = torch.tensor([[0.0, 9.0, 1.0, 2.0], [9.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
     mask = torch.tensor([[False, True, True, False], [True, False, True, False], [False, False, False, False]])
     # Max over legal target values: 2 (not 10), 7 (not 8), and 0 where nothing is legal.
-    assert next_state_values(target, None, mask).tolist() == [2.0, 7.0, 0.0]
+    assert masked_bootstrap_q(target, None, mask).tolist() == [2.0, 7.0, 0.0]
     # Double Q: the online argmax among legal actions (1, then 0), valued by the target.
-    assert next_state_values(target, online, mask).tolist() == [1.0, 5.0, 0.0]
-    assert next_state_values(target, online, None).tolist() == [1.0, 5.0, 1.0]
-    assert next_state_values(target, None, None).tolist() == [10.0, 8.0, 1.0]
+    assert masked_bootstrap_q(target, online, mask).tolist() == [1.0, 5.0, 0.0]
+    assert masked_bootstrap_q(target, online, None).tolist() == [1.0, 5.0, 1.0]
+    assert masked_bootstrap_q(target, None, None).tolist() == [10.0, 8.0, 1.0]
     assert mask_logits(target, mask)[0, 0] == torch.finfo(torch.float32).min
 
 

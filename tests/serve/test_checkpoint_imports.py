@@ -173,6 +173,17 @@ def test_evaluating_a_checkpoints_files_imports_nothing_it_names(importable: Pat
     assert PLANTED not in sys.modules and not list(importable.rglob(MARKER))
 
 
+@pytest.mark.parametrize("mapping", ["planted:by_parity", "no_such_module:mapping", "<function <lambda> at 0x1>"])
+def test_a_single_policy_checkpoint_evaluates_whatever_mapping_its_metadata_names(
+    mapping: str, importable: Path, files: dict[str, bytes]
+) -> None:
+    # One policy plays every agent: the run's mapping is neither needed nor imported.
+    checkpoint = planted_checkpoint(importable, files, None, mapping=mapping)
+    stats = evaluate_policy_files(checkpoint, num_episodes=1, seed=0)
+    assert (stats["algo"], stats["episodes"]) == ("ppo", 1) and stats["episode_len_mean"] >= 1
+    assert PLANTED not in sys.modules and not list(importable.rglob(MARKER))
+
+
 def test_a_multi_agent_checkpoint_is_evaluated_with_its_mapping_path_when_allowed(importable: Path) -> None:
     overrides = {
         "policies": {"small": {"config": {"model": {"fcnet_hiddens": [8]}}}, "big": None},
