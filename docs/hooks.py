@@ -183,11 +183,11 @@ def _markdown_text(doc: str) -> str:
 
 
 def _rllib_names() -> dict[str, list[str]]:
-    """flowrl key -> RLlib's names for it (renamed, nested in a dict, or a Python keyword)."""
-    from flowrl.config.rllib import NESTED, RENAMED
+    """flowrl key -> RLlib's names for it (renamed, counted per learner, nested in a dict, or a Python keyword)."""
+    from flowrl.config.rllib import NESTED, PER_LEARNER, RENAMED
 
     names: dict[str, list[str]] = {}
-    for rllib_name, key in RENAMED.items():
+    for rllib_name, key in [*RENAMED.items(), *PER_LEARNER.items()]:
         names.setdefault(key, []).append(rllib_name)
     for parent, keys in NESTED.items():
         for sub_key, key in keys.items():
@@ -215,6 +215,7 @@ def config_keys() -> tuple[dict[str, type], dict[str, _Key]]:
 
 
 def _key_section(key: _Key, keys: dict[str, _Key], every: list[str], rllib: dict[str, list[str]]) -> list[str]:
+    from flowrl.config.rllib import PER_LEARNER
     from flowrl.policy.model_options import DEFAULT_MODEL_CONFIG
 
     lines = [f"### `{key.name}` {{#{key.name}}}", ""]
@@ -232,6 +233,8 @@ def _key_section(key: _Key, keys: dict[str, _Key], every: list[str], rllib: dict
         own = [algo for algo in keys[name].algorithms if algo in key.algorithms] if name in keys else []
         if own:
             spellings[i] += f" (not in {', '.join(own)}, where it is a key of its own)"
+        if name in PER_LEARNER:
+            spellings[i] += " (counted per learner: this key is RLlib's times `max(1, num_learners)`)"
     if key.name.endswith("_") and keyword.iskeyword(key.name[:-1]):
         spellings.insert(0, _code(key.name[:-1]))  # configs spell a Python keyword as RLlib does
     if spellings:

@@ -26,6 +26,7 @@ from flowrl.storage.rundir import (
     DEFAULT_CHECKPOINT_INTERVAL_S,
     DEFAULT_KEEP_CHECKPOINTS,
     DEFAULT_RESULTS_DIR,
+    PRIVATE_UMASK,
     parse_umask,
 )
 
@@ -34,6 +35,8 @@ if TYPE_CHECKING:  # algorithms import torch: load them only when a command need
 
 # What `add_subparsers` returns: each subcommand's `add_parser(subparsers)` registers its parser there.
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+# A new run's settings from the flags (:func:`train_settings`): ``(algorithm, env, config, stop)``.
+TrainSettings: TypeAlias = "tuple[Algorithm, str, dict[str, Any], dict[str, float]]"
 
 # --- --set values -----------------------------------------------------------------------------------
 
@@ -105,16 +108,25 @@ def _get_algorithm(name: str | None, source: str) -> Algorithm:
     return get_algorithm(name)  # UnknownAlgorithmError names the closest algorithms
 
 
-def build_config(algorithm: Algorithm, file_config: Mapping[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+def build_config(
+    algorithm: Algorithm,
+    file_config: Mapping[str, Any],
+    args: argparse.Namespace,
+    *,
+    assignments: Sequence[tuple[list[str], Any]] | None = None,
+) -> dict[str, Any]:
     """The config dict: algorithm defaults < config file < ``--set`` < ``--num-workers`` / ``--seed``.
 
     Keys left out keep the algorithm's defaults (the Trainer fills them in); the result is
-    validated (``ConfigError`` listing every problem) before it is returned.
+    validated (``ConfigError`` listing every problem) before it is returned. ``assignments``:
+    ``parse_set(args.set)``, when the caller has it already.
     """
     defaults = algorithm.config_class.from_dict({}).to_dict()
     if RLLIB_MARKER in file_config:
         defaults["model"] = {}  # an RLlib config's model keys left out take RLlib's model defaults, not flowrl's
-    config = apply_set(dict(file_config), parse_set(args.set or []), defaults)
+    if assignments is None:
+        assignments = parse_set(args.set or [])
+    config = apply_set(dict(file_config), assignments, defaults)
     if getattr(args, "num_workers", None) is not None:
         config["num_workers"] = args.num_workers
     if getattr(args, "seed", None) is not None:
@@ -139,9 +151,10 @@ def stop_from_flags(args: argparse.Namespace) -> dict[str, float]:
 
 
 def train_settings(
-    args: argparse.Namespace, command: str = "train"
-) -> tuple[Algorithm, str, dict[str, Any], dict[str, float]]:
-    """``(algorithm, env, config, stop)`` of a new run from the flags and the ``--config`` file."""
+    args: argparse.Namespace, command: str = "train", *, assignments: Sequence[tuple[list[str], Any]] | None = None
+) -> TrainSettings:
+    """``(algorithm, env, config, stop)`` of a new run from the flags and the ``--config`` file (``assignments``:
+    ``parse_set(args.set)``, when the caller has it already)."""
     from flowrl.envs import get_env_creator
 
     experiment = load_experiment_file(args.config) if args.config else parse_experiment({})
@@ -150,7 +163,7 @@ def train_settings(
     if not env:
         raise CLIError(f"{command} needs --env ID (or 'env' in the --config file), e.g. --env CartPole-v1")
     get_env_creator(env)  # UnknownEnvError names the closest ids
-    config = build_config(algorithm, experiment["config"], args)
+    config = build_config(algorithm, experiment["config"], args, assignments=assignments)
     stop = {**experiment["stop"], **stop_from_flags(args)}
     return algorithm, env, config, stop
 
@@ -360,6 +373,7 @@ def add_umask_flag(parser: argparse.ArgumentParser, directory: str) -> None:
     parser.add_argument(
         "--umask",
         type=umask,
+        default=PRIVATE_UMASK,
         metavar="UMASK",
         help=f"write the {directory} under this umask, in octal (default 077: directories 0700, files 0600, "
         f"since checkpoints hold the policy, the config and pickles; 022: 0755 and 0644, readable by all)",

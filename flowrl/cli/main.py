@@ -36,20 +36,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
-import platform
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from flowrl._version import __version__
 from flowrl.cli import doctor, evaluate, export, plan, plot, trace, train, tune
 from flowrl.cli import list as list_command
 from flowrl.cli.exits import EXIT_FAILURE, EXIT_USAGE, USAGE_ERRORS, exit_status_for, report_error, signal_label
 from flowrl.config.rllib import RLlibConfigNote
 from flowrl.errors import FlowRLError, RunWarning
 from flowrl.runs.signals import interrupt_signal
+from flowrl.storage.versions import runtime_versions
 
 # The subcommands in the order `flowrl --help` lists them.
 COMMANDS = (train, tune, list_command, plan, trace, doctor, evaluate, export, plot)
@@ -57,13 +55,12 @@ COMMANDS = (train, tune, list_command, plan, trace, doctor, evaluate, export, pl
 
 def version_text() -> str:
     """``flowrl <version>`` and the versions of Ray, PyTorch and Python it runs with (read without importing them)."""
-    found = []
-    for name, distribution in (("Ray", "ray"), ("PyTorch", "torch")):
-        try:
-            found.append(f"{name} {importlib.metadata.version(distribution)}")
-        except importlib.metadata.PackageNotFoundError:
-            found.append(f"{name} not installed")
-    return f"flowrl {__version__} ({', '.join(found)}, Python {platform.python_version()})"
+    versions = runtime_versions()
+    found = [
+        f"{name} {versions.get(distribution, 'not installed')}"
+        for name, distribution in (("Ray", "ray"), ("PyTorch", "torch"))
+    ]
+    return f"flowrl {versions['flowrl']} ({', '.join(found)}, Python {versions['python']})"
 
 
 class _VersionAction(argparse.Action):

@@ -8,11 +8,13 @@ shows the run training and reports how it ended.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from flowrl.cli.args import (
     add_checkpoint_flags,
@@ -38,7 +40,6 @@ from flowrl.storage.checkpoints import list_checkpoints
 from flowrl.storage.rundir import (
     CHECKPOINTS_DIR,
     PARAMS_FILE,
-    PRIVATE_UMASK,
     PROGRESS_FILE,
     RunSpec,
     find_run_dir,
@@ -48,7 +49,7 @@ from flowrl.storage.rundir import (
 )
 
 if TYPE_CHECKING:
-    from flowrl.cli.args import Subparsers
+    from flowrl.cli.args import Subparsers, TrainSettings
 
 
 def _verbosity(args: argparse.Namespace) -> Verbosity:
@@ -88,28 +89,36 @@ def run(args: argparse.Namespace) -> int:
         address=args.address,
         name=args.name,
         restart_unfinished=args.resume_if_exists,
-        umask=_umask(args),
+        umask=args.umask,
     ) as started:
         _announce(args, f"training {algorithm.name} on {env}; {describe_stop(stop)}")
         _announce(args, f"run directory: {started.directory}")
         return train_until_stopped(started, _verbosity(args))
 
 
-def _umask(args: argparse.Namespace) -> int:
-    return PRIVATE_UMASK if args.umask is None else int(args.umask)
-
-
-def resume_conflicts(args: argparse.Namespace, spec: RunSpec, params: Path, *, repeated: bool = False) -> list[str]:
+def resume_conflicts(
+    args: argparse.Namespace,
+    spec: RunSpec,
+    params: Path,
+    *,
+    repeated: bool = False,
+    assignments: Sequence[tuple[list[str], Any]] | None = None,
+    settings: Callable[[], TrainSettings] | None = None,
+) -> list[str]:
     """What in the flags contradicts the run being resumed (``spec``, read from ``params``), one message each.
 
     ``--algo`` and ``--env`` may be given when they name the run's own (in any case), and
     ``--seed`` when it is the run's seed; flags that would change its config are refused, but for
     ``--set`` of the restart budget's keys. When the command is ``repeated`` (``--resume-if-exists``:
     the command that started the run, run again), ``--results-dir`` finds the run, and ``--config``
-    and ``--set`` may give the run's own config.
+    and ``--set`` may give the run's own config. ``assignments`` (``parse_set(args.set)``) and ``settings``
+    (what returns ``train_settings(args)``, called only when ``repeated`` and nothing above conflicts) are
+    worked out here when not given.
     """
-    assignments = zip(args.set or [], parse_set(args.set or []))
-    other_sets = [item for item, (path, _) in assignments if ".".join(path) not in RESUME_CONFIG_KEYS]
+    if assignments is None:
+        assignments = parse_set(args.set or [])
+    given_sets = zip(args.set or [], assignments)
+    other_sets = [item for item, (path, _) in given_sets if ".".join(path) not in RESUME_CONFIG_KEYS]
     refused = [
         flag
         for flag, value in (("--config", args.config), ("--set", other_sets), ("--results-dir", args.results_dir))
@@ -126,7 +135,8 @@ def resume_conflicts(args: argparse.Namespace, spec: RunSpec, params: Path, *, r
         if value and value.lower() != getattr(spec, key).lower():
             conflicts.append(f"--{key} {value} differs from the run's {key} {getattr(spec, key)} (in {params})")
     if repeated and not conflicts:
-        return _config_changes(args, spec, params)  # --seed included
+        given = settings() if settings is not None else train_settings(args, assignments=assignments)
+        return _config_changes(given, spec, params)  # --seed included
     seed = spec.config.get("seed")
     if args.seed is not None and args.seed != seed:
         unseeded = "it is unseeded; " if seed is None else ""
@@ -134,9 +144,10 @@ def resume_conflicts(args: argparse.Namespace, spec: RunSpec, params: Path, *, r
     return conflicts
 
 
-def _config_changes(args: argparse.Namespace, spec: RunSpec, params: Path) -> list[str]:
-    """The config keys the flags (``--config``, ``--set``, ``--seed``) give other values than the run's own."""
-    algorithm, _, config, _ = train_settings(args)
+def _config_changes(settings: TrainSettings, spec: RunSpec, params: Path) -> list[str]:
+    """The config keys the flags (``--config``, ``--set``, ``--seed``; ``settings``: the flags' ``train_settings``)
+    give other values than the run's own."""
+    algorithm, _, config, _ = settings
     given = json.loads(json.dumps(json_safe(algorithm.config_class.from_dict(config).to_dict())))
     may_change = RESUME_CONFIG_KEYS | {"num_workers"}
     changed = [key for key in sorted(given) if key not in may_change and given[key] != spec.config.get(key, given[key])]
@@ -151,7 +162,13 @@ def _config_changes(args: argparse.Namespace, spec: RunSpec, params: Path) -> li
 def _resume(args: argparse.Namespace, run: str, *, repeated: bool = False) -> int:
     run_dir = find_run_dir(run, args.storage_path)
     spec = read_run_spec(run_dir)
-    conflicts = resume_conflicts(args, spec, run_dir / PARAMS_FILE, repeated=repeated)
+    assignments = parse_set(args.set or [])
+    # The command run again (--resume-if-exists): its flags' own settings, made once when first needed (by
+    # resume_conflicts, after --algo and --env are found to be the run's) and used again for the stop criteria.
+    settings = functools.cache(functools.partial(train_settings, args, assignments=assignments))
+    conflicts = resume_conflicts(
+        args, spec, run_dir / PARAMS_FILE, repeated=repeated, assignments=assignments, settings=settings
+    )
     if conflicts:
         raise CLIError("; ".join(conflicts))
     with warnings.catch_warnings():
@@ -159,8 +176,8 @@ def _resume(args: argparse.Namespace, run: str, *, repeated: bool = False) -> in
         point = find_resume_point(
             run_dir,
             storage_path=args.storage_path,
-            stop=train_settings(args)[3] if repeated else stop_from_flags(args),
-            config={path[0]: value for path, value in parse_set(args.set or []) if path[0] in RESUME_CONFIG_KEYS},
+            stop=settings()[3] if repeated else stop_from_flags(args),
+            config={path[0]: value for path, value in assignments if path[0] in RESUME_CONFIG_KEYS},
             **checkpoint_settings(args),
             **tracker_settings(args),
         )
@@ -170,7 +187,7 @@ def _resume(args: argparse.Namespace, run: str, *, repeated: bool = False) -> in
     if point.stop_reason:
         print(f"nothing to do: {run_dir} already meets {point.stop_reason}; give a larger stop flag to train further")
         return EXIT_OK
-    with resume_run(point, num_workers=args.num_workers, address=args.address, umask=_umask(args)) as resumed:
+    with resume_run(point, num_workers=args.num_workers, address=args.address, umask=args.umask) as resumed:
         if point.drops_results:
             _announce(
                 args,

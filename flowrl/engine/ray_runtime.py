@@ -19,10 +19,6 @@ from typing import Iterator
 from flowrl.deferred import ray
 from flowrl.errors import ClusterConnectionError, RunWarning
 
-# Ray's switch (ray._private.ray_constants, read once at import) for nodes that other machines
-# can reach: off, a node's address is 127.0.0.1 and its GCS, raylet, workers, agents and metrics
-# servers listen on loopback only (Ray's own default on macOS and Windows).
-_CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 # Where Ray keeps the token it creates for a local instance with token authentication
 # (ray._private.authentication.authentication_token_setup._get_default_token_path).
 _TOKEN_PATH = Path(".ray") / "auth_token"
@@ -85,21 +81,30 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
 
 @contextlib.contextmanager
 def _loopback_only() -> Iterator[None]:
-    """Within the block, a Ray instance started here and its processes listen on 127.0.0.1 only."""
+    """Within the block, a Ray instance started here and its processes listen on 127.0.0.1 only.
+
+    Ray's switch (``ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR``, read once at import into
+    ``ray_constants.ENABLE_RAY_CLUSTER``) for nodes that other machines can reach: off, a node's
+    address is 127.0.0.1 and its GCS, raylet, workers, agents and metrics servers listen on loopback
+    only (Ray's own default on macOS and Windows). A Ray without the constant gets the env var only.
+    """
     from ray._private import ray_constants  # the switch, as this process already read it
 
-    previous_env = os.environ.get(_CLUSTER_SWITCH)
-    previous = ray_constants.ENABLE_RAY_CLUSTER
-    os.environ[_CLUSTER_SWITCH] = "0"  # for the processes Ray starts, which read it themselves
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    switch = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+    previous_env = os.environ.get(switch)
+    previous = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    os.environ[switch] = "0"  # for the processes Ray starts, which read it themselves
+    if previous is not None:
+        ray_constants.ENABLE_RAY_CLUSTER = False
     try:
         yield
     finally:
-        ray_constants.ENABLE_RAY_CLUSTER = previous
+        if previous is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = previous
         if previous_env is None:
-            os.environ.pop(_CLUSTER_SWITCH, None)
+            os.environ.pop(switch, None)
         else:
-            os.environ[_CLUSTER_SWITCH] = previous_env
+            os.environ[switch] = previous_env
 
 
 def _warn_if_readable_by_others(token: Path) -> None:

@@ -45,7 +45,6 @@ from flowrl.runs.signals import interrupt_signal, interrupting_signals, signal_r
 from flowrl.storage.lock import RunLock, RunLockedError
 from flowrl.storage.results import finite_number
 from flowrl.storage.rundir import (
-    DEFAULT_RESULTS_DIR,
     EVALUATION_REWARD,
     PRIVATE_UMASK,
     PROGRESS_FILE,
@@ -55,6 +54,7 @@ from flowrl.storage.rundir import (
     applied_umask,
     json_safe,
     open_run_dir,
+    run_parent,
     stop_reason,
 )
 from flowrl.storage.shared import check_storage_path
@@ -419,7 +419,7 @@ def start_run(
             f"the run directory goes: give one (storage_path for a filesystem every node mounts)"
         )
     storage = None if storage_path is None else check_storage_path(storage_path)
-    parent = storage if storage is not None else Path(DEFAULT_RESULTS_DIR if results_dir is None else results_dir)
+    parent = run_parent(results_dir, storage)
     trainer = Trainer(spec.algo, spec.env, dict(spec.config), address=address)
     lock = None
     try:

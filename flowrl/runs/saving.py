@@ -168,7 +168,9 @@ class RunSaving:
                 return False
             return self.weights_only
         except SAVE_ERRORS as error:
-            self._failed(error, f"the full state of iteration {self.trainer.iteration} after {received.name}")
+            self._failed(
+                error, f"the full state of iteration {self.trainer.iteration} after {received.name}", ending=True
+            )
         return False
 
     def _saved(self, path: Path, *, weights_only: bool) -> None:
@@ -183,11 +185,21 @@ class RunSaving:
         except CheckpointError:
             return True
 
-    def _failed(self, error: Exception, what: str) -> None:
+    def _failed(self, error: Exception, what: str, *, ending: bool = False) -> None:
+        """Warn that saving ``what`` failed; ``ending``: the full save after a signal, once the weights checkpoint
+        (:attr:`checkpoint`) is written, and the run ends after it."""
         self.trainer.num_failed_checkpoints += 1
-        kept = f"the latest checkpoint is still {self.checkpoint}" if self.checkpoint else "there is no checkpoint yet"
+        if ending:
+            outcome = (
+                f"the run ends and its weights checkpoint {self.checkpoint} stays the latest (resuming from it starts "
+                f"with empty replay buffers and new episodes)"
+            )
+        elif self.checkpoint:
+            outcome = f"training goes on and the latest checkpoint is still {self.checkpoint}"
+        else:
+            outcome = "training goes on and there is no checkpoint yet"
         warnings.warn(
-            f"saving {what} failed ({type(error).__name__}: {error}); training goes on and {kept} "
+            f"saving {what} failed ({type(error).__name__}: {error}); {outcome} "
             f"(num_failed_checkpoints={self.trainer.num_failed_checkpoints})",
             RunWarning,
             stacklevel=3,

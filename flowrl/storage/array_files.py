@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from flowrl.errors import CheckpointError
+from flowrl.storage.checkpoints import is_plain_name
 
 #: Bytes written or read per system call (and held by no buffer: chunks are views of the array).
 CHUNK_BYTES = 16 << 20
@@ -132,6 +133,6 @@ class ArrayFileReader:
         if not isinstance(reference, Mapping) or not isinstance(reference.get(FILE_KEY), str):
             raise CheckpointError(f"not a reference to a checkpoint's array file: {reference!r}")
         file = reference[FILE_KEY]
-        if Path(file).name != file or file in ("", ".", ".."):
+        if not is_plain_name(file):
             raise CheckpointError(f"array file reference {file!r} is not a file name of the checkpoint")
         return NpyFile(self.directory / file)

@@ -199,9 +199,21 @@ def _remove(path: Path) -> bool:
     return not os.path.lexists(path)
 
 
+def is_plain_name(name: object) -> bool:
+    """Whether ``name`` is one plain path component: a string, not blank, ``.`` or ``..``, with no ``/``
+    (nor ``os.sep``) and no NUL; what a checkpoint's files and a run directory may be called."""
+    return (
+        isinstance(name, str)
+        and name.strip() not in ("", ".", "..")
+        and "/" not in name
+        and os.sep not in name
+        and "\0" not in name
+    )
+
+
 def _check_file_names(files: Mapping[str, bytes]) -> None:
     for name in files:
-        if not isinstance(name, str) or name in _RESERVED or name in ("", ".", "..") or "/" in name or os.sep in name:
+        if not is_plain_name(name) or name in _RESERVED:
             raise ValueError(
                 f"write_checkpoint: extra file name {name!r} cannot be used; give a plain file name "
                 f"other than {', '.join(_RESERVED)}"
@@ -258,7 +270,7 @@ def _stream(key: str, write: StreamWriter, tmp: Path, entries: dict[str, Any], t
     """Run the stream writer of ``state[key]`` in ``tmp``; record its files' entries; return its value."""
     value, written = write(tmp)
     for name, entry in written.items():
-        if name in _RESERVED or name in taken or name in entries or Path(name).name != name or name in ("", "..", "."):
+        if not is_plain_name(name) or name in _RESERVED or name in taken or name in entries:
             raise ValueError(f"write_checkpoint: stream {key!r} wrote {name!r}: a name taken, or not a file name")
         size = (tmp / name).stat().st_size if (tmp / name).is_file() else None
         if size != entry.get("size") or not isinstance(entry.get("sha256"), str):

@@ -43,7 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.errors import CheckpointError, ConfigError, RunError, RunWarning
-from flowrl.storage.checkpoints import METADATA_FILE, list_checkpoints, read_metadata, verify_checkpoint
+from flowrl.storage.checkpoints import (
+    METADATA_FILE,
+    is_plain_name,
+    list_checkpoints,
+    read_metadata,
+    verify_checkpoint,
+)
 from flowrl.storage.lock import LOCK_FILE, RunLock
 from flowrl.storage.results import finite_number, result_value
 from flowrl.storage.shared import storage_root
@@ -255,12 +261,20 @@ def json_safe(value: Any) -> Any:
 def check_run_name(name: str) -> str:
     """``name`` if it can name a run directory (one path component: no ``/``, not ``.`` or ``..``), else
     :class:`~flowrl.errors.RunError`."""
-    if not isinstance(name, str) or name.strip() in ("", ".", "..") or "/" in name or os.sep in name or "\0" in name:
+    if not is_plain_name(name):
         raise RunError(
             f"run name {name!r} cannot name a run directory: give one directory name, without '/', "
             "e.g. 'apex1' or 'ppo-cartpole-seed0'"
         )
     return name
+
+
+def run_parent(results_dir: str | os.PathLike[str] | None, storage_path: str | os.PathLike[str] | None) -> Path:
+    """The directory run directories go in: ``storage_path`` if given (it must be absolute), else
+    ``results_dir``, else ``./flowrl_results``."""
+    if storage_path is not None:
+        return storage_root(storage_path)
+    return Path(DEFAULT_RESULTS_DIR if results_dir is None else results_dir)
 
 
 def named_run_dir(
@@ -269,9 +283,7 @@ def named_run_dir(
     """The run directory named ``name``: under ``storage_path`` if given, else under ``results_dir``
     (None: ``./flowrl_results``); it may not exist."""
     check_run_name(name)
-    if storage_path is not None:
-        return storage_root(storage_path) / name
-    return Path(DEFAULT_RESULTS_DIR if results_dir is None else results_dir) / name
+    return run_parent(results_dir, storage_path) / name
 
 
 def open_run_dir(

@@ -8,6 +8,7 @@ PyTorch another minor version too (their pickles change between minor releases).
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import platform
 import re
@@ -27,8 +28,14 @@ _RELEASE = re.compile(r"(\d+)(?:\.(\d+))?")
 def runtime_versions() -> dict[str, str]:
     """This process's versions of flowrl, Ray, PyTorch, Gymnasium, NumPy and Python (name -> version).
 
-    A package that is not installed is left out. Nothing is imported to read them.
+    A package that is not installed is left out. Nothing is imported to read them; they are read
+    once a process, and each call returns a fresh dict.
     """
+    return dict(_runtime_versions())
+
+
+@functools.cache
+def _runtime_versions() -> dict[str, str]:
     versions = {"flowrl": __version__}
     for name in PACKAGES:
         try:

@@ -73,6 +73,9 @@ def test_config_reference_shows_types_defaults_per_algorithm_docs_and_rllib_name
     assert "`sgd_stepsize` (not in ars, where it is a key of its own)" in lr
     assert "- **RLlib name:** `lambda`" in sections["lambda_"]
     assert "`replay_buffer_config.capacity`" in sections["buffer_size"]
+    # RLlib's new API stack's keys counted per learner.
+    assert "`train_batch_size_per_learner` (counted per learner" in sections["train_batch_size"]
+    assert "`minibatch_size` (counted per learner" in sections["sgd_minibatch_size"]
     # A function default is shown as its import path, never as a repr with a memory address.
     assert "`flowrl.algorithms.ppo_dqn:even_ppo_odd_dqn` (ppo_dqn)" in sections["policy_mapping_fn"]
     # Keys that configs declare differently show each declaration with the algorithms using it.

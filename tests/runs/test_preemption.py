@@ -112,6 +112,25 @@ def test_sigterm_saves_weights_first_then_the_full_state_in_its_place(
     assert state["resources"]["replay_buffer"]["num_steps_added"] > 0
 
 
+def test_a_full_save_that_fails_after_sigterm_says_the_run_ends_with_the_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with start_run(RunSpec("dqn", "CartPole-v1", DQN), results_dir=tmp_path) as run:
+
+        def save(checkpoint_dir: Any, metadata: Any = None) -> str:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(run.trainer, "save", save)
+        with pytest.warns(RunWarning) as warned:
+            summary = run.train(on_result=terminate_at(2))
+    weights = run.directory / "checkpoints" / "checkpoint_000002"
+    assert summary.interrupted_by == signal.SIGTERM and summary.weights_only and summary.checkpoint == weights
+    (message,) = [str(w.message) for w in warned if "failed" in str(w.message)]
+    assert message.startswith("saving the full state of iteration 2 after SIGTERM failed (OSError: ")
+    assert f"the run ends and its weights checkpoint {weights} stays the latest" in message
+    assert "training goes on" not in message and "(num_failed_checkpoints=1)" in message
+
+
 def test_with_no_grace_only_the_weights_are_saved_and_a_run_resumes_from_them(tmp_path: Path) -> None:
     spec = RunSpec("dqn", "CartPole-v1", {**DQN, "preemption_grace_s": 0})
     with start_run(spec, results_dir=tmp_path) as run:
