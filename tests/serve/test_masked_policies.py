@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -37,6 +38,7 @@ def checkpoint(algo: str, tmp_path: Path, env_config: dict[str, Any] | None = No
 @pytest.mark.parametrize("algo", ["ppo", "dqn"])
 def test_load_policy_chooses_legal_actions_for_masked_observations(algo: str, tmp_path: Path) -> None:
     loaded = flowrl.load_policy(checkpoint(algo, tmp_path))
+    assert isinstance(loaded.observation_space, gym.spaces.Dict)
     inner = loaded.observation_space["observations"]
     obs, masks = observations(inner, N), random_masks(N)
     batch = [{"observations": o, "action_mask": m} for o, m in zip(obs, masks)]
@@ -58,12 +60,13 @@ def test_load_policy_takes_info_masks_beside_plain_observations(tmp_path: Path) 
 def test_exports_take_the_mask_and_choose_legal_actions(algo: str, format: str, tmp_path: Path) -> None:
     path = checkpoint(algo, tmp_path)
     loaded = flowrl.load_policy(path)
+    assert isinstance(loaded.observation_space, gym.spaces.Dict)
     obs, masks = observations(loaded.observation_space["observations"], N, seed=3), random_masks(N, seed=3)
     expected = loaded.compute_actions([{"observations": o, "action_mask": m} for o, m in zip(obs, masks)])
     model = export_policy(path, format=format, out=tmp_path / "out")
     legal = masks != 0
     if format == "onnx":
-        import onnxruntime  # type: ignore[import-untyped]
+        import onnxruntime
 
         session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
         assert [i.name for i in session.get_inputs()] == ["obs", "action_mask"]

@@ -37,7 +37,7 @@ def a_pickle_of_a_vanished_class() -> bytes:
     """A state naming a module this process does not have (as one written by another flowrl would)."""
     module = types.ModuleType("flowrl_test_module_of_another_version")
     gone = type("Gone", (), {"__module__": module.__name__})
-    module.Gone = gone  # type: ignore[attr-defined]
+    setattr(module, "Gone", gone)
     sys.modules[module.__name__] = module
     try:
         return pickle.dumps({"worker": gone()})

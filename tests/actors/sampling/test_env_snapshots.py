@@ -45,16 +45,19 @@ class ActsZero:
     def compute_actions(self, obs_batch: np.ndarray, **_: Any) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         return np.zeros(len(obs_batch), np.int64), {}
 
+    def postprocess_trajectory(self, batch: Any) -> Any:
+        return batch
+
 
 def make_sampler() -> VectorSampler:
-    return VectorSampler([CountingEnv(), CountingEnv()], ActsZero(), fragment_length=4, seed=0)  # type: ignore[list-item, arg-type]
+    return VectorSampler([CountingEnv(), CountingEnv()], ActsZero(), fragment_length=4, seed=0)
 
 
 def snapshot_of_a_vanished_class() -> bytes:
     """A snapshot whose env class lives in a module this process does not have (as after an upgrade)."""
     module = types.ModuleType("flowrl_test_env_of_another_version")
     gone = type("GoneEnv", (), {"__module__": module.__name__})
-    module.GoneEnv = gone  # type: ignore[attr-defined]
+    setattr(module, "GoneEnv", gone)
     sys.modules[module.__name__] = module
     try:
         return pickle.dumps(gone())
@@ -75,8 +78,8 @@ def test_one_snapshot_that_does_not_load_restarts_only_that_envs_episode(caplog:
     fresh = restored.set_state(state)
 
     assert fresh == [1]  # exactly one env restarted: what the trainer reports in envs_restarted
-    assert restored.envs[0].t == 8  # type: ignore[attr-defined]  # resumed mid-episode
-    assert restored.envs[1] is kept and kept.t == 0 and kept.resets == 2  # type: ignore[attr-defined]
+    assert restored.envs[0].t == 8  # resumed mid-episode
+    assert restored.envs[1] is kept and kept.t == 0 and kept.resets == 2
     assert "env 1: its saved state does not load here (ModuleNotFoundError" in caplog.text
     batch = restored.sample()  # sampling goes on from where each env is
     first_obs = {int(env): batch["obs"][batch["env_id"] == env][0, 0] for env in (0, 1)}
