@@ -42,7 +42,8 @@ class ReplayShards(Sequence[Any]):
     arguments: :meth:`replace` recreates a failed shard *empty* with them (its rows are lost;
     it replays again once it holds ``learning_starts`` steps), in the same position, logs a
     warning and counts the restart in ``num_restarts``; ``refill_steps`` sums the
-    replacements' ``learning_starts`` (steps sampling must add before they replay), and
+    ``learning_starts`` of the shards that started empty after the run began (replaced, or restored
+    without rows: steps sampling must add before they replay), and
     ``num_lost_calls`` counts the writes and priority updates the replay operators lost to a
     shard that died. ``restart_budget`` caps the restarts (none by default; a plan's shards get
     ``max_worker_restarts`` within ``restart_window_s``): past it, :meth:`replace` raises
@@ -172,8 +173,13 @@ class ReplayShards(Sequence[Any]):
             self._actors[index] = self._start(self._shard_args[index], index, replacement=True)
             self._replaced[failed_actor] = index
             self.num_restarts += 1
-            self.refill_steps += int(self._shard_args[index].get("learning_starts", 0))
+            self.starts_empty(index)
             return self._actors[index]
+
+    def starts_empty(self, index: int) -> None:
+        """Shard ``index`` holds no rows (recreated, or restored from a checkpoint without its rows):
+        its ``learning_starts`` joins ``refill_steps``, the steps sampling must add before it replays."""
+        self.refill_steps += int(self._shard_args[index].get("learning_starts", 0))
 
     def stop(self) -> None:
         """Kill every shard; failures reported afterwards raise instead of starting new ones (idempotent)."""

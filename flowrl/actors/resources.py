@@ -165,6 +165,8 @@ class PlanResources:
         policies are the local worker's, saved with it.
         """
         state: dict[str, Any] = {"fault_counters": self.fault_counters(), "restart_times": self._restart_times()}
+        if isinstance(self.replay_actors, ReplayShards):
+            state["replay_refill_steps"] = self.replay_actors.refill_steps
         contents = self.checkpoint_replay_contents
         if not replay:
             return state
@@ -235,6 +237,7 @@ class PlanResources:
         if isinstance(self.replay_actors, ReplayShards):
             self.replay_actors.num_restarts = int(counters.get("num_replay_shard_restarts", 0))
             self.replay_actors.num_lost_calls = int(counters.get("num_lost_replay_calls", 0))
+            self.replay_actors.refill_steps = int(state.get("replay_refill_steps", 0))
         if self.aggregators is not None:
             self.aggregators.num_restarts = int(counters.get("num_aggregator_restarts", 0))
         if self.learners is not None:
@@ -248,6 +251,7 @@ class PlanResources:
         if self.replay_actors and shards:
             if len(shards) != len(self.replay_actors):
                 if allow_partial:
+                    self._refill(())
                     return
                 raise CheckpointError(
                     f"the checkpoint holds {len(shards)} replay shards, this run has {len(self.replay_actors)}; "
@@ -257,6 +261,15 @@ class PlanResources:
             nbytes = 0 if directory is None else sum(f.stat().st_size for f in directory.glob("replay_shard_*.npy"))
             timeout_s = STATE_TIMEOUT_S + nbytes / SLOWEST_REPLAY_BYTES_PER_S
             self._ask_shards("set_state", [(shard, where) for shard in shards], timeout_s)
+        self._refill(shards)
+
+    def _refill(self, shards: Sequence[Any]) -> None:
+        """Shards restored without rows replay again only after sampling refilled them: without this,
+        Ape-X's throttle (sampled steps held to what was trained) and an empty tier would wait on each other."""
+        if isinstance(self.replay_actors, ReplayShards):
+            for index in range(len(self.replay_actors)):
+                if index >= len(shards) or not LocalReplayBuffer.state_holds_rows(shards[index]):
+                    self.replay_actors.starts_empty(index)
 
     def _restart_budgets(self) -> dict[str, RestartBudget]:
         budgets = {}

@@ -583,6 +583,14 @@ class LocalReplayBuffer:
             },
         }
 
+    @staticmethod
+    def state_holds_rows(state: Mapping[str, Any] | None) -> bool:
+        """Whether :meth:`get_state`'s result ``state`` holds stored rows (None, as a checkpoint gives
+        a shard that was dead when saved, holds none)."""
+        return state is not None and any(
+            (buffer.get("contents") or {}).get("size", 0) > 0 for buffer in state["buffers"].values()
+        )
+
     def set_state(self, state: Mapping[str, Any], read_column: ColumnReader | None = None) -> None:
         """Restore :meth:`get_state`'s result (buffers are rebuilt with this object's settings; stored
         columns are read with ``read_column``)."""

@@ -649,6 +649,15 @@ def test_local_state_without_contents_restores_counters_and_leaves_buffers_empty
     assert replayed(restored).count == 4
 
 
+def test_a_state_says_whether_it_holds_rows() -> None:
+    local = LocalReplayBuffer(capacity=16, learning_starts=5, replay_batch_size=4, seed=1)
+    assert not LocalReplayBuffer.state_holds_rows(local.get_state(include_contents=True))  # nothing stored yet
+    local.add_batch(make_batch(10))
+    assert LocalReplayBuffer.state_holds_rows(local.get_state(include_contents=True))
+    assert not LocalReplayBuffer.state_holds_rows(local.get_state())
+    assert not LocalReplayBuffer.state_holds_rows(None)  # a shard that was dead when its checkpoint was saved
+
+
 def test_per_policy_seeds_do_not_depend_on_arrival_order() -> None:
     one = LocalReplayBuffer(capacity=10, learning_starts=0, replay_batch_size=6, seed=9)
     two = LocalReplayBuffer(capacity=10, learning_starts=0, replay_batch_size=6, seed=9)

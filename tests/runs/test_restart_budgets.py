@@ -11,6 +11,7 @@ import pytest
 import ray
 from fakes import checkpoints, is_dead, progress
 
+from flowrl.actors import ReplayShards
 from flowrl.cli.train import resume_conflicts
 from flowrl.errors import ConfigError, WorkerFailureError
 from flowrl.runs.resume import find_resume_point, resume_run
@@ -119,3 +120,14 @@ def test_a_replay_shard_past_its_cap_still_leaves_an_emergency_checkpoint(tmp_pa
 
     state, _ = read_checkpoint(checkpoint_path)  # the dead shard's rows are left out: on restore it starts empty
     assert state["resources"]["replay_shards"] == [None]
+
+    # The shard restored empty must be refilled before it replays: sampling is not held back
+    # by Ape-X's throttle meanwhile (it was, and the resumed run waited for ever about half the time).
+    trained_at_save = state["plan"]["metrics"][0]["num_steps_trained"]
+    point = find_resume_point(run.directory, config={"max_worker_restarts": 10})
+    with resume_run(point) as resumed:
+        shards = resumed.trainer.resources.replay_actors
+        assert isinstance(shards, ReplayShards) and shards.refill_steps == SMALL_APEX["learning_starts"]
+        resumed.train()
+    assert resumed.trainer.iteration == 6
+    assert progress(run.directory)[-1]["info"]["num_steps_trained"] > trained_at_save
