@@ -113,6 +113,11 @@ def serve(workers: int, num_cpus: int) -> None:
     def reply(**answer: Any) -> None:
         print(ANSWER + json.dumps(answer), flush=True)
 
+    # No metrics pipeline: while a lost node's placement group bundle waits for room, Ray's GCS retries placing
+    # it without pause and exports metrics about each try, and the head's dashboard agent took a whole core
+    # ingesting them. A real head node has its own cores for that; here the nodes share this machine's two
+    # with the rollout workers (which Ray runs at nice 15), and the degraded run crawled.
+    os.environ["RAY_enable_metrics_collection"] = "0"
     # Cluster records its address as this machine's current Ray cluster, which a later ray.init()
     # without an address would join: this test cluster must not be found that way.
     with mock.patch("ray._private.utils.write_ray_address"):

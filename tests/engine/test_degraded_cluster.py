@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
 #: How long the run goes without the lost node. CI runs a 30 s gap to stay in its time budget; the issue's
-#: 180 s: FLOWRL_DEGRADED_GAP_S=180 pytest tests/engine/test_degraded_cluster.py (passed in 226 s).
+#: 180 s: FLOWRL_DEGRADED_GAP_S=180 pytest tests/engine/test_degraded_cluster.py (passed in 210 s).
 GAP_S = float(os.environ.get("FLOWRL_DEGRADED_GAP_S", "30"))
 
 
@@ -109,7 +109,8 @@ def test_losing_a_node_without_spare_capacity_degrades_the_run_until_a_node_retu
         during = [r for r in results_of(tmp_path)[len(degraded) - 1 :]]
         cluster.add_node()
         back_from = len(results_of(tmp_path))
-        # Back once the replacement has started on the new node (a new node and a new process: seconds).
+        # Back once the replacement has started on the new node (a new node and a new process: seconds);
+        # waited for longer here, so that a slow start fails the assertion below with its count.
         after = wait_for(proc, tmp_path, lambda r: len(r) > back_from and r[-1]["num_workers_missing"] == 0, 120)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -117,10 +118,11 @@ def test_losing_a_node_without_spare_capacity_degrades_the_run_until_a_node_retu
     assert proc.returncode == 143, stderr[-3000:]
     assert len(during) >= 3
     assert all(r["num_healthy_workers"] == 1 and r["num_workers_missing"] == 1 for r in during)
-    # Training goes on through the gap. How fast is not asserted: the issue asks for 40% of the rate before,
-    # and on this 2-core machine the run manages 5-18% (the one worker left answers slowly in long phases
-    # while the replacement waits; not understood yet).
-    assert during[-1]["timesteps_total"] > during[0]["timesteps_total"] and steps_per_s(during) > 0
-    assert after[-1]["num_healthy_workers"] == 2
+    # Training goes on through the gap at a rate that one of the two workers can give.
+    rate_before, rate_during = steps_per_s(before[1:]), steps_per_s(during)
+    print(f"env steps/s before {rate_before:.0f}, during the gap {rate_during:.0f} ({rate_during / rate_before:.0%})")
+    print(f"back {len(after) - back_from} iterations after the node returned")
+    assert rate_during >= 0.4 * rate_before
+    assert len(after) - back_from <= 2 and after[-1]["num_healthy_workers"] == 2
     assert after[-1]["num_workers_missing"] == 0 and after[-1]["num_worker_restarts"] == 1
     assert victim not in after[-1]["info"]["placement"]["worker_nodes"].values()
