@@ -26,9 +26,10 @@ from flowrl.actors.worker_set import CALL_TIMEOUT_S
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.deferred import ray, torch
-from flowrl.envs import is_multi_agent_env
+from flowrl.envs import acting_agents, is_multi_agent_env
 from flowrl.envs.context import EnvContext
 from flowrl.envs.episodes import run_episode
+from flowrl.envs.flatten import ACTION_MASK_KEY
 from flowrl.envs.registry import EnvCreator, close_env
 from flowrl.envs.video import missing_renderer_reported, record_episodes, rendering_env_config, video_files
 from flowrl.errors import ResourceUnavailableError
@@ -125,16 +126,19 @@ def run_episodes(
 def _multi_agent_episode(
     env: Any, policy_map: Mapping[str, Policy[Any]], mapping: Callable[[Any], str], seed: int | None, explore: bool
 ) -> dict[str, Any]:
-    obs, _ = env.reset(seed=seed)
+    obs, infos = env.reset(seed=seed)
     policy_ids = {agent: mapping(agent) for agent in env.possible_agents}
     returns: dict[Any, float] = {}
     length = 0
     while env.agents:
+        # Only the acting agents (a turn-based env's mover), each within its observation's or info's action mask.
         actions = {
-            agent: policy_map[policy_ids[agent]].compute_single_action(obs[agent], explore=explore)
-            for agent in env.agents
+            agent: policy_map[policy_ids[agent]].compute_single_action(
+                obs[agent], explore=explore, action_mask=(infos.get(agent) or {}).get(ACTION_MASK_KEY)
+            )
+            for agent in acting_agents(env)
         }
-        obs, rewards, _, _, _ = env.step(actions)
+        obs, rewards, _, _, infos = env.step(actions)
         for agent, reward in rewards.items():
             returns[agent] = returns.get(agent, 0.0) + float(reward)
         length += 1

@@ -1,5 +1,7 @@
 """Env creation (flowrl names, Gymnasium ids, creator functions), env checks, Atari preprocessing,
-and the multi-agent env API (PettingZoo's Parallel API) with built-in multi-agent envs; the built-in
+and the multi-agent env API (PettingZoo's Parallel API) with built-in multi-agent envs, PettingZoo's
+turn-based (AEC) envs wrapped for it (:mod:`flowrl.envs.turn_based`), games against a random player
+(:mod:`flowrl.envs.matches`); the built-in
 ``MaskedCartPole-v1`` (action masks, :mod:`flowrl.envs.masked`) is registered with Gymnasium on import.
 
 See :mod:`flowrl.envs.registry` for how names resolve and how creators reach Ray actors,
@@ -11,7 +13,8 @@ from flowrl.envs.atari import is_atari_id, make_atari_env
 from flowrl.envs.checker import check_env
 from flowrl.envs.context import EnvContext
 from flowrl.envs.masked import MaskedCartPole
-from flowrl.envs.multi_agent import MultiAgentEnv, is_multi_agent_env, seed_action_spaces
+from flowrl.envs.matches import MatchResult, play_against_random
+from flowrl.envs.multi_agent import MultiAgentEnv, acting_agents, is_multi_agent_env, seed_action_spaces
 from flowrl.envs.multi_agent_checker import check_multi_agent_env
 from flowrl.envs.multi_agent_envs import CooperativeMatching, MultiAgentCartPole
 from flowrl.envs.registry import env_spaces, get_env_creator, make_env, multi_agent_env_spaces, register_env
@@ -24,6 +27,7 @@ from flowrl.envs.testing import (
     release_fault_counters,
     remove_fault_counter,
 )
+from flowrl.envs.turn_based import TicTacToe, TurnBasedEnv
 
 __all__ = [
     "CooperativeMatching",
@@ -32,8 +36,12 @@ __all__ = [
     "FaultInjectEnv",
     "InjectedFault",
     "MaskedCartPole",
+    "MatchResult",
     "MultiAgentCartPole",
     "MultiAgentEnv",
+    "TicTacToe",
+    "TurnBasedEnv",
+    "acting_agents",
     "check_env",
     "check_multi_agent_env",
     "env_spaces",
@@ -45,6 +53,7 @@ __all__ = [
     "make_atari_env",
     "make_env",
     "multi_agent_env_spaces",
+    "play_against_random",
     "register_env",
     "release_fault_counters",
     "remove_fault_counter",

@@ -14,6 +14,12 @@ A multi-agent env steps every live agent at once. Its contract, the same as Pett
   ``agents`` by that step, and the episode is over when ``agents`` is empty;
 - ``close()``.
 
+A *turn-based* env (class attribute ``turn_based = True``) follows the same API with one agent moving
+per step: ``agents`` holds every agent still in the game and each step's dicts are keyed by them
+(every agent observes every step), but only ``agent_selection``'s action is used; the others may be
+left out of ``actions`` and are ignored (:func:`acting_agents` says who acts).
+:class:`~flowrl.envs.turn_based.TurnBasedEnv` presents PettingZoo's turn-based AEC envs this way.
+
 :class:`MultiAgentEnv` is an optional base class for that API; :func:`is_multi_agent_env` recognises
 any env that follows it (subclass or not). :mod:`flowrl.envs.multi_agent_checker` checks one strictly,
 and :mod:`flowrl.envs.multi_agent_envs` holds flowrl's built-in multi-agent envs.
@@ -101,12 +107,31 @@ def _is_aec_env(env: Any) -> bool:
     return callable(getattr(env, "last", None)) and callable(getattr(env, "agent_iter", None))
 
 
-def aec_env_message(env: Any) -> str:
-    """Why a PettingZoo AEC env is refused, and how to convert it."""
+def aec_env_message(env: Any, problem: str) -> str:
+    """Why a PettingZoo AEC (turn-based) env cannot be wrapped in :class:`~flowrl.envs.turn_based.TurnBasedEnv`
+    (``problem``: what its API lacks), and what works instead."""
     return (
-        f"{type(env).__name__} is a PettingZoo AEC (turn-based) env; flowrl needs the Parallel API "
-        f"(use the env's parallel_env() constructor, or pettingzoo.utils.conversions.aec_to_parallel(env))"
+        f"{type(env).__name__} is a PettingZoo AEC (turn-based) env that flowrl.envs.TurnBasedEnv cannot wrap: "
+        f"{problem}; it needs PettingZoo's AEC API (possible_agents, agents, agent_selection, "
+        f"observation_space(agent), action_space(agent), observe(agent), last(), reset(seed=None, options=None), "
+        f"step(action), and step(None) removing a finished agent), or give a Parallel env instead (for a "
+        f"simultaneous-move game, its parallel_env(); PettingZoo's aec_to_parallel converts only envs whose "
+        f"metadata says is_parallelizable, and turn_based_aec_to_parallel leaves every agent acting on every step)"
     )
+
+
+def is_turn_based(env: Any) -> bool:
+    """Whether ``env`` is a turn-based Parallel-API env (``turn_based = True``): only ``agent_selection`` acts."""
+    return getattr(env, "turn_based", False) is True
+
+
+def acting_agents(env: Any) -> list[AgentID]:
+    """The agents whose actions ``env``'s next ``step`` uses: ``env.agents``, or for a turn-based env the
+    one agent whose turn it is (``env.agent_selection``; none once the episode is over)."""
+    if not is_turn_based(env):
+        return list(env.agents)
+    mover = env.agent_selection
+    return [mover] if env.agents and mover in env.agents else []
 
 
 def multi_agent_spaces(env: Any) -> dict[AgentID, tuple[spaces.Space, spaces.Space]]:

@@ -22,8 +22,9 @@ from flowrl.envs.checker import (
     _same,
     abbreviate,
 )
-from flowrl.envs.multi_agent import AgentID, _is_aec_env, aec_env_message, seed_action_spaces
-from flowrl.errors import EnvCheckError
+from flowrl.envs.multi_agent import AgentID, acting_agents, is_turn_based, seed_action_spaces
+from flowrl.envs.turn_based import wrap_turn_based
+from flowrl.errors import EnvCheckError, EnvError
 
 _PARALLEL_API = "reset(seed=None, options=None) -> (obs, infos)"
 _STEP_API = "(obs, rewards, terminations, truncations, infos)"
@@ -34,16 +35,21 @@ def check_multi_agent_env(env: Any, *, num_steps: int = 50, seed: int = 0) -> No
     """Check a Parallel-API env's agents, spaces, ``reset`` and ``num_steps`` random ``step`` calls.
 
     The multi-agent counterpart of :func:`flowrl.envs.check_env`: resets twice with ``seed`` (the
-    first observations must match), then steps with actions sampled from each live agent's action
-    space (seeded from ``seed``), resetting when ``agents`` becomes empty. The env is left open.
+    first observations must match), then steps with actions sampled from each acting agent's action
+    space (seeded from ``seed``; legal ones where the observation carries an action mask), resetting
+    when ``agents`` becomes empty. A turn-based env gets an action for its ``agent_selection`` only
+    (:func:`~flowrl.envs.multi_agent.acting_agents`), and a PettingZoo AEC env is checked as
+    :class:`~flowrl.envs.turn_based.TurnBasedEnv` wraps it. The env is left open.
     Raises :class:`EnvCheckError` on the first problem, naming the method, agent, field and bound.
     """
     if isinstance(env, gymnasium.Env):
         raise EnvCheckError(
             f"env is a gymnasium.Env ({type(env).__name__}), a single-agent env; check it with flowrl.envs.check_env"
         )
-    if _is_aec_env(env):
-        raise EnvCheckError(aec_env_message(env))
+    try:
+        env = wrap_turn_based(env)
+    except EnvError as exc:
+        raise EnvCheckError(str(exc)) from exc
     possible_agents = _checked_possible_agents(env)
     observation_spaces = {agent: _agent_space(env, "observation_space", agent) for agent in possible_agents}
     action_spaces = {agent: _agent_space(env, "action_space", agent) for agent in possible_agents}
@@ -68,7 +74,8 @@ def check_multi_agent_env(env: Any, *, num_steps: int = 50, seed: int = 0) -> No
     for step in range(1, num_steps + 1):
         where = f" (step {step} of check_multi_agent_env)"
         live = list(env.agents)
-        actions = {agent: _sample_action(action_spaces[agent], obs.get(agent)) for agent in live}
+        _check_mover(env, f"before step {step} of check_multi_agent_env")
+        actions = {agent: _sample_action(action_spaces[agent], obs.get(agent)) for agent in acting_agents(env)}
         try:
             result = env.step(actions)
         except Exception as exc:
@@ -78,6 +85,18 @@ def check_multi_agent_env(env: Any, *, num_steps: int = 50, seed: int = 0) -> No
         if not env.agents:
             obs, _ = _checked_reset(env, observation_spaces, None)
             finished = set()
+
+
+def _check_mover(env: Any, when: str) -> None:
+    """A turn-based env's ``agent_selection`` must be one of its live agents (the one that acts next)."""
+    if not is_turn_based(env):
+        return
+    mover = getattr(env, "agent_selection", None)
+    if mover not in env.agents:
+        raise EnvCheckError(
+            f"{when}, env.agent_selection is {abbreviate(mover)}, which is not in env.agents "
+            f"{abbreviate(list(env.agents))}; a turn-based env (turn_based = True) names the agent to move there"
+        )
 
 
 def _checked_possible_agents(env: Any) -> list:

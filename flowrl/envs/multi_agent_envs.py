@@ -1,7 +1,9 @@
 """flowrl's built-in multi-agent envs, available by name (see :mod:`flowrl.envs.registry`).
 
-Both follow the Parallel API of :mod:`flowrl.envs.multi_agent` and validate their ``env_config``:
-an unknown key or a value that is not an int >= 1 raises :class:`EnvError`.
+The two envs defined here follow the Parallel API of :mod:`flowrl.envs.multi_agent` and validate
+their ``env_config``: an unknown key or a value that is not an int >= 1 raises :class:`EnvError`.
+The built-in names also give ``TicTacToe``, PettingZoo's tic-tac-toe as a turn-based env (see
+:mod:`flowrl.envs.turn_based`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from gymnasium import spaces
 
 from flowrl.envs.checker import abbreviate
 from flowrl.envs.multi_agent import AgentID, MultiAgentEnv
+from flowrl.envs.turn_based import TicTacToe
 from flowrl.errors import EnvError
 
 
@@ -188,4 +191,5 @@ def _raise_bad_actions(actions: Any, agents: list) -> NoReturn:
 BUILTIN_MULTI_AGENT_ENVS: dict[str, type[MultiAgentEnv[Any]]] = {
     "MultiAgentCartPole": MultiAgentCartPole,
     "CooperativeMatching": CooperativeMatching,
+    "TicTacToe": TicTacToe,
 }

@@ -1,10 +1,12 @@
 """Env creation from a flowrl name, a Gymnasium id or a creator function.
 
-A *creator* is a callable ``env_config -> env``, where the env is a ``gymnasium.Env`` or a
-multi-agent env with PettingZoo's Parallel API (see :mod:`flowrl.envs.multi_agent`). Names resolve
+A *creator* is a callable ``env_config -> env``, where the env is a ``gymnasium.Env``, a
+multi-agent env with PettingZoo's Parallel API (see :mod:`flowrl.envs.multi_agent`) or a PettingZoo
+AEC (turn-based) env, which is wrapped in :class:`~flowrl.envs.turn_based.TurnBasedEnv`. Names resolve
 in this order: names given to :func:`register_env`, then flowrl's built-in multi-agent envs
-(``MultiAgentCartPole``, ``CooperativeMatching``), then Atari ids (through :func:`make_atari_env`),
-then Gymnasium ids (``gymnasium.registry``, or ``"package.module:EnvId"`` to import a plugin first).
+(``MultiAgentCartPole``, ``CooperativeMatching``, ``TicTacToe``), then Atari ids (through
+:func:`make_atari_env`), then Gymnasium ids (``gymnasium.registry``, or ``"package.module:EnvId"`` to
+import a plugin first).
 
 The registry is per process: a creator registered in the driver is unknown inside Ray actor
 processes. Resolve the name once in the driver with :func:`get_env_creator` and ship the
@@ -18,7 +20,7 @@ import dataclasses
 import difflib
 import importlib
 import logging
-from typing import Any, Callable, Union
+from typing import Any, Callable, Union, cast
 
 import gymnasium
 
@@ -28,12 +30,12 @@ from flowrl.envs.multi_agent import (
     AgentID,
     MultiAgentEnv,
     _is_aec_env,
-    aec_env_message,
     is_multi_agent_env,
     multi_agent_spaces,
     seed_action_spaces,
 )
 from flowrl.envs.multi_agent_envs import BUILTIN_MULTI_AGENT_ENVS
+from flowrl.envs.turn_based import wrap_turn_based
 from flowrl.errors import EnvError, FlowRLError, UnknownEnvError
 from flowrl.importing import check_import_allowed
 
@@ -80,18 +82,42 @@ class GymnasiumCreator:
         return gymnasium.make(self.env_id, **kwargs) if kwargs else gymnasium.make(self.env_id)
 
 
+@dataclasses.dataclass(frozen=True)
+class TurnBasedCreator:
+    """A picklable creator that wraps the PettingZoo AEC (turn-based) envs ``creator`` returns in
+    :class:`~flowrl.envs.turn_based.TurnBasedEnv`; any other env is returned as it is."""
+
+    creator: EnvCreator
+
+    def __call__(self, env_config: dict) -> AnyEnv:
+        env: AnyEnv = wrap_turn_based(self.creator(env_config))
+        return env
+
+
+def accepting_turn_based(creator: EnvCreator) -> EnvCreator:
+    """``creator`` as a :class:`TurnBasedCreator`, unless it cannot return an AEC env (a Gymnasium or
+    flowrl env class, a :class:`GymnasiumCreator`) or already is one."""
+    if isinstance(creator, (TurnBasedCreator, GymnasiumCreator)):
+        return creator
+    if isinstance(creator, type) and issubclass(creator, (gymnasium.Env, MultiAgentEnv)):
+        return creator
+    return TurnBasedCreator(cast(EnvCreator, creator))
+
+
 def get_env_creator(env: EnvSpec) -> EnvCreator:
     """Resolve a name or creator to a creator, without creating an env.
 
     Registered names give their registered creator; built-in multi-agent names give their env
     class (picklable; the class is the creator); Gymnasium and Atari ids give a picklable
-    :class:`GymnasiumCreator`; a callable is returned unchanged. Raises :class:`UnknownEnvError`
+    :class:`GymnasiumCreator`; a callable is returned unchanged. A registered creator or a callable
+    that may return a PettingZoo AEC env (any but a Gymnasium or flowrl env class) comes as a
+    :class:`TurnBasedCreator`, which wraps such envs. Raises :class:`UnknownEnvError`
     (with the closest valid names) for an unknown name, and :class:`EnvError` when an Atari id
     is asked for without its optional dependencies (ale-py, OpenCV) installed.
     """
     if isinstance(env, str):
         if env in _REGISTRY:
-            return _REGISTRY[env]
+            return accepting_turn_based(_REGISTRY[env])
         if env in BUILTIN_MULTI_AGENT_ENVS:
             return BUILTIN_MULTI_AGENT_ENVS[env]
         if is_atari_id(env):
@@ -100,7 +126,7 @@ def get_env_creator(env: EnvSpec) -> EnvCreator:
             return GymnasiumCreator(env)
         raise UnknownEnvError(_unknown_env_message(env))
     if callable(env):
-        return env
+        return accepting_turn_based(env)
     raise EnvError(
         f"env must be a registered flowrl name, a built-in flowrl env, a Gymnasium id or a callable "
         f"env_config -> env (a gymnasium.Env or a multi-agent env); "
@@ -123,7 +149,8 @@ def make_env(env: EnvSpec, env_config: dict | None = None, *, seed: int | None =
     """Create an env from a registered or built-in name, a Gymnasium id or a creator, passing it ``env_config``.
 
     The creator receives a copy of ``env_config`` (``{}`` when None) and must return a
-    ``gymnasium.Env`` or a multi-agent env (:func:`is_multi_agent_env`). With ``seed``, the action
+    ``gymnasium.Env``, a multi-agent env (:func:`is_multi_agent_env`) or a PettingZoo AEC env (wrapped
+    in :class:`~flowrl.envs.turn_based.TurnBasedEnv`). With ``seed``, the action
     space is seeded so that sampled actions are reproducible (for a multi-agent env, the action
     space of the ``i``-th possible agent gets ``seed + i``); the env itself is *not* reset, the
     caller resets it with ``env.reset(seed=seed)``. Raises :class:`UnknownEnvError` for an
@@ -141,7 +168,8 @@ def make_env(env: EnvSpec, env_config: dict | None = None, *, seed: int | None =
 
 def create_env(creator: EnvCreator, env_config: dict, label: str | None = None) -> AnyEnv:
     """``creator(env_config)`` (``env_config`` passed as it is, e.g. an
-    :class:`~flowrl.envs.context.EnvContext`), checked to be a ``gymnasium.Env`` or a multi-agent env.
+    :class:`~flowrl.envs.context.EnvContext`), checked to be a ``gymnasium.Env`` or a multi-agent env
+    (a PettingZoo AEC env is wrapped in :class:`~flowrl.envs.turn_based.TurnBasedEnv`).
 
     Every failure is one :class:`EnvError` line naming the env (``label``, else the creator): a
     missing package (Gymnasium's ``DependencyNotInstalled``, a ``ModuleNotFoundError``) with what to
@@ -160,15 +188,16 @@ def create_env(creator: EnvCreator, env_config: dict, label: str | None = None) 
         raise EnvError(
             f"creating env {label!r} with env_config={config_text} failed: {type(exc).__name__}: {exc}"
         ) from exc
+    if _is_aec_env(instance):
+        instance = wrap_turn_based(instance)  # raises, saying why, for one that cannot be wrapped
     if isinstance(instance, gymnasium.Env) or is_multi_agent_env(instance):
         return instance
     if isinstance(instance, gymnasium.vector.VectorEnv):
         raise EnvError(f"the creator of env {label!r} returned {type(instance).__name__}: {VECTOR_ENV_HINT}")
-    hint = f" ({aec_env_message(instance)})" if _is_aec_env(instance) else ""
     raise EnvError(
         f"the creator of env {label!r} returned {instance!r} of type {type(instance).__name__}; "
         f"it must return a gymnasium.Env or a multi-agent env with PettingZoo's Parallel API "
-        f"(possible_agents, observation_space(agent), action_space(agent), reset, step){hint}"
+        f"(possible_agents, observation_space(agent), action_space(agent), reset, step) or its AEC (turn-based) API"
     )
 
 
@@ -251,6 +280,8 @@ def _is_gymnasium_id(env_id: str) -> bool:
 
 
 def _describe_creator(creator: Any) -> str:
+    if isinstance(creator, TurnBasedCreator):
+        return _describe_creator(creator.creator)
     if isinstance(creator, GymnasiumCreator):
         return creator.env_id
     return getattr(creator, "__qualname__", None) or repr(creator)

@@ -15,6 +15,7 @@ from flowrl.envs import (
     CooperativeMatching,
     MultiAgentCartPole,
     MultiAgentEnv,
+    TurnBasedEnv,
     check_multi_agent_env,
     env_spaces,
     get_env_creator,
@@ -649,8 +650,9 @@ def test_pettingzoo_rock_paper_scissors() -> None:
     check_multi_agent_env(env, num_steps=40)
     assert multi_agent_env_spaces(env)["player_0"] == (spaces.Discrete(4), spaces.Discrete(3))
 
-    aec = rps_v2.env()  # the turn-based API is not ours, and the message says how to convert it
+    aec = rps_v2.env(max_cycles=5)  # the AEC version is wrapped, one player moving per step
     assert not is_multi_agent_env(aec)
-    assert "is a PettingZoo AEC (turn-based) env" in check_message(aec)
-    with pytest.raises(EnvError, match=r"aec_to_parallel"):
-        make_env(lambda cfg: rps_v2.env())
+    check_multi_agent_env(aec, num_steps=40)
+    wrapped = make_env(lambda cfg: rps_v2.env(max_cycles=5))
+    assert isinstance(wrapped, TurnBasedEnv) and is_multi_agent_env(wrapped)
+    check_multi_agent_env(wrapped, num_steps=40)

@@ -1,7 +1,12 @@
-"""The action masks a sampler reads from its envs (the convention: :mod:`flowrl.envs.flatten`)."""
+"""The action masks a sampler reads from its envs (the convention: :mod:`flowrl.envs.flatten`).
+
+:class:`ActionMasks` holds one mask per env of a single-agent sampler, :class:`AgentMasks` one per
+agent of each env of a multi-agent sampler; both read a mask with :func:`read_mask`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -9,6 +14,13 @@ import numpy as np
 
 from flowrl.data import SampleBatch
 from flowrl.envs.flatten import action_mask_of, is_masked, legal_actions
+
+
+def read_mask(obs: Any, info: Any, num_actions: int, where: str) -> np.ndarray | None:
+    """The legal actions (``num_actions`` bools) a raw observation or its info gives, or None when neither
+    holds a mask; raises :class:`~flowrl.errors.EnvError`, naming ``where``, for a mask of the wrong form."""
+    mask = action_mask_of(obs, info)
+    return None if mask is None else legal_actions(mask, num_actions, where)
 
 
 class ActionMasks:
@@ -41,9 +53,67 @@ class ActionMasks:
         rows = self.current if into is None else into
         if rows is None:
             return
-        mask = action_mask_of(obs, info)
+        mask = read_mask(obs, info, self.num_actions, f"worker {self.worker_index}, env {i}: action_mask")
         if mask is None:
             rows[i] = True
             return
-        rows[i] = legal_actions(mask, self.num_actions, f"worker {self.worker_index}, env {i}: action_mask")
+        rows[i] = mask
         self.masked = True
+
+
+class AgentMasks:
+    """Each agent's legal actions now, in each of ``num_envs`` multi-agent envs like ``env``.
+
+    Agents of a Discrete action space are masked by their observation's ``"action_mask"`` or their
+    info's; ``masked`` is True once any agent's observation space is a masked Dict or any observation
+    or info has given a mask. An agent without a mask has every action legal.
+    """
+
+    def __init__(self, env: Any, num_envs: int, worker_index: int = 0) -> None:
+        self.num_actions: dict[Hashable, int] = {}
+        self.masked = False
+        for agent in env.possible_agents:
+            space = env.action_space(agent)
+            if isinstance(space, gym.spaces.Discrete):
+                self.num_actions[agent] = int(space.n)
+                self.masked = self.masked or is_masked(env.observation_space(agent))
+        self.current: list[dict[Hashable, np.ndarray]] = [{} for _ in range(num_envs)]
+        self.worker_index = worker_index
+
+    def read(self, i: int, obs: Mapping[Hashable, Any], infos: Mapping[Hashable, Any]) -> None:
+        """Take the masks of env ``i``'s agents that ``obs`` (raw, by agent) holds, from each agent's
+        observation or info (an agent in ``obs`` without a mask has every action legal now)."""
+        if not self.num_actions:
+            return
+        current = self.current[i]
+        for agent, agent_obs in obs.items():
+            n = self.num_actions.get(agent)
+            if n is None:
+                continue
+            where = f"worker {self.worker_index}, env {i}: action_mask of agent {agent!r}"
+            mask = read_mask(agent_obs, infos.get(agent), n, where)
+            if mask is None:
+                current.pop(agent, None)
+            else:
+                current[agent] = mask
+                self.masked = True
+
+    def clear(self, i: int) -> None:
+        """Forget env ``i``'s masks (its episode is over)."""
+        self.current[i] = {}
+
+    def of(self, i: int, agent: Hashable) -> np.ndarray | None:
+        """Agent ``agent``'s legal actions in env ``i`` (all True without a mask); None for a non-Discrete agent."""
+        n = self.num_actions.get(agent)
+        if n is None:
+            return None
+        mask = self.current[i].get(agent)
+        return np.ones(n, dtype=bool) if mask is None else mask
+
+    def batch(self, members: Sequence[tuple[int, Hashable]]) -> np.ndarray | None:
+        """The ``[B, n]`` masks of ``members`` (env index, agent), all of one Discrete action space; None while
+        no mask has been seen, or for agents of other action spaces."""
+        if not self.masked or not members or members[0][1] not in self.num_actions:
+            return None
+        rows = [self.of(i, agent) for i, agent in members]
+        return np.stack([row for row in rows if row is not None])

@@ -1,13 +1,18 @@
 """Stepping multi-agent envs (PettingZoo's Parallel API) with one batched forward pass per policy per step.
 
 Each agent is mapped to a policy once per episode by ``policy_mapping_fn(agent_id)``. At
-every vector step, the live agents of all envs are grouped by policy and each policy acts
-on its group's stacked observations. Every agent's transitions form its own trajectory;
-a piece ends when the agent terminates or truncates, or when the fragment ends (then its
-policy's postprocessing bootstraps from the last next-observation), and is postprocessed
-by that agent's policy. A fragment is a :class:`~flowrl.data.MultiAgentBatch` of
-``fragment_length x num_envs`` env steps, less the steps of episodes dropped for a fault
-(see :class:`~flowrl.actors.sampling.recovery.FaultTolerantSampler`).
+every vector step, the acting agents of all envs (the live ones; in a turn-based env the one whose
+turn it is, see :func:`~flowrl.envs.multi_agent.acting_agents`) are grouped by policy and each
+policy acts on its group's stacked observations, within each agent's action mask. Every agent's
+transitions form its own trajectory. A row (an observation and the action taken on it) is complete
+when the agent acts again or finishes: its next observation is the one it then has, its reward all
+it earned in between (in a turn-based game, the other players' moves included), and its flags those
+of its last step. A piece ends when the agent terminates or truncates, or when the fragment ends
+(then its policy's postprocessing bootstraps from the last next-observation; a row still waiting
+for the agent's next turn goes into the next fragment), and is postprocessed by that agent's policy.
+A fragment is a :class:`~flowrl.data.MultiAgentBatch` of ``fragment_length x num_envs`` env steps,
+less the steps of episodes dropped for a fault (see
+:class:`~flowrl.actors.sampling.recovery.FaultTolerantSampler`).
 """
 
 from __future__ import annotations
@@ -22,52 +27,16 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from flowrl.actors.sampling.agent_trajectory import AgentTrajectory
 from flowrl.actors.sampling.checks import ObservationCheck, reward_problem
 from flowrl.actors.sampling.episode_hooks import EpisodeHooks
+from flowrl.actors.sampling.masks import AgentMasks
 from flowrl.actors.sampling.recovery import EnvMaker, EpisodeStats, FaultTolerantSampler, no_clock
 from flowrl.data import MultiAgentBatch, SampleBatch, concat_samples
+from flowrl.envs.multi_agent import acting_agents
 from flowrl.errors import EnvError, FlowRLError
 from flowrl.policy.mapping import PolicyMappingFn
 from flowrl.policy.protocols import AgentPolicy
-
-
-class _Trajectory:
-    """The rows of one agent's current trajectory piece."""
-
-    def __init__(self, policy_id: str, agent_index: int, env_index: int, eps_id: int) -> None:
-        self.policy_id = policy_id
-        self.agent_index = agent_index
-        self.env_index = env_index
-        self.eps_id = eps_id
-        self.columns: dict[str, list[Any]] = collections.defaultdict(list)
-        self.total_reward = 0.0
-        # Rewards the env gave the agent on steps it did not act in (e.g. the step it joined):
-        # they go into its next row.
-        self.pending_reward = 0.0
-
-    def add(self, row: dict[str, Any]) -> None:
-        self.total_reward += float(row[SampleBatch.REWARDS])
-        row[SampleBatch.REWARDS] += self.pending_reward
-        self.pending_reward = 0.0
-        for key, value in row.items():
-            self.columns[key].append(value)
-
-    def reward_without_acting(self, reward: float) -> None:
-        self.total_reward += reward
-        self.pending_reward += reward
-
-    def cut(self) -> SampleBatch | None:
-        """The rows so far as a batch (None if there are none); the piece starts afresh."""
-        if not self.columns:
-            return None
-        n = len(self.columns[SampleBatch.REWARDS])
-        batch = SampleBatch({k: np.asarray(v) for k, v in self.columns.items()})
-        batch[SampleBatch.REWARDS] = batch[SampleBatch.REWARDS].astype(np.float32)
-        batch[SampleBatch.EPS_ID] = np.full(n, self.eps_id, dtype=np.int64)
-        batch[SampleBatch.ENV_ID] = np.full(n, self.env_index, dtype=np.int64)
-        batch[SampleBatch.AGENT_INDEX] = np.full(n, self.agent_index, dtype=np.int64)
-        self.columns = collections.defaultdict(list)
-        return batch
 
 
 @dataclass
@@ -98,6 +67,11 @@ class MultiAgentSampler(FaultTolerantSampler):
     ``hooks`` runs the callbacks' episode hooks as in
     :class:`~flowrl.actors.sampling.recovery.FaultTolerantSampler`; an episode ends, and is published, at
     the step its last agent is done.
+
+    Action masks (agents of a Discrete action space whose observation, a masked Dict, or info holds
+    ``"action_mask"``; see :mod:`flowrl.envs.flatten`): each policy acts within its agents' masks, and
+    once any mask has been seen the rows of Discrete policies hold the ``action_mask`` of their
+    observation and the ``next_action_mask`` of their next one (all legal for an agent without a mask).
     """
 
     def __init__(
@@ -142,20 +116,29 @@ class MultiAgentSampler(FaultTolerantSampler):
         self.steps_sampled = 0
         #: Called after each vector step (a rollout worker counts its progress with it).
         self.on_step: Callable[[], object] = no_clock
+        self.masks = AgentMasks(envs[0], n, worker_index)
         self.obs: list[dict[Hashable, Any]] = [{} for _ in envs]
+        #: Per env, the agents that act at its next step (its live agents, or a turn-based env's mover).
+        self.acting: list[list[Hashable]] = [[] for _ in envs]
         self.ts = np.zeros(n, dtype=np.int64)
         self.eps_ids = np.zeros(n, dtype=np.int64)
-        self.trajectories: list[dict[Hashable, _Trajectory]] = [{} for _ in range(n)]
+        self.trajectories: list[dict[Hashable, AgentTrajectory]] = [{} for _ in range(n)]
         for i in range(n):
             self._start_episode(i, None if seed is None else seed + i)
-        # The live agents grouped by policy with their stacked, checked observations: what acts next.
-        self._groups: dict[str, tuple[list[tuple[int, Hashable]], np.ndarray]] = {}
+        # Whether this fragment's rows of Discrete policies hold mask columns: fixed per fragment, so that
+        # its pieces concatenate (a mask first seen in a step's info adds them from the next fragment on).
+        self._mask_rows = self.masks.masked
+        # The acting agents grouped by policy with their stacked, checked observations and their masks (None:
+        # unmasked): what acts next.
+        self._groups: dict[str, tuple[list[tuple[int, Hashable]], np.ndarray, np.ndarray | None]] = {}
         self._prepare_groups(_Fragment(), -1)
 
     STATE_ATTRS = FaultTolerantSampler.STATE_ATTRS + (
         "_next_episode_id",
         "steps_sampled",
+        "masks",
         "obs",
+        "acting",
         "ts",
         "eps_ids",
         "trajectories",
@@ -178,7 +161,10 @@ class MultiAgentSampler(FaultTolerantSampler):
                 if self.env_maker is None:
                     raise
                 seed = self._recreate_env(i, "env.reset()", error)
+        self.masks.clear(i)
+        self.masks.read(i, obs, info)
         self.obs[i] = self._flattened(i, obs)
+        self.acting[i] = acting_agents(self.envs[i])
         self.ts[i] = 0
         self._next_episode_id += 1
         self.eps_ids[i] = self._next_episode_id
@@ -196,7 +182,7 @@ class MultiAgentSampler(FaultTolerantSampler):
             flat[agent] = agent_obs if flatten is None else flatten(agent_obs)
         return flat
 
-    def _trajectory(self, i: int, agent: Hashable) -> _Trajectory:
+    def _trajectory(self, i: int, agent: Hashable) -> AgentTrajectory:
         trajectory = self.trajectories[i].get(agent)
         if trajectory is None:
             policy_id = self.policy_mapping_fn(agent)
@@ -207,13 +193,14 @@ class MultiAgentSampler(FaultTolerantSampler):
                 )
             if agent not in self._agent_index:
                 raise EnvError(f"agent {agent!r} is not one of the env's possible_agents {list(self._agent_index)}")
-            trajectory = _Trajectory(policy_id, self._agent_index[agent], i, int(self.eps_ids[i]))
+            trajectory = AgentTrajectory(policy_id, self._agent_index[agent], i, int(self.eps_ids[i]))
             self.trajectories[i][agent] = trajectory
         return trajectory
 
     def sample(self) -> MultiAgentBatch:
         """One fragment: ``fragment_length`` steps of every env, postprocessed per agent trajectory."""
         fragment = _Fragment()
+        self._mask_rows = self.masks.masked
         clock = time.perf_counter if self.timed else no_clock
         for step in range(self.fragment_length):
             started, inference = clock(), self.inference_s
@@ -232,7 +219,7 @@ class MultiAgentSampler(FaultTolerantSampler):
                 batches[pid] = concat_samples(kept) if len(kept) > 1 else kept[0]
         return MultiAgentBatch(batches, env_steps - fragment.dropped_env_steps)
 
-    def _close(self, fragment: _Fragment, trajectory: _Trajectory) -> None:
+    def _close(self, fragment: _Fragment, trajectory: AgentTrajectory) -> None:
         piece = trajectory.cut()
         if piece is not None:
             policy = self.policy_map[trajectory.policy_id]
@@ -240,19 +227,28 @@ class MultiAgentSampler(FaultTolerantSampler):
 
     def _step(self, fragment: _Fragment, step: int) -> None:
         actions: list[dict[Hashable, Any]] = [{} for _ in self.envs]
-        rows: dict[tuple[int, Hashable], dict[str, Any]] = {}
         started = time.perf_counter() if self.timed else 0.0
-        for policy_id, (members, obs_batch) in self._groups.items():
-            policy_actions, extra = self.policy_map[policy_id].compute_actions(obs_batch)
+        for policy_id, (members, obs_batch, mask_batch) in self._groups.items():
+            policy = self.policy_map[policy_id]
+            if mask_batch is None:
+                policy_actions, extra = policy.compute_actions(obs_batch)
+            else:
+                policy_actions, extra = policy.compute_actions(obs_batch, action_mask=mask_batch)
             clip = self._clip.get(policy_id)
+            store_masks = self._mask_rows and mask_batch is not None
             for k, (i, agent) in enumerate(members):
                 action = policy_actions[k]
                 actions[i][agent] = np.clip(action, *clip) if clip is not None else action
-                rows[(i, agent)] = {
+                row = {
                     SampleBatch.OBS: obs_batch[k],
                     SampleBatch.ACTIONS: action,
+                    SampleBatch.T: int(self.ts[i]),
                     **{key: v[k] for key, v in extra.items()},
                 }
+                if store_masks:
+                    assert mask_batch is not None
+                    row[SampleBatch.ACTION_MASK] = mask_batch[k]
+                self.trajectories[i][agent].open(row)
         if self.timed:
             self.inference_s += time.perf_counter() - started
         for i, env in enumerate(self.envs):
@@ -274,26 +270,8 @@ class MultiAgentSampler(FaultTolerantSampler):
                     self._drop_episode(fragment, i, int(self.ts[i]) + 1, step)
                     self._start_episode(i)
                     continue
-            t = int(self.ts[i])
-            for agent in actions[i]:
-                row = rows[(i, agent)]
-                terminated, truncated = bool(terminateds.get(agent, False)), bool(truncateds.get(agent, False))
-                row.update(
-                    {
-                        SampleBatch.REWARDS: float(rewards.get(agent, 0.0)),
-                        SampleBatch.NEW_OBS: np.asarray(new_obs.get(agent, row[SampleBatch.OBS])),
-                        SampleBatch.TERMINATEDS: terminated,
-                        SampleBatch.TRUNCATEDS: truncated,
-                        SampleBatch.T: t,
-                    }
-                )
-                trajectory = self.trajectories[i][agent]
-                trajectory.add(row)
-                if terminated or truncated:
-                    self._close(fragment, trajectory)
-            for agent, reward in rewards.items():
-                if agent not in actions[i]:
-                    self._trajectory(i, agent).reward_without_acting(float(reward))
+            self.masks.read(i, raw_obs, infos)
+            self._follow_step(fragment, i, actions[i], new_obs, rewards, terminateds, truncateds, live)
             self.ts[i] += 1
             if self.hooks is not None:
                 self.hooks.step(i, raw_obs, float(sum(rewards.values())), infos)
@@ -304,15 +282,76 @@ class MultiAgentSampler(FaultTolerantSampler):
                 self.obs[i] = {agent: new_obs[agent] for agent in live}
                 continue
             # Every agent is done: the episode is over.
-            for trajectory in self.trajectories[i].values():
-                if trajectory.columns:  # an agent the env dropped without a done flag: its piece ends here
-                    trajectory.columns[SampleBatch.TRUNCATEDS][-1] = True
-                    trajectory.columns[SampleBatch.REWARDS][-1] += trajectory.pending_reward
-                    self._close(fragment, trajectory)
+            for agent, trajectory in self.trajectories[i].items():
+                # An agent the env dropped without a done flag: its piece ends here.
+                if trajectory.open_row is not None:
+                    self._complete(i, agent, trajectory, trajectory.open_row[SampleBatch.OBS], False, True)
+                else:
+                    trajectory.end_last_row(False, True)
+                self._close(fragment, trajectory)
             self._record_episode(i)
             self._episode_kept(i)
             self._start_episode(i)
         self._prepare_groups(fragment, step)
+
+    def _follow_step(
+        self,
+        fragment: _Fragment,
+        i: int,
+        acted: Mapping[Hashable, Any],
+        new_obs: Mapping[Hashable, Any],
+        rewards: Mapping[Hashable, Any],
+        terminateds: Mapping[Hashable, Any],
+        truncateds: Mapping[Hashable, Any],
+        live: list[Hashable],
+    ) -> None:
+        """Give env ``i``'s step to its agents' trajectories: rewards to the rows they earned them with, and
+        the rows of the agents that finished, act next or left complete; set who acts next."""
+        trajectories = self.trajectories[i]
+        for agent, reward in rewards.items():
+            self._trajectory(i, agent).reward(float(reward))
+        finished = set()
+        for agent in {**terminateds, **truncateds}:
+            terminated, truncated = bool(terminateds.get(agent, False)), bool(truncateds.get(agent, False))
+            if not (terminated or truncated):
+                continue
+            finished.add(agent)
+            trajectory = trajectories.get(agent)
+            if trajectory is None:  # finished without acting or earning anything
+                continue
+            if trajectory.open_row is not None:
+                last_obs = new_obs.get(agent, trajectory.open_row[SampleBatch.OBS])
+                self._complete(i, agent, trajectory, last_obs, terminated, truncated)
+            else:
+                trajectory.end_last_row(terminated, truncated)
+            self._close(fragment, trajectory)
+        live_set = set(live)
+        for agent in acted:
+            trajectory = trajectories[agent]
+            if agent not in finished and agent not in live_set and trajectory.open_row is not None:
+                # Left without a done flag: the row ends with what the step gave (the piece ends with the episode).
+                last_obs = new_obs.get(agent, trajectory.open_row[SampleBatch.OBS])
+                self._complete(i, agent, trajectory, last_obs, False, False)
+        acting = acting_agents(self.envs[i]) if live else []
+        for agent in acting:
+            trajectory = trajectories.get(agent)
+            if trajectory is not None and trajectory.open_row is not None and agent in new_obs:
+                self._complete(i, agent, trajectory, new_obs[agent], False, False)
+        self.acting[i] = acting
+
+    def _complete(
+        self, i: int, agent: Hashable, trajectory: AgentTrajectory, new_obs: Any, terminated: bool, truncated: bool
+    ) -> None:
+        """Complete ``agent``'s open row, with its next mask where the fragment's rows hold masks."""
+        columns = None
+        if self._mask_rows:
+            next_mask = self.masks.of(i, agent)
+            if next_mask is not None:
+                assert trajectory.open_row is not None
+                # A row opened before the first mask was seen: every action was legal to it.
+                trajectory.open_row.setdefault(SampleBatch.ACTION_MASK, np.ones_like(next_mask))
+                columns = {SampleBatch.NEXT_ACTION_MASK: next_mask}
+        trajectory.complete(new_obs, terminated, truncated, columns)
 
     def _step_where(self, i: int, step: int) -> str:
         vector_step = self.steps_sampled // len(self.envs) + step
@@ -356,8 +395,8 @@ class MultiAgentSampler(FaultTolerantSampler):
         """
         while True:
             groups: dict[str, list[tuple[int, Hashable]]] = collections.defaultdict(list)
-            for i, env_obs in enumerate(self.obs):
-                for agent in env_obs:
+            for i, env_acting in enumerate(self.acting):
+                for agent in env_acting:
                     groups[self._trajectory(i, agent).policy_id].append((i, agent))
             self._groups = {}
             for policy_id, members in groups.items():
@@ -373,7 +412,7 @@ class MultiAgentSampler(FaultTolerantSampler):
                 if bad is not None:
                     self._drop_for_observation(fragment, step, *bad)
                     break
-                self._groups[policy_id] = (members, obs_batch)
+                self._groups[policy_id] = (members, obs_batch, self.masks.batch(members))
             else:
                 return
 
