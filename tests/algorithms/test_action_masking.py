@@ -1,9 +1,9 @@
-"""PPO and DQN on MaskedCartPole-v1: no illegal action over 100k steps of acting and exploring, learning
-within a short budget, and illegal actions once the mask is hidden from flowrl.
+"""PPO and DQN on MaskedCartPole-v1: each learns over 100k steps without one illegal action, exploration
+with a fixed epsilon of 0.5 takes none either (the mask in the observation or in the info dict), and
+DQN takes illegal actions once the mask is hidden from flowrl.
 
-Illegal actions are counted by the env itself. The 100k-step checks only sample (acting and
-exploration, no learning: 100k steps of DQN training would take minutes on CI's 2 cores); the
-learning runs are short, with thresholds a random legal policy (about 22) does not reach.
+Illegal actions are counted by the env itself. The learning thresholds are far above what a random
+legal policy reaches (about 22).
 """
 
 from __future__ import annotations
@@ -36,23 +36,24 @@ def sampled_illegal_actions(algo: str, config: dict[str, Any], steps: int, env_c
 
 
 @pytest.mark.parametrize(("algo", "config"), [("ppo", PPO_SAMPLING), ("dqn", DQN_SAMPLING)])
-@pytest.mark.parametrize(("mask", "steps"), [("observation", 100_000), ("info", 20_000)])
-def test_no_illegal_action_in_100k_steps(algo: str, config: dict[str, Any], mask: str, steps: int) -> None:
-    assert sampled_illegal_actions(algo, config, steps, {"mask": mask}) == 0
+@pytest.mark.parametrize("mask", ["observation", "info"])
+def test_no_illegal_action_in_20k_steps_of_exploring(algo: str, config: dict[str, Any], mask: str) -> None:
+    assert sampled_illegal_actions(algo, config, 20_000, {"mask": mask}) == 0
 
 
 def test_dqn_takes_illegal_actions_when_it_cannot_see_the_mask() -> None:
     assert sampled_illegal_actions("dqn", DQN_SAMPLING, 5_000, {"mask": "hidden"}) > 500
 
 
-def train(algo: str, config: dict[str, Any], threshold: float, budget: int) -> None:
+def train_100k_steps(algo: str, config: dict[str, Any], threshold: float) -> None:
+    """Train ``algo`` for 100k env steps: not one illegal action, and a mean return of ``threshold`` at the end."""
     trainer = Trainer(algo, "MaskedCartPole-v1", {"seed": 0, "num_workers": 0, **config})
     curve: list[float] = []
     try:
         while True:
             result = trainer.train()
             curve.append(round(result["episode_reward_mean"], 1))
-            if result["episode_reward_mean"] >= threshold or result["timesteps_total"] >= budget:
+            if result["timesteps_total"] >= 100_000:
                 break
         illegal = sum(env.unwrapped.illegal_actions for env in trainer.workers.local_worker().envs)
     finally:
@@ -61,8 +62,9 @@ def train(algo: str, config: dict[str, Any], threshold: float, budget: int) -> N
     assert curve[-1] >= threshold, f"{algo}: {curve[-1]} after {result['timesteps_total']} steps; curve {curve}"
 
 
+# 100k steps in 6 s here (seed 0 ends at 486).
 @pytest.mark.learning
-def test_ppo_learns_the_masked_env() -> None:
+def test_ppo_learns_the_masked_env_in_100k_steps_without_an_illegal_action() -> None:
     config = {
         "num_envs_per_worker": 8,
         "rollout_fragment_length": 125,
@@ -71,12 +73,16 @@ def test_ppo_learns_the_masked_env() -> None:
         "num_sgd_iter": 8,
         "lr": 1e-3,
     }
-    train("ppo", config, 100.0, 30_000)
+    train_100k_steps("ppo", config, 400.0)
 
 
+# 100k steps in 9 s here (seed 0 ends at 278; epsilon reaches 0.02 at 5k steps, so exploration goes on).
 @pytest.mark.learning
-def test_dqn_learns_the_masked_env() -> None:
+def test_dqn_learns_the_masked_env_in_100k_steps_without_an_illegal_action() -> None:
     config = {
+        "num_envs_per_worker": 8,
+        "rollout_fragment_length": 4,
+        "train_batch_size": 128,
         "lr": 1e-3,
         "learning_starts": 500,
         "target_network_update_freq": 500,
@@ -88,4 +94,4 @@ def test_dqn_learns_the_masked_env() -> None:
             "epsilon_timesteps": 5000,
         },
     }
-    train("dqn", config, 75.0, 20_000)
+    train_100k_steps("dqn", config, 150.0)
