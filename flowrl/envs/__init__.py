@@ -2,7 +2,8 @@
 and the multi-agent env API (PettingZoo's Parallel API) with built-in multi-agent envs, PettingZoo's
 turn-based (AEC) envs wrapped for it (:mod:`flowrl.envs.turn_based`), games against a random player
 (:mod:`flowrl.envs.matches`); the built-in
-``MaskedCartPole-v1`` (action masks, :mod:`flowrl.envs.masked`) is registered with Gymnasium on import.
+``MaskedCartPole-v1`` (action masks, :mod:`flowrl.envs.masked`), ``StatelessCartPole-v1`` and ``TMaze-v0``
+(tasks that need memory, :mod:`flowrl.envs.memory`) are registered with Gymnasium on import.
 
 See :mod:`flowrl.envs.registry` for how names resolve and how creators reach Ray actors,
 :mod:`flowrl.envs.multi_agent` for the multi-agent API, :mod:`flowrl.envs.multi_agent_checker` for
@@ -14,6 +15,7 @@ from flowrl.envs.checker import check_env
 from flowrl.envs.context import EnvContext
 from flowrl.envs.masked import MaskedCartPole
 from flowrl.envs.matches import MatchResult, play_against_random
+from flowrl.envs.memory import StatelessCartPole, TMaze
 from flowrl.envs.multi_agent import MultiAgentEnv, acting_agents, is_multi_agent_env, seed_action_spaces
 from flowrl.envs.multi_agent_checker import check_multi_agent_env
 from flowrl.envs.multi_agent_envs import CooperativeMatching, MultiAgentCartPole
@@ -39,6 +41,8 @@ __all__ = [
     "MatchResult",
     "MultiAgentCartPole",
     "MultiAgentEnv",
+    "StatelessCartPole",
+    "TMaze",
     "TicTacToe",
     "TurnBasedEnv",
     "acting_agents",
