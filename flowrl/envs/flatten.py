@@ -81,6 +81,12 @@ def legal_actions(mask: Any, num_actions: int, where: str = "action_mask") -> np
     return array != 0
 
 
+def mask_field(space: gym.Space[Any] | None, obs_field: str, info_field: str = "info") -> str:
+    """Where an observation of ``space`` carries its action mask, named for messages: ``obs_field['action_mask']``
+    for a masked Dict space, else ``info_field['action_mask']``."""
+    return f"{obs_field if is_masked(space) else info_field}[{ACTION_MASK_KEY!r}]"
+
+
 class ObsFlattener:
     """Flattens observations of a Dict or Tuple space ``structure`` into rows of ``space``.
 
