@@ -68,6 +68,11 @@ def evaluation_request(config: TrainerConfig) -> BundleRequest:
     return BundleRequest(EVALUATION_WORKER, count, {"CPU": cpus}, {"CPU": key}, count_key="evaluation_num_workers")
 
 
+def episode_seeds(seed: int | None, num_episodes: int) -> list[int | None]:
+    """Episode i resets with ``seed + i`` (all None for an unseeded evaluation)."""
+    return [None if seed is None else seed + i for i in range(num_episodes)]
+
+
 def run_episodes(
     policy_map: Mapping[str, Policy[Any]],
     env_creator: EnvCreator,
