@@ -29,7 +29,7 @@ from flowrl.deferred import ray, torch
 from flowrl.envs import acting_agents, is_multi_agent_env
 from flowrl.envs.context import EnvContext
 from flowrl.envs.episodes import run_episode
-from flowrl.envs.flatten import ACTION_MASK_KEY
+from flowrl.envs.flatten import action_mask_of, flatten_observation, legal_actions, mask_field
 from flowrl.envs.registry import EnvCreator, close_env
 from flowrl.envs.video import missing_renderer_reported, record_episodes, rendering_env_config, video_files
 from flowrl.errors import ResourceUnavailableError
@@ -68,6 +68,11 @@ def evaluation_request(config: TrainerConfig) -> BundleRequest:
     return BundleRequest(EVALUATION_WORKER, count, {"CPU": cpus}, {"CPU": key}, count_key="evaluation_num_workers")
 
 
+def episode_seeds(seed: int | None, num_episodes: int) -> list[int | None]:
+    """Episode i resets with ``seed + i`` (all None for an unseeded evaluation)."""
+    return [None if seed is None else seed + i for i in range(num_episodes)]
+
+
 def run_episodes(
     policy_map: Mapping[str, Policy[Any]],
     env_creator: EnvCreator,
@@ -83,10 +88,13 @@ def run_episodes(
 
     A Gymnasium env acts with ``default_policy``; in a multi-agent env each agent acts with the
     policy ``config.policy_mapping_fn`` maps it to. ``explore=False``: deterministic actions.
-    With ``video_dir``, the first ``record`` episodes are written there as MP4 files
-    (:func:`flowrl.envs.video.record_episodes`). Returns each episode's ``episode_reward``,
-    ``episode_length`` and, multi-agent, ``policy_rewards`` (policy id -> its agents' returns).
-    ``obs_filter``: the run's observation filter, which observations go through (its statistics frozen).
+    Actions honour action masks as sampling does (a masked Dict observation's, or
+    ``info["action_mask"]``; see :mod:`flowrl.envs.flatten`). With ``video_dir``, the first
+    ``record`` episodes are written there as MP4 files (:func:`flowrl.envs.video.record_episodes`).
+    Returns each episode's ``episode_reward``, ``episode_length`` and, multi-agent,
+    ``policy_rewards`` (policy id -> its agents' returns). ``obs_filter``: the run's observation
+    filter, which observations go through (its statistics frozen) once their mask is split off and
+    they are flattened.
     """
     directory = video_dir if record > 0 else None
     env_config = dict(config.env_config)
@@ -105,10 +113,8 @@ def run_episodes(
                 policy = policy_map[DEFAULT_POLICY_ID]
                 env = cast(gym.Env, instance)  # not multi-agent, so a Gymnasium env
 
-                def act(obs: Any) -> Any:
-                    if obs_filter is not None:
-                        obs = obs_filter(np.asarray(obs)[None], update=False)[0]
-                    return policy.compute_single_action(obs, explore=explore)
+                def act(obs: Any, info: Any) -> Any:
+                    return _policy_action(policy, obs, info, explore, obs_filter)
 
                 episodes = []
                 for seed in seeds:
@@ -123,6 +129,27 @@ def run_episodes(
     return episodes
 
 
+def _policy_action(
+    policy: Policy[Any], obs: Any, info: Any, explore: bool = False, obs_filter: MeanStdFilter | None = None
+) -> Any:
+    """``policy``'s action for one observation as the env returned it, with its ``info``, as the samplers act.
+
+    For a Discrete action space the action is a legal one: by the observation's own action mask (a
+    masked Dict) or else ``info["action_mask"]`` (see :mod:`flowrl.envs.flatten`); a mask of the wrong
+    form raises :class:`~flowrl.errors.EnvError`. The mask is split off and the observation flattened
+    before ``obs_filter`` (the run's observation filter, its statistics frozen) normalizes it.
+    """
+    space, legal = policy.action_space, None
+    if isinstance(space, gym.spaces.Discrete):
+        mask = action_mask_of(obs, info)
+        legal = None if mask is None else legal_actions(mask, int(space.n), mask_field(policy.observation_space, "obs"))
+    row = np.asarray(flatten_observation(policy.observation_space, obs))[None]
+    if obs_filter is not None:
+        row = obs_filter(row, update=False)
+    actions, _ = policy.compute_actions(row, explore=explore, action_mask=None if legal is None else legal[None])
+    return actions[0]
+
+
 def _multi_agent_episode(
     env: Any, policy_map: Mapping[str, Policy[Any]], mapping: Callable[[Any], str], seed: int | None, explore: bool
 ) -> dict[str, Any]:
@@ -133,9 +160,7 @@ def _multi_agent_episode(
     while env.agents:
         # Only the acting agents (a turn-based env's mover), each within its observation's or info's action mask.
         actions = {
-            agent: policy_map[policy_ids[agent]].compute_single_action(
-                obs[agent], explore=explore, action_mask=(infos.get(agent) or {}).get(ACTION_MASK_KEY)
-            )
+            agent: _policy_action(policy_map[policy_ids[agent]], obs[agent], infos.get(agent), explore)
             for agent in acting_agents(env)
         }
         obs, rewards, _, _, infos = env.step(actions)

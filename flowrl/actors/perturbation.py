@@ -225,6 +225,9 @@ class PerturbationEvaluator:
     def _seed(self) -> int:
         return int(self.rng.integers(2**31))
 
+    def _act(self, obs: np.ndarray, info: Any) -> Any:
+        return self.actor(obs)  # the model's plain argmax or action: ES and ARS read no action masks
+
     def _record(self, reward: float, length: int) -> None:
         # The worker's sampler owns the episode statistics that get_metrics() hands out.
         self.worker.record_episode(EpisodeStats(reward, length))
@@ -246,10 +249,10 @@ class PerturbationEvaluator:
             seed = self._seed()
             for side, params in enumerate((theta + perturbation, theta - perturbation)):
                 self.actor.set_parameters(params)
-                returns[k, side], lengths[k, side] = run_episode(self.env, self.actor, seed, observations)
+                returns[k, side], lengths[k, side] = run_episode(self.env, self._act, seed, observations)
             if self.rng.random() < self.eval_prob:
                 self.actor.set_parameters(theta)
-                reward, length = run_episode(self.env, self.actor, self._seed())
+                reward, length = run_episode(self.env, self._act, self._seed())
                 self._record(reward, length)
                 eval_episodes += 1
                 eval_steps += length

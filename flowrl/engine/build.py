@@ -15,7 +15,6 @@ from flowrl.actors.placement import BundleRequest, learner_request
 from flowrl.algorithms import Algorithm, get_algorithm, list_algorithms
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
-from flowrl.engine.evaluator import evaluate_policies
 from flowrl.envs import get_env_creator, is_multi_agent_env
 from flowrl.envs.context import EnvContext
 from flowrl.envs.registry import EnvCreator, close_env, create_env
@@ -24,6 +23,7 @@ from flowrl.plan.graph import Plan
 from flowrl.policy import PolicySpec
 from flowrl.policy.filters import MeanStdFilter
 from flowrl.policy.mapping import policy_mapping
+from flowrl.serve.evaluate import evaluate_policies
 from flowrl.storage.checkpoints import read_checkpoint
 
 EnvSpec = str | Callable[[dict[str, Any]], gym.Env]

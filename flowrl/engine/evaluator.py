@@ -24,7 +24,6 @@ never enter the result dict.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from flowrl.actors import WorkerSet
@@ -32,58 +31,20 @@ from flowrl.actors.evaluation import (
     EvaluationOutput,
     EvaluationWorker,
     EvaluationWorkers,
+    episode_seeds,
     evaluation_explores,
     evaluation_settings,
-    run_episodes,
 )
 from flowrl.config import TrainerConfig
-from flowrl.envs import get_env_creator
-from flowrl.envs.registry import EnvCreator, EnvSpec
+from flowrl.envs.registry import EnvCreator
 from flowrl.envs.video import require_video_dependencies
 from flowrl.operators.metric_ops import summarize_episodes
-from flowrl.policy import Policy, PolicySpec
-from flowrl.policy.filters import MeanStdFilter, RunningStats
+from flowrl.policy import PolicySpec
+from flowrl.policy.filters import RunningStats
 
 #: The result key holding an evaluation's statistics (flattened: ``evaluation/episode_reward_mean``).
 EVALUATION_KEY = "evaluation"
 RESTARTS_KEY = "num_evaluation_worker_restarts"
-
-
-def episode_seeds(seed: int | None, num_episodes: int) -> list[int | None]:
-    """Episode i resets with ``seed + i`` (all None for an unseeded evaluation)."""
-    return [None if seed is None else seed + i for i in range(num_episodes)]
-
-
-def evaluate_policies(
-    policy_map: Mapping[str, Policy[Any]],
-    env: EnvSpec,
-    config: TrainerConfig,
-    num_episodes: int,
-    seed: int | None = None,
-    *,
-    explore: bool = False,
-    video_dir: str | Path | None = None,
-    obs_filter: MeanStdFilter | None = None,
-) -> dict[str, Any]:
-    """Episode statistics of the policies playing ``num_episodes`` episodes of ``env`` in this process.
-
-    Episode i resets with ``seed + i`` (unseeded without ``seed``); actions are deterministic
-    unless ``explore``. A Gymnasium env acts with ``default_policy``; in a multi-agent env each
-    agent acts with the policy ``config.policy_mapping_fn`` maps it to. With ``video_dir``,
-    every episode is recorded there as an MP4 file (it needs the ``video`` extra). ``obs_filter``:
-    the run's observation filter (see :mod:`flowrl.policy.filters`), applied without updating it.
-    """
-    episodes = run_episodes(
-        policy_map,
-        get_env_creator(env),
-        config,
-        episode_seeds(seed, num_episodes),
-        explore=explore,
-        video_dir=video_dir,
-        record=num_episodes if video_dir is not None else 0,
-        obs_filter=obs_filter,
-    )
-    return {**summarize_episodes(episodes), "episodes": num_episodes}
 
 
 class EvaluationVideo(NamedTuple):

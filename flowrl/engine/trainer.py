@@ -17,13 +17,14 @@ from flowrl.callbacks import Callbacks, run_hook
 from flowrl.config import TrainerConfig
 from flowrl.deferred import torch
 from flowrl.engine.build import EnvSpec, build_plan, make_workers, plan_bundles, validated_config
-from flowrl.engine.evaluator import Evaluator, evaluate_policies
+from flowrl.engine.evaluator import Evaluator
 from flowrl.engine.ray_runtime import start_ray, stop_ray
 from flowrl.engine.state import TrainerState
 from flowrl.envs import get_env_creator
 from flowrl.errors import CheckpointError, ConfigError, FlowRLError, PlanStoppedError
 from flowrl.operators import STEPS_SAMPLED_COUNTER
 from flowrl.plan.xray import XRay
+from flowrl.serve.evaluate import evaluate_policies
 from flowrl.storage.checkpoints import read_checkpoint
 
 logger = logging.getLogger(__name__)

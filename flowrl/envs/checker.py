@@ -17,7 +17,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from flowrl.envs.flatten import action_mask_of, legal_actions
+from flowrl.envs.flatten import action_mask_of, legal_actions, mask_field, no_legal_action
 from flowrl.errors import EnvCheckError, EnvError
 
 _STEP_API = "(obs, reward, terminated, truncated, info)"
@@ -56,7 +56,7 @@ def check_env(env: gymnasium.Env, *, num_steps: int = 50, seed: int = 0) -> None
     action_space.seed(seed)
     obs = again_obs
     for step in range(1, num_steps + 1):
-        action = _sample_action(action_space, obs, info, step)
+        action = _sample_action(action_space, observation_space, obs, info, step)
         try:
             result = env.step(action)
         except Exception as exc:
@@ -69,7 +69,7 @@ def check_env(env: gymnasium.Env, *, num_steps: int = 50, seed: int = 0) -> None
             obs, info = _checked_reset(env, "env.reset()", observation_space)
 
 
-def _sample_action(space: spaces.Space, obs: Any, info: Any, step: int) -> Any:
+def _sample_action(space: spaces.Space, observation_space: spaces.Space, obs: Any, info: Any, step: int) -> Any:
     """A random action of ``space``: a legal one where ``obs`` or ``info`` carries an action mask."""
     mask = action_mask_of(obs, info)
     if mask is None:
@@ -79,13 +79,22 @@ def _sample_action(space: spaces.Space, obs: Any, info: Any, step: int) -> Any:
         raise EnvCheckError(
             f"an observation carries an action_mask, but the action space {space} is not Discrete{where}"
         )
+    return sample_legal(space, mask, mask_field(observation_space, "obs"), where)
+
+
+def sample_legal(space: spaces.Discrete, mask: Any, field: str, where: str = "") -> int:
+    """A random action of ``space`` among those ``mask`` allows, for a state the env goes on from.
+
+    Raises :class:`EnvCheckError` naming the mask's ``field`` (and ``where``) for a mask of the wrong
+    form, or one that allows no action (see :func:`~flowrl.envs.flatten.no_legal_action`).
+    """
     try:
-        legal = legal_actions(mask, int(space.n))
+        legal = legal_actions(mask, int(space.n), field)
     except EnvError as exc:
         raise EnvCheckError(f"{exc}{where}") from None
     if not legal.any():
-        raise EnvCheckError(f"action_mask={abbreviate(mask)} marks no action legal in a state that goes on{where}")
-    return space.sample(mask=legal.astype(np.int8))
+        raise EnvCheckError(f"{no_legal_action(legal, field)}{where}")
+    return int(space.sample(mask=legal.astype(np.int8)))
 
 
 def _space(env: Any, attribute: str) -> spaces.Space:

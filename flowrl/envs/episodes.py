@@ -35,21 +35,26 @@ def recorded_episode(info: Any) -> tuple[float, int] | None:
 
 
 def run_episode(
-    env: gym.Env, actor: Callable[[np.ndarray], Any], seed: int | None, observations: list[np.ndarray] | None = None
+    env: gym.Env,
+    actor: Callable[[Any, dict[str, Any]], Any],
+    seed: int | None,
+    observations: list[np.ndarray] | None = None,
 ) -> tuple[float, int]:
     """One episode of ``actor`` from ``env.reset(seed=seed)``: its return and length.
 
-    For an env that records its own episodes (:func:`records_episodes`) that is the recorded
-    episode, played through the training episodes it holds (an Atari game through its lives).
-    Appends every observation acted on to ``observations`` when given.
+    ``actor(obs, info)`` gets each observation with the info returned beside it (which may hold its
+    action mask, see :mod:`flowrl.envs.flatten`) and returns the action. For an env that records
+    its own episodes (:func:`records_episodes`) that is the recorded episode, played through the
+    training episodes it holds (an Atari game through its lives). Appends every observation acted
+    on to ``observations`` when given.
     """
     recording = records_episodes(env)
-    obs, _ = env.reset(seed=seed)
+    obs, info = env.reset(seed=seed)
     total, length = 0.0, 0
     while True:
         if observations is not None:
             observations.append(obs)
-        obs, reward, terminated, truncated, info = env.step(actor(obs))
+        obs, reward, terminated, truncated, info = env.step(actor(obs, info))
         total += float(reward)
         length += 1
         if terminated or truncated:
@@ -58,4 +63,4 @@ def run_episode(
             recorded = recorded_episode(info)
             if recorded is not None:
                 return recorded
-            obs, _ = env.reset()  # a training episode ended inside the recorded one (a lost life): play on
+            obs, info = env.reset()  # a training episode ended inside the recorded one (a lost life): play on

@@ -81,6 +81,26 @@ def legal_actions(mask: Any, num_actions: int, where: str = "action_mask") -> np
     return array != 0
 
 
+def no_legal_action(legal: np.ndarray, field: str) -> str:
+    """What is wrong with the mask ``field`` whose legal actions ``legal`` (bools, :func:`legal_actions`) allow
+    none, for a state an agent must act in.
+
+    Such a mask is a bad observation: no action taken there is right. A state where nothing can be
+    done ends the episode (terminated or truncated), and its mask is then not read.
+    """
+    shown = np.array2string(legal.astype(np.int8), threshold=8, edgeitems=2, separator=", ")
+    return (
+        f"{field}={shown}, which allows no action; a state an agent acts in needs at least one legal action "
+        "(end the episode, terminated or truncated, where none is left)"
+    )
+
+
+def mask_field(space: gym.Space[Any] | None, obs_field: str, info_field: str = "info") -> str:
+    """Where an observation of ``space`` carries its action mask, named for messages: ``obs_field['action_mask']``
+    for a masked Dict space, else ``info_field['action_mask']``."""
+    return f"{obs_field if is_masked(space) else info_field}[{ACTION_MASK_KEY!r}]"
+
+
 class ObsFlattener:
     """Flattens observations of a Dict or Tuple space ``structure`` into rows of ``space``.
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium
-import numpy as np
 from gymnasium import spaces
 
 from flowrl.envs.checker import (
@@ -21,7 +20,9 @@ from flowrl.envs.checker import (
     _checked_flag,
     _same,
     abbreviate,
+    sample_legal,
 )
+from flowrl.envs.flatten import action_mask_of, mask_field
 from flowrl.envs.multi_agent import AgentID, acting_agents, is_turn_based, seed_action_spaces
 from flowrl.envs.turn_based import wrap_turn_based
 from flowrl.errors import EnvCheckError, EnvError
@@ -58,8 +59,8 @@ def check_multi_agent_env(env: Any, *, num_steps: int = 50, seed: int = 0) -> No
             raise EnvCheckError(f"env has no {method}() method; the Parallel API needs reset() and step()")
     _check_reset_accepts_seed(env, api=f"PettingZoo's Parallel API is {_PARALLEL_API}")
 
-    first_obs, first_agents = _checked_reset(env, observation_spaces, seed)
-    again_obs, again_agents = _checked_reset(env, observation_spaces, seed)
+    first_obs, _, first_agents = _checked_reset(env, observation_spaces, seed)
+    again_obs, infos, again_agents = _checked_reset(env, observation_spaces, seed)
     if first_agents != again_agents or not _same(first_obs, again_obs):
         raise EnvCheckError(
             f"env.reset(seed={seed}) ignores seed: two calls returned different first observations "
@@ -75,15 +76,18 @@ def check_multi_agent_env(env: Any, *, num_steps: int = 50, seed: int = 0) -> No
         where = f" (step {step} of check_multi_agent_env)"
         live = list(env.agents)
         _check_mover(env, f"before step {step} of check_multi_agent_env")
-        actions = {agent: _sample_action(action_spaces[agent], obs.get(agent)) for agent in acting_agents(env)}
+        actions = {
+            agent: _sample_action(agent, action_spaces[agent], observation_spaces[agent], obs, infos, step)
+            for agent in acting_agents(env)
+        }
         try:
             result = env.step(actions)
         except Exception as exc:
             raise EnvCheckError(f"env.step({abbreviate(actions)}) raised {type(exc).__name__}: {exc}{where}") from exc
-        obs, done = _check_step_result(env, result, live, possible_agents, observation_spaces, finished, where)
+        obs, infos, done = _check_step_result(env, result, live, possible_agents, observation_spaces, finished, where)
         finished |= done
         if not env.agents:
-            obs, _ = _checked_reset(env, observation_spaces, None)
+            obs, infos, _ = _checked_reset(env, observation_spaces, None)
             finished = set()
 
 
@@ -147,7 +151,7 @@ def _agent_space(env: Any, method: str, agent: AgentID) -> spaces.Space:
     return space
 
 
-def _checked_reset(env: Any, observation_spaces: dict, seed: int | None) -> tuple[dict, list]:
+def _checked_reset(env: Any, observation_spaces: dict, seed: int | None) -> tuple[dict, dict, list]:
     method, kwargs = (f"env.reset(seed={seed})", {"seed": seed}) if seed is not None else ("env.reset()", {})
     try:
         result = env.reset(**kwargs)
@@ -172,7 +176,7 @@ def _checked_reset(env: Any, observation_spaces: dict, seed: int | None) -> tupl
     _check_info_keys(method, infos, agents, "")
     for agent in agents:
         _check_agent_obs(obs[agent], agent, observation_spaces[agent], method, "")
-    return obs, agents
+    return obs, infos, agents
 
 
 def _checked_agents(env: Any, method: str, possible: set, where: str) -> list:
@@ -241,8 +245,8 @@ def _check_step_result(
     observation_spaces: dict,
     finished: set,
     where: str,
-) -> tuple[dict, set]:
-    """Check one step's return and the agents' bookkeeping; return the obs and the agents that finished."""
+) -> tuple[dict, dict, set]:
+    """Check one step's return and the agents' bookkeeping; return the obs, the infos and the agents that finished."""
     method = "env.step()"
     _check_step_arity(
         result,
@@ -294,13 +298,16 @@ def _check_step_result(
             )
         if any(flags):
             done.add(agent)
-    return obs, done
+    return obs, infos, done
 
 
-def _sample_action(space: spaces.Space, agent_obs: Any) -> Any:
-    # Respect an action mask when the observation carries one (PettingZoo's convention for legal moves).
-    if isinstance(agent_obs, dict) and "action_mask" in agent_obs and isinstance(space, spaces.Discrete):
-        mask = np.asarray(agent_obs["action_mask"], dtype=np.int8)
-        if mask.any():
-            return space.sample(mask=mask)
-    return space.sample()
+def _sample_action(
+    agent: AgentID, space: spaces.Space, observation_space: spaces.Space, obs: dict, infos: dict, step: int
+) -> Any:
+    """A random action of acting agent ``agent``: for a Discrete action space, a legal one where its observation
+    or its info carries an action mask (one that allows no action raises)."""
+    mask = action_mask_of(obs.get(agent), infos.get(agent))
+    if mask is None or not isinstance(space, spaces.Discrete):
+        return space.sample()
+    field = mask_field(observation_space, f"obs[{agent!r}]", f"infos[{agent!r}]")
+    return sample_legal(space, mask, field, f" (agent {agent!r} acts at step {step} of check_multi_agent_env)")

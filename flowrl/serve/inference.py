@@ -41,8 +41,8 @@ from flowrl._version import __version__
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.deferred import torch
-from flowrl.envs.flatten import action_mask_of, flatten_observation, is_masked, is_structured
-from flowrl.errors import CheckpointError, FlowRLError
+from flowrl.envs.flatten import action_mask_of, flatten_observation, is_masked, is_structured, no_legal_action
+from flowrl.errors import BadObservationError, CheckpointError, EnvError, FlowRLError
 from flowrl.importing import ImportNotAllowedError, allowed_imports
 from flowrl.policy import Policy
 from flowrl.policy.filters import MeanStdFilter
@@ -199,7 +199,9 @@ class InferencePolicy:
         For a Dict or Tuple observation space, a sequence of observations as the env returns them.
         Each action is a legal one: for a masked Dict observation space (keys ``"observations"`` and
         ``"action_mask"``), by each observation's own mask; else by ``action_mask`` (``[B, n]``, nonzero:
-        legal, e.g. the envs' ``info["action_mask"]``) if given.
+        legal, e.g. the envs' ``info["action_mask"]``) if given. A mask of another shape raises
+        :class:`~flowrl.errors.EnvError`, and one that allows no action
+        :class:`~flowrl.errors.BadObservationError` (no action there is right).
         """
         space = self.observation_space
         if is_masked(space):
@@ -209,16 +211,35 @@ class InferencePolicy:
         obs = np.asarray(obs_batch)
         if self._filter is not None:
             obs = self._filter(obs, update=False)
-        masks = None if action_mask is None else np.asarray(action_mask) != 0
+        masks = None if action_mask is None else self._legal(action_mask, len(obs))
         with torch.no_grad():
             actions, _ = self._policy.compute_actions(obs, explore=explore, action_mask=masks)
         if self._clip is not None:
             actions = np.clip(actions, *self._clip)
         return actions
 
+    def _legal(self, action_mask: Any, rows: int) -> np.ndarray:
+        """``action_mask`` as ``[rows, n]`` bools, checked (see :meth:`compute_actions`)."""
+        masks = np.asarray(action_mask)
+        space = self.action_space
+        if not isinstance(space, gym.spaces.Discrete):
+            return masks != 0
+        n = int(space.n)
+        if masks.shape != (rows, n) or masks.dtype.kind not in "biuf":
+            raise EnvError(
+                f"action_mask of shape {masks.shape} and dtype {masks.dtype} must hold one 0/1 number per action of "
+                f"the Discrete({n}) action space for each of the {rows} observations (shape ({rows}, {n}))"
+            )
+        legal = masks != 0
+        empty = np.flatnonzero(~legal.any(axis=1))
+        if len(empty):
+            raise BadObservationError(no_legal_action(legal[empty[0]], f"action_mask[{int(empty[0])}]"))
+        return legal
+
     def compute_action(self, obs: Any, explore: bool = False, action_mask: Any = None) -> Any:
         """The action for one observation (for a Discrete action space, a NumPy integer), a legal one by the
-        observation's own action mask or ``action_mask`` (e.g. ``info["action_mask"]``) if given."""
+        observation's own action mask or ``action_mask`` (e.g. ``info["action_mask"]``) if given; a mask
+        that allows no action raises :class:`~flowrl.errors.BadObservationError`."""
         batch = [obs] if is_structured(self.observation_space) else np.asarray(obs)[None]
         masks = None if action_mask is None else np.asarray(action_mask)[None]
         return self.compute_actions(batch, explore=explore, action_mask=masks)[0]

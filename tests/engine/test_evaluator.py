@@ -13,9 +13,8 @@ import ray
 from fakes import checkpoints, progress
 
 from flowrl import Trainer
-from flowrl.actors.evaluation import evaluation_request, split_seeds
+from flowrl.actors.evaluation import episode_seeds, evaluation_request, split_seeds
 from flowrl.algorithms.ppo import PPOConfig
-from flowrl.engine.evaluator import episode_seeds
 from flowrl.envs.testing import FaultInjectEnv
 from flowrl.errors import ConfigError
 from flowrl.runs.resume import find_resume_point, resume_run

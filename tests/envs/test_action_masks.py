@@ -1,5 +1,6 @@
-"""Action masks from envs: the built-in MaskedCartPole-v1, the env checker's legal actions, the split of a
-masked Dict observation, and the sampler's mask columns (masks in observations and in infos)."""
+"""Action masks from envs: the built-in MaskedCartPole-v1, the env checkers' legal actions (and their refusal of a
+state with none), the split of a masked Dict observation, and the sampler's mask columns (masks in observations
+and in infos)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+from masked_envs import EmptyMaskAt, MaskedPair
 
 from flowrl.actors import VectorSampler
 from flowrl.actors.sampling.checks import ObservationCheck
 from flowrl.data import SampleBatch
-from flowrl.envs import MaskedCartPole, check_env
+from flowrl.envs import MaskedCartPole, check_env, check_multi_agent_env
 from flowrl.envs.flatten import flatten_observation, model_space
-from flowrl.errors import EnvError
+from flowrl.errors import EnvCheckError, EnvError
 
 pytestmark = pytest.mark.unit
 
@@ -50,6 +52,33 @@ class SecondLegal:
 @pytest.mark.parametrize("mask", ["observation", "info"])
 def test_the_env_checker_samples_legal_actions(mask: str) -> None:
     check_env(RaisesOnIllegal({"mask": mask}), num_steps=300)
+
+
+@pytest.mark.parametrize("mask", ["observation", "info"])
+def test_the_multi_agent_checker_samples_legal_actions(mask: str) -> None:
+    check_multi_agent_env(MaskedPair(mask, strict=True), num_steps=30)
+
+
+@pytest.mark.parametrize(("mask", "field"), [("observation", "obs"), ("info", "info")])
+def test_the_env_checker_refuses_a_state_with_no_legal_action(mask: str, field: str) -> None:
+    expected = (
+        rf"{field}\['action_mask'\]=\[0, 0, 0, 0\], which allows no action; .* "
+        r"\(the observation before step 3 of check_env\)"
+    )
+    with pytest.raises(EnvCheckError, match=expected):
+        check_env(EmptyMaskAt(mask, at_step=2), num_steps=30)
+    check_env(EmptyMaskAt(mask, at_step=2, ends=True), num_steps=30)  # the episode ends there: no fault
+
+
+@pytest.mark.parametrize(("mask", "field"), [("observation", r"obs\['b'\]"), ("info", r"infos\['b'\]")])
+def test_the_multi_agent_checker_refuses_an_acting_agent_with_no_legal_action(mask: str, field: str) -> None:
+    expected = (
+        rf"{field}\['action_mask'\]=\[0, 0, 0\], which allows no action; .* "
+        r"\(agent 'b' acts at step 3 of check_multi_agent_env\)"
+    )
+    with pytest.raises(EnvCheckError, match=expected):
+        check_multi_agent_env(MaskedPair(mask, at_step=2), num_steps=30)
+    check_multi_agent_env(MaskedPair(mask, at_step=MaskedPair.LENGTH), num_steps=30)  # at the end: no fault
 
 
 def test_the_built_in_env_is_registered_and_validates_its_config() -> None:

@@ -250,7 +250,7 @@ def test_the_numpy_actor_acts_like_the_policy_at_evaluation(algo: str, env: str)
         np.testing.assert_allclose(mine, actions, rtol=1e-5, atol=1e-5)
     # Whole episodes: what training reports for the unperturbed weights is what evaluation measures.
     for seed in (0, 1):
-        reward, _ = run_episode(worker.envs[0], actor, seed)
+        reward, _ = run_episode(worker.envs[0], lambda obs, info: actor(obs), seed)
         assert reward == pytest.approx(evaluation_return(policy, env, seed), rel=1e-5)
 
 

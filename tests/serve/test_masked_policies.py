@@ -1,5 +1,6 @@
 """Policies of masked envs outside training: ``load_policy`` and TorchScript/ONNX exports choose legal
-actions only (the exported model takes the mask as its second input)."""
+actions only (the exported model takes the mask as its second input), and ``load_policy`` refuses a mask that
+allows no action."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from policy_files import build_policies, observations, write_files
 
 import flowrl
+from flowrl.errors import BadObservationError, EnvError
 from flowrl.serve.export import export_policy
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(300)]
@@ -54,6 +56,22 @@ def test_load_policy_takes_info_masks_beside_plain_observations(tmp_path: Path) 
     assert masks[np.arange(N), loaded.compute_actions(obs, action_mask=masks)].all()
     assert not masks[np.arange(N), loaded.compute_actions(obs)].all()  # greedy, unmasked: illegal somewhere
     assert masks[0, loaded.compute_action(obs[0], action_mask=masks[0])]
+
+
+def test_load_policy_refuses_a_mask_that_allows_no_action_or_has_the_wrong_shape(tmp_path: Path) -> None:
+    loaded = flowrl.load_policy(checkpoint("dqn", tmp_path / "info", {"mask": "info"}))
+    obs, masks = observations(loaded.observation_space, 3), random_masks(3)
+    masks[1] = 0
+    with pytest.raises(BadObservationError, match=r"action_mask\[1\]=\[0, 0, 0, 0\], which allows no action"):
+        loaded.compute_actions(obs, action_mask=masks)
+    with pytest.raises(BadObservationError, match=r"action_mask\[0\]=\[0, 0, 0, 0\]"):
+        loaded.compute_action(obs[0], action_mask=np.zeros(4, np.int8))
+    with pytest.raises(EnvError, match=r"action_mask of shape \(3, 3\) .* \(shape \(3, 4\)\)"):
+        loaded.compute_actions(obs, action_mask=masks[:, :3])
+    in_observations = flowrl.load_policy(checkpoint("ppo", tmp_path / "observation"))
+    stuck = {"observations": obs[0], "action_mask": np.zeros(4, np.int8)}
+    with pytest.raises(BadObservationError, match="which allows no action"):
+        in_observations.compute_action(stuck)
 
 
 @pytest.mark.parametrize(("algo", "format"), [("ppo", "onnx"), ("dqn", "onnx"), ("dqn", "torchscript")])

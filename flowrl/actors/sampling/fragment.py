@@ -1,8 +1,8 @@
 """The vector sampler's fragment: one ``_run``'s preallocated ``[T, num_envs, ...]`` columns.
 
 :class:`_Fragment` holds the columns :class:`~flowrl.actors.sampling.vector.VectorSampler`
-writes step by step, which rows to return (a dropped episode's are not), the episodes it
-finished and the policy's actions; it turns into batches whole (:meth:`_Fragment.whole`) or cut
+writes step by step, which rows to return (a dropped episode's are not: :meth:`_Fragment.drop_episode`),
+the episodes it finished and the policy's actions; it turns into batches whole (:meth:`_Fragment.whole`) or cut
 into one piece per env and episode part (:meth:`_Fragment.pieces`). The multi-agent sampler keeps
 its own, per-agent fragment (:mod:`flowrl.actors.sampling.multi_agent`).
 """
@@ -43,6 +43,30 @@ class _Fragment:
         extra_bufs = self.extras
         for key, value in extra.items():
             extra_bufs[key][step] = value
+
+    def end_row(self, step: int, i: int) -> None:
+        """Fill row ``step`` of env ``i`` with valid values that end its episode (a placeholder for a step whose
+        result cannot be kept: the row is dropped with its episode)."""
+        columns = self.columns
+        columns[SampleBatch.NEW_OBS][step, i] = columns[SampleBatch.OBS][step, i]
+        columns[SampleBatch.REWARDS][step, i] = 0.0
+        columns[SampleBatch.TERMINATEDS][step, i] = False
+        columns[SampleBatch.TRUNCATEDS][step, i] = True
+
+    def drop_episode(self, step: int, i: int) -> tuple[int, bool]:
+        """Leave out env ``i``'s episode holding row ``step``: its rows and its finished statistics.
+
+        Returns its episode id and whether it is still running at the end of the fragment.
+        """
+        columns = self.columns
+        ends = columns[SampleBatch.TERMINATEDS][:, i] | columns[SampleBatch.TRUNCATEDS][:, i]
+        before, after = np.flatnonzero(ends[:step]), np.flatnonzero(ends[step:])
+        start = int(before[-1]) + 1 if len(before) else 0
+        stop = step + int(after[0]) + 1 if len(after) else len(ends)
+        self.keep[start:stop, i] = False
+        eps_id = int(columns[SampleBatch.EPS_ID][step, i])
+        self.finished = [(e, stats) for e, stats in self.finished if e != eps_id]
+        return eps_id, not len(after)
 
     def whole(self) -> SampleBatch:
         """The ``[T, n]`` columns as one batch, env by env (the rows of :meth:`pieces` concatenated),

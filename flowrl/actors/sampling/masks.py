@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 
 from flowrl.data import SampleBatch
-from flowrl.envs.flatten import action_mask_of, is_masked, legal_actions
+from flowrl.envs.flatten import action_mask_of, is_masked, legal_actions, mask_field, no_legal_action
 
 
 def read_mask(obs: Any, info: Any, num_actions: int, where: str) -> np.ndarray | None:
@@ -36,8 +36,15 @@ class ActionMasks:
         space = getattr(env, "action_space", None)
         self.num_actions = int(space.n) if isinstance(space, gym.spaces.Discrete) else 0
         self.current = np.ones((num_envs, self.num_actions), dtype=bool) if self.num_actions else None
-        self.masked = self.current is not None and is_masked(getattr(env, "observation_space", None))
+        self.observation_space = getattr(env, "observation_space", None)
+        self.masked = self.current is not None and is_masked(self.observation_space)
         self.worker_index = worker_index
+
+    def problem(self, legal: np.ndarray, obs_field: str) -> str:
+        """What is wrong with ``legal``, one env's legal actions (as :meth:`read` wrote them) that allow none, for a
+        state the policy must act in. The message names the mask by ``obs_field`` (``obs_field['action_mask']``
+        of a masked Dict observation, else ``info['action_mask']``)."""
+        return no_legal_action(legal, mask_field(self.observation_space, obs_field))
 
     def columns(self, length: int) -> dict[str, np.ndarray]:
         """A fragment's ``action_mask`` and ``next_action_mask`` columns of ``length`` rows (all legal until

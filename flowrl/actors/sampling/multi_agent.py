@@ -33,6 +33,7 @@ from flowrl.actors.sampling.episode_hooks import EpisodeHooks
 from flowrl.actors.sampling.masks import AgentMasks
 from flowrl.actors.sampling.recovery import EnvMaker, EpisodeStats, FaultTolerantSampler, no_clock
 from flowrl.data import MultiAgentBatch, SampleBatch, concat_samples
+from flowrl.envs.flatten import mask_field, no_legal_action
 from flowrl.envs.multi_agent import acting_agents
 from flowrl.errors import EnvError, FlowRLError
 from flowrl.policy.mapping import PolicyMappingFn
@@ -72,6 +73,8 @@ class MultiAgentSampler(FaultTolerantSampler):
     ``"action_mask"``; see :mod:`flowrl.envs.flatten`): each policy acts within its agents' masks, and
     once any mask has been seen the rows of Discrete policies hold the ``action_mask`` of their
     observation and the ``next_action_mask`` of their next one (all legal for an agent without a mask).
+    An acting agent's mask that allows no action is a bad observation (an agent that does not act, such
+    as a turn-based game's waiting player, may have one).
     """
 
     def __init__(
@@ -409,10 +412,13 @@ class MultiAgentSampler(FaultTolerantSampler):
                 else:
                     if self._check_data and not self._obs_check(*members[0]).rows_ok(obs_batch):
                         bad = self._first_bad_observation(members)  # None: a sum overflowed, all is well
+                mask_batch = self.masks.batch(members)
+                if bad is None and self._check_data and mask_batch is not None:
+                    bad = self._first_empty_mask(members, mask_batch)
                 if bad is not None:
                     self._drop_for_observation(fragment, step, *bad)
                     break
-                self._groups[policy_id] = (members, obs_batch, self.masks.batch(members))
+                self._groups[policy_id] = (members, obs_batch, mask_batch)
             else:
                 return
 
@@ -423,6 +429,19 @@ class MultiAgentSampler(FaultTolerantSampler):
             if problem is not None:
                 return i, agent, problem
         return None
+
+    def _first_empty_mask(
+        self, members: list[tuple[int, Hashable]], mask_batch: np.ndarray
+    ) -> tuple[int, Hashable, str] | None:
+        """The first of ``members`` whose action mask (its row of ``mask_batch``) allows no action, with the problem."""
+        empty = np.flatnonzero(~mask_batch.any(axis=1))
+        if not len(empty):
+            return None
+        k = int(empty[0])
+        i, agent = members[k]
+        obs_field = f"{'obs' if self.ts[i] == 0 else 'new_obs'}[{agent!r}]"
+        field = mask_field(self.envs[i].observation_space(agent), obs_field, f"infos[{agent!r}]")
+        return i, agent, no_legal_action(mask_batch[k], field)
 
     def _drop_for_observation(self, fragment: _Fragment, step: int, i: int, agent: Hashable, problem: str) -> None:
         """Raise for, or drop the episode of, env ``i`` whose agent's next observation is bad; start another."""

@@ -60,7 +60,8 @@ class VectorSampler(FaultTolerantSampler):
     Action masks (a Discrete action space, and a masked Dict observation space or
     ``info["action_mask"]`` from ``reset`` on; see :mod:`flowrl.envs.flatten`): the policy acts with
     each env's current mask, and the fragments hold the ``action_mask`` of each row's observation and
-    the ``next_action_mask`` of its ``new_obs``.
+    the ``next_action_mask`` of its ``new_obs``. A mask that allows no action where the policy must act
+    (after ``reset``, or a step that ended nothing) is a bad observation, checked as the others are.
     """
 
     def __init__(
@@ -278,7 +279,7 @@ class VectorSampler(FaultTolerantSampler):
                 if self.env_maker is None:
                     raise
                 dropped[i] = self._recreate_env(i, "env.step()", error)
-                self._placeholder(fragment, step, i)
+                fragment.end_row(step, i)
                 continue
             if recording[i] and (step_terms[i] or step_truncs[i]):
                 recorded[i] = recorded_episode(info)
@@ -297,6 +298,11 @@ class VectorSampler(FaultTolerantSampler):
                     if not check:
                         raise
             if not self._write_checked(fragment, step, i, obs, reward):
+                dropped[i] = None
+        if check and next_masks is not None:  # an episode that goes on needs a legal action next
+            for i in np.flatnonzero(~(step_terms | step_truncs | next_masks[step].any(axis=1))).tolist():
+                self._bad_data(i, self._step_where(i, step), self.masks.problem(next_masks[step, i], "new_obs"))
+                fragment.end_row(step, i)
                 dropped[i] = None
 
     def _end_episodes(
@@ -361,7 +367,7 @@ class VectorSampler(FaultTolerantSampler):
             except (TypeError, ValueError):
                 problem = reward_problem(reward) or f"reward={abbreviate(reward)}"
         self._bad_data(i, self._step_where(i, step), problem)
-        self._placeholder(fragment, step, i)
+        fragment.end_row(step, i)
         return False
 
     def _drop_nonfinite(self, fragment: _Fragment, step: int) -> None:
@@ -374,20 +380,12 @@ class VectorSampler(FaultTolerantSampler):
                 t = int(fragment.columns[SampleBatch.T][step, i])
                 where = f"env.step() at step {t} of its episode (vector step {self._vector_step(step)})"
                 self._bad_data(i, where, self._problem(self.obs[i], "new_obs"))
-                self._placeholder(fragment, step, i)
+                fragment.end_row(step, i)
                 self._discard_episode(fragment, i, step)
             self._start_episode(i, None, step + 1, full=True)
 
     def _problem(self, value: Any, field: str) -> str:
         return self._obs_check.value_problem(value, field) or f"{field}={abbreviate(value)}"
-
-    def _placeholder(self, fragment: _Fragment, step: int, i: int) -> None:
-        """Fill row ``step`` of env ``i`` with valid values that end its episode (the row is dropped with it)."""
-        columns = fragment.columns
-        columns[SampleBatch.NEW_OBS][step, i] = columns[SampleBatch.OBS][step, i]
-        columns[SampleBatch.REWARDS][step, i] = 0.0
-        columns[SampleBatch.TERMINATEDS][step, i] = False
-        columns[SampleBatch.TRUNCATEDS][step, i] = True
 
     def _step_where(self, i: int, step: int) -> str:
         return f"env.step() at step {int(self.ts[i])} of its episode (vector step {self._vector_step(step)})"
@@ -434,6 +432,13 @@ class VectorSampler(FaultTolerantSampler):
             obs = raw if self._flatten is None else self._flatten(raw)
             if not self._check_data:
                 return obs, raw, info
+            legal = self.masks.current
+            if legal is not None and not legal[i].any():  # the episode's first state needs a legal action
+                self._bad_data(
+                    i, f"env.reset() (vector step {self._vector_step(row)})", self.masks.problem(legal[i], "obs")
+                )
+                seed = None
+                continue
             if not full:
                 rows = self.obs
                 if obs.__class__ is np.ndarray and obs.shape == rows.shape[1:] and obs.dtype is rows.dtype:
@@ -486,15 +491,8 @@ class VectorSampler(FaultTolerantSampler):
 
         Returns whether that episode is still running at the end of the fragment.
         """
-        columns = fragment.columns
-        ends = columns[SampleBatch.TERMINATEDS][:, i] | columns[SampleBatch.TRUNCATEDS][:, i]
-        before, after = np.flatnonzero(ends[:step]), np.flatnonzero(ends[step:])
-        start = int(before[-1]) + 1 if len(before) else 0
-        stop = step + int(after[0]) + 1 if len(after) else len(ends)
-        fragment.keep[start:stop, i] = False
-        eps_id = int(columns[SampleBatch.EPS_ID][step, i])
-        fragment.finished = [(e, stats) for e, stats in fragment.finished if e != eps_id]
+        eps_id, running = fragment.drop_episode(step, i)
         carry = self._carry[i]
         if carry and int(carry[0][SampleBatch.EPS_ID][0]) == eps_id:
             self._carry[i] = []
-        return not len(after)
+        return running

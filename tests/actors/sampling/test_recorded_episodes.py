@@ -135,8 +135,8 @@ def test_callbacks_see_one_episode_per_recorded_game() -> None:
 
 
 def test_run_episode_plays_a_recorded_game_through_its_lives() -> None:
-    assert run_episode(game(), lambda obs: 0, seed=0) == (GAME_SCORE, GAME_STEPS)
-    assert run_episode(game(record=False), lambda obs: 0, seed=0) == (4.0, 4)
+    assert run_episode(game(), lambda obs, info: 0, seed=0) == (GAME_SCORE, GAME_STEPS)
+    assert run_episode(game(record=False), lambda obs, info: 0, seed=0) == (4.0, 4)
 
 
 # ---- real ALE games, through both env backends
