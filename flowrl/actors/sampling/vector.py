@@ -28,7 +28,9 @@ from flowrl.actors.sampling.episode_hooks import EpisodeHooks
 from flowrl.actors.sampling.fragment import _Fragment
 from flowrl.actors.sampling.masks import ActionMasks
 from flowrl.actors.sampling.recovery import EnvMaker, EpisodeStats, FaultTolerantSampler, no_clock
+from flowrl.actors.sampling.recurrent_state import RecurrentState
 from flowrl.data import SampleBatch, concat_samples
+from flowrl.data.sequences import chop_into_sequences
 from flowrl.envs.checker import abbreviate
 from flowrl.envs.envpool_backend import EnvPoolVector, shared_vector
 from flowrl.envs.episodes import recorded_episode, records_episodes
@@ -61,6 +63,14 @@ class VectorSampler(FaultTolerantSampler):
     ``info["action_mask"]`` from ``reset`` on; see :mod:`flowrl.envs.flatten`): the policy acts with
     each env's current mask, and the fragments hold the ``action_mask`` of each row's observation and
     the ``next_action_mask`` of its ``new_obs``.
+
+    A recurrent policy (``policy.get_initial_state()`` not empty) acts from each env's state, which
+    the sampler carries from step to step and resets to the initial state at every episode start
+    (after an episode's end, an env's restart, a dropped episode or a restore that starts one), with
+    each env's previous action and reward (zeros at an episode start). Its fragments are cut into
+    sequences of at most ``policy.max_seq_len`` steps (never across an episode's end or a fragment's
+    start), with the ``state_in_*`` of each sequence's first step, ``seq_lens``, and each row's
+    ``prev_actions`` and ``prev_rewards`` (see :func:`~flowrl.data.sequences.chop_into_sequences`).
     """
 
     def __init__(
@@ -99,6 +109,10 @@ class VectorSampler(FaultTolerantSampler):
         self._flatten = self._obs_check.flatten
         n = len(envs)
         self.masks = ActionMasks(envs[0], n, worker_index)
+        # A duck-typed stand-in (no Policy subclass) written before recurrent policies has no state.
+        initial = getattr(policy, "get_initial_state", list)()
+        #: A recurrent policy's state per env (None for a feed-forward policy).
+        self.recurrent = RecurrentState(initial, n, space) if initial else None
         #: Checks on (the default); benchmarks/sampler_checks.py turns them off to measure their cost.
         self._check_data = True
         self._next_episode_id = episode_id_base
@@ -128,13 +142,20 @@ class VectorSampler(FaultTolerantSampler):
     )
 
     def get_state(self) -> dict[str, Any]:
-        return {**super().get_state(), "action_masks": (copy.deepcopy(self.masks.current), self.masks.masked)}
+        return {
+            **super().get_state(),
+            "action_masks": (copy.deepcopy(self.masks.current), self.masks.masked),
+            "recurrent": None if self.recurrent is None else self.recurrent.get_state(),
+        }
 
     def set_state(self, state: Mapping[str, Any]) -> list[int]:
-        # Before the envs: an env that cannot be restored starts an episode, and with it its mask.
+        # Before the envs: an env that cannot be restored starts an episode, and with it its mask and state.
         if "action_masks" in state and len(state["envs"]) == len(self.envs):
             current, self.masks.masked = state["action_masks"]
             self.masks.current = copy.deepcopy(current)
+        saved = state.get("recurrent")  # absent in checkpoints older than recurrent policies
+        if self.recurrent is not None and saved is not None and len(state["envs"]) == len(self.envs):
+            self.recurrent.set_state(saved)
         return super().set_state(state)
 
     def _restart_episode(self, index: int) -> None:
@@ -149,9 +170,9 @@ class VectorSampler(FaultTolerantSampler):
         """One fragment: ``fragment_length`` steps per env, postprocessed."""
         if self.batch_mode == "truncate_episodes":
             fragment = self._run()
-            if not self.policy.postprocesses:  # the pieces would be concatenated unchanged
+            if not self.policy.postprocesses and self.recurrent is None:  # the pieces would be concatenated unchanged
                 return fragment.whole()
-            return concat_samples([self.policy.postprocess_trajectory(p) for p in fragment.pieces()])
+            return concat_samples([self._finish_piece(p) for p in fragment.pieces()])
         done: list[SampleBatch] = []
         target = self.fragment_length * len(self.envs)
         while sum(b.count for b in done) < target:
@@ -162,8 +183,13 @@ class VectorSampler(FaultTolerantSampler):
                 if piece[SampleBatch.TERMINATEDS][last] or piece[SampleBatch.TRUNCATEDS][last]:
                     episode = concat_samples(self._carry[env_index])
                     self._carry[env_index] = []
-                    done.append(self.policy.postprocess_trajectory(episode))
+                    done.append(self._finish_piece(episode))
         return concat_samples(done)
+
+    def _finish_piece(self, piece: SampleBatch) -> SampleBatch:
+        """One env's piece postprocessed, and a recurrent policy's cut into sequences."""
+        piece = self.policy.postprocess_trajectory(piece)
+        return piece if self.recurrent is None else chop_into_sequences(piece, self.policy.max_seq_len)
 
     def _run(self) -> _Fragment:
         """Step every env ``fragment_length`` times; return the ``[T, n]`` fragment, its checks passed."""
@@ -183,6 +209,8 @@ class VectorSampler(FaultTolerantSampler):
             filtered=None if self.obs_filter is None else np.empty((T, *self.obs.shape), dtype=np.float32),
         )
         fragment.columns.update(self.masks.columns(T))
+        if self.recurrent is not None:
+            fragment.columns.update(self.recurrent.columns(T))
         pool = shared_vector(self.envs)  # a worker's EnvPool, stepped in one call, or None
         recording = [records_episodes(env) for env in self.envs]  # read per fragment: a recreated env may differ
         clock = time.perf_counter if self.timed else no_clock
@@ -206,10 +234,15 @@ class VectorSampler(FaultTolerantSampler):
         columns = fragment.columns
         # Masks only where the fragment has their columns (made when the envs were known to be masked).
         masks = self.masks.current if SampleBatch.ACTION_MASK in columns else None
-        if masks is None:
+        recurrent = self.recurrent
+        if masks is not None:
+            columns[SampleBatch.ACTION_MASK][step] = masks
+        if recurrent is not None:
+            state = recurrent.record(columns, step)
+            actions, extra = self.policy.compute_actions(policy_obs, action_mask=masks, **state)
+        elif masks is None:
             actions, extra = self.policy.compute_actions(policy_obs)
         else:
-            columns[SampleBatch.ACTION_MASK][step] = masks
             actions, extra = self.policy.compute_actions(policy_obs, action_mask=masks)
         inferred = clock()
         if fragment.filtered is not None:
@@ -240,6 +273,8 @@ class VectorSampler(FaultTolerantSampler):
         self.obs[:] = new_obs
         if masks is not None:
             masks[:] = columns[SampleBatch.NEXT_ACTION_MASK][step]
+        if recurrent is not None:  # before the episodes that ended start again from the initial state
+            recurrent.advance(extra, actions, step_rewards)
         self.episode_rewards += step_rewards
         self.ts += 1
         if hooks is not None:
@@ -405,12 +440,16 @@ class VectorSampler(FaultTolerantSampler):
         """
         if not pooled:
             self.obs[i], _, _ = self._reset(i, None, row, full=False)
+        if self.recurrent is not None:
+            self.recurrent.reset(i)
 
     def _start_episode(self, i: int, seed: int | None, row: int, *, full: bool = False) -> None:
         """Reset env ``i`` for a new episode starting at ``row`` of the fragment (``fragment_length``: the next one)."""
         self.episode_rewards[i] = 0.0
         self.ts[i] = 0
         self.eps_ids[i] = self._new_episode_id()
+        if self.recurrent is not None:
+            self.recurrent.reset(i)
         self.obs[i], raw, info = self._reset(i, seed, row, full=full)
         if self.hooks is not None:
             self.hooks.start(i, int(self.eps_ids[i]), raw, info)
