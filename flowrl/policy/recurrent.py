@@ -135,6 +135,26 @@ class RecurrentActorCritic(nn.Module):
             state_out += vf_state_out
         return self.policy_head(out), self.value_head(vf_out).squeeze(-1), state_out
 
+    def step(
+        self,
+        obs: torch.Tensor,
+        state: list[np.ndarray],
+        prev_actions: np.ndarray | None = None,
+        prev_rewards: np.ndarray | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """One step for each row of ``obs`` (``[B, ...]``, a tensor) from ``state`` and the previous actions
+        and rewards (arrays): distribution inputs ``[B, num_outputs]``, values ``[B]`` and the next state."""
+        device = obs.device
+
+        def one_step(value: np.ndarray | None) -> torch.Tensor | None:
+            return None if value is None else torch.as_tensor(value, device=device).unsqueeze(1)
+
+        state_in = [torch.as_tensor(s, device=device) for s in state]
+        dist_inputs, values, state_out = self.forward_sequences(
+            obs.unsqueeze(1), state_in, one_step(prev_actions), one_step(prev_rewards)
+        )
+        return dist_inputs[:, 0], values[:, 0], state_out
+
     def forward_rows(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Distribution inputs and values for every row of a batch cut into sequences (tensors), padding left out."""
         seq_lens = batch[SampleBatch.SEQ_LENS]

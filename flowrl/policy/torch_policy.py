@@ -194,19 +194,9 @@ class TorchPolicy(Policy[ConfigT]):
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """One step of the recurrent model for each row, from ``state`` (None: the initial state)."""
         if state is None:
-            state = [np.repeat(s[None], len(obs_batch), axis=0) for s in self.get_initial_state()]
-
-        def one_step(value: np.ndarray | None) -> torch.Tensor | None:
-            return None if value is None else torch.as_tensor(value, device=self.device).unsqueeze(1)
-
-        obs = models.obs_to_tensor(obs_batch, self.model_observation_space, self.device).unsqueeze(1)
-        dist_inputs, values, state_out = _as_recurrent(self.model).forward_sequences(
-            obs,
-            [torch.as_tensor(s, device=self.device) for s in state],
-            one_step(prev_actions),
-            one_step(prev_rewards),
-        )
-        return dist_inputs[:, 0], values[:, 0], state_out
+            state = [np.repeat(s[None], len(obs_batch), axis=0) for s in self._initial_state]
+        obs = models.obs_to_tensor(obs_batch, self.model_observation_space, self.device)
+        return _as_recurrent(self.model).step(obs, state, prev_actions, prev_rewards)
 
     def get_initial_state(self) -> list[np.ndarray]:
         return [s.copy() for s in self._initial_state]

@@ -64,13 +64,8 @@ class VectorSampler(FaultTolerantSampler):
     each env's current mask, and the fragments hold the ``action_mask`` of each row's observation and
     the ``next_action_mask`` of its ``new_obs``.
 
-    A recurrent policy (``policy.get_initial_state()`` not empty) acts from each env's state, which
-    the sampler carries from step to step and resets to the initial state at every episode start
-    (after an episode's end, an env's restart, a dropped episode or a restore that starts one), with
-    each env's previous action and reward (zeros at an episode start). Its fragments are cut into
-    sequences of at most ``policy.max_seq_len`` steps (never across an episode's end or a fragment's
-    start), with the ``state_in_*`` of each sequence's first step, ``seq_lens``, and each row's
-    ``prev_actions`` and ``prev_rewards`` (see :func:`~flowrl.data.sequences.chop_into_sequences`).
+    A recurrent policy acts from each env's state (:class:`RecurrentState`, reset at every episode start);
+    its pieces are cut into sequences (:func:`~flowrl.data.sequences.chop_into_sequences`).
     """
 
     def __init__(
@@ -110,7 +105,7 @@ class VectorSampler(FaultTolerantSampler):
         n = len(envs)
         self.masks = ActionMasks(envs[0], n, worker_index)
         # A duck-typed stand-in (no Policy subclass) written before recurrent policies has no state.
-        initial = getattr(policy, "get_initial_state", list)()
+        initial: list[np.ndarray] = getattr(policy, "get_initial_state", list)()
         #: A recurrent policy's state per env (None for a feed-forward policy).
         self.recurrent = RecurrentState(initial, n, space) if initial else None
         #: Checks on (the default); benchmarks/sampler_checks.py turns them off to measure their cost.
