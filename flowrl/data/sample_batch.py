@@ -67,6 +67,11 @@ class SampleBatch(dict[str, Any]):
                 super().__setitem__(key, np.asarray(value))
         self._check_lengths()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from all its columns at once: pickle's default sets them one by one, in an order where
+        # state_in_* may come before seq_lens says it has one row per sequence.
+        return (self.__class__, (dict(self),))
+
     def __setitem__(self, key: str, value: Any) -> None:
         if not isinstance(value, (np.ndarray, CompressedColumn)):
             value = np.asarray(value)
