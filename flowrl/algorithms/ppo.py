@@ -37,6 +37,7 @@ class PPOConfig(TrainerConfig):
     """PPO settings (shared keys: see :class:`~flowrl.config.TrainerConfig`)."""
 
     defaults = {"train_batch_size": 4000, "lr": 3e-4}
+    learns_from_sequences = True
     # RLlib's PPO (rllib/agents/ppo/ppo.py in 1.13, rllib/algorithms/ppo/ppo.py in 2.0-2.2: the same values).
     rllib_defaults = {
         "lr": 5e-5,
@@ -91,7 +92,9 @@ def ppo_loss(
 ) -> LossOutput:
     """Clipped surrogate + KL penalty + clipped value loss - entropy bonus (Schulman et al. 2017)."""
     config = policy.config
-    logits, values = model(batch[SampleBatch.OBS])
+    # A recurrent policy's batch comes in sequences: the outputs of their real steps, as rows.
+    logits, values = policy.model_outputs(model, batch)
+    assert values is not None, "PPO's models have a value head"
     dist = dist_class(logits)
     old_dist = dist_class(batch[SampleBatch.ACTION_DIST_INPUTS])
     advantages = batch[SampleBatch.ADVANTAGES]

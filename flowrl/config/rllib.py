@@ -263,14 +263,8 @@ MODEL_IGNORED: dict[str, str | Conditional] = {
     "post_fcnet_activation": "only with post_fcnet_hiddens",
     "free_log_std": Conditional((False,), "off", "learns a state-independent log std"),
     "no_final_linear": Conditional((False,), "off", "uses the last hidden layer as the output"),
-    "use_lstm": Conditional((False,), "off", "wraps the model in an LSTM"),
     "use_attention": Conditional((False,), "off", "wraps the model in attention layers"),
-    "max_seq_len": "only with use_lstm or use_attention",
-    "lstm_cell_size": "only with use_lstm",
-    "lstm_use_prev_action": Conditional((False,), "off", "feeds the previous action to the LSTM"),
-    "lstm_use_prev_reward": Conditional((False,), "off", "feeds the previous reward to the LSTM"),
-    "lstm_use_prev_action_reward": Conditional((False,), "off", "feeds the previous action and reward to the LSTM"),
-    "_time_major": "only with use_lstm",
+    "_time_major": "RLlib's tensor layout (flowrl lays sequences out itself)",
     "custom_action_dist": Conditional(_NONE, "none", "uses a custom action distribution"),
     "custom_preprocessor": Conditional(_NONE, "none", "uses a custom preprocessor"),
     "conv_filters": Conditional(_NONE, "flowrl's default filters", ""),  # a list is flowrl's own key
@@ -282,6 +276,9 @@ MODEL_IGNORED: dict[str, str | Conditional] = {
     "_disable_preprocessor_api": "RLlib's internals",
     "_disable_action_flattening": "RLlib's internals",
 }
+
+#: RLlib 1.x's ``model`` key for feeding both the previous action and reward to the LSTM.
+OLD_PREV_ACTION_REWARD = "lstm_use_prev_action_reward"
 
 #: RLlib keys that change the math in ways flowrl does not implement, whatever their value.
 NOT_IMPLEMENTED: dict[str, str] = {
@@ -501,6 +498,12 @@ class _Reader:
         """RLlib's ``model`` with the keys flowrl's models lack read as :data:`MODEL_IGNORED` says."""
         own = dict(model)
         for sub, sub_value in model.items():
+            if sub == OLD_PREV_ACTION_REWARD:
+                del own[sub]
+                if sub_value:  # RLlib 1.x's one key for both inputs
+                    own.update(lstm_use_prev_action=True, lstm_use_prev_reward=True)
+                    self._note(f"model.{sub}=True is model.lstm_use_prev_action and lstm_use_prev_reward in flowrl")
+                continue
             rule = MODEL_IGNORED.get(sub)
             if rule is None or (sub == "conv_filters" and sub_value is not None):
                 continue  # flowrl's own model key (or an unknown one, which the config's check names)

@@ -84,6 +84,8 @@ class TrainerConfig(BaseConfig):
     #: Whether the algorithm's model applies ``observation_filter`` itself (ES and ARS keep the
     #: statistics in the model's buffers): the rollout workers then hand it raw observations.
     filters_observations_in_model: ClassVar[bool] = False
+    #: Whether the algorithm's loss learns from sequences, so that it takes a recurrent model (``model.use_lstm``).
+    learns_from_sequences: ClassVar[bool] = False
 
     # Workers and sampling.
     num_workers: int = cfg_field(
@@ -401,6 +403,7 @@ class TrainerConfig(BaseConfig):
             if pid not in known:
                 problems.append(f"policies_to_train names {pid!r}, which is not a policy; the policies are {known}")
         problems += self._evaluation_problems()
+        problems += self._recurrent_problems()
         if self.env_backend == "envpool" and self.restart_failed_sub_environments:
             problems.append(
                 "restart_failed_sub_environments=True recreates one failing env, but env_backend='envpool' runs a "
@@ -420,6 +423,23 @@ class TrainerConfig(BaseConfig):
                     f"num_gpus={self.num_gpus} but CUDA is not available; the policy will run on CPU", stacklevel=2
                 )
         return problems
+
+    def _recurrent_problems(self) -> list[str]:
+        """``model.use_lstm`` where what is built cannot carry a recurrent state yet."""
+        if not self.model.get("use_lstm"):
+            return []
+        unsupported = []
+        if not self.learns_from_sequences:
+            unsupported.append(f"{type(self).__name__} does not learn from sequences yet (PPO does)")
+        if self.policies:
+            unsupported.append("multi-agent policies are not recurrent yet (single-agent envs are)")
+        if self.num_learners >= 2:
+            unsupported.append(f"num_learners={self.num_learners}: learner groups do not shard sequences yet (use 1)")
+        if self.evaluation_interval:
+            unsupported.append(
+                f"evaluation_interval={self.evaluation_interval}: evaluation does not carry the state yet (use None)"
+            )
+        return [f"model.use_lstm=True: {why}" for why in unsupported]
 
     def _evaluation_problems(self) -> list[str]:
         """``evaluation_config`` keys that are not keys of this config or have invalid values; a video

@@ -1,7 +1,8 @@
 """Batches of experience: columns of NumPy arrays, one row per step.
 
 A :class:`SampleBatch` is a ``dict`` from column name to array (all with the same first
-dimension), so it pickles cheaply through Ray's object store. A
+dimension, but for the sequence columns of a recurrent policy's batch: see below), so it pickles
+cheaply through Ray's object store. A
 :class:`MultiAgentBatch` maps policy ids to sample batches and counts environment steps
 separately from agent steps.
 """
@@ -23,6 +24,11 @@ class SampleBatch(dict[str, Any]):
 
     Values given as lists are converted to arrays. Columns can be LZ4-compressed in place
     with :meth:`compress` and restored with :meth:`decompress_if_needed`.
+
+    A batch of a recurrent policy is cut into sequences (RLlib's convention): ``seq_lens`` holds
+    each sequence's length (they sum to ``count``; its rows are consecutive) and ``state_in_0``,
+    ``state_in_1``, ... the recurrent state at each sequence's first step, one row per sequence.
+    Such a batch slices only at sequence boundaries and shuffles whole sequences.
     """
 
     OBS = "obs"
@@ -45,6 +51,14 @@ class SampleBatch(dict[str, Any]):
     ACTION_MASK = "action_mask"
     #: Legal actions of the row's ``new_obs``: the TD targets' max and argmax range over them.
     NEXT_ACTION_MASK = "next_action_mask"
+    #: The previous action and reward of each row (zeros at an episode's first step), for recurrent models.
+    PREV_ACTIONS = "prev_actions"
+    PREV_REWARDS = "prev_rewards"
+    #: Lengths of the sequences of a recurrent policy's batch (one row per sequence).
+    SEQ_LENS = "seq_lens"
+    #: Prefix of the recurrent state columns: ``state_in_<k>`` (the state acted from) and ``state_out_<k>``.
+    STATE_IN = "state_in_"
+    STATE_OUT = "state_out_"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -53,25 +67,51 @@ class SampleBatch(dict[str, Any]):
                 super().__setitem__(key, np.asarray(value))
         self._check_lengths()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from all its columns at once: pickle's default sets them one by one, in an order where
+        # state_in_* may come before seq_lens says it has one row per sequence.
+        return (self.__class__, (dict(self),))
+
     def __setitem__(self, key: str, value: Any) -> None:
         if not isinstance(value, (np.ndarray, CompressedColumn)):
             value = np.asarray(value)
-        others = dict.__len__(self) - (key in self)
+        if self.is_sequence_column(key):
+            super().__setitem__(key, value)
+            self._check_lengths()
+            return
+        others = sum(1 for k in self if k != key and not self.is_sequence_column(k))
         if others and len(value) != self.count:
             raise ValueError(f"column {key!r} has {len(value)} rows but the SampleBatch has {self.count}")
         super().__setitem__(key, value)
 
+    def is_sequence_column(self, key: str) -> bool:
+        """Whether ``key`` has one row per sequence (``seq_lens``, and ``state_in_*`` of a batch cut into sequences)."""
+        return key == self.SEQ_LENS or (key.startswith(self.STATE_IN) and dict.__contains__(self, self.SEQ_LENS))
+
     def _check_lengths(self) -> None:
-        lengths = {key: len(value) for key, value in self.items()}
+        lengths = {key: len(value) for key, value in self.items() if not self.is_sequence_column(key)}
         if len(set(lengths.values())) > 1:
             raise ValueError(f"SampleBatch columns must have the same number of rows, got {lengths}")
+        if self.SEQ_LENS not in self:
+            return
+        seq_lens = self[self.SEQ_LENS]
+        per_sequence = {key: len(value) for key, value in self.items() if self.is_sequence_column(key)}
+        if len(set(per_sequence.values())) > 1:
+            raise ValueError(f"SampleBatch sequence columns must have one row per sequence, got {per_sequence}")
+        if lengths and int(np.sum(seq_lens)) != self.count:
+            raise ValueError(f"seq_lens sum to {int(np.sum(seq_lens))} but the SampleBatch has {self.count} rows")
 
     @property
     def count(self) -> int:
         """The number of rows (steps)."""
-        for value in self.values():
-            return len(value)
+        for key, value in self.items():
+            if not self.is_sequence_column(key):
+                return len(value)
         return 0
+
+    def sequence_bounds(self) -> np.ndarray:
+        """The row where each sequence starts, then ``count``: ``len(seq_lens) + 1`` values."""
+        return np.concatenate([[0], np.cumsum(self[self.SEQ_LENS], dtype=np.int64)])
 
     def env_steps(self) -> int:
         """Environment steps in the batch (its rows)."""
@@ -97,21 +137,41 @@ class SampleBatch(dict[str, Any]):
         return SampleBatch({k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in self.items()})
 
     def slice(self, start: int, end: int) -> "SampleBatch":
-        """Rows ``start`` to ``end`` (exclusive); arrays are views, not copies."""
+        """Rows ``start`` to ``end`` (exclusive); arrays are views, not copies.
+
+        A batch cut into sequences slices at sequence boundaries only (else ValueError).
+        """
         self._require_decompressed("slice")
-        return SampleBatch({k: v[start:end] for k, v in self.items()})
+        if self.SEQ_LENS not in self:
+            return SampleBatch({k: v[start:end] for k, v in self.items()})
+        bounds = self.sequence_bounds()
+        first, last = np.searchsorted(bounds, [start, end])
+        if first == len(bounds) or last == len(bounds) or bounds[first] != start or bounds[last] != end:
+            raise ValueError(
+                f"SampleBatch.slice({start}, {end}) cuts a sequence; sequences start at rows {bounds.tolist()}"
+            )
+        return SampleBatch(
+            {k: (v[first:last] if self.is_sequence_column(k) else v[start:end]) for k, v in self.items()}
+        )
 
     def rows(self) -> Iterator[dict[str, Any]]:
-        """Iterate over the rows, each a dict from column to value."""
+        """Iterate over the rows, each a dict from column to value (sequence columns left out)."""
         self._require_decompressed("rows")
+        columns = {k: v for k, v in self.items() if not self.is_sequence_column(k)}
         for i in range(self.count):
-            yield {k: v[i] for k, v in self.items()}
+            yield {k: v[i] for k, v in columns.items()}
 
     def shuffle(self, seed: int | np.random.Generator | None = None) -> "SampleBatch":
-        """A copy with the rows in a random order."""
+        """A copy with the rows in a random order (whole sequences, in a batch cut into them)."""
         self._require_decompressed("shuffle")
-        perm = np.random.default_rng(seed).permutation(self.count)
-        return SampleBatch({k: v[perm] for k, v in self.items()})
+        rng = np.random.default_rng(seed)
+        if self.SEQ_LENS not in self:
+            perm = rng.permutation(self.count)
+            return SampleBatch({k: v[perm] for k, v in self.items()})
+        order = rng.permutation(len(self[self.SEQ_LENS]))
+        bounds = self.sequence_bounds()
+        rows = np.concatenate([np.arange(bounds[j], bounds[j + 1]) for j in order] or [np.zeros(0, np.int64)])
+        return SampleBatch({k: (v[order] if self.is_sequence_column(k) else v[rows]) for k, v in self.items()})
 
     def split_by_episode(self) -> list["SampleBatch"]:
         """Split into runs of consecutive rows that share an ``eps_id``."""

@@ -28,6 +28,15 @@ DEFAULT_MODEL_CONFIG: dict[str, Any] = {
     "custom_model_config": {},
     # "flat": Dict/Tuple observations reach the custom model flattened; "structured": as dicts/tuples of tensors.
     "custom_model_obs": "flat",
+    # Wrap the built-in model (MLP or CNN encoder) in an LSTM: the policy then carries a recurrent state.
+    "use_lstm": False,
+    # Units of the LSTM's hidden and cell states.
+    "lstm_cell_size": 256,
+    # Steps per training sequence: longer pieces of an episode are cut (each piece starts from the state sampled).
+    "max_seq_len": 20,
+    # Feed the previous action (one-hot if discrete) and the previous reward to the LSTM as well.
+    "lstm_use_prev_action": False,
+    "lstm_use_prev_reward": False,
 }
 CUSTOM_MODEL_OBS = ("flat", "structured")
 
@@ -45,6 +54,18 @@ def model_config(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     for key in ("fcnet_activation", "conv_activation"):
         if config[key] not in ACTIVATIONS:
             raise FlowRLError(f"model option {key}={config[key]!r} is not one of {sorted(ACTIVATIONS)}")
+    for key in ("lstm_cell_size", "max_seq_len"):
+        value = config[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise FlowRLError(f"model option {key}={value!r} must be an integer >= 1")
+    for key in ("use_lstm", "lstm_use_prev_action", "lstm_use_prev_reward"):
+        if not isinstance(config[key], bool):
+            raise FlowRLError(f"model option {key}={config[key]!r} must be true or false")
+    if config["use_lstm"] and config["custom_model"] is not None:
+        raise FlowRLError(
+            "model option use_lstm wraps the built-in MLP and CNN models; a custom_model cannot be wrapped yet "
+            "(drop use_lstm, or custom_model)"
+        )
     if config["custom_model_obs"] not in CUSTOM_MODEL_OBS:
         shown = config["custom_model_obs"]
         raise FlowRLError(f"model option custom_model_obs={shown!r} is not one of {list(CUSTOM_MODEL_OBS)}")

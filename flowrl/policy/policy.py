@@ -15,6 +15,7 @@ import numpy as np
 from flowrl.data import SampleBatch
 from flowrl.envs.flatten import action_mask_of, flatten_observation
 from flowrl.errors import ConfigError, NonFiniteUpdateError
+from flowrl.policy.model_options import model_config
 
 ModelWeights = dict[str, np.ndarray]
 #: Learner statistic of an update skipped for a non-finite loss or gradient: 1.0 (over several updates,
@@ -196,13 +197,36 @@ class Policy(abc.ABC, Generic[ConfigT]):
         explore: bool | None = None,
         timestep: int | None = None,
         action_mask: np.ndarray | None = None,
+        state: list[np.ndarray] | None = None,
+        prev_actions: np.ndarray | None = None,
+        prev_rewards: np.ndarray | None = None,
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Actions for a batch of observations, and extra per-row outputs (e.g. ``action_logp``).
 
         Observations of a Dict or Tuple space come flattened, as the samplers store them
         (:func:`flowrl.envs.flatten.flatten_observation`; a masked Dict's ``"observations"`` part).
         ``action_mask`` (``[B, n]``, nonzero: legal) restricts each row's action to its legal ones.
+
+        A recurrent policy (one whose :meth:`get_initial_state` is not empty) takes each row's
+        ``state`` (one ``[B, ...]`` array per entry of the initial state) and, if its model reads
+        them, the ``prev_actions`` and ``prev_rewards`` of each row; the extras then hold the next
+        state as ``state_out_0``, ``state_out_1``, ... A feed-forward policy ignores all three.
         """
+
+    def get_initial_state(self) -> list[np.ndarray]:
+        """The recurrent state of one env at an episode's start (a list of arrays); ``[]`` for a
+        feed-forward policy."""
+        return []
+
+    @property
+    def is_recurrent(self) -> bool:
+        """Whether the policy carries a recurrent state from step to step."""
+        return bool(self.get_initial_state())
+
+    @property
+    def max_seq_len(self) -> int:
+        """Steps per training sequence of a recurrent policy (``model.max_seq_len``)."""
+        return int(model_config(self.config.model)["max_seq_len"])
 
     def compute_single_action(
         self, obs: Any, *, explore: bool | None = None, action_mask: np.ndarray | None = None

@@ -9,6 +9,7 @@ next-observation's value stands in for the rest.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Protocol
 
 import numpy as np
@@ -111,9 +112,20 @@ def adjust_nstep(batch: SampleBatch, n_step: int, gamma: float) -> SampleBatch:
 
 def actor_critic_postprocess(policy: TorchPolicy[Any], batch: SampleBatch) -> SampleBatch:
     """Advantages and value targets of a trajectory piece (GAE, or returns minus the critic's
-    values), bootstrapped from the critic unless the episode terminated (A2C, A3C, PPO)."""
+    values), bootstrapped from the critic unless the episode terminated (A2C, A3C, PPO); a recurrent
+    policy's critic reads the state after the piece's last step (its ``state_out_*``)."""
     config: AdvantageConfig = policy.config
-    last_r = bootstrap_value(batch, policy.value)
+    value_fn = policy.value
+    if policy.is_recurrent and batch.count:
+        # The state after the piece's last step is that step's state_out; its action and reward come before.
+        state = [batch[f"{SampleBatch.STATE_OUT}{k}"][-1:] for k in range(len(policy.get_initial_state()))]
+        value_fn = functools.partial(
+            policy.value,
+            state=state,
+            prev_actions=batch[SampleBatch.ACTIONS][-1:],
+            prev_rewards=batch[SampleBatch.REWARDS][-1:],
+        )
+    last_r = bootstrap_value(batch, value_fn)
     return compute_advantages(batch, last_r, gamma=config.gamma, lambda_=config.lambda_, use_gae=config.use_gae)
 
 

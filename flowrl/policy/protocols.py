@@ -52,10 +52,18 @@ class ActingPolicy(Protocol):
     postprocessing of each trajectory piece."""
 
     def compute_actions(
-        self, obs_batch: np.ndarray, /, *, action_mask: np.ndarray | None = None
+        self,
+        obs_batch: np.ndarray,
+        /,
+        *,
+        action_mask: np.ndarray | None = None,
+        state: list[np.ndarray] | None = None,
+        prev_actions: np.ndarray | None = None,
+        prev_rewards: np.ndarray | None = None,
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Actions for ``obs_batch`` (each row's among its legal ones, given ``action_mask``) and extra
-        per-row outputs (e.g. ``action_logp``)."""
+        per-row outputs (e.g. ``action_logp``; a recurrent policy's next ``state_out_*``, see
+        :meth:`flowrl.policy.Policy.compute_actions`)."""
         ...
 
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
@@ -64,12 +72,22 @@ class ActingPolicy(Protocol):
 
 
 class SamplingPolicy(ActingPolicy, Protocol):
-    """What a single-agent sampler uses of a policy: :class:`ActingPolicy`, and whether its
-    postprocessing changes pieces (when it does not, the sampler hands fragments on whole)."""
+    """What a single-agent sampler uses of a policy: :class:`ActingPolicy`, whether its
+    postprocessing changes pieces (when it does not, the sampler hands fragments on whole), and
+    its recurrent state (a recurrent policy's fragments are cut into sequences of ``max_seq_len``)."""
 
     @property
     def postprocesses(self) -> bool:
         """Whether :meth:`postprocess_trajectory` changes pieces."""
+        ...
+
+    def get_initial_state(self) -> list[np.ndarray]:
+        """One env's recurrent state at an episode's start; ``[]`` for a feed-forward policy."""
+        ...
+
+    @property
+    def max_seq_len(self) -> int:
+        """Steps per training sequence of a recurrent policy (``model.max_seq_len``)."""
         ...
 
 

@@ -15,10 +15,22 @@ from flowrl.policy.protocols import BatchLearner
 def _shuffle_sequences(batch: SampleBatch, sequence_length: int, rng: np.random.Generator) -> SampleBatch:
     """A copy with whole runs of ``sequence_length`` rows in a random order (rows inside a run keep theirs)."""
     if sequence_length == 1:
-        return batch.shuffle(rng)
+        return batch.shuffle(rng)  # whole sequences, in a batch cut into them
     order = rng.permutation(batch.count // sequence_length)
     rows = (order[:, None] * sequence_length + np.arange(sequence_length)).reshape(-1)
     return SampleBatch({k: v[rows] for k, v in batch.items()})
+
+
+def _minibatch_bounds(epoch: SampleBatch, size: int) -> list[tuple[int, int]]:
+    """Row ranges of the minibatches of ``epoch``: ``size`` rows each, or, in a batch cut into
+    sequences, whole sequences from the first boundary at or after each multiple of ``size``."""
+    count = epoch.count
+    if SampleBatch.SEQ_LENS not in epoch:
+        starts = list(range(0, count, size))
+    else:
+        bounds = epoch.sequence_bounds()
+        starts = sorted(set(bounds[np.searchsorted(bounds, np.arange(0, count, size))].tolist()) - {count})
+    return list(zip(starts, [*starts[1:], count]))
 
 
 def minibatch_sgd(
@@ -36,7 +48,9 @@ def minibatch_sgd(
     on the whole batch. A trailing minibatch smaller than half the size is skipped.
     ``sequence_length`` > 1 keeps runs of that many rows together (the fixed-length
     fragments V-trace reads time-major): the batch must hold whole runs, and the
-    minibatch size is rounded down to whole runs (at least one).
+    minibatch size is rounded down to whole runs (at least one). A batch cut into sequences
+    (a recurrent policy's, with ``seq_lens``) shuffles whole sequences and cuts its minibatches
+    at sequence boundaries only.
 
     The means are over the updates the policy applied (over all, if it skipped every one
     for a non-finite value); ``nonfinite_update`` is then the fraction it skipped.
@@ -60,9 +74,9 @@ def minibatch_sgd(
     for _ in range(num_sgd_iter):
         with loading():
             epoch = _shuffle_sequences(batch, sequence_length, rng) if size < batch.count else batch
-        for start in range(0, batch.count, size):
+        for start, stop in _minibatch_bounds(epoch, size):
             with loading():
-                minibatch = epoch.slice(start, min(start + size, batch.count))
+                minibatch = epoch.slice(start, stop)
             if minibatch.count < max(1, size // 2):
                 continue
             if shard is not None:

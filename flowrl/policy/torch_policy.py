@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence, cast
 
 import gymnasium as gym
 import numpy as np
@@ -21,11 +21,12 @@ from flowrl.policy.model_options import model_config
 from flowrl.policy.policy import NONFINITE_UPDATE, ConfigT, LearnOutput, ModelWeights, Policy
 
 if TYPE_CHECKING:
-    from flowrl.policy import models, numpy_inference
+    from flowrl.policy import models, numpy_inference, recurrent
     from flowrl.policy.numpy_inference import NumpyActorCritic
 else:  # torch modules: imported when the first policy is built
     models = DeferredModule("flowrl.policy.models")
     numpy_inference = DeferredModule("flowrl.policy.numpy_inference")
+    recurrent = DeferredModule("flowrl.policy.recurrent")
 
 TensorBatch = dict[str, "torch.Tensor"]
 
@@ -49,6 +50,8 @@ ModelFn = Callable[[gym.Space[Any], gym.Space[Any], int, Mapping[str, Any]], "nn
 OptimizerFn = Callable[["TorchPolicy[Any]"], "torch.optim.Optimizer"]
 GradientSync = Callable[["nn.Module", int, bool], bool]
 _NOT_BUILT = object()
+#: The algorithms that learn with a recurrent model (``model.use_lstm``): their losses read sequences.
+RECURRENT_ALGORITHMS = ("ppo",)
 
 
 def adam(params: Any, device: torch.device, **settings: Any) -> torch.optim.Adam:
@@ -117,9 +120,19 @@ class TorchPolicy(Policy[ConfigT]):
         options = model_config(config.model)
         if options["custom_model"] is not None:
             model = build_custom_model(model_interface, space, action_space, num_outputs, options)
+        elif options["use_lstm"]:
+            if make_model is not default_model:
+                raise ConfigError(
+                    [
+                        f"model.use_lstm=True: {type(config).__name__}'s model cannot be wrapped in an LSTM yet; "
+                        f"use_lstm works with {', '.join(RECURRENT_ALGORITHMS)}"
+                    ]
+                )
+            model = recurrent.RecurrentActorCritic(space, action_space, num_outputs, options)
         else:
             model = make_model(space, action_space, num_outputs, options)
         self.model = model.to(self.device)
+        self._initial_state = _as_recurrent(model).initial_state() if options["use_lstm"] else []
         self.target_model: nn.Module | None = None
         if target_network:
             self.target_model = copy.deepcopy(self.model)
@@ -172,6 +185,34 @@ class TorchPolicy(Policy[ConfigT]):
         out = self.model(models.obs_to_tensor(obs_batch, self.model_observation_space, self.device))
         return out if isinstance(out, tuple) else (out, None)
 
+    def _forward_step(
+        self,
+        obs_batch: np.ndarray,
+        state: list[np.ndarray] | None,
+        prev_actions: np.ndarray | None,
+        prev_rewards: np.ndarray | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """One step of the recurrent model for each row, from ``state`` (None: the initial state)."""
+        if state is None:
+            state = [np.repeat(s[None], len(obs_batch), axis=0) for s in self._initial_state]
+        obs = models.obs_to_tensor(obs_batch, self.model_observation_space, self.device)
+        return _as_recurrent(self.model).step(obs, state, prev_actions, prev_rewards)
+
+    def get_initial_state(self) -> list[np.ndarray]:
+        return [s.copy() for s in self._initial_state]
+
+    @property
+    def is_recurrent(self) -> bool:
+        return bool(self._initial_state)  # read on every step: no new arrays
+
+    def model_outputs(self, model: nn.Module, batch: TensorBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``model``'s distribution inputs and values for every row of ``batch`` (what a loss calls):
+        a batch cut into sequences goes through the recurrent model padded, its padding left out."""
+        if SampleBatch.SEQ_LENS in batch:
+            return _as_recurrent(model).forward_rows(batch)
+        result = model(batch[SampleBatch.OBS])
+        return result if isinstance(result, tuple) else (result, None)
+
     def _numpy_twin(self) -> NumpyActorCritic | None:
         if self._numpy_model is _NOT_BUILT:
             self._numpy_model = numpy_inference.NumpyActorCritic.build(self.model, self.model_observation_space)
@@ -184,9 +225,16 @@ class TorchPolicy(Policy[ConfigT]):
         explore: bool | None = None,
         timestep: int | None = None,
         action_mask: np.ndarray | None = None,
+        state: list[np.ndarray] | None = None,
+        prev_actions: np.ndarray | None = None,
+        prev_rewards: np.ndarray | None = None,
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         explore = self.explore if explore is None else explore
         timestep = self.global_timestep if timestep is None else timestep
+        if self.is_recurrent:
+            return self._compute_recurrent_actions(
+                obs_batch, explore, timestep, action_mask, state, prev_actions, prev_rewards
+            )
         twin = self._numpy_twin() if type(self.exploration) is StochasticSampling else None
         if twin is not None:
             # Small MLP policies act faster in NumPy than through PyTorch's dispatch.
@@ -214,8 +262,43 @@ class TorchPolicy(Policy[ConfigT]):
                 extra[SampleBatch.VF_PREDS] = values.cpu().numpy()
             return actions.cpu().numpy(), extra
 
-    def value(self, obs_batch: np.ndarray) -> np.ndarray:
-        """State values for a batch of observations (models with a value head)."""
+    def _compute_recurrent_actions(
+        self,
+        obs_batch: np.ndarray,
+        explore: bool,
+        timestep: int,
+        action_mask: np.ndarray | None,
+        state: list[np.ndarray] | None,
+        prev_actions: np.ndarray | None,
+        prev_rewards: np.ndarray | None,
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        with torch.inference_mode():
+            dist_inputs, values, state_out = self._forward_step(obs_batch, state, prev_actions, prev_rewards)
+            mask = None if action_mask is None else torch.as_tensor(action_mask, device=self.device)
+            dist = self.dist_class(dist_inputs, action_mask=mask)
+            actions, logp = self.exploration.get_action(dist, timestep=timestep, explore=explore)
+            extra = {
+                SampleBatch.ACTION_LOGP: logp.cpu().numpy(),
+                SampleBatch.ACTION_DIST_INPUTS: dist.inputs.cpu().numpy(),
+                SampleBatch.VF_PREDS: values.cpu().numpy(),
+            }
+            for k, s in enumerate(state_out):
+                extra[f"{SampleBatch.STATE_OUT}{k}"] = s.cpu().numpy()
+            return actions.cpu().numpy(), extra
+
+    def value(
+        self,
+        obs_batch: np.ndarray,
+        state: list[np.ndarray] | None = None,
+        prev_actions: np.ndarray | None = None,
+        prev_rewards: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """State values for a batch of observations (models with a value head); a recurrent
+        policy's from each row's ``state`` (and previous action and reward, if its model reads them)."""
+        if self.is_recurrent:
+            with torch.inference_mode():
+                _, recurrent_values, _ = self._forward_step(obs_batch, state, prev_actions, prev_rewards)
+            return recurrent_values.cpu().numpy()
         twin = self._numpy_twin()
         if twin is not None and twin.value_head is not None:
             return twin.value(obs_batch)
@@ -401,6 +484,11 @@ class TorchPolicy(Policy[ConfigT]):
         super().set_sampling_state(state)
         self.exploration.set_state(state["exploration"])
         self._np_rng.bit_generator.state = state["np_rng"]
+
+
+def _as_recurrent(model: nn.Module) -> recurrent.RecurrentActorCritic:
+    """``model``, built by ``model.use_lstm``, as the recurrent model it is."""
+    return cast("recurrent.RecurrentActorCritic", model)
 
 
 def _first_nonfinite(arrays: Sequence[np.ndarray]) -> int | None:

@@ -124,14 +124,14 @@ def test_keys_that_change_nothing_are_listed_in_one_note() -> None:
         "horizon": None,
         "clip_rewards": False,
         "optimizer": {"debug": False},
-        "model": {"use_lstm": False, "fcnet_hiddens": [16]},
+        "model": {"use_attention": False, "fcnet_hiddens": [16]},
     }
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         config = config_of("apex", rllib)
     notes = [str(w.message) for w in caught if w.category is RLlibConfigNote]
     assert len(notes) == 1
-    for key in ("log_level", "enable_connectors", "horizon", "clip_rewards", "optimizer.debug", "model.use_lstm"):
+    for key in ("log_level", "enable_connectors", "horizon", "clip_rewards", "optimizer.debug", "model.use_attention"):
         assert key in notes[0]
     assert config.model == {"fcnet_hiddens": [16]}
 
@@ -144,7 +144,7 @@ def test_keys_that_change_nothing_are_listed_in_one_note() -> None:
         ("dqn", {"num_atoms": 51}, "num_atoms=51"),
         ("dqn", {"hiddens": [256]}, "hiddens=[256]"),
         ("impala", {"opt_type": "rmsprop"}, "opt_type='rmsprop'"),
-        ("ppo", {"model": {"use_lstm": True}}, "model.use_lstm=True"),
+        ("ppo", {"model": {"use_attention": True}}, "model.use_attention=True"),
         (
             "dqn",
             {"replay_buffer_config": {"type": "ReservoirReplayBuffer"}},
@@ -162,6 +162,23 @@ def test_an_rllib_key_that_would_change_the_math_is_a_config_error_naming_it(
     message = str(raised.value)
     assert f"RLlib key {named} is not implemented by flowrl" in message
     assert "lr=-1.0" in message
+
+
+def test_rllib_lstm_keys_translate_to_the_recurrent_model() -> None:
+    rllib = {"model": {"use_lstm": True, "lstm_cell_size": 32, "max_seq_len": 10, "lstm_use_prev_action_reward": True}}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = config_of("ppo", rllib)
+    assert config.model == {
+        "use_lstm": True,
+        "lstm_cell_size": 32,
+        "max_seq_len": 10,
+        "lstm_use_prev_action": True,
+        "lstm_use_prev_reward": True,
+    }
+    assert any("lstm_use_prev_action_reward=True" in str(w.message) for w in caught)
+    with pytest.raises(ConfigError, match="model.use_lstm=True: DQNConfig does not learn from sequences yet"):
+        config_of("dqn", rllib)
 
 
 def test_an_rllib_key_the_algorithm_lacks_or_a_contradiction_is_a_config_error() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -359,3 +361,11 @@ def test_concat_samples_leaves_compressed_inputs_compressed() -> None:
     joined = concat_samples([packed, packed])
     assert joined.count == 8 and not joined.is_compressed()
     assert packed.is_compressed()
+
+
+def test_a_batch_of_sequences_survives_pickling_whatever_its_column_order() -> None:
+    # Ray ships fragments by pickle: state_in_* before seq_lens once failed the row-count check on the way in.
+    batch = SampleBatch({"state_in_0": np.zeros((2, 3)), "obs": np.arange(5.0), "seq_lens": np.array([3, 2])})
+    restored = pickle.loads(pickle.dumps(batch))
+    assert isinstance(restored, SampleBatch) and restored.count == 5
+    np.testing.assert_array_equal(restored["seq_lens"], [3, 2])

@@ -8,6 +8,7 @@ sampler's state.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import cloudpickle
@@ -16,6 +17,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.utils import EzPickle
 
+from flowrl.data import SampleBatch
 from flowrl.envs.checker import VECTOR_ENV_HINT, abbreviate, element_name
 from flowrl.envs.flatten import ObsFlattener, is_structured
 
@@ -189,3 +191,33 @@ class ObservationCheck:
         if self.high is not None:
             ok &= (rows <= self.high).all(axis=axes)
         return ok
+
+
+def bad_rows(
+    columns: Mapping[str, np.ndarray], keep: np.ndarray, check: ObservationCheck
+) -> Iterator[tuple[int, int, str | None]]:
+    """The rows of a fragment's ``[T, N]`` columns with a non-finite reward, a non-finite or out-of-bounds
+    ``new_obs``, or (a row that starts an episode) an out-of-bounds ``obs``, in step order: ``(step, env,
+    problem)``, where ``problem`` says what is wrong with the reward or ``new_obs``, or is None when it is the
+    row's ``obs``. A quick pass over whole columns first; only when it fails are rows looked at one by one.
+    Lazy: a row whose ``keep`` the caller has cleared meanwhile (its episode dropped) is skipped.
+    """
+    rewards, new_obs, obs = (columns[k] for k in (SampleBatch.REWARDS, SampleBatch.NEW_OBS, SampleBatch.OBS))
+    floating = new_obs.dtype.kind == "f"
+    if (
+        math.isfinite(np.add.reduce(rewards, axis=None))
+        and (not floating or math.isfinite(np.add.reduce(new_obs, axis=None)))
+        and check.all_in_bounds(new_obs)
+        and check.all_in_bounds(obs)  # its rows are earlier rows' new_obs (checked) or a reset's
+    ):
+        return
+    starts = columns[SampleBatch.T] == 0  # rows whose obs came from a reset, not an earlier row's new_obs
+    bad = ~np.isfinite(rewards)
+    if floating:
+        bad |= ~np.isfinite(new_obs.reshape(*bad.shape, -1)).all(axis=-1)
+    if check.has_bounds:
+        bad |= ~check.in_bounds(new_obs)
+        bad[starts] |= ~check.in_bounds(obs[starts])
+    for step, i in np.argwhere(bad & keep).tolist():  # in step order, as they happened
+        if keep[step, i]:
+            yield step, i, reward_problem(rewards[step, i]) or check.value_problem(new_obs[step, i], "new_obs")

@@ -6,6 +6,7 @@ agent of each env of a multi-agent sampler; both read a mask with :func:`read_ma
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
@@ -45,6 +46,20 @@ class ActionMasks:
         state the policy must act in. The message names the mask by ``obs_field`` (``obs_field['action_mask']``
         of a masked Dict observation, else ``info['action_mask']``)."""
         return no_legal_action(legal, mask_field(self.observation_space, obs_field))
+
+    def empty_problem(self, i: int, obs_field: str) -> str | None:
+        """:meth:`problem` for env ``i``'s current mask if it allows no action; None if it allows one."""
+        legal = self.current
+        return None if legal is None or legal[i].any() else self.problem(legal[i], obs_field)
+
+    def get_state(self) -> tuple[np.ndarray | None, bool]:
+        """Each env's current mask and whether the envs gave masks, for a sampler's checkpoint."""
+        return copy.deepcopy(self.current), self.masked
+
+    def set_state(self, state: tuple[np.ndarray | None, bool]) -> None:
+        """Restore :meth:`get_state`'s output."""
+        current, self.masked = state
+        self.current = copy.deepcopy(current)
 
     def columns(self, length: int) -> dict[str, np.ndarray]:
         """A fragment's ``action_mask`` and ``next_action_mask`` columns of ``length`` rows (all legal until

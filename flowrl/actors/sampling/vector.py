@@ -14,7 +14,6 @@ learner either raises :class:`~flowrl.errors.BadObservationError` or has its epi
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -23,12 +22,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from flowrl.actors.sampling.checks import ObservationCheck, reward_problem
+from flowrl.actors.sampling.checks import ObservationCheck, bad_rows, reward_problem
 from flowrl.actors.sampling.episode_hooks import EpisodeHooks
 from flowrl.actors.sampling.fragment import _Fragment
 from flowrl.actors.sampling.masks import ActionMasks
 from flowrl.actors.sampling.recovery import EnvMaker, EpisodeStats, FaultTolerantSampler, no_clock
+from flowrl.actors.sampling.recurrent_state import RecurrentState
 from flowrl.data import SampleBatch, concat_samples
+from flowrl.data.sequences import chop_into_sequences
 from flowrl.envs.checker import abbreviate
 from flowrl.envs.envpool_backend import EnvPoolVector, shared_vector
 from flowrl.envs.episodes import recorded_episode, records_episodes
@@ -62,6 +63,9 @@ class VectorSampler(FaultTolerantSampler):
     each env's current mask, and the fragments hold the ``action_mask`` of each row's observation and
     the ``next_action_mask`` of its ``new_obs``. A mask that allows no action where the policy must act
     (after ``reset``, or a step that ended nothing) is a bad observation, checked as the others are.
+
+    A recurrent policy acts from each env's state (:class:`RecurrentState`, reset at every episode start);
+    its pieces are cut into sequences (:func:`~flowrl.data.sequences.chop_into_sequences`).
     """
 
     def __init__(
@@ -100,6 +104,10 @@ class VectorSampler(FaultTolerantSampler):
         self._flatten = self._obs_check.flatten
         n = len(envs)
         self.masks = ActionMasks(envs[0], n, worker_index)
+        # A duck-typed stand-in (no Policy subclass) written before recurrent policies has no state.
+        initial: list[np.ndarray] = getattr(policy, "get_initial_state", list)()
+        #: A recurrent policy's state per env (None for a feed-forward policy).
+        self.recurrent = RecurrentState(initial, n, space) if initial else None
         #: Checks on (the default); benchmarks/sampler_checks.py turns them off to measure their cost.
         self._check_data = True
         self._next_episode_id = episode_id_base
@@ -129,13 +137,19 @@ class VectorSampler(FaultTolerantSampler):
     )
 
     def get_state(self) -> dict[str, Any]:
-        return {**super().get_state(), "action_masks": (copy.deepcopy(self.masks.current), self.masks.masked)}
+        return {
+            **super().get_state(),
+            "action_masks": self.masks.get_state(),
+            "recurrent": None if self.recurrent is None else self.recurrent.get_state(),
+        }
 
     def set_state(self, state: Mapping[str, Any]) -> list[int]:
-        # Before the envs: an env that cannot be restored starts an episode, and with it its mask.
+        # Before the envs: an env that cannot be restored starts an episode, and with it its mask and state.
         if "action_masks" in state and len(state["envs"]) == len(self.envs):
-            current, self.masks.masked = state["action_masks"]
-            self.masks.current = copy.deepcopy(current)
+            self.masks.set_state(state["action_masks"])
+        saved = state.get("recurrent")  # absent in checkpoints older than recurrent policies
+        if self.recurrent is not None and saved is not None and len(state["envs"]) == len(self.envs):
+            self.recurrent.set_state(saved)
         return super().set_state(state)
 
     def _restart_episode(self, index: int) -> None:
@@ -150,9 +164,9 @@ class VectorSampler(FaultTolerantSampler):
         """One fragment: ``fragment_length`` steps per env, postprocessed."""
         if self.batch_mode == "truncate_episodes":
             fragment = self._run()
-            if not self.policy.postprocesses:  # the pieces would be concatenated unchanged
+            if not self.policy.postprocesses and self.recurrent is None:  # the pieces would be concatenated unchanged
                 return fragment.whole()
-            return concat_samples([self.policy.postprocess_trajectory(p) for p in fragment.pieces()])
+            return concat_samples([self._finish_piece(p) for p in fragment.pieces()])
         done: list[SampleBatch] = []
         target = self.fragment_length * len(self.envs)
         while sum(b.count for b in done) < target:
@@ -163,8 +177,13 @@ class VectorSampler(FaultTolerantSampler):
                 if piece[SampleBatch.TERMINATEDS][last] or piece[SampleBatch.TRUNCATEDS][last]:
                     episode = concat_samples(self._carry[env_index])
                     self._carry[env_index] = []
-                    done.append(self.policy.postprocess_trajectory(episode))
+                    done.append(self._finish_piece(episode))
         return concat_samples(done)
+
+    def _finish_piece(self, piece: SampleBatch) -> SampleBatch:
+        """One env's piece postprocessed, and a recurrent policy's cut into sequences."""
+        piece = self.policy.postprocess_trajectory(piece)
+        return piece if self.recurrent is None else chop_into_sequences(piece, self.policy.max_seq_len)
 
     def _run(self) -> _Fragment:
         """Step every env ``fragment_length`` times; return the ``[T, n]`` fragment, its checks passed."""
@@ -184,6 +203,8 @@ class VectorSampler(FaultTolerantSampler):
             filtered=None if self.obs_filter is None else np.empty((T, *self.obs.shape), dtype=np.float32),
         )
         fragment.columns.update(self.masks.columns(T))
+        if self.recurrent is not None:
+            fragment.columns.update(self.recurrent.columns(T))
         pool = shared_vector(self.envs)  # a worker's EnvPool, stepped in one call, or None
         recording = [records_episodes(env) for env in self.envs]  # read per fragment: a recreated env may differ
         clock = time.perf_counter if self.timed else no_clock
@@ -207,11 +228,12 @@ class VectorSampler(FaultTolerantSampler):
         columns = fragment.columns
         # Masks only where the fragment has their columns (made when the envs were known to be masked).
         masks = self.masks.current if SampleBatch.ACTION_MASK in columns else None
-        if masks is None:
-            actions, extra = self.policy.compute_actions(policy_obs)
-        else:
-            columns[SampleBatch.ACTION_MASK][step] = masks
-            actions, extra = self.policy.compute_actions(policy_obs, action_mask=masks)
+        recurrent, inputs = self.recurrent, dict[str, Any]()
+        if masks is not None:
+            columns[SampleBatch.ACTION_MASK][step] = inputs["action_mask"] = masks
+        if recurrent is not None:
+            inputs.update(recurrent.record(columns, step))
+        actions, extra = self.policy.compute_actions(policy_obs, **inputs)
         inferred = clock()
         if fragment.filtered is not None:
             fragment.filtered[step] = policy_obs
@@ -241,6 +263,8 @@ class VectorSampler(FaultTolerantSampler):
         self.obs[:] = new_obs
         if masks is not None:
             masks[:] = columns[SampleBatch.NEXT_ACTION_MASK][step]
+        if recurrent is not None:  # before the episodes that ended start again from the initial state
+            recurrent.advance(extra, actions, step_rewards)
         self.episode_rewards += step_rewards
         self.ts += 1
         if hooks is not None:
@@ -403,12 +427,16 @@ class VectorSampler(FaultTolerantSampler):
         """
         if not pooled:
             self.obs[i], _, _ = self._reset(i, None, row, full=False)
+        if self.recurrent is not None:
+            self.recurrent.reset(i)
 
     def _start_episode(self, i: int, seed: int | None, row: int, *, full: bool = False) -> None:
         """Reset env ``i`` for a new episode starting at ``row`` of the fragment (``fragment_length``: the next one)."""
         self.episode_rewards[i] = 0.0
         self.ts[i] = 0
         self.eps_ids[i] = self._new_episode_id()
+        if self.recurrent is not None:
+            self.recurrent.reset(i)
         self.obs[i], raw, info = self._reset(i, seed, row, full=full)
         if self.hooks is not None:
             self.hooks.start(i, int(self.eps_ids[i]), raw, info)
@@ -432,59 +460,32 @@ class VectorSampler(FaultTolerantSampler):
             obs = raw if self._flatten is None else self._flatten(raw)
             if not self._check_data:
                 return obs, raw, info
-            legal = self.masks.current
-            if legal is not None and not legal[i].any():  # the episode's first state needs a legal action
-                self._bad_data(
-                    i, f"env.reset() (vector step {self._vector_step(row)})", self.masks.problem(legal[i], "obs")
-                )
-                seed = None
-                continue
-            if not full:
+            problem = self.masks.empty_problem(i, "obs")  # the episode's first state needs a legal action
+            if problem is None and not full:
                 rows = self.obs
                 if obs.__class__ is np.ndarray and obs.shape == rows.shape[1:] and obs.dtype is rows.dtype:
                     return obs, raw, info  # the right form; its values are checked with the step's and the fragment's
-            check = self._obs_check
-            problem = check.problem(obs, "obs") if full else check.form_problem(obs, "obs")
+            if problem is None:
+                check = self._obs_check
+                problem = check.problem(obs, "obs") if full else check.form_problem(obs, "obs")
             if problem is None:
                 return obs, raw, info
             self._bad_data(i, f"env.reset() (vector step {self._vector_step(row)})", problem)
             seed = None
 
     def _check_fragment(self, fragment: _Fragment) -> None:
-        """Check the fragment's rewards, final observations and bounds; drop (or raise for) the episodes at fault.
-
-        A quick pass over whole columns first; only when it fails are rows looked at one by one.
-        """
-        columns, check = fragment.columns, self._obs_check
-        rewards, new_obs, obs = (columns[k] for k in (SampleBatch.REWARDS, SampleBatch.NEW_OBS, SampleBatch.OBS))
-        floating = new_obs.dtype.kind == "f"
-        if (
-            math.isfinite(np.add.reduce(rewards, axis=None))
-            and (not floating or math.isfinite(np.add.reduce(new_obs, axis=None)))
-            and check.all_in_bounds(new_obs)
-            and check.all_in_bounds(obs)  # its rows are earlier rows' new_obs (checked) or a reset's
-        ):
-            return
-        starts = columns[SampleBatch.T] == 0  # rows whose obs came from a reset, not an earlier row's new_obs
-        bad = ~np.isfinite(rewards)
-        if floating:
-            bad |= ~np.isfinite(new_obs.reshape(*bad.shape, -1)).all(axis=-1)
-        if check.has_bounds:
-            bad |= ~check.in_bounds(new_obs)
-            bad[starts] |= ~check.in_bounds(obs[starts])
-        bad &= fragment.keep
-        for step, i in np.argwhere(bad).tolist():  # in step order, as they happened
-            if not fragment.keep[step, i]:
-                continue  # its episode was dropped for an earlier row
+        """Check the fragment's rewards, final observations and bounds; drop (or raise for) the episodes at fault."""
+        columns = fragment.columns
+        for step, i, problem in bad_rows(columns, fragment.keep, self._obs_check):
             vector_step = self._vector_step(step)
-            problem = reward_problem(rewards[step, i]) or check.value_problem(new_obs[step, i], "new_obs")
             if problem is not None:
                 t = int(columns[SampleBatch.T][step, i])
                 self._bad_data(i, f"env.step() at step {t} of its episode (vector step {vector_step})", problem)
             else:  # the row's obs, the first of its episode
-                self._bad_data(i, f"env.reset() (vector step {vector_step})", self._problem(obs[step, i], "obs"))
+                obs = columns[SampleBatch.OBS][step, i]
+                self._bad_data(i, f"env.reset() (vector step {vector_step})", self._problem(obs, "obs"))
             if self._discard_episode(fragment, i, step):
-                self._start_episode(i, None, len(bad), full=True)
+                self._start_episode(i, None, len(fragment.keep), full=True)
 
     def _discard_episode(self, fragment: _Fragment, i: int, step: int) -> bool:
         """Drop env ``i``'s episode holding row ``step``: its rows, carried pieces and statistics.

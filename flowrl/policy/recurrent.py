@@ -1,0 +1,172 @@
+"""The recurrent actor-critic (``model: {use_lstm: true}``) and the padding of sequence batches.
+
+:class:`RecurrentActorCritic` runs the built-in encoder (MLP, or CNN for image frames) on each
+step, feeds the features (with the previous action and reward, if configured) through an LSTM,
+and reads the policy's distribution inputs from the LSTM's output. The value comes from a second
+encoder and LSTM of the same shape (as the feed-forward model's value head has its own encoder),
+or with ``vf_share_layers`` from the policy's LSTM. Its state is ``[h, c]`` of each LSTM (four
+arrays, or two when shared), each ``[lstm_cell_size]`` per env, zeros at an episode's start.
+
+Learning reads a batch cut into sequences (see :class:`~flowrl.data.SampleBatch`): :func:`pad`
+lays its rows out as ``[B, T, ...]`` (T: the longest sequence), the LSTM runs from each
+sequence's ``state_in_*``, and :func:`unpad` takes the outputs of the real steps back to rows,
+so that every loss term and statistic is over the steps sampled, never over padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from flowrl.data import SampleBatch
+from flowrl.errors import ConfigError
+from flowrl.policy.models import make_encoder
+
+
+def sequence_index(seq_lens: torch.Tensor, max_len: int) -> torch.Tensor:
+    """For each row of a batch cut into sequences, its place ``b * max_len + t`` in the padded ``[B, T]`` layout."""
+    seq_lens = seq_lens.long()
+    starts = torch.cumsum(seq_lens, 0) - seq_lens
+    sequence = torch.repeat_interleave(torch.arange(len(seq_lens), device=seq_lens.device), seq_lens)
+    step = torch.arange(int(seq_lens.sum()), device=seq_lens.device) - starts[sequence]
+    return sequence * max_len + step
+
+
+def pad(rows: torch.Tensor, seq_lens: torch.Tensor, max_len: int) -> torch.Tensor:
+    """``rows`` (``[N, ...]``, sequence after sequence) as ``[B, max_len, ...]``, zeros after each sequence's end."""
+    padded = rows.new_zeros((len(seq_lens) * max_len, *rows.shape[1:]))
+    padded[sequence_index(seq_lens, max_len)] = rows
+    return padded.reshape(len(seq_lens), max_len, *rows.shape[1:])
+
+
+def unpad(padded: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """The real steps of ``padded`` (``[B, T, ...]``) back as rows ``[N, ...]`` (what :func:`pad` was given)."""
+    B, T = padded.shape[:2]
+    return padded.reshape(B * T, *padded.shape[2:])[sequence_index(seq_lens, T)]
+
+
+def step_mask(seq_lens: torch.Tensor, max_len: int) -> torch.Tensor:
+    """``[B, max_len]`` bools: True at the real steps of each sequence, False at its padding."""
+    return torch.arange(max_len, device=seq_lens.device)[None, :] < seq_lens.long()[:, None]
+
+
+def _action_input_dim(action_space: gym.Space[Any]) -> int:
+    if isinstance(action_space, gym.spaces.Discrete):
+        return int(action_space.n)
+    if isinstance(action_space, gym.spaces.Box):
+        return int(np.prod(action_space.shape))
+    raise ConfigError([f"model option lstm_use_prev_action takes a Discrete or Box action space, not {action_space}"])
+
+
+class _EncoderLSTM(nn.Module):
+    """The encoder of each step, then an LSTM over the steps (with the previous action and reward)."""
+
+    def __init__(self, obs_space: gym.Space[Any], in_extra: int, config: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.encoder = make_encoder(obs_space, config)
+        self.lstm = nn.LSTM(self.encoder.out_dim + in_extra, int(config["lstm_cell_size"]), batch_first=True)
+
+    def forward(
+        self, obs: torch.Tensor, extra: list[torch.Tensor], state: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        B, T = obs.shape[:2]
+        features = self.encoder(obs.reshape(B * T, *obs.shape[2:])).reshape(B, T, -1)
+        h, c = state
+        out, (h_out, c_out) = self.lstm(torch.cat([features, *extra], dim=-1), (h.unsqueeze(0), c.unsqueeze(0)))
+        return out, [h_out.squeeze(0), c_out.squeeze(0)]
+
+
+class RecurrentActorCritic(nn.Module):
+    """An encoder and an LSTM over time, a head of ``num_outputs`` distribution inputs, and a value
+    head on its own encoder and LSTM (on the policy's with ``vf_share_layers``)."""
+
+    def __init__(
+        self, obs_space: gym.Space[Any], action_space: gym.Space[Any], num_outputs: int, config: Mapping[str, Any]
+    ) -> None:
+        super().__init__()
+        self.action_space = action_space
+        self.prev_action_dim = _action_input_dim(action_space) if config["lstm_use_prev_action"] else 0
+        self.use_prev_reward = bool(config["lstm_use_prev_reward"])
+        self.cell_size = int(config["lstm_cell_size"])
+        in_extra = self.prev_action_dim + int(self.use_prev_reward)
+        self.branch = _EncoderLSTM(obs_space, in_extra, config)
+        self.vf_branch = None if config["vf_share_layers"] else _EncoderLSTM(obs_space, in_extra, config)
+        self.policy_head = nn.Linear(self.cell_size, num_outputs)
+        self.value_head = nn.Linear(self.cell_size, 1)
+        nn.init.orthogonal_(self.policy_head.weight, gain=0.01)
+        nn.init.zeros_(self.policy_head.bias)
+
+    def initial_state(self) -> list[np.ndarray]:
+        """The state of one env at an episode's start: ``[h, c]`` of each LSTM, zeros."""
+        return [np.zeros(self.cell_size, dtype=np.float32) for _ in range(2 if self.vf_branch is None else 4)]
+
+    def _prev_action_input(self, prev_actions: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.action_space, gym.spaces.Discrete):
+            return nn.functional.one_hot(prev_actions.long(), self.prev_action_dim).float()
+        return prev_actions.float().flatten(2)
+
+    def forward_sequences(
+        self,
+        obs: torch.Tensor,
+        state: list[torch.Tensor],
+        prev_actions: torch.Tensor | None = None,
+        prev_rewards: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """Run ``[B, T, ...]`` observations from ``state`` (``[h, c]`` of each LSTM, each ``[B, cell]``):
+        distribution inputs ``[B, T, num_outputs]``, values ``[B, T]`` and the state after the last step."""
+        inputs = []
+        if self.prev_action_dim:
+            if prev_actions is None:
+                raise ValueError("this model reads the previous actions (lstm_use_prev_action) but got none")
+            inputs.append(self._prev_action_input(prev_actions))
+        if self.use_prev_reward:
+            if prev_rewards is None:
+                raise ValueError("this model reads the previous rewards (lstm_use_prev_reward) but got none")
+            inputs.append(prev_rewards.float().unsqueeze(-1))
+        out, state_out = self.branch(obs, inputs, state[:2])
+        vf_out = out
+        if self.vf_branch is not None:
+            vf_out, vf_state_out = self.vf_branch(obs, inputs, state[2:])
+            state_out += vf_state_out
+        return self.policy_head(out), self.value_head(vf_out).squeeze(-1), state_out
+
+    def step(
+        self,
+        obs: torch.Tensor,
+        state: list[np.ndarray],
+        prev_actions: np.ndarray | None = None,
+        prev_rewards: np.ndarray | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """One step for each row of ``obs`` (``[B, ...]``, a tensor) from ``state`` and the previous actions
+        and rewards (arrays): distribution inputs ``[B, num_outputs]``, values ``[B]`` and the next state."""
+        device = obs.device
+
+        def one_step(value: np.ndarray | None) -> torch.Tensor | None:
+            return None if value is None else torch.as_tensor(value, device=device).unsqueeze(1)
+
+        state_in = [torch.as_tensor(s, device=device) for s in state]
+        dist_inputs, values, state_out = self.forward_sequences(
+            obs.unsqueeze(1), state_in, one_step(prev_actions), one_step(prev_rewards)
+        )
+        return dist_inputs[:, 0], values[:, 0], state_out
+
+    def forward_rows(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Distribution inputs and values for every row of a batch cut into sequences (tensors), padding left out."""
+        seq_lens = batch[SampleBatch.SEQ_LENS]
+        max_len = int(seq_lens.max())
+        state = [batch[f"{SampleBatch.STATE_IN}{k}"] for k in range(2 if self.vf_branch is None else 4)]
+
+        def padded(key: str) -> torch.Tensor | None:
+            return pad(batch[key], seq_lens, max_len) if key in batch else None
+
+        obs = padded(SampleBatch.OBS)
+        assert obs is not None
+        dist_inputs, values, _ = self.forward_sequences(
+            obs, state, padded(SampleBatch.PREV_ACTIONS), padded(SampleBatch.PREV_REWARDS)
+        )
+        return unpad(dist_inputs, seq_lens), unpad(values, seq_lens)
