@@ -209,6 +209,33 @@ def test_a_replacement_starts_at_the_current_global_timestep() -> None:
 # -- bounded restarts and losing everything -----------------------------------------------
 
 
+def backoff_of(*delays_s: float) -> Any:
+    """A restart_delay_s giving ``delays_s`` for the first failed starts of a slot in a row, then an hour."""
+    return lambda failed_starts: [0.0, *delays_s][failed_starts] if failed_starts <= len(delays_s) else 3600.0
+
+
+def test_a_replacement_backing_off_never_blocks_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Worker 1's replacements fail to start: the first is tried again after 2 s, the next after an hour.
+    monkeypatch.setattr("flowrl.actors.restart_budget.restart_delay_s", backoff_of(2.0))
+    trainer = make_trainer("ppo", fakes.FailsWhenRecreated)
+    try:
+        trainer.train()
+        kill_one(trainer)  # restart 1, at once (it ran); 2 after its failed start, 2 s later; 3 due in an hour
+        result = train_until(trainer, lambda r: r["num_worker_restarts"] == 3, within_s=60)
+        for _ in range(3):  # meanwhile the iterations go on with worker 2
+            before = result["timesteps_total"]
+            result = trainer.train()
+            assert result["timesteps_total"] - before >= trainer.config.train_batch_size
+            assert (result["num_worker_restarts"], result["num_healthy_workers"], result["num_workers_missing"]) == (
+                3,
+                1,
+                1,
+            )
+        assert trainer.workers.remote_worker_indices() == [2] and trainer.workers.missing_worker_indices() == [1]
+    finally:
+        trainer.stop()
+
+
 def test_restarts_are_capped_and_the_error_names_the_worker_and_its_traceback() -> None:
     trainer = make_trainer("ppo", fakes.FailsWhenRecreated, max_worker_restarts=2)
     try:
