@@ -293,6 +293,20 @@ class FailsWhenRecreated(gym.Wrapper):
         super().__init__(gym.make("CartPole-v1"))
 
 
+class FailsFirstRecreations(gym.Wrapper):
+    """CartPole whose creator raises in the first ``env_config["failed_starts"]`` workers that replace a failed
+    one (each failure leaves a file in ``env_config["count_dir"]``, which every process on the node sees)."""
+
+    def __init__(self, env_config: EnvContext) -> None:
+        if env_config.recreated_worker:
+            count_dir = Path(env_config["count_dir"])
+            failed = len(list(count_dir.iterdir()))
+            if failed < env_config["failed_starts"]:
+                (count_dir / f"failed_start_{failed}").touch()
+                raise RuntimeError(f"start {failed + 1} of a replacement of worker {env_config.worker_index} fails")
+        super().__init__(gym.make("CartPole-v1"))
+
+
 class SlowToStartWhenRecreated(gym.Wrapper):
     """CartPole whose creator takes ``env_config["start_s"]`` seconds in a worker that replaces a failed one
     (a replacement that waits, as for room on a lost node)."""

@@ -8,6 +8,7 @@ and asserts the exact counts in the result dict. All share the test session's Ra
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Iterator
 
 import fakes
@@ -232,6 +233,45 @@ def test_a_replacement_backing_off_never_blocks_the_driver(monkeypatch: pytest.M
                 1,
             )
         assert trainer.workers.remote_worker_indices() == [2] and trainer.workers.missing_worker_indices() == [1]
+    finally:
+        trainer.stop()
+
+
+def test_an_aggregator_waits_for_its_workers_replacement_without_blocking_the_driver(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr("flowrl.actors.restart_budget.restart_delay_s", backoff_of(2.0))
+    # One aggregator per worker: aggregator 0 gathers from worker 1 alone, whose first replacement fails to start.
+    env_config = {"count_dir": str(tmp_path), "failed_starts": 1}
+    trainer = make_trainer(
+        "impala",
+        fakes.FailsFirstRecreations,
+        env_config=env_config,
+        num_aggregation_workers=2,
+        num_cpus_per_aggregator=0.1,
+    )
+    try:
+        trainer.train()
+        aggregators = trainer.resources.aggregators
+        assert aggregators is not None
+        kill_one(trainer)
+        in_service: list[int] = []  # aggregators in service after each iteration
+
+        def both_back(result: dict[str, Any]) -> bool:
+            in_service.append(len(aggregators))
+            return len(aggregators) == 2 and result["num_healthy_workers"] == 2
+
+        result = train_until(trainer, both_back, within_s=60)
+        # Iterations went on (through aggregator 1) while aggregator 0 waited for worker 1's second replacement.
+        assert 1 in in_service
+        assert (result["num_worker_restarts"], result["num_workers_missing"], result["num_aggregator_restarts"]) == (
+            2,
+            0,
+            1,
+        )
+        assert [p.name for p in tmp_path.iterdir()] == ["failed_start_0"]
+        timesteps = result["timesteps_total"]
+        assert trainer.train()["timesteps_total"] > timesteps
     finally:
         trainer.stop()
 
