@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import sys
 import time
+import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -265,6 +267,18 @@ def is_dead(actor: Any, timeout_s: float = 30.0) -> bool:
             return False
         time.sleep(0.05)
     return False
+
+
+def snapshot_of_a_vanished_class() -> bytes:
+    """An env snapshot whose class lives in a module this process does not have (as after an upgrade)."""
+    module = types.ModuleType("flowrl_test_env_of_another_version")
+    gone = type("GoneEnv", (), {"__module__": module.__name__})
+    setattr(module, "GoneEnv", gone)
+    sys.modules[module.__name__] = module
+    try:
+        return pickle.dumps(gone())
+    finally:
+        del sys.modules[module.__name__]
 
 
 # --- envs that report or break where they run (env_config is an EnvContext) ---
