@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import sys
 import time
+import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -267,6 +269,18 @@ def is_dead(actor: Any, timeout_s: float = 30.0) -> bool:
     return False
 
 
+def snapshot_of_a_vanished_class() -> bytes:
+    """An env snapshot whose class lives in a module this process does not have (as after an upgrade)."""
+    module = types.ModuleType("flowrl_test_env_of_another_version")
+    gone = type("GoneEnv", (), {"__module__": module.__name__})
+    setattr(module, "GoneEnv", gone)
+    sys.modules[module.__name__] = module
+    try:
+        return pickle.dumps(gone())
+    finally:
+        del sys.modules[module.__name__]
+
+
 # --- envs that report or break where they run (env_config is an EnvContext) ---
 
 
@@ -290,6 +304,20 @@ class FailsWhenRecreated(gym.Wrapper):
     def __init__(self, env_config: EnvContext) -> None:
         if env_config.recreated_worker:
             raise RuntimeError(f"cannot start again on worker {env_config.worker_index}")
+        super().__init__(gym.make("CartPole-v1"))
+
+
+class FailsFirstRecreations(gym.Wrapper):
+    """CartPole whose creator raises in the first ``env_config["failed_starts"]`` workers that replace a failed
+    one (each failure leaves a file in ``env_config["count_dir"]``, which every process on the node sees)."""
+
+    def __init__(self, env_config: EnvContext) -> None:
+        if env_config.recreated_worker:
+            count_dir = Path(env_config["count_dir"])
+            failed = len(list(count_dir.iterdir()))
+            if failed < env_config["failed_starts"]:
+                (count_dir / f"failed_start_{failed}").touch()
+                raise RuntimeError(f"start {failed + 1} of a replacement of worker {env_config.worker_index} fails")
         super().__init__(gym.make("CartPole-v1"))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from flowrl.actors.placeholders import PlaceholderActor, placeholders_active
@@ -124,17 +125,34 @@ def _worker_failure(error: ShardFailedError) -> ShardFailedError | None:
     return cause if isinstance(cause, ShardFailedError) else None
 
 
+@dataclass(eq=False)
+class _Pending:
+    """An aggregator being recreated: due (monotonic seconds) once its restart backoff is over; waits for
+    the replacements of its group's rollout workers until ``wait_until``; then made (``actor``), and in
+    service once it answered (``ready``)."""
+
+    index: int
+    due: float
+    wait_until: float
+    actor: Any = None
+    ready: Any = None
+
+
 class AggregatorSet(Sequence[Any]):
     """The aggregator actors of a plan, each over its group of rollout workers (dealt round robin).
 
-    A sequence of actor handles. :meth:`replace` is the failure hook of a gather over them:
-    when an aggregator's stream ends because one of its rollout workers failed, that
-    worker is handed to the :class:`~flowrl.actors.WorkerSet` (which restarts or drops it)
-    and the aggregator is recreated over its group's workers in service; an aggregator
-    that died itself is recreated too. Either way ``num_restarts`` counts it. Aggregators
-    have a restart budget of their own (``restart_budget``) with the worker set's cap and
-    window: past it, :meth:`replace` raises :class:`~flowrl.errors.WorkerFailureError`; an
-    aggregator whose replacements keep failing to start is recreated after a growing delay.
+    A sequence of the actor handles in service. :meth:`replace` is the failure hook of a gather
+    over them, and the set is that gather's :class:`~flowrl.iterators.shards.ShardSupervisor`
+    (:meth:`started`): when an aggregator's stream ends because one of its rollout workers failed,
+    that worker is handed to the :class:`~flowrl.actors.WorkerSet` (which restarts or drops it)
+    and the aggregator is recreated over its group's workers in service; an aggregator that died
+    itself is recreated too. Either way ``num_restarts`` counts it. Nothing waits for a recreated
+    aggregator: the gather leaves it out until it has started, and it is made only once its
+    group's replacement workers are in service (or have had ``worker_startup_timeout_s``; then it
+    goes on without them). Aggregators have a restart budget of their own (``restart_budget``)
+    with the worker set's cap and window: past it, :meth:`replace` raises
+    :class:`~flowrl.errors.WorkerFailureError`; an aggregator whose replacements keep failing to
+    start is made after a growing delay.
     """
 
     def __init__(
@@ -157,7 +175,9 @@ class AggregatorSet(Sequence[Any]):
         # Per aggregator, the worker handles it gathers from, in its shard order.
         self._members: list[list[Any]] = [[] for _ in self._groups]
         self._actors = [self._create(i) for i in range(num_aggregators)]
+        # A failed aggregator -> what replaced it: a _Pending until made and started, then the actor (None: gone).
         self._replacements: dict[Any, Any] = {}
+        self._pending: dict[int, _Pending] = {}
 
     def _create(self, index: int) -> Any:
         # Of its group, the workers in service now (a worker still being replaced rejoins the aggregator's next
@@ -185,38 +205,73 @@ class AggregatorSet(Sequence[Any]):
 
     def replace(self, index: int, failed: Any, error: ShardFailedError) -> Any:
         """Hand a failed rollout worker to the worker set and recreate aggregator ``index`` (its position
-        when the gather was built); None if its group is gone."""
+        when the gather was built): returns what :meth:`started` follows to the new aggregator, or None if
+        its group is gone. Never waits for the new aggregator or its workers."""
         if failed in self._replacements:
             return self._replacements[failed]
         worker_failure = _worker_failure(error)
         if worker_failure is not None:
             # The handle the aggregator gathered from: if the worker set already replaced it
             # (another caller saw the death first), this returns that replacement untouched.
-            replacement = self.workers.handle_failure(self._members[index][worker_failure.shard_index], worker_failure)
-            # The worker set starts its replacement in the background; the new aggregator gathers from it, so
-            # it waits for it here (at most worker_startup_timeout_s; without it, the group goes on short).
-            self.workers.wait_for_start(replacement)
+            self.workers.handle_failure(self._members[index][worker_failure.shard_index], worker_failure)
         elif error.reason == "raised":
             raise error  # the aggregator's own code failed: not a fault a restart fixes
         ray.kill(failed, no_restart=True)
-        live = set(self.workers.remote_worker_indices())
-        group = [i for i in self._groups[index] if i in live]
-        if group:
-            what = f"aggregator {index} (of rollout workers {group}) failed"
-            self.restart_budget.spend(what, error, worker_indices=group)
-            delay = self.restart_budget.backoff(index, error)
-            logger.warning("%s (%s); recreating it%s", what, error, f" in {delay:g} s" if delay else "")
-            time.sleep(delay)
-        else:
+        self._actors[index] = None  # out of the sequence until its replacement is in service
+        kept = {*self.workers.remote_worker_indices(), *self.workers.missing_worker_indices()}
+        group = [i for i in self._groups[index] if i in kept]
+        if not group:
             logger.warning("aggregator %d failed (%s); its rollout workers are gone", index, error)
-        replacement = self._create(index)
-        self._actors[index] = replacement
-        self._replacements[failed] = replacement
+            self._replacements[failed] = None
+            self.num_restarts += 1
+            return None
+        what = f"aggregator {index} (of rollout workers {group}) failed"
+        self.restart_budget.spend(what, error, worker_indices=group)
+        delay = self.restart_budget.backoff(index, error)
+        logger.warning("%s (%s); recreating it%s", what, error, f" in {delay:g} s" if delay else "")
+        now = time.monotonic()
+        pending = _Pending(index, now + delay, now + self.workers.worker_startup_timeout_s)
+        self._pending[index] = pending
+        self._replacements[failed] = pending
         self.num_restarts += 1
-        return replacement
+        return pending
+
+    def started(self, actor: Any) -> Any | None:
+        """:class:`~flowrl.iterators.shards.ShardSupervisor`: the aggregator serving in ``actor``'s place once it
+        has started (its answer to a ping arrived: an error too, which its gather then reports), None while it
+        is due, waits for its group's workers or starts (never blocks)."""
+        self._refresh()
+        while actor in self._replacements:
+            actor = self._replacements[actor]
+        return None if isinstance(actor, _Pending) else actor
+
+    def check(self, actor: Any, since: float) -> float | None:
+        """:class:`~flowrl.iterators.shards.ShardSupervisor`: never asked, as the aggregators' gather gives items
+        no timeout (each aggregator bounds its own workers' requests); a late request would count as hung."""
+        return None
+
+    def _refresh(self) -> None:
+        """Make the recreated aggregators that are due and whose group's replacement workers are in service (or
+        have waited long enough); put those that have answered into service. Waits for nothing."""
+        now = time.monotonic()
+        missing = set(self.workers.missing_worker_indices()) if self._pending else set()
+        for index, pending in list(self._pending.items()):
+            if pending.actor is None:
+                waiting = any(i in missing for i in self._groups[index])
+                if now < pending.due or (waiting and now < pending.wait_until):
+                    continue
+                pending.actor = self._create(index)
+                if pending.actor is None:
+                    continue  # none of its workers is in service yet: made once one is
+                pending.ready = pending.actor.ping.remote()
+            if ray.wait([pending.ready], timeout=0)[0]:
+                del self._pending[index]
+                self._actors[index] = pending.actor
+                self._replacements[pending] = pending.actor
 
     def stop(self) -> None:
-        """Kill every aggregator actor."""
-        for actor in self._live():
+        """Kill every aggregator actor (those being recreated too)."""
+        for actor in [*self._live(), *(p.actor for p in self._pending.values() if p.actor is not None)]:
             ray.kill(actor, no_restart=True)
         self._actors = []
+        self._pending = {}

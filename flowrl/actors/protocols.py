@@ -79,7 +79,7 @@ class WorkerSetLike(Protocol):
 
     @property
     def num_workers_missing(self) -> int:
-        """Replacements of failed remote workers that have not started yet."""
+        """Replacements of failed remote workers not in service yet (waiting out a restart backoff or starting)."""
         ...
 
     @property

@@ -33,6 +33,10 @@ def _first_line(error: BaseException | None) -> str:
 #: Where replay shards may be placed on a cluster (see :class:`ReplayShards`).
 REPLAY_PLACEMENTS = ("driver_node", "spread")
 
+#: Longest :meth:`ReplayShards.replace` waits before recreating a shard whose replacements keep failing to
+#: start (a shorter cap than the restart backoff's: its callers wait for it, see there).
+MAX_SHARD_RESTART_WAIT_S = 4.0
+
 
 class ReplayShards(Sequence[Any]):
     """The replay tier: :class:`ReplayActor` handles that a dead shard's replacement takes the place of.
@@ -48,7 +52,8 @@ class ReplayShards(Sequence[Any]):
     shard that died. ``restart_budget`` caps the restarts (none by default; a plan's shards get
     ``max_worker_restarts`` within ``restart_window_s``): past it, :meth:`replace` raises
     :class:`~flowrl.errors.WorkerFailureError`; a shard whose replacements keep failing to start
-    is recreated after a growing delay. Build one with :func:`create_replay_actors`.
+    is recreated after a growing delay of at most :data:`MAX_SHARD_RESTART_WAIT_S`. Build one with
+    :func:`create_replay_actors`.
 
     ``placement`` says where on a cluster the shards (and their replacements) run:
     ``"driver_node"`` on the node of this driver, next to the learner that stores to and
@@ -144,6 +149,14 @@ class ReplayShards(Sequence[Any]):
         case it is hung rather than dead. Raises :class:`~flowrl.errors.ReplayShardError`
         for an actor that is not one of these shards, or after :meth:`stop`, and
         :class:`~flowrl.errors.WorkerFailureError` past the restart budget.
+
+        Unlike a rollout worker's, a shard's replacement is made here, after the restart backoff
+        if its predecessor failed to start: every position must hold a shard at every moment (a
+        store picks any shard, the stats and a checkpoint ask each one, and the position is the
+        shard's identity in checkpoints and ``refill_steps``), so there is nothing to serve in its
+        place meanwhile. That wait is at most :data:`MAX_SHARD_RESTART_WAIT_S` and holds only this
+        tier's lock: no caller holds the local worker's lock, so a learner thread goes on training
+        on the batches it has queued.
         """
         with self._lock:
             if failed_actor in self._replaced:
@@ -161,7 +174,7 @@ class ReplayShards(Sequence[Any]):
             ray.kill(failed_actor)
             cause = error if error is not None else ReplayShardError(f"replay shard {index} was reported failed")
             self.restart_budget.spend(f"replay shard {index} failed ({_first_line(error)})", cause)
-            delay = self.restart_budget.backoff(index, cause)
+            delay = min(self.restart_budget.backoff(index, cause), MAX_SHARD_RESTART_WAIT_S)
             logger.warning(
                 "replay shard %d failed (%s); recreating it empty%s (replay shard restart %d)",
                 index,
@@ -169,7 +182,7 @@ class ReplayShards(Sequence[Any]):
                 f" in {delay:g} s" if delay else "",
                 self.num_restarts + 1,
             )
-            time.sleep(delay)  # every caller waits: none may use the shard before its replacement exists
+            time.sleep(delay)  # every caller waits (bounded, see above): none may use the shard before it exists
             self._actors[index] = self._start(self._shard_args[index], index, replacement=True)
             self._replaced[failed_actor] = index
             self.num_restarts += 1

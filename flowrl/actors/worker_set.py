@@ -73,6 +73,20 @@ class _Starting:
     warned: bool = False
 
 
+class _Deferred:
+    """Stands in for a replacement not made yet, which waits out its restart backoff (the one before it
+    failed to start): gathers park its shard on it, and :meth:`WorkerSet.started` follows it to the actor
+    made once ``due`` (monotonic seconds) has come."""
+
+    def __init__(self, worker_index: int, incarnation: int, due: float) -> None:
+        self.worker_index = worker_index
+        self.incarnation = incarnation
+        self.due = due
+
+    def __repr__(self) -> str:
+        return f"<replacement of rollout worker {self.worker_index}, due in {self.due - time.monotonic():.1f} s>"
+
+
 class WorkerSet:
     """The local worker (in this process) and ``num_workers`` remote rollout actors.
 
@@ -97,8 +111,10 @@ class WorkerSet:
     ``config.max_worker_restarts`` within any ``config.restart_window_s`` seconds (``restart_budget``)
     and back off while a worker's replacements fail to start; past the cap, or with no worker
     left, a :class:`~flowrl.errors.WorkerFailureError` names the worker and carries the remote
-    traceback. An exception that ``foreach_worker``'s function raises is the caller's, not a
-    worker fault: it is raised as it is and restarts nothing.
+    traceback. A replacement waiting out that backoff is not waited for either: it is made when its
+    delay is over (by :meth:`started` and every other call that looks at the workers in service),
+    and counts in ``num_workers_missing`` meanwhile. An exception that ``foreach_worker``'s function
+    raises is the caller's, not a worker fault: it is raised as it is and restarts nothing.
 
     Liveness, not deadlines: a gather's request past ``sample_timeout_s`` fails its worker only
     once :class:`~flowrl.actors.liveness.LivenessMonitor` finds it hung (no env step for that long,
@@ -155,6 +171,7 @@ class WorkerSet:
         self.recreate_failed_workers = recreate_failed_workers
         self.restart_budget = RestartBudget("rollout worker", config.max_worker_restarts, config.restart_window_s)
         self.sample_timeout_s = config.sample_timeout_s
+        self.worker_startup_timeout_s = config.worker_startup_timeout_s
         self.sample_min_fraction = config.sample_min_fraction
         self.num_worker_restarts = 0
         self.num_workers_dropped = 0
@@ -171,6 +188,7 @@ class WorkerSet:
         self._remote: list[Any] = []
         self._indices: list[int] = []
         self._starting: dict[int, _Starting] = {}
+        self._deferred: dict[int, _Deferred] = {}
         self._hung: dict[Any, str] = {}
         self._replacements: dict[Any, Any] = {}
         self._global_vars: Mapping[str, Any] | None = None
@@ -280,8 +298,14 @@ class WorkerSet:
 
     @property
     def num_workers_missing(self) -> int:
-        """Replacements not started yet (e.g. waiting for room after their node was lost)."""
-        return len(self._starting)
+        """Replacements not in service yet: waiting out their restart backoff, or not started yet (e.g. waiting
+        for room after their node was lost)."""
+        return len(self._starting) + len(self._deferred)
+
+    def missing_worker_indices(self) -> list[int]:
+        """The worker indices of the replacements that :attr:`num_workers_missing` counts, sorted."""
+        self._refresh()
+        return sorted([*self._starting, *self._deferred])
 
     def _record(self, index: int, info: ProcessInfo) -> None:
         """Remember where worker ``index`` runs, and warn if its node runs other flowrl or torch versions."""
@@ -336,12 +360,16 @@ class WorkerSet:
         return actor if actor is not None and actor in self._remote else None
 
     def _refresh(self) -> None:
-        """Put the replacements that have started into service (without waiting for any); handle those that
-        failed to start; warn about those past ``worker_startup_timeout_s``, and end the run if too few
-        workers are left to go on with."""
+        """Make the replacements whose backoff is over; put those that have started into service (without
+        waiting for any); handle those that failed to start; warn about those past ``worker_startup_timeout_s``,
+        and end the run if too few workers are left to go on with."""
+        now = time.monotonic()
+        for index, deferred in list(self._deferred.items()):
+            if now >= deferred.due:
+                del self._deferred[index]
+                self._replacements[deferred] = self._start_replacement(index, deferred.incarnation)
         if not self._starting:
             return
-        now = time.monotonic()
         timeout = self._config.worker_startup_timeout_s
         refs = [starting.ready for starting in self._starting.values()]
         ready = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])  # one look at them all
@@ -475,7 +503,8 @@ class WorkerSet:
         A remote worker that dies (or takes longer than ``sample_timeout_s``) is handled as in
         a gather, and ``fn`` runs on its replacement once that has started. Replacements still
         starting are waited for, each up to ``worker_startup_timeout_s`` from its start; one that has
-        not started by then (e.g. no room after a lost node) is left out.
+        not started by then (e.g. no room after a lost node), or that waits out its restart backoff, is
+        left out.
         """
         results = []
         if local:
@@ -504,7 +533,7 @@ class WorkerSet:
 
     def wait_for_start(self, replacement: Any) -> Any | None:
         """``replacement`` (or what replaced it in turn) once in service, within ``worker_startup_timeout_s``;
-        None if dropped or not started by then."""
+        None if dropped, waiting out its restart backoff, or not started by then."""
         starting = next((s for s in self._starting.values() if s.actor is replacement), None)
         deadline = (starting.since if starting else time.monotonic()) + self._config.worker_startup_timeout_s
         while replacement is not None:
@@ -596,7 +625,8 @@ class WorkerSet:
 
     def handle_failure(self, failed: Any, error: BaseException) -> Any:
         """Kill a failed remote worker and replace or drop it; returns the replacement (which joins
-        :meth:`remote_workers` once started: see :meth:`started`) or None. Never waits for the replacement."""
+        :meth:`remote_workers` once started: see :meth:`started`; while it waits out its restart backoff, a
+        stand-in that :meth:`started` follows to it) or None. Never waits for the replacement."""
         if failed in self._replacements:  # another caller already handled this failure
             return self._latest(failed)
         worker_index = self._index_of(failed)
@@ -637,12 +667,20 @@ class WorkerSet:
             raise
         delay = self.restart_budget.backoff(worker_index, cause)
         logger.warning("%s; recreating it%s: %s", what, f" in {delay:g} s" if delay else "", cause)
-        time.sleep(delay)
         self.num_worker_restarts += 1
-        replacement = self._make_remote(worker_index, incarnation=self.num_worker_restarts)
+        if delay:  # made by _refresh once the delay is over: nothing here waits for it
+            replacement: Any = _Deferred(worker_index, self.num_worker_restarts, time.monotonic() + delay)
+            self._deferred[worker_index] = replacement
+        else:
+            replacement = self._start_replacement(worker_index, self.num_worker_restarts)
+        self._replacements[failed] = replacement
+        return replacement
+
+    def _start_replacement(self, worker_index: int, incarnation: int) -> Any:
+        """Make the actor replacing worker ``worker_index``; it joins :meth:`remote_workers` once it has started."""
+        replacement = self._make_remote(worker_index, incarnation=incarnation)
         ready = control_call(replacement, "process_info")  # the weights follow when it rejoins (_rejoin)
         self._starting[worker_index] = _Starting(replacement, ready, time.monotonic())
-        self._replacements[failed] = replacement
         return replacement
 
     def _kill(self, worker: Any) -> None:
@@ -698,7 +736,7 @@ class WorkerSet:
     def _kill_remote(self) -> None:
         for worker in [*self._remote, *(s.actor for s in self._starting.values())]:
             ray.kill(worker, no_restart=True)
-        self._remote, self._indices, self._starting = [], [], {}
+        self._remote, self._indices, self._starting, self._deferred = [], [], {}, {}
         self.reservation.release()
 
     def placement(self) -> dict[str, Any]:

@@ -210,8 +210,9 @@ class TrainerConfig(BaseConfig):
         1000,
         "Most rollout-worker restarts within restart_window_s seconds; one more failure raises a "
         "WorkerFailureError naming the worker. Replay shards and aggregators have the same cap, each kind its "
-        "own count. While an actor's replacements fail to start, each next attempt waits 1, 2, 4 ... (at most "
-        "30) seconds. A resumed run may raise it (flowrl train --resume RUN --set max_worker_restarts=N).",
+        "own count. While an actor's replacements fail to start, each next attempt is made 1, 2, 4 ... (at most "
+        "30) seconds later while the run goes on (a replay shard's: at most 4 s later, waited for). A resumed run "
+        "may raise it (flowrl train --resume RUN --set max_worker_restarts=N).",
         min=0,
     )
     restart_window_s: float = cfg_field(

@@ -223,8 +223,9 @@ class TrainerState:
             self._warn_weights_only(source)
         if restarted:
             logger.warning(
-                "restored from %s, but these envs (worker index: vector indices) could not be saved "
-                "mid-episode and started new episodes: %s",
+                "restored from %s, but these envs (worker index: vector indices) could not be restored "
+                "mid-episode and started new episodes: %s (an env saved without its state, or whose saved "
+                "state does not load here: each worker's log names which)",
                 source,
                 restarted,
             )

@@ -220,7 +220,8 @@ class ShardSupervisor(Protocol):
 
     def started(self, actor: Any) -> Any | None:
         """The actor now serving in ``actor``'s place once it has started (``actor`` itself, or what replaced
-        it in turn), or None while it is still starting: the gather leaves its shard out until then."""
+        it in turn), or None while it is still starting: the gather leaves its shard out until then. ``actor``
+        may be a stand-in that the failure hook returned for a replacement it makes later."""
         ...
 
 
@@ -336,6 +337,7 @@ class _ShardStreams:
         error.__cause__ = cause
         if shard.on_failure is None:
             raise error
+        shard.next_item = None  # the stream is open on no actor until it is reopened on the replacement
         replacement = shard.on_failure(shard.index, shard.actor, error)
         if replacement is None:
             shard.dropped = True
@@ -361,11 +363,12 @@ class _ShardStreams:
         return shard.next_item()
 
     def close(self) -> None:
-        """Release this stream on every live shard (fire and forget)."""
+        """Release this stream on every live shard that has it open (fire and forget): not on a failed shard's
+        replacement it was not reopened on yet, which may not even exist yet (parked)."""
         if not ray.is_initialized():
             return
         for shard in self.live:
-            if not shard.dropped:
+            if not shard.dropped and shard.next_item is not None:
                 shard.actor.par_iter_close.remote(self.key)
 
 

@@ -116,12 +116,13 @@ def AggregatedRollouts(workers: WorkerSet, aggregators: AggregatorSet) -> LocalI
     freshly sampled steps. Weights sent to an aggregator (``set_weights``) reach its
     workers as they next deliver. The aggregators are created and owned outside the plan
     (:class:`~flowrl.actors.PlanResources`); one whose rollout worker failed is recreated
-    by the :class:`~flowrl.actors.AggregatorSet`, with the worker restarted.
+    by the :class:`~flowrl.actors.AggregatorSet`, with the worker restarted, and sits the gather
+    out until it has started.
     """
     if not len(aggregators):
         raise FlowRLError("AggregatedRollouts needs at least one aggregator actor")
     return (
-        from_actors(list(aggregators), name="aggregators", on_shard_failure=aggregators.replace)
+        from_actors(list(aggregators), name="aggregators", on_shard_failure=aggregators.replace, supervisor=aggregators)
         .gather_async()
         .for_each(_CountAggregatedSteps(len(workers.remote_workers())))
     )

@@ -118,6 +118,26 @@ def test_a_shard_killed_past_its_restart_cap_is_the_cap_error_and_a_checkpoint_k
         resources.stop()
 
 
+def test_a_shard_whose_replacement_failed_to_start_is_recreated_after_a_short_bounded_wait(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The restart backoff asks for an hour; the tier waits at most MAX_SHARD_RESTART_WAIT_S (4 s), since its
+    # callers need a shard in every position at once.
+    monkeypatch.setattr("flowrl.actors.restart_budget.restart_delay_s", lambda failed_starts: 3600.0 * failed_starts)
+    shards = shard_tier(1)
+    try:
+        first = shards[0]
+        kill(first)
+        second = shards.replace(first, ray.exceptions.RayActorError(actor_init_failed=True))
+        assert (
+            "replay shard 0 failed (RayActorError: The actor experienced an error before finishing this task.); "
+            "recreating it empty in 4 s (replay shard restart 1)" in caplog.text
+        )
+        assert shards.num_restarts == 1 and steps_added(second) == 0
+    finally:
+        shards.stop()
+
+
 def test_plan_resources_stats_replace_a_dead_shard_and_state_names_it() -> None:
     shards = shard_tier(2)
     resources = PlanResources(replay_actors=shards)

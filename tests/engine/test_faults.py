@@ -8,6 +8,7 @@ and asserts the exact counts in the result dict. All share the test session's Ra
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Iterator
 
 import fakes
@@ -207,6 +208,72 @@ def test_a_replacement_starts_at_the_current_global_timestep() -> None:
 
 
 # -- bounded restarts and losing everything -----------------------------------------------
+
+
+def backoff_of(*delays_s: float) -> Any:
+    """A restart_delay_s giving ``delays_s`` for the first failed starts of a slot in a row, then an hour."""
+    return lambda failed_starts: [0.0, *delays_s][failed_starts] if failed_starts <= len(delays_s) else 3600.0
+
+
+def test_a_replacement_backing_off_never_blocks_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Worker 1's replacements fail to start: the first is tried again after 2 s, the next after an hour.
+    monkeypatch.setattr("flowrl.actors.restart_budget.restart_delay_s", backoff_of(2.0))
+    trainer = make_trainer("ppo", fakes.FailsWhenRecreated)
+    try:
+        trainer.train()
+        kill_one(trainer)  # restart 1, at once (it ran); 2 after its failed start, 2 s later; 3 due in an hour
+        result = train_until(trainer, lambda r: r["num_worker_restarts"] == 3, within_s=60)
+        for _ in range(3):  # meanwhile the iterations go on with worker 2
+            before = result["timesteps_total"]
+            result = trainer.train()
+            assert result["timesteps_total"] - before >= trainer.config.train_batch_size
+            assert (result["num_worker_restarts"], result["num_healthy_workers"], result["num_workers_missing"]) == (
+                3,
+                1,
+                1,
+            )
+        assert trainer.workers.remote_worker_indices() == [2] and trainer.workers.missing_worker_indices() == [1]
+    finally:
+        trainer.stop()
+
+
+def test_an_aggregator_waits_for_its_workers_replacement_without_blocking_the_driver(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr("flowrl.actors.restart_budget.restart_delay_s", backoff_of(2.0))
+    # One aggregator per worker: aggregator 0 gathers from worker 1 alone, whose first replacement fails to start.
+    env_config = {"count_dir": str(tmp_path), "failed_starts": 1}
+    trainer = make_trainer(
+        "impala",
+        fakes.FailsFirstRecreations,
+        env_config=env_config,
+        num_aggregation_workers=2,
+        num_cpus_per_aggregator=0.1,
+    )
+    try:
+        trainer.train()
+        aggregators = trainer.resources.aggregators
+        assert aggregators is not None
+        kill_one(trainer)
+        in_service: list[int] = []  # aggregators in service after each iteration
+
+        def both_back(result: dict[str, Any]) -> bool:
+            in_service.append(len(aggregators))
+            return len(aggregators) == 2 and result["num_healthy_workers"] == 2
+
+        result = train_until(trainer, both_back, within_s=60)
+        # Iterations went on (through aggregator 1) while aggregator 0 waited for worker 1's second replacement.
+        assert 1 in in_service
+        assert (result["num_worker_restarts"], result["num_workers_missing"], result["num_aggregator_restarts"]) == (
+            2,
+            0,
+            1,
+        )
+        assert [p.name for p in tmp_path.iterdir()] == ["failed_start_0"]
+        timesteps = result["timesteps_total"]
+        assert trainer.train()["timesteps_total"] > timesteps
+    finally:
+        trainer.stop()
 
 
 def test_restarts_are_capped_and_the_error_names_the_worker_and_its_traceback() -> None:

@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fakes import fingerprint
+from fakes import fingerprint, snapshot_of_a_vanished_class
 
 from flowrl import Trainer
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.errors import CheckpointError
 from flowrl.operators import STEPS_TRAINED_COUNTER
-from flowrl.storage.checkpoints import read_checkpoint
+from flowrl.storage.checkpoints import read_checkpoint, write_checkpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240)]
 
@@ -165,6 +165,27 @@ def test_a_checkpoint_of_two_workers_restores_into_one(tmp_path: Path) -> None:
         result = restored.train()
     assert result["timesteps_total"] == saved["counters"]["num_steps_sampled"] + config["train_batch_size"]
     assert result["num_healthy_workers"] == 1
+
+
+def test_an_env_snapshot_that_does_not_load_restarts_that_envs_episode_and_is_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = {**SMALL_PPO, "num_workers": 1, "num_cpus_per_worker": 0.25, "num_envs_per_worker": 2}
+    with Trainer("ppo", "CartPole-v1", config) as trainer:
+        trainer.train()
+        state, metadata = read_checkpoint(trainer.save(tmp_path / "saved"))
+    envs = state["remote_workers"][1]["sampler"]["envs"]
+    assert all(snapshot is not None for snapshot in envs)  # CartPole pickles whole
+    envs[1] = snapshot_of_a_vanished_class()  # worker 1's env 1, as saved by another version of its code
+    planted = write_checkpoint(tmp_path / "planted", state, metadata)
+    with Trainer.from_checkpoint(planted) as restored:
+        report = restored.restore_report
+        assert report is not None and report["envs_restarted"] == {1: [1]}
+        assert restored.train()["restore"]["envs_restarted"] == {1: [1]}
+    assert (
+        "these envs (worker index: vector indices) could not be restored mid-episode and started new episodes: "
+        "{1: [1]} (an env saved without its state, or whose saved state does not load here" in caplog.text
+    )
 
 
 def test_remote_workers_resume_their_episodes_and_random_streams(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import pytest
 import ray
 
-from flowrl.errors import IteratorUsageError, ShardFailedError
+from flowrl.errors import FlowRLError, IteratorUsageError, ShardFailedError
 from flowrl.iterators import (
     FromActor,
     LocalIterator,
@@ -363,6 +363,30 @@ def test_failure_hook_can_drop_a_dead_shard(gather: str) -> None:
     par = from_actors(actors, on_shard_failure=lambda index, dead, error: None)
     items = list(getattr(par, gather)())
     assert sorted(items) == sorted(list(range(300)) + [0, 1])
+
+
+class RefusesReplacements:
+    """A shard supervisor that, asked about a failed shard's replacement, raises (as a worker set with too few
+    workers left does)."""
+
+    def check(self, actor: Any, since: float) -> float | None:
+        return None
+
+    def started(self, actor: Any) -> Any | None:
+        raise FlowRLError("too few workers left")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("gather", ["gather_sync", "gather_async"])
+def test_the_supervisors_error_about_a_replacement_not_made_yet_reaches_the_caller(gather: str) -> None:
+    shard_actor = ray.remote(num_cpus=0)(ParallelIteratorWorker)
+    actors = [shard_actor.remote(lambda: range(300)), shard_actor.remote(dies_after(2))]
+    not_made_yet = object()  # what a failure hook returns for a replacement it makes later: no stream to close
+    par = from_actors(
+        actors, on_shard_failure=lambda index, dead, error: not_made_yet, supervisor=RefusesReplacements()
+    )
+    with pytest.raises(FlowRLError, match="too few workers left"):
+        list(getattr(par, gather)())
 
 
 def test_streams_are_closed_when_a_gather_ends() -> None:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import pickle
-import sys
-import types
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from fakes import snapshot_of_a_vanished_class
 from gymnasium import spaces
 
 from flowrl.actors.sampling.vector import VectorSampler
@@ -51,18 +49,6 @@ class ActsZero:
 
 def make_sampler() -> VectorSampler:
     return VectorSampler([CountingEnv(), CountingEnv()], ActsZero(), fragment_length=4, seed=0)
-
-
-def snapshot_of_a_vanished_class() -> bytes:
-    """A snapshot whose env class lives in a module this process does not have (as after an upgrade)."""
-    module = types.ModuleType("flowrl_test_env_of_another_version")
-    gone = type("GoneEnv", (), {"__module__": module.__name__})
-    setattr(module, "GoneEnv", gone)
-    sys.modules[module.__name__] = module
-    try:
-        return pickle.dumps(gone())
-    finally:
-        del sys.modules[module.__name__]
 
 
 def test_one_snapshot_that_does_not_load_restarts_only_that_envs_episode(caplog: pytest.LogCaptureFixture) -> None:
