@@ -2,8 +2,8 @@
 
 The tiers are pytest marks (``setup.cfg`` says what each means, ``tests/conftest.py`` how a test
 gets one). Each stage below runs one tier in its own pytest process and prints its 25 slowest
-tests. Before any stage runs, the stages' selections are collected (``--collect-only``) and
-compared with the whole collection: a test that no stage selects, or that two stages select,
+tests. Before any stage runs, one ``--collect-only`` lists every test with its marks, and each
+stage's mark expression is applied to them: a test that no stage selects, or that two stages select,
 fails the run before anything is tested. The run exits 1 if any stage fails (exit 5, no test
 selected, passes only for a stage whose collection was empty), 2 if the check fails. Its last
 line counts the tests of every stage together: ``tiers: N passed, N failed, N skipped``.
@@ -44,24 +44,41 @@ def pytest_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "pytest", *args]
 
 
-def collect(mark: str | None, extra: list[str]) -> list[str]:
-    """The node ids pytest selects with ``-m mark`` (all of them without one); exits 2 if collection fails."""
-    # --verbosity last: the node ids one per line (-q's listing) whatever -q or -v the extra arguments hold.
-    marks = ["-m", mark] if mark else []
-    command = pytest_command(*extra, "--collect-only", "-p", "no:cacheprovider", *marks, "--verbosity=-1")
+# Run in a pytest process of its own: every collected test's node id and the names of its marks, one per line.
+_MARKS_OF_EVERY_TEST = """
+import sys, pytest
+class Marks:
+    def pytest_collection_finish(self, session):
+        for item in session.items:
+            print("MARKS", item.nodeid, ",".join(sorted({m.name for m in item.iter_markers()})), sep="\\t")
+sys.exit(pytest.main(sys.argv[1:], plugins=[Marks()]))
+"""
+
+
+def collect_marks(extra: list[str]) -> dict[str, set[str]]:
+    """Every test's node id and mark names, from one ``--collect-only`` (exits 2 if collection fails)."""
+    command = [sys.executable, "-c", _MARKS_OF_EVERY_TEST, *extra, "--collect-only", "-q", "-p", "no:cacheprovider"]
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
-    if proc.returncode not in (0, NO_TESTS_COLLECTED):
+    if proc.returncode != 0:
         sys.stdout.write(proc.stdout[-20000:] + proc.stderr[-5000:])
-        fail(f"collecting {'-m ' + repr(mark) if mark else 'the tests'} failed (pytest exit {proc.returncode})")
-    return [line for line in proc.stdout.splitlines() if "::" in line and not line.startswith(" ")]
+        fail(f"collecting the tests failed (pytest exit {proc.returncode})")
+    lines = [line.split("\t") for line in proc.stdout.splitlines() if line.startswith("MARKS\t")]
+    return {node_id: set(filter(None, marks.split(","))) for _, node_id, marks in lines}
+
+
+def selects(mark_expression: str, marks: set[str]) -> bool:
+    """Whether ``pytest -m mark_expression`` selects a test with these mark names (the expressions of
+    STAGES use only ``and``, ``or``, ``not``, parentheses and tier names, which read the same in Python)."""
+    names = {tier: tier in marks for tier in ("unit", "integration", *HEAVY)}
+    return bool(eval(mark_expression, {"__builtins__": {}}, names))  # noqa: S307 - our own STAGES strings
 
 
 def check_every_test_is_in_one_stage(extra: list[str]) -> dict[str, int]:
     """Compare the stages' selections with the whole collection; the number of tests in each stage."""
-    everything = collect(None, extra)
+    everything = collect_marks(extra)
     if not everything:
         fail("pytest collected no tests")
-    selected = {name: collect(mark, extra) for name, mark in STAGES.items()}
+    selected = {name: [t for t, marks in everything.items() if selects(mark, marks)] for name, mark in STAGES.items()}
     stages_of: dict[str, list[str]] = {}
     for name, ids in selected.items():
         for node_id in ids:

@@ -23,6 +23,7 @@ whose requested sample is overdue with a :class:`LivenessMonitor`, by these rule
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import threading
 import time
@@ -216,18 +217,24 @@ class LivenessMonitor:
 MIN_SLOW_FRAGMENT_S = 0.25
 
 
+#: How many times slower than when it was last warned about a slow worker must get to be warned about again.
+WARN_AGAIN_FACTOR = 2.0
+
+
 class SlowWorkers:
     """Stragglers among the workers: seconds per fragment above ``factor`` times the median of the others'
     (and above :data:`MIN_SLOW_FRAGMENT_S`).
 
     :meth:`update` takes each reporting worker's seconds per fragment and returns how many are slow
     now; each is warned about (a :class:`~flowrl.errors.RunWarning` and a log line with the measured
-    seconds) when it becomes slow, not again until it has caught up and fallen behind once more.
+    seconds) when it becomes slow, and again only if it gets :data:`WARN_AGAIN_FACTOR` times slower than
+    when last warned, or after it has caught up and fallen behind once more.
     """
 
     def __init__(self, factor: float) -> None:
         self.factor = factor
         self.slow: set[int] = set()
+        self._warned_s: dict[int, float] = {}  # slow worker -> its seconds per fragment when last warned
         self._lock = threading.Lock()
 
     def update(self, fragment_s: Mapping[int, float | None]) -> int:
@@ -242,7 +249,8 @@ class SlowWorkers:
                 median = statistics.median(others)
                 if seconds > self.factor * median and seconds > MIN_SLOW_FRAGMENT_S:
                     slow.add(index)
-                    if index not in self.slow:
+                    if seconds >= WARN_AGAIN_FACTOR * self._warned_s.get(index, math.inf) or index not in self.slow:
+                        self._warned_s[index] = seconds
                         message = (
                             f"rollout worker {index} is slow: {seconds:.2f} s per fragment, over "
                             f"slow_worker_factor={self.factor:g} x its siblings' median of {median:.2f} s"
@@ -251,4 +259,5 @@ class SlowWorkers:
                         warnings.warn(message, RunWarning, stacklevel=2)
             # A worker that did not report keeps its standing until it does.
             self.slow = slow | {index for index in self.slow if index not in measured and index in fragment_s}
+            self._warned_s = {index: s for index, s in self._warned_s.items() if index in self.slow}
             return len(self.slow)

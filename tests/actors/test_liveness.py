@@ -190,6 +190,17 @@ def test_slow_workers_are_counted_and_warned_about_once_per_episode_of_slowness(
     assert "0.90 s" in messages[1]
 
 
+def test_a_slow_worker_that_gets_much_slower_is_warned_about_again_with_the_new_time() -> None:
+    slow = SlowWorkers(5.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        slow.update({1: 0.3, 2: 0.05})  # slow: warned
+        slow.update({1: 0.5, 2: 0.05})  # slower, but less than twice as slow: not again
+        slow.update({1: 15.0, 2: 0.05})  # 30 times its first time (an env step holding the GIL): warned again
+    messages = [str(w.message) for w in caught if issubclass(w.category, RunWarning)]
+    assert len(messages) == 2 and "0.30 s per fragment" in messages[0] and "15.00 s per fragment" in messages[1]
+
+
 def test_a_lone_worker_is_never_slow() -> None:
     assert SlowWorkers(5.0).update({1: 100.0}) == 0
     assert SlowWorkers(5.0).update({1: 0.002, 2: 0.003, 3: 0.2}) == 0  # milliseconds apart: noise, not a straggler
