@@ -251,16 +251,19 @@ class TorchPolicy(Policy[ConfigT]):
                 return actions_np, extra
         with torch.inference_mode():
             dist_inputs, values = self._forward(obs_batch)
-            mask = None if action_mask is None else torch.as_tensor(action_mask, device=self.device)
-            dist = self.dist_class(dist_inputs, action_mask=mask)
-            actions, logp = self.exploration.get_action(dist, timestep=timestep, explore=explore)
-            extra = {
-                SampleBatch.ACTION_LOGP: logp.cpu().numpy(),
-                SampleBatch.ACTION_DIST_INPUTS: dist.inputs.cpu().numpy(),
-            }
-            if values is not None:
-                extra[SampleBatch.VF_PREDS] = values.cpu().numpy()
-            return actions.cpu().numpy(), extra
+            return self._act(dist_inputs, values, action_mask, explore, timestep)
+
+    def _act(
+        self, dist_inputs: torch.Tensor, values: torch.Tensor | None, action_mask: Any, explore: bool, timestep: int
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Explore from a forward pass's outputs (within ``action_mask``): the actions and their extras."""
+        mask = None if action_mask is None else torch.as_tensor(action_mask, device=self.device)
+        dist = self.dist_class(dist_inputs, action_mask=mask)
+        actions, logp = self.exploration.get_action(dist, timestep=timestep, explore=explore)
+        extra = {SampleBatch.ACTION_LOGP: logp.cpu().numpy(), SampleBatch.ACTION_DIST_INPUTS: dist.inputs.cpu().numpy()}
+        if values is not None:
+            extra[SampleBatch.VF_PREDS] = values.cpu().numpy()
+        return actions.cpu().numpy(), extra
 
     def _compute_recurrent_actions(
         self,
@@ -274,17 +277,10 @@ class TorchPolicy(Policy[ConfigT]):
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         with torch.inference_mode():
             dist_inputs, values, state_out = self._forward_step(obs_batch, state, prev_actions, prev_rewards)
-            mask = None if action_mask is None else torch.as_tensor(action_mask, device=self.device)
-            dist = self.dist_class(dist_inputs, action_mask=mask)
-            actions, logp = self.exploration.get_action(dist, timestep=timestep, explore=explore)
-            extra = {
-                SampleBatch.ACTION_LOGP: logp.cpu().numpy(),
-                SampleBatch.ACTION_DIST_INPUTS: dist.inputs.cpu().numpy(),
-                SampleBatch.VF_PREDS: values.cpu().numpy(),
-            }
+            actions, extra = self._act(dist_inputs, values, action_mask, explore, timestep)
             for k, s in enumerate(state_out):
                 extra[f"{SampleBatch.STATE_OUT}{k}"] = s.cpu().numpy()
-            return actions.cpu().numpy(), extra
+            return actions, extra
 
     def value(
         self,
