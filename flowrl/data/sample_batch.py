@@ -79,8 +79,8 @@ class SampleBatch(dict[str, Any]):
             super().__setitem__(key, value)
             self._check_lengths()
             return
-        others = sum(1 for k in self if k != key and not self.is_sequence_column(k))
-        if others and len(value) != self.count:
+        # Only a column of rows can disagree; any() stops at the first (usually the batch's first key).
+        if len(value) != self.count and any(k != key and not self.is_sequence_column(k) for k in self):
             raise ValueError(f"column {key!r} has {len(value)} rows but the SampleBatch has {self.count}")
         super().__setitem__(key, value)
 
