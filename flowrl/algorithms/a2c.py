@@ -37,6 +37,8 @@ from flowrl.policy.distributions import DistFactory
 class A2CConfig(TrainerConfig):
     """Actor-critic settings (shared keys: see :class:`~flowrl.config.TrainerConfig`)."""
 
+    learns_from_sequences = True
+
     defaults = {
         "rollout_fragment_length": 20,
         "num_envs_per_worker": 5,
@@ -61,7 +63,10 @@ class A2CConfig(TrainerConfig):
     vf_loss_coeff: float = cfg_field(0.5, "Weight of the value-function loss.", min=0, per_policy=True)
     entropy_coeff: float = cfg_field(0.01, "Weight of the entropy bonus.", min=0, per_policy=True)
     microbatch_size: int | None = cfg_field(
-        None, "If set, accumulate gradients over microbatches of this many steps up to train_batch_size.", min=1
+        None,
+        "If set, accumulate gradients over microbatches of this many steps up to train_batch_size "
+        "(whole fragments: a recurrent policy's sequences stay whole).",
+        min=1,
     )
 
     def check(self) -> list[str]:
@@ -84,7 +89,9 @@ def actor_critic_loss(
 ) -> LossOutput:
     """Policy gradient on advantages + ``vf_loss_coeff`` * squared value error - ``entropy_coeff`` * entropy."""
     config = policy.config
-    logits, values = model(batch[SampleBatch.OBS])
+    # A recurrent policy's batch comes in sequences: the outputs of their real steps, as rows.
+    logits, values = policy.model_outputs(model, batch)
+    assert values is not None, "the actor-critic loss needs a model with a value head"
     dist = dist_class(logits)
     policy_loss = -(dist.logp(batch[SampleBatch.ACTIONS]) * batch[SampleBatch.ADVANTAGES]).mean()
     vf_loss = 0.5 * (values - batch[SampleBatch.VALUE_TARGETS]).pow(2).mean()

@@ -31,7 +31,7 @@ from flowrl.operators import (
 )
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy
 from flowrl.policy.distributions import DistFactory
-from flowrl.policy.vtrace import batch_vtrace, next_state_values, time_major
+from flowrl.policy.vtrace import batch_vtrace, fragment_outputs, time_major
 
 
 @dataclass(kw_only=True)
@@ -90,10 +90,9 @@ def appo_loss(
     config = policy.config
     horizon = config.rollout_fragment_length
     assert policy.target_model is not None
-    logits, values = model(batch[SampleBatch.OBS])
-    next_values = next_state_values(model, batch, values, horizon)
-    with torch.no_grad():
-        target_logits, _ = policy.target_model(batch[SampleBatch.OBS])
+    logits, values, next_values = fragment_outputs(policy, model, batch, horizon)
+    with torch.no_grad():  # the target model reads a recurrent policy's sequences as the model does
+        target_logits, _ = policy.model_outputs(policy.target_model, batch)
     dist, target_dist = dist_class(logits), dist_class(target_logits)
     actions = batch[SampleBatch.ACTIONS]
     logp, target_logp = dist.logp(actions), target_dist.logp(actions)

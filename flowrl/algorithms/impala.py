@@ -36,7 +36,7 @@ from flowrl.operators import (
 )
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy
 from flowrl.policy.distributions import DistFactory
-from flowrl.policy.vtrace import batch_vtrace, next_state_values, time_major
+from flowrl.policy.vtrace import batch_vtrace, fragment_outputs, time_major
 
 Batch = SampleBatch | MultiAgentBatch
 
@@ -46,8 +46,11 @@ class ImpalaConfig(TrainerConfig):
     """IMPALA settings (shared keys: see :class:`~flowrl.config.TrainerConfig`).
 
     ``rollout_fragment_length`` is the V-trace horizon; ``train_batch_size`` env steps make
-    one learner update.
+    one learner update. A recurrent model (``model.use_lstm``) learns each fragment's sequences
+    from their recorded initial states.
     """
+
+    learns_from_sequences = True
 
     defaults = {
         "num_envs_per_worker": 8,
@@ -123,8 +126,8 @@ def impala_loss(
     """Policy gradient on V-trace advantages + value loss to the V-trace targets - entropy bonus."""
     config = policy.config
     horizon = config.rollout_fragment_length
-    logits, values = model(batch[SampleBatch.OBS])
-    next_values = next_state_values(model, batch, values, horizon)
+    # A recurrent policy's fragments come in sequences: outputs from each one's initial state.
+    logits, values, next_values = fragment_outputs(policy, model, batch, horizon)
     dist = dist_class(logits)
     logp = dist.logp(batch[SampleBatch.ACTIONS])
     targets = batch_vtrace(config, batch, logp, values, next_values)

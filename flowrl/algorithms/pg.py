@@ -31,6 +31,7 @@ class PGConfig(TrainerConfig):
     """
 
     defaults = {"train_batch_size": 1000, "lr": 0.004}
+    learns_from_sequences = True
     # RLlib 1.13's PG (rllib/agents/pg/pg.py with the common config; 2.0-2.2 the same).
     rllib_defaults = {"train_batch_size": 200, "lr": 0.0004, "model": {"fcnet_hiddens": [256, 256]}}
 
@@ -42,7 +43,7 @@ def pg_loss(
     batch: dict[str, torch.Tensor],
 ) -> LossOutput:
     """``-mean(log pi(a|s) * G)`` where G is the discounted return from each step."""
-    logits, _ = model(batch[SampleBatch.OBS])
+    logits, _ = policy.model_outputs(model, batch)  # a recurrent policy's sequences: their real steps
     logp = dist_class(logits).logp(batch[SampleBatch.ACTIONS])
     loss = -(logp * batch[SampleBatch.ADVANTAGES]).mean()
     return LossOutput(loss, {"policy_loss": loss.item()})
@@ -62,13 +63,11 @@ def _policy_model(
 
 
 def make_pg_policy(obs_space: gym.Space[Any], action_space: gym.Space[Any], config: PGConfig) -> PolicySpec:
-    """A TorchPolicy with the PG loss and return postprocessing."""
-    kwargs = {
-        "loss_fn": pg_loss,
-        "postprocess_fn": pg_postprocess,
-        "make_model": _policy_model,
-        "model_interface": POLICY,
-    }
+    """A TorchPolicy with the PG loss and return postprocessing; the policy model has no value head,
+    except the recurrent one (``model.use_lstm``), whose value head the loss leaves untrained."""
+    kwargs: dict[str, Any] = {"loss_fn": pg_loss, "postprocess_fn": pg_postprocess, "model_interface": POLICY}
+    if not config.model.get("use_lstm"):
+        kwargs["make_model"] = _policy_model
     return PolicySpec(TorchPolicy, obs_space, action_space, config, kwargs)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
 from flowrl.data import SampleBatch
 from flowrl.deferred import dist, nn, torch
 
@@ -25,7 +27,12 @@ class Shard(NamedTuple):
         """This replica's contiguous share of ``batch``, in whole runs of ``sequence_length`` rows.
 
         Shares differ by at most one run; each replica must get at least one (ValueError otherwise).
+        A batch cut into sequences (a recurrent policy's) is shared in whole sequences (and whole
+        runs): each replica's share starts at the first place it may be cut at or after its
+        even share of the rows, so shares are as even as the sequences allow.
         """
+        if SampleBatch.SEQ_LENS in batch:
+            return self._sequences(batch, sequence_length)
         runs = batch.count // sequence_length
         if runs < self.size:
             raise ValueError(
@@ -36,6 +43,25 @@ class Shard(NamedTuple):
         start = runs * self.rank // self.size * sequence_length
         end = runs * (self.rank + 1) // self.size * sequence_length
         return batch.slice(start, end)
+
+    def _sequences(self, batch: SampleBatch, sequence_length: int) -> SampleBatch:
+        bounds = batch.sequence_bounds()
+        cuts = bounds[bounds % sequence_length == 0]  # where a sequence and a run both start (and the end)
+        pieces = len(cuts) - 1
+        if pieces < self.size:
+            raise ValueError(
+                f"a minibatch of {batch.count} rows in {len(bounds) - 1} sequences ({pieces} pieces of whole "
+                f"sequences and runs of {sequence_length}) cannot be shared by {self.size} learners: "
+                "each needs at least one piece"
+            )
+        # Each replica's first piece: the first cut at or after its even share of the rows, after the
+        # previous replica's first piece and leaving every later replica at least one.
+        starts = [0]
+        for rank in range(1, self.size):
+            wanted = int(np.searchsorted(cuts, batch.count * rank / self.size))
+            starts.append(max(min(wanted, pieces - (self.size - rank)), starts[-1] + 1))
+        starts.append(pieces)
+        return batch.slice(int(cuts[starts[self.rank]]), int(cuts[starts[self.rank + 1]]))
 
 
 def synchronize_gradients(

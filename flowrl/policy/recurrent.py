@@ -15,7 +15,8 @@ so that every loss term and statistic is over the steps sampled, never over padd
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import gymnasium as gym
@@ -155,18 +156,52 @@ class RecurrentActorCritic(nn.Module):
         )
         return dist_inputs[:, 0], values[:, 0], state_out
 
-    def forward_rows(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Distribution inputs and values for every row of a batch cut into sequences (tensors), padding left out."""
-        seq_lens = batch[SampleBatch.SEQ_LENS]
-        max_len = int(seq_lens.max())
-        state = [batch[f"{SampleBatch.STATE_IN}{k}"] for k in range(2 if self.vf_branch is None else 4)]
+    def forward_rows(
+        self, batch: Mapping[str, torch.Tensor], loading: Callable[[], AbstractContextManager[Any]] = nullcontext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Distribution inputs and values for every row of a batch cut into sequences (tensors), padding
+        left out; the padding runs in ``loading`` (a policy counts it as getting the batch ready)."""
+        dist_inputs, values, _ = self._forward_padded(batch, loading, bootstrap=False)
+        return dist_inputs, values
 
-        def padded(key: str) -> torch.Tensor | None:
-            return pad(batch[key], seq_lens, max_len) if key in batch else None
+    def forward_rows_and_bootstrap(
+        self, batch: Mapping[str, torch.Tensor], loading: Callable[[], AbstractContextManager[Any]] = nullcontext
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`forward_rows`, and for each sequence the value of its last row's ``new_obs`` from the
+        state after that row (``[num_sequences]``): one more step, run in the same pass."""
+        dist_inputs, values, bootstrap = self._forward_padded(batch, loading, bootstrap=True)
+        assert bootstrap is not None
+        return dist_inputs, values, bootstrap
 
-        obs = padded(SampleBatch.OBS)
+    def _forward_padded(
+        self, batch: Mapping[str, torch.Tensor], loading: Callable[[], AbstractContextManager[Any]], bootstrap: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        seq_lens = batch[SampleBatch.SEQ_LENS].long()
+        B = len(seq_lens)
+        with loading():
+            # With bootstrap, each sequence gets one more step after its last: the last row's next
+            # observation, with that row's action and reward as the previous ones.
+            max_len = int(seq_lens.max()) + int(bootstrap)
+            index = sequence_index(seq_lens, max_len)
+            after_last = torch.arange(B, device=seq_lens.device) * max_len + seq_lens
+            last_rows = torch.cumsum(seq_lens, 0) - 1
+
+            def padded(key: str, next_key: str) -> torch.Tensor | None:
+                if key not in batch:
+                    return None
+                rows = batch[key]
+                flat = rows.new_zeros((B * max_len, *rows.shape[1:]))
+                flat[index] = rows
+                if bootstrap:
+                    flat[after_last] = batch[next_key][last_rows].to(flat.dtype)
+                return flat.reshape(B, max_len, *rows.shape[1:])
+
+            obs = padded(SampleBatch.OBS, SampleBatch.NEW_OBS)
+            prev_actions = padded(SampleBatch.PREV_ACTIONS, SampleBatch.ACTIONS)
+            prev_rewards = padded(SampleBatch.PREV_REWARDS, SampleBatch.REWARDS)
+            state = [batch[f"{SampleBatch.STATE_IN}{k}"] for k in range(2 if self.vf_branch is None else 4)]
         assert obs is not None
-        dist_inputs, values, _ = self.forward_sequences(
-            obs, state, padded(SampleBatch.PREV_ACTIONS), padded(SampleBatch.PREV_REWARDS)
-        )
-        return unpad(dist_inputs, seq_lens), unpad(values, seq_lens)
+        dist_inputs, values, _ = self.forward_sequences(obs, state, prev_actions, prev_rewards)
+        flat_values = values.reshape(B * max_len)
+        rows_out = dist_inputs.reshape(B * max_len, -1)[index], flat_values[index]
+        return *rows_out, flat_values[after_last] if bootstrap else None

@@ -18,7 +18,12 @@ def _shuffle_sequences(batch: SampleBatch, sequence_length: int, rng: np.random.
         return batch.shuffle(rng)  # whole sequences, in a batch cut into them
     order = rng.permutation(batch.count // sequence_length)
     rows = (order[:, None] * sequence_length + np.arange(sequence_length)).reshape(-1)
-    return SampleBatch({k: v[rows] for k, v in batch.items()})
+    if SampleBatch.SEQ_LENS not in batch:
+        return SampleBatch({k: v[rows] for k, v in batch.items()})
+    # A run's sequences move with it (sequences never cross a run's start: a fragment's).
+    starts = batch.sequence_bounds()[:-1]
+    sequences = np.argsort(np.argsort(order)[starts // sequence_length], kind="stable")
+    return SampleBatch({k: v[sequences if batch.is_sequence_column(k) else rows] for k, v in batch.items()})
 
 
 def _minibatch_bounds(epoch: SampleBatch, size: int) -> list[tuple[int, int]]:

@@ -51,7 +51,7 @@ OptimizerFn = Callable[["TorchPolicy[Any]"], "torch.optim.Optimizer"]
 GradientSync = Callable[["nn.Module", int, bool], bool]
 _NOT_BUILT = object()
 #: The algorithms that learn with a recurrent model (``model.use_lstm``): their losses read sequences.
-RECURRENT_ALGORITHMS = ("ppo",)
+RECURRENT_ALGORITHMS = ("ppo", "pg", "a2c", "a3c", "impala", "appo")
 
 
 def adam(params: Any, device: torch.device, **settings: Any) -> torch.optim.Adam:
@@ -207,9 +207,10 @@ class TorchPolicy(Policy[ConfigT]):
 
     def model_outputs(self, model: nn.Module, batch: TensorBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``model``'s distribution inputs and values for every row of ``batch`` (what a loss calls):
-        a batch cut into sequences goes through the recurrent model padded, its padding left out."""
+        a batch cut into sequences goes through the recurrent model padded (padding counts as loading),
+        its padding left out."""
         if SampleBatch.SEQ_LENS in batch:
-            return _as_recurrent(model).forward_rows(batch)
+            return _as_recurrent(model).forward_rows(batch, self.learn_times.loading)
         result = model(batch[SampleBatch.OBS])
         return result if isinstance(result, tuple) else (result, None)
 

@@ -6,16 +6,25 @@ episode bootstraps from its final observation. ``discounts`` is gamma where the 
 goes on after step t and 0 where it terminated; ``continues`` is 0 wherever the next row
 of the column belongs to another episode (terminated or truncated), which cuts the
 correction that otherwise flows back from later steps.
+
+A recurrent policy's fragments come cut into sequences (never across a fragment's start or an
+episode's end): :func:`fragment_outputs` runs the model over them from each sequence's recorded
+``state_in_*`` (the fragment's initial state, or the reset state where an episode starts inside
+the fragment), and bootstraps each sequence's last row from the state after it.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 import numpy as np
 
 from flowrl.data import SampleBatch
 from flowrl.deferred import nn, torch
+
+if TYPE_CHECKING:
+    from flowrl.policy.recurrent import RecurrentActorCritic
+    from flowrl.policy.torch_policy import TorchPolicy
 
 
 class VTraceConfig(Protocol):
@@ -108,6 +117,37 @@ def next_state_values(
         _, bootstrap = model(batch[SampleBatch.NEW_OBS][rows])
     next_values[rows] = bootstrap
     return next_values
+
+
+class FragmentOutputs(NamedTuple):
+    """A model's outputs for each row of a batch of whole fragments: distribution inputs, values
+    (with gradient) and V(x_{t+1}) (without)."""
+
+    dist_inputs: torch.Tensor
+    values: torch.Tensor
+    next_values: torch.Tensor
+
+
+def fragment_outputs(
+    policy: TorchPolicy[Any], model: nn.Module, batch: dict[str, torch.Tensor], horizon: int
+) -> FragmentOutputs:
+    """``model``'s outputs for a batch of whole ``horizon``-row fragments, what V-trace reads.
+
+    A batch cut into sequences runs through the recurrent model from each sequence's ``state_in_*``
+    with one more step after each sequence's last row: its ``new_obs`` from the state after that row
+    gives the row's next value (a fragment's end, a truncation, or a cut at ``max_seq_len``), and
+    inside a sequence the next row's value is the next value; padding reaches no output.
+    """
+    if SampleBatch.SEQ_LENS not in batch:
+        dist_inputs, values = policy.model_outputs(model, batch)
+        assert values is not None, "V-trace needs a model with a value head"
+        return FragmentOutputs(dist_inputs, values, next_state_values(model, batch, values, horizon))
+    recurrent = cast("RecurrentActorCritic", model)
+    dist_inputs, values, bootstrap = recurrent.forward_rows_and_bootstrap(batch, policy.learn_times.loading)
+    next_values = torch.empty_like(values, requires_grad=False)
+    next_values[:-1] = values[1:].detach()
+    next_values[torch.cumsum(batch[SampleBatch.SEQ_LENS].long(), 0) - 1] = bootstrap.detach()
+    return FragmentOutputs(dist_inputs, values, next_values)
 
 
 def batch_vtrace(

@@ -201,7 +201,6 @@ def test_minibatches_are_cut_at_sequence_boundaries() -> None:
 @pytest.mark.parametrize(
     ("algo_config", "named"),
     [
-        ({"num_learners": 2}, "learner groups"),
         ({"evaluation_interval": 1}, "evaluation"),
         ({"policies": {"a": None}}, "multi-agent"),
     ],
