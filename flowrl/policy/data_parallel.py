@@ -28,8 +28,8 @@ class Shard(NamedTuple):
 
         Shares differ by at most one run; each replica must get at least one (ValueError otherwise).
         A batch cut into sequences (a recurrent policy's) is shared in whole sequences (and whole
-        runs): each replica's share starts at the first place it may be cut at or after its
-        even share of the rows, so shares are as even as the sequences allow.
+        runs): each replica's share starts at the last place it may be cut at or before the start of
+        its even share of the rows (as runs do), so shares are as even as the sequences allow.
         """
         if SampleBatch.SEQ_LENS in batch:
             return self._sequences(batch, sequence_length)
@@ -54,11 +54,11 @@ class Shard(NamedTuple):
                 f"sequences and runs of {sequence_length}) cannot be shared by {self.size} learners: "
                 "each needs at least one piece"
             )
-        # Each replica's first piece: the first cut at or after its even share of the rows, after the
+        # Each replica's first piece: the last cut at or before its even share of the rows, after the
         # previous replica's first piece and leaving every later replica at least one.
         starts = [0]
         for rank in range(1, self.size):
-            wanted = int(np.searchsorted(cuts, batch.count * rank / self.size))
+            wanted = int(np.searchsorted(cuts, batch.count * rank / self.size, side="right")) - 1
             starts.append(max(min(wanted, pieces - (self.size - rank)), starts[-1] + 1))
         starts.append(pieces)
         return batch.slice(int(cuts[starts[self.rank]]), int(cuts[starts[self.rank + 1]]))
