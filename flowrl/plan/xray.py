@@ -22,8 +22,9 @@ Each iteration the Trainer puts :meth:`XRay.report` into ``result["plan"]``:
   computing and applying gradients (A3C), and sending weights to the workers (``weight_sync_s``);
   and the trained policies' own split of their learning (in the driver, a learner thread, or a
   learner group's rank 0): getting batches ready (``load_s``: minibatch slices, decompression,
-  tensors) and updating (``update_s``: forward pass, backpropagation, optimizer step; for A3C,
-  whose workers compute the gradients, only the driver's applying them);
+  tensors, a recurrent policy's sequences padded) and updating (``update_s``: forward pass,
+  backpropagation, optimizer step; for A3C, whose workers compute the gradients, only the
+  driver's applying them);
 - ``driver``: the Trainer's own steps around the plan (observation filter sync, evaluation, the
   ``on_train_result`` callback, whose seconds count into ``iteration_s``);
 - ``attributed_s`` / ``unattributed_s``: the operators' and the driver steps' seconds, and the

@@ -75,10 +75,11 @@ class LearnOutput(NamedTuple):
 
 class LearnTimes:
     """Seconds a policy spent learning since it was built, by phase: ``load_s`` getting batches ready
-    (minibatch shuffles and slices, decompression, conversion to tensors on the device) and ``update_s``
-    updating on them (the loss's forward pass, backpropagation, gradient clipping and checks, the
-    optimizer step). The plan's X-ray reports their growth per iteration; with ``timed`` off
-    (``profile: false``) the blocks run untimed and both stay 0."""
+    (minibatch shuffles and slices, decompression, conversion to tensors on the device, padding a
+    recurrent policy's sequences) and ``update_s`` updating on them (the loss's forward pass,
+    backpropagation, gradient clipping and checks, the optimizer step). The plan's X-ray reports
+    their growth per iteration; with ``timed`` off (``profile: false``) the blocks run untimed and
+    both stay 0."""
 
     __slots__ = ("load_s", "update_s", "timed")
 

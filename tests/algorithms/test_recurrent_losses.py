@@ -179,3 +179,16 @@ def test_vtrace_reads_a_fragments_second_episode_from_the_reset_state() -> None:
     assert not torch.allclose(out.values[3:], carried[0, 3:6], atol=1e-4)
     torch.testing.assert_close(out.next_values[2], first[0, 3])
     assert not torch.allclose(out.next_values[2], from_scratch[0, 0], atol=1e-4)
+
+
+def test_padding_sequences_counts_as_loading_in_the_learn_times() -> None:
+    policy = build(make_impala_policy, ImpalaConfig)
+    tensors = policy.to_tensors(sequence_batch(policy, SEQ_LENS))
+    times = policy.learn_times
+    with times.updating():
+        loaded = times.load_s
+        policy.model_outputs(policy.model, tensors)
+        after_outputs = times.load_s
+        fragment_outputs(policy, policy.model, tensors, HORIZON)
+    assert loaded < after_outputs < times.load_s
+    assert times.update_s > 0  # the forward passes themselves are updating
