@@ -83,6 +83,54 @@ def test_two_replicas_take_the_single_learners_steps(tmp_path: Path, rows: int) 
     assert any(not np.allclose(value, ppo_policy().get_weights()[name]) for name, value in single.items())
 
 
+LSTM_PPO = {"seed": 0, "lr": 0.01, "model": {"fcnet_hiddens": [8], "use_lstm": True, "lstm_cell_size": 8}}
+
+
+def lstm_learn(shard: Shard | None) -> dict[str, np.ndarray]:
+    """Two epochs of LSTM-PPO minibatches over sequences of uneven lengths (so the shards are too)."""
+    import gymnasium as gym
+
+    from flowrl.algorithms.ppo import PPOConfig, make_ppo_policy
+
+    torch.manual_seed(0)
+    config = PPOConfig.from_dict(LSTM_PPO).frozen()
+    policy = make_ppo_policy(gym.spaces.Box(-1.0, 1.0, (4,), np.float32), gym.spaces.Discrete(2), config).build()
+    assert isinstance(policy, TorchPolicy)
+    rng = np.random.default_rng(4)
+    seq_lens = rng.integers(1, 9, 24)
+    states = {
+        f"{SampleBatch.STATE_IN}{k}": rng.standard_normal((len(seq_lens), *s.shape)).astype(np.float32)
+        for k, s in enumerate(policy.get_initial_state())
+    }
+    batch = SampleBatch(
+        {**ppo_batch(int(seq_lens.sum())), **states, SampleBatch.SEQ_LENS: seq_lens.astype(np.int32)}
+    )
+    if shard is not None:
+        policy.gradient_sync = synchronize_gradients
+    minibatch_sgd(policy, batch, num_sgd_iter=2, sgd_minibatch_size=batch.count // 2, seed=3, shard=shard)
+    return policy.get_weights()
+
+
+def lstm_replica(rank: int, size: int, store: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size)
+    try:
+        weights = lstm_learn(Shard(rank, size))
+    finally:
+        dist.destroy_process_group()
+    np.savez(f"{out}_{rank}.npz", **weights)
+
+
+def test_two_replicas_sharing_whole_sequences_take_the_single_learners_steps(tmp_path: Path) -> None:
+    single = lstm_learn(None)
+    mp.start_processes(
+        lstm_replica, args=(2, str(tmp_path / "store"), str(tmp_path / "w")), nprocs=2, start_method="spawn"
+    )
+    replicas = [dict(np.load(tmp_path / f"w_{rank}.npz")) for rank in range(2)]
+    for name, value in single.items():
+        assert np.array_equal(replicas[0][name], replicas[1][name]), name
+        np.testing.assert_allclose(replicas[0][name], value, atol=1e-5, rtol=0, err_msg=name)
+
+
 def td3_learn(shard: Shard | None) -> dict[str, np.ndarray]:
     """Four TD3 updates on one batch (policy_delay 2: the actor steps on the 2nd and 4th only), no target noise."""
     import gymnasium as gym
