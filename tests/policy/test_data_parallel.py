@@ -102,9 +102,7 @@ def lstm_learn(shard: Shard | None) -> dict[str, np.ndarray]:
         f"{SampleBatch.STATE_IN}{k}": rng.standard_normal((len(seq_lens), *s.shape)).astype(np.float32)
         for k, s in enumerate(policy.get_initial_state())
     }
-    batch = SampleBatch(
-        {**ppo_batch(int(seq_lens.sum())), **states, SampleBatch.SEQ_LENS: seq_lens.astype(np.int32)}
-    )
+    batch = SampleBatch({**ppo_batch(int(seq_lens.sum())), **states, SampleBatch.SEQ_LENS: seq_lens.astype(np.int32)})
     if shard is not None:
         policy.gradient_sync = synchronize_gradients
     minibatch_sgd(policy, batch, num_sgd_iter=2, sgd_minibatch_size=batch.count // 2, seed=3, shard=shard)
