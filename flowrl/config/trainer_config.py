@@ -432,14 +432,8 @@ class TrainerConfig(BaseConfig):
         unsupported = []
         if not self.learns_from_sequences:
             unsupported.append(f"{type(self).__name__} does not learn from sequences yet (PPO does)")
-        if self.policies:
-            unsupported.append("multi-agent policies are not recurrent yet (single-agent envs are)")
         if self.num_learners >= 2:
             unsupported.append(f"num_learners={self.num_learners}: learner groups do not shard sequences yet (use 1)")
-        if self.evaluation_interval:
-            unsupported.append(
-                f"evaluation_interval={self.evaluation_interval}: evaluation does not carry the state yet (use None)"
-            )
         return [f"model.use_lstm=True: {why}" for why in unsupported]
 
     def _evaluation_problems(self) -> list[str]:

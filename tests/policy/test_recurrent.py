@@ -202,8 +202,6 @@ def test_minibatches_are_cut_at_sequence_boundaries() -> None:
     ("algo_config", "named"),
     [
         ({"num_learners": 2}, "learner groups"),
-        ({"evaluation_interval": 1}, "evaluation"),
-        ({"policies": {"a": None}}, "multi-agent"),
     ],
 )
 def test_use_lstm_where_the_state_is_not_carried_yet_is_a_config_error(algo_config: dict[str, Any], named: str) -> None:

@@ -44,6 +44,14 @@ CONFIGS = {
     ],
     "dqn": ["--set", "learning_starts=100", "--set", "timesteps_per_iteration=100", "--set", "train_batch_size=16"],
 }
+# LSTM-PPO: a checkpoint taken mid-episode holds each env's recurrent state (the sampler's), which the resumed
+# run must act from for its fragments, and so its weights, to repeat.
+LSTM = ["model.use_lstm=true", "model.lstm_cell_size=16", "model.max_seq_len=8", "model.fcnet_hiddens=[16]"]
+CASES = {
+    "ppo": ("ppo", "CartPole-v1", CONFIGS["ppo"]),
+    "dqn": ("dqn", "CartPole-v1", CONFIGS["dqn"]),
+    "lstm-ppo": ("ppo", "StatelessCartPole-v1", [*CONFIGS["ppo"], *(arg for s in LSTM for arg in ("--set", s))]),
+}
 # What a result must repeat exactly (timings and timestamps differ by nature).
 REPEATED = (
     "training_iteration",
@@ -76,21 +84,10 @@ def final_state(directory: Path) -> dict[str, Any]:
     return state
 
 
-@pytest.mark.parametrize("algo", ["ppo", "dqn"])
-def test_a_run_killed_after_a_checkpoint_resumes_bit_identically(algo: str, tmp_path: Path) -> None:
-    common = [
-        "--algo",
-        algo,
-        "--env",
-        "CartPole-v1",
-        "--num-workers",
-        "0",
-        "--seed",
-        "3",
-        "--checkpoint-freq",
-        "2",
-        *CONFIGS[algo],
-    ]
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_run_killed_after_a_checkpoint_resumes_bit_identically(case: str, tmp_path: Path) -> None:
+    algo, env, settings = CASES[case]
+    common = ["--algo", algo, "--env", env, "--num-workers", "0", "--seed", "3", "--checkpoint-freq", "2", *settings]
     uninterrupted = tmp_path / "uninterrupted"
     done = subprocess.run(
         flowrl_train(*common, "--stop-iters", str(ITERATIONS), "--results-dir", str(uninterrupted)),

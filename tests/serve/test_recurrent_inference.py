@@ -8,7 +8,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
-from policy_files import build_policies, write_files
+from policy_files import lstm_policies, write_files
 
 import flowrl
 from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
@@ -18,15 +18,6 @@ from flowrl.policy import Policy
 pytestmark = pytest.mark.unit
 
 LSTM = {"fcnet_hiddens": [16], "use_lstm": True, "lstm_cell_size": 8}
-
-
-def lstm_policies(model: dict[str, Any]) -> tuple[dict[str, Policy[Any]], Any]:
-    """PPO policies for StatelessCartPole-v1 with random weights of half the usual scale and no biases (larger
-    ones saturate the LSTM, and a random head bias picks one action, whatever the observations)."""
-    policy_map, config = build_policies("ppo", "StatelessCartPole-v1", {"model": model}, seed=3)
-    for policy in policy_map.values():
-        policy.set_weights({k: v * 0 if "bias" in k else v * 0.5 for k, v in policy.get_weights().items()})
-    return policy_map, config
 
 
 def original_episode(policy: Policy[Any], env: gym.Env, seed: int) -> list[Any]:
