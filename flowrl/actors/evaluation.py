@@ -179,8 +179,14 @@ def _policy_action(
     if memory is None:
         actions, _ = policy.compute_actions(row, explore=explore, action_mask=mask)
         return actions[0]
-    inputs = {"state": memory.states, "prev_actions": memory.prev_actions, "prev_rewards": memory.prev_rewards}
-    actions, extra = policy.compute_actions(row, explore=explore, action_mask=mask, **inputs)
+    actions, extra = policy.compute_actions(
+        row,
+        explore=explore,
+        action_mask=mask,
+        state=memory.states,
+        prev_actions=memory.prev_actions,
+        prev_rewards=memory.prev_rewards,
+    )
     memory.advance(extra, actions, memory.prev_rewards)  # the step's reward comes with _observe
     return actions[0]
 

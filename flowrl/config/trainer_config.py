@@ -426,15 +426,21 @@ class TrainerConfig(BaseConfig):
         return problems
 
     def _recurrent_problems(self) -> list[str]:
-        """``model.use_lstm`` where what is built cannot carry a recurrent state yet."""
-        if not self.model.get("use_lstm"):
+        """``model.use_lstm`` or a recurrent custom model where what is built cannot carry a recurrent state yet."""
+        from flowrl.policy.custom_model import recurrent_custom_model
+
+        if self.model.get("use_lstm"):
+            what = "model.use_lstm=True"
+        elif (custom := recurrent_custom_model(self.model)) is not None:
+            what = f"model.custom_model={custom!r} is recurrent"
+        else:
             return []
         unsupported = []
         if not self.learns_from_sequences:
             unsupported.append(f"{type(self).__name__} does not learn from sequences yet (PPO does)")
         if self.num_learners >= 2:
             unsupported.append(f"num_learners={self.num_learners}: learner groups do not shard sequences yet (use 1)")
-        return [f"model.use_lstm=True: {why}" for why in unsupported]
+        return [f"{what}: {why}" for why in unsupported]
 
     def _evaluation_problems(self) -> list[str]:
         """``evaluation_config`` keys that are not keys of this config or have invalid values; a video

@@ -132,7 +132,8 @@ class TorchPolicy(Policy[ConfigT]):
         else:
             model = make_model(space, action_space, num_outputs, options)
         self.model = model.to(self.device)
-        self._initial_state = _as_recurrent(model).initial_state() if options["use_lstm"] else []
+        # The recurrent models (use_lstm's, a recurrent custom model's adapter) run batches of sequences by rows.
+        self._initial_state = _as_recurrent(model).initial_state() if hasattr(model, "forward_rows") else []
         self.target_model: nn.Module | None = None
         if target_network:
             self.target_model = copy.deepcopy(self.model)

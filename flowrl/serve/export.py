@@ -251,14 +251,19 @@ def _write_onnx(
             str(file),
             input_names=_input_names(module),
             output_names=list(names),
-            # forward(obs, *extra): the observations, then a tuple of the other inputs.
-            dynamic_shapes=({0: batch}, tuple({0: batch} for _ in example[1:])),
+            dynamic_shapes=_dynamic_shapes(len(example), batch),
             dynamo=True,
             external_data=False,
             verbose=False,
         )
     except Exception as e:  # noqa: BLE001 - as for TorchScript: the exporter raises many error types
         raise RunError(f"{what}: its model cannot be exported to ONNX: {type(e).__name__}: {e}") from e
+
+
+def _dynamic_shapes(count: int, batch: Any) -> tuple[Any, ...]:
+    """The batch dimension of ``forward(obs, *extra)``'s ``count`` inputs, laid out as torch.export reads them:
+    the observations', then (if there are others) a tuple of the others'."""
+    return ({0: batch}, tuple({0: batch} for _ in range(count - 1))) if count > 1 else ({0: batch},)
 
 
 def _input_names(module: GreedyPolicyModule) -> list[str]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -137,7 +137,7 @@ class GreedyPolicyModule(nn.Module):
         state, rest = rest[:count], rest[count:]
         prev_actions = rest.pop(0).unsqueeze(1) if self.recurrent.prev_action else None
         prev_rewards = rest.pop(0).unsqueeze(1) if self.recurrent.prev_reward else None
-        dist_inputs, _, state_out = self.model.forward_sequences(
+        dist_inputs, _, state_out = cast(Any, self.model).forward_sequences(
             self._preprocess(obs).unsqueeze(1), state, prev_actions, prev_rewards
         )
         return (*self._choose(dist_inputs[:, 0], action_mask), *state_out)

@@ -115,7 +115,9 @@ class MultiAgentSampler(FaultTolerantSampler):
         }
         self._agent_index = {agent: i for i, agent in enumerate(envs[0].possible_agents)}
         # Duck-typed stand-ins written before recurrent policies have no state.
-        self._initial_states = {pid: getattr(p, "get_initial_state", list)() for pid, p in policy_map.items()}
+        self._initial_states: dict[str, list[np.ndarray]] = {
+            pid: getattr(p, "get_initial_state", list)() for pid, p in policy_map.items()
+        }
         self._obs_checks: dict[Hashable, ObservationCheck] = {}
         # Only envs with an agent of a Dict or Tuple space pay for a look at every observation.
         self._structured = any(self._obs_check(0, agent).flatten is not None for agent in envs[0].possible_agents)
@@ -251,7 +253,7 @@ class MultiAgentSampler(FaultTolerantSampler):
         started = time.perf_counter() if self.timed else 0.0
         for policy_id, (members, obs_batch, mask_batch) in self._groups.items():
             policy = self.policy_map[policy_id]
-            inputs = {} if mask_batch is None else {"action_mask": mask_batch}
+            inputs: dict[str, Any] = {} if mask_batch is None else {"action_mask": mask_batch}
             if self._initial_states[policy_id]:
                 inputs.update(recurrent_inputs([self.trajectories[i][agent] for i, agent in members]))
             policy_actions, extra = policy.compute_actions(obs_batch, **inputs)
