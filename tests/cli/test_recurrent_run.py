@@ -21,6 +21,7 @@ SETTINGS = [
     "num_sgd_iter=1",
     "evaluation_interval=1",
     "evaluation_num_episodes=2",
+    "evaluation_num_workers=1",  # evaluated by an actor, which carries the state as the driver does
     *LSTM,
 ]
 
