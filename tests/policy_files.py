@@ -48,3 +48,12 @@ def observations(space: gym.Space[Any], n: int = 1000, seed: int = 0) -> np.ndar
     assert isinstance(space, gym.spaces.Box)
     bounded = gym.spaces.Box(np.maximum(space.low, -5), np.minimum(space.high, 5), dtype=space.dtype, seed=seed)
     return np.stack([bounded.sample() for _ in range(n)])
+
+
+def lstm_policies(model: dict[str, Any]) -> tuple[dict[str, Policy[Any]], TrainerConfig]:
+    """PPO policies for StatelessCartPole-v1 with random weights of half the usual scale and no biases (larger
+    ones saturate the LSTM, and a random head bias picks one action, whatever the observations)."""
+    policy_map, config = build_policies("ppo", "StatelessCartPole-v1", {"model": model}, seed=3)
+    for policy in policy_map.values():
+        policy.set_weights({k: v * 0 if "bias" in k else v * 0.5 for k, v in policy.get_weights().items()})
+    return policy_map, config

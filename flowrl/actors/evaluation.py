@@ -22,6 +22,7 @@ import numpy as np
 
 from flowrl.actors.placement import BundleRequest, Reservation
 from flowrl.actors.rollout_worker import as_config
+from flowrl.actors.sampling.recurrent_state import RecurrentState
 from flowrl.actors.worker_set import CALL_TIMEOUT_S
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
@@ -112,13 +113,20 @@ def run_episodes(
             else:
                 policy = policy_map[DEFAULT_POLICY_ID]
                 env = cast(gym.Env, instance)  # not multi-agent, so a Gymnasium env
+                memory = _memory(policy)
 
                 def act(obs: Any, info: Any) -> Any:
-                    return _policy_action(policy, obs, info, explore, obs_filter)
+                    return _policy_action(policy, obs, info, explore, obs_filter, memory)
+
+                def observe(reward: float, ended: bool) -> None:
+                    if memory is not None:
+                        _observe(memory, reward, ended)
 
                 episodes = []
                 for seed in seeds:
-                    total, length = run_episode(env, act, seed)
+                    if memory is not None:
+                        memory.reset(0)
+                    total, length = run_episode(env, act, seed, on_step=observe)
                     episodes.append({"episode_reward": total, "episode_length": length})
             if directory is not None:
                 closed = True
@@ -129,15 +137,36 @@ def run_episodes(
     return episodes
 
 
+def _memory(policy: Policy[Any]) -> RecurrentState | None:
+    """What a recurrent policy carries through one agent's episode (its state, previous action and
+    reward), at an episode's start; None for a feed-forward policy."""
+    initial = policy.get_initial_state()
+    return RecurrentState(initial, 1, policy.action_space) if initial else None
+
+
+def _observe(memory: RecurrentState, reward: float, ended: bool) -> None:
+    """After a step: its reward is the previous reward of the next; an episode that ended resets the state,
+    as the samplers reset it at every episode start."""
+    memory.prev_rewards[0] = reward
+    if ended:
+        memory.reset(0)
+
+
 def _policy_action(
-    policy: Policy[Any], obs: Any, info: Any, explore: bool = False, obs_filter: MeanStdFilter | None = None
+    policy: Policy[Any],
+    obs: Any,
+    info: Any,
+    explore: bool = False,
+    obs_filter: MeanStdFilter | None = None,
+    memory: RecurrentState | None = None,
 ) -> Any:
     """``policy``'s action for one observation as the env returned it, with its ``info``, as the samplers act.
 
     For a Discrete action space the action is a legal one: by the observation's own action mask (a
     masked Dict) or else ``info["action_mask"]`` (see :mod:`flowrl.envs.flatten`); a mask of the wrong
     form raises :class:`~flowrl.errors.EnvError`. The mask is split off and the observation flattened
-    before ``obs_filter`` (the run's observation filter, its statistics frozen) normalizes it.
+    before ``obs_filter`` (the run's observation filter, its statistics frozen) normalizes it. A recurrent
+    policy acts from ``memory`` (see :func:`_memory`), which moves on to the next state and this action.
     """
     space, legal = policy.action_space, None
     if isinstance(space, gym.spaces.Discrete):
@@ -146,7 +175,19 @@ def _policy_action(
     row = np.asarray(flatten_observation(policy.observation_space, obs))[None]
     if obs_filter is not None:
         row = obs_filter(row, update=False)
-    actions, _ = policy.compute_actions(row, explore=explore, action_mask=None if legal is None else legal[None])
+    mask = None if legal is None else legal[None]
+    if memory is None:
+        actions, _ = policy.compute_actions(row, explore=explore, action_mask=mask)
+        return actions[0]
+    actions, extra = policy.compute_actions(
+        row,
+        explore=explore,
+        action_mask=mask,
+        state=memory.states,
+        prev_actions=memory.prev_actions,
+        prev_rewards=memory.prev_rewards,
+    )
+    memory.advance(extra, actions, memory.prev_rewards)  # the step's reward comes with _observe
     return actions[0]
 
 
@@ -156,16 +197,23 @@ def _multi_agent_episode(
     obs, infos = env.reset(seed=seed)
     policy_ids = {agent: mapping(agent) for agent in env.possible_agents}
     returns: dict[Any, float] = {}
+    # A recurrent policy's agents each carry their own state from their first action on; the previous reward
+    # of an agent's action is all it earned since its last one (a turn-based game's other moves included).
+    memories: dict[Any, RecurrentState | None] = {}
     length = 0
     while env.agents:
         # Only the acting agents (a turn-based env's mover), each within its observation's or info's action mask.
-        actions = {
-            agent: _policy_action(policy_map[policy_ids[agent]], obs[agent], infos.get(agent), explore)
-            for agent in acting_agents(env)
-        }
+        actions = {}
+        for agent in acting_agents(env):
+            policy = policy_map[policy_ids[agent]]
+            memory = memories[agent] = memories[agent] if agent in memories else _memory(policy)
+            actions[agent] = _policy_action(policy, obs[agent], infos.get(agent), explore, memory=memory)
         obs, rewards, _, _, infos = env.step(actions)
         for agent, reward in rewards.items():
             returns[agent] = returns.get(agent, 0.0) + float(reward)
+            memory = memories.get(agent)
+            if memory is not None:
+                memory.prev_rewards[0] = float(reward) + (0.0 if agent in actions else memory.prev_rewards[0])
         length += 1
     policy_rewards: dict[str, list[float]] = {}
     for agent, total in returns.items():

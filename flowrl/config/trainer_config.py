@@ -426,21 +426,21 @@ class TrainerConfig(BaseConfig):
         return problems
 
     def _recurrent_problems(self) -> list[str]:
-        """``model.use_lstm`` where what is built cannot carry a recurrent state yet."""
-        if not self.model.get("use_lstm"):
+        """``model.use_lstm`` or a recurrent custom model where what is built cannot carry a recurrent state yet."""
+        from flowrl.policy.custom_model import recurrent_custom_model
+
+        if self.model.get("use_lstm"):
+            what = "model.use_lstm=True"
+        elif (custom := recurrent_custom_model(self.model)) is not None:
+            what = f"model.custom_model={custom!r} is recurrent"
+        else:
             return []
         unsupported = []
         if not self.learns_from_sequences:
             unsupported.append(
                 f"{type(self).__name__} does not learn from sequences yet (PPO, PG, A2C, A3C, IMPALA and APPO do)"
             )
-        if self.policies:
-            unsupported.append("multi-agent policies are not recurrent yet (single-agent envs are)")
-        if self.evaluation_interval:
-            unsupported.append(
-                f"evaluation_interval={self.evaluation_interval}: evaluation does not carry the state yet (use None)"
-            )
-        return [f"model.use_lstm=True: {why}" for why in unsupported]
+        return [f"{what}: {why}" for why in unsupported]
 
     def _evaluation_problems(self) -> list[str]:
         """``evaluation_config`` keys that are not keys of this config or have invalid values; a video

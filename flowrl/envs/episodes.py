@@ -39,6 +39,7 @@ def run_episode(
     actor: Callable[[Any, dict[str, Any]], Any],
     seed: int | None,
     observations: list[np.ndarray] | None = None,
+    on_step: Callable[[float, bool], object] | None = None,
 ) -> tuple[float, int]:
     """One episode of ``actor`` from ``env.reset(seed=seed)``: its return and length.
 
@@ -46,7 +47,9 @@ def run_episode(
     action mask, see :mod:`flowrl.envs.flatten`) and returns the action. For an env that records
     its own episodes (:func:`records_episodes`) that is the recorded episode, played through the
     training episodes it holds (an Atari game through its lives). Appends every observation acted
-    on to ``observations`` when given.
+    on to ``observations`` when given. ``on_step(reward, ended)``, when given, is called after each step
+    with its reward and whether an episode of ``env`` ended there (a recorded episode's inner ones too):
+    what an actor with a recurrent state reads.
     """
     recording = records_episodes(env)
     obs, info = env.reset(seed=seed)
@@ -57,6 +60,8 @@ def run_episode(
         obs, reward, terminated, truncated, info = env.step(actor(obs, info))
         total += float(reward)
         length += 1
+        if on_step is not None:
+            on_step(float(reward), bool(terminated or truncated))
         if terminated or truncated:
             if not recording:
                 return total, length

@@ -19,6 +19,13 @@ algorithm needs. What the module must compute depends on the algorithm's family,
   and ``critics``, an ``nn.ModuleList`` (two for TD3) of modules mapping observations and
   actions concatenated (``[B, obs_dim + action_dim]``) to ``[B, 1]``.
 
+An actor-critic model may be recurrent itself: it declares its initial state with
+``get_initial_state()`` (a list of 1-d tensors, one env's state at an episode's start) and its
+``forward(obs, state)`` runs ``[B, T, obs_dim]`` observations from ``state`` (one ``[B, size]`` tensor per
+entry) to ``(dist_inputs [B, T, num_outputs], values [B, T], next state)``; the policy then carries its
+state as it carries ``use_lstm``'s (see :mod:`flowrl.policy.recurrent_custom`), for the algorithms that
+learn from sequences.
+
 ``obs`` is a float tensor of the observations flattened (Dict and Tuple ones with
 ``gymnasium.spaces.utils.flatten``, Discrete ones one-hot); with ``custom_model_obs:
 "structured"`` a Dict or Tuple observation arrives as a dict or tuple of ``[B, ...]`` tensors
@@ -85,6 +92,24 @@ def custom_model_class(value: Any) -> type[nn.Module]:
         shown = found.__qualname__ if isinstance(found, type) else f"a {type(found).__name__}"
         raise FlowRLError(f"{shown} is not a subclass of torch.nn.Module")
     return found
+
+
+def is_recurrent_class(cls: type) -> bool:
+    """Whether a custom model class is recurrent: it declares its initial state (``get_initial_state``)."""
+    return callable(getattr(cls, "get_initial_state", None))
+
+
+def recurrent_custom_model(model: Mapping[str, Any]) -> str | None:
+    """The ``model.custom_model`` of a ``model`` dict shown as a string if it names a recurrent class, else None
+    (also when it names no class: :func:`custom_model_problems` says why)."""
+    custom = model.get("custom_model")
+    if not isinstance(custom, (str, type)):
+        return None
+    try:
+        cls = custom_model_class(custom)
+    except FlowRLError:
+        return None
+    return (custom if isinstance(custom, str) else cls.__qualname__) if is_recurrent_class(cls) else None
 
 
 def custom_model_problems(model: Mapping[str, Any]) -> list[str]:
@@ -181,6 +206,8 @@ def build_custom_model(
         model = cls(obs_space, action_space, num_outputs, **model_config["custom_model_config"])
     except Exception as e:
         raise ConfigError([f"{shown}: building {cls.__qualname__}(...) raised {type(e).__name__}: {e}"]) from e
+    if is_recurrent_class(cls):
+        return _recurrent(model, shown, interface, structured, obs_space, num_outputs)
     if structured:
         model.register_forward_pre_hook(StructuredObs(obs_space))
     if interface.adapt is not None:
@@ -191,6 +218,43 @@ def build_custom_model(
             [f"{shown} does not implement the {interface.name} interface {interface.contract}: {problem}"]
         )
     return model
+
+
+def _recurrent(
+    model: nn.Module,
+    shown: str,
+    interface: ModelInterface,
+    structured: bool,
+    obs_space: gym.Space[Any],
+    num_outputs: int,
+) -> nn.Module:
+    """A recurrent custom model adapted to a recurrent policy, its forward over ``[B, T]`` checked."""
+    from flowrl.policy.recurrent_custom import RecurrentCustomModel, sequence_problem
+
+    if interface is not ACTOR_CRITIC or structured:
+        why = "custom_model_obs='structured'" if structured else f"the {interface.name} interface"
+        raise ConfigError([f"{shown} is recurrent (it has get_initial_state), which {why} does not take yet"])
+    try:
+        adapted = RecurrentCustomModel(model)
+    except Exception as e:
+        raise ConfigError([f"{shown}: get_initial_state() raised {type(e).__name__}: {e}"]) from e
+    B, T = 2, 3
+    obs = probe_observations(obs_space, B * T)
+    training = model.training
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            model.eval()
+            problem = sequence_problem(adapted, obs.reshape(B, T, *obs.shape[1:]), num_outputs)
+    finally:
+        model.train(training)
+    if problem is not None:
+        raise ConfigError(
+            [
+                f"{shown} is recurrent (it has get_initial_state) but does not implement forward(obs [B, T, ...], "
+                f"state) -> (dist_inputs [B, T, num_outputs], values [B, T], next state): {problem}"
+            ]
+        )
+    return adapted
 
 
 def probe_observations(obs_space: gym.Space[Any], batch_size: int = 2) -> torch.Tensor:

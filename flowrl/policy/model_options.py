@@ -61,11 +61,15 @@ def model_config(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     for key in ("use_lstm", "lstm_use_prev_action", "lstm_use_prev_reward"):
         if not isinstance(config[key], bool):
             raise FlowRLError(f"model option {key}={config[key]!r} must be true or false")
-    if config["use_lstm"] and config["custom_model"] is not None:
-        raise FlowRLError(
-            "model option use_lstm wraps the built-in MLP and CNN models; a custom_model cannot be wrapped yet "
-            "(drop use_lstm, or custom_model)"
-        )
+    if config["custom_model"] is not None:
+        # use_lstm and its options build the LSTM around a built-in model; a custom model is recurrent by itself.
+        wrapping = [key for key in ("use_lstm", "lstm_use_prev_action", "lstm_use_prev_reward") if config[key]]
+        if wrapping:
+            raise FlowRLError(
+                f"model option(s) {', '.join(wrapping)} wrap the built-in MLP and CNN models in an LSTM, not a "
+                "custom_model; a custom model is recurrent by itself when it declares get_initial_state() "
+                "(see docs/recurrent.md): drop them, or custom_model"
+            )
     if config["custom_model_obs"] not in CUSTOM_MODEL_OBS:
         shown = config["custom_model_obs"]
         raise FlowRLError(f"model option custom_model_obs={shown!r} is not one of {list(CUSTOM_MODEL_OBS)}")

@@ -82,34 +82,18 @@ class _EncoderLSTM(nn.Module):
         return out, [h_out.squeeze(0), c_out.squeeze(0)]
 
 
-class RecurrentActorCritic(nn.Module):
-    """An encoder and an LSTM over time, a head of ``num_outputs`` distribution inputs, and a value
-    head on its own encoder and LSTM (on the policy's with ``vf_share_layers``)."""
+class SequenceModel(nn.Module):
+    """What a recurrent policy's model runs: a subclass gives its state at an episode's start
+    (:meth:`initial_state`) and its pass over ``[B, T]`` sequences (:meth:`forward_sequences`); acting
+    one step and learning over a batch cut into sequences are built on those two."""
 
-    def __init__(
-        self, obs_space: gym.Space[Any], action_space: gym.Space[Any], num_outputs: int, config: Mapping[str, Any]
-    ) -> None:
-        super().__init__()
-        self.action_space = action_space
-        self.prev_action_dim = _action_input_dim(action_space) if config["lstm_use_prev_action"] else 0
-        self.use_prev_reward = bool(config["lstm_use_prev_reward"])
-        self.cell_size = int(config["lstm_cell_size"])
-        in_extra = self.prev_action_dim + int(self.use_prev_reward)
-        self.branch = _EncoderLSTM(obs_space, in_extra, config)
-        self.vf_branch = None if config["vf_share_layers"] else _EncoderLSTM(obs_space, in_extra, config)
-        self.policy_head = nn.Linear(self.cell_size, num_outputs)
-        self.value_head = nn.Linear(self.cell_size, 1)
-        nn.init.orthogonal_(self.policy_head.weight, gain=0.01)
-        nn.init.zeros_(self.policy_head.bias)
+    #: Whether :meth:`forward_sequences` reads the previous actions / rewards (padded for it only then).
+    reads_prev_actions = False
+    reads_prev_rewards = False
 
     def initial_state(self) -> list[np.ndarray]:
-        """The state of one env at an episode's start: ``[h, c]`` of each LSTM, zeros."""
-        return [np.zeros(self.cell_size, dtype=np.float32) for _ in range(2 if self.vf_branch is None else 4)]
-
-    def _prev_action_input(self, prev_actions: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.action_space, gym.spaces.Discrete):
-            return nn.functional.one_hot(prev_actions.long(), self.prev_action_dim).float()
-        return prev_actions.float().flatten(2)
+        """The state of one env at an episode's start: a list of 1-d arrays."""
+        raise NotImplementedError
 
     def forward_sequences(
         self,
@@ -118,23 +102,9 @@ class RecurrentActorCritic(nn.Module):
         prev_actions: torch.Tensor | None = None,
         prev_rewards: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-        """Run ``[B, T, ...]`` observations from ``state`` (``[h, c]`` of each LSTM, each ``[B, cell]``):
-        distribution inputs ``[B, T, num_outputs]``, values ``[B, T]`` and the state after the last step."""
-        inputs = []
-        if self.prev_action_dim:
-            if prev_actions is None:
-                raise ValueError("this model reads the previous actions (lstm_use_prev_action) but got none")
-            inputs.append(self._prev_action_input(prev_actions))
-        if self.use_prev_reward:
-            if prev_rewards is None:
-                raise ValueError("this model reads the previous rewards (lstm_use_prev_reward) but got none")
-            inputs.append(prev_rewards.float().unsqueeze(-1))
-        out, state_out = self.branch(obs, inputs, state[:2])
-        vf_out = out
-        if self.vf_branch is not None:
-            vf_out, vf_state_out = self.vf_branch(obs, inputs, state[2:])
-            state_out += vf_state_out
-        return self.policy_head(out), self.value_head(vf_out).squeeze(-1), state_out
+        """Run ``[B, T, ...]`` observations from ``state`` (one ``[B, size]`` tensor per entry): distribution
+        inputs ``[B, T, num_outputs]``, values ``[B, T]`` and the state after the last step."""
+        raise NotImplementedError
 
     def step(
         self,
@@ -197,11 +167,68 @@ class RecurrentActorCritic(nn.Module):
                 return flat.reshape(B, max_len, *rows.shape[1:])
 
             obs = padded(SampleBatch.OBS, SampleBatch.NEW_OBS)
-            prev_actions = padded(SampleBatch.PREV_ACTIONS, SampleBatch.ACTIONS)
-            prev_rewards = padded(SampleBatch.PREV_REWARDS, SampleBatch.REWARDS)
-            state = [batch[f"{SampleBatch.STATE_IN}{k}"] for k in range(2 if self.vf_branch is None else 4)]
+            prev_actions = padded(SampleBatch.PREV_ACTIONS, SampleBatch.ACTIONS) if self.reads_prev_actions else None
+            prev_rewards = padded(SampleBatch.PREV_REWARDS, SampleBatch.REWARDS) if self.reads_prev_rewards else None
+            state = [batch[f"{SampleBatch.STATE_IN}{k}"] for k in range(len(self.initial_state()))]
         assert obs is not None
         dist_inputs, values, _ = self.forward_sequences(obs, state, prev_actions, prev_rewards)
         flat_values = values.reshape(B * max_len)
         rows_out = dist_inputs.reshape(B * max_len, -1)[index], flat_values[index]
         return *rows_out, flat_values[after_last] if bootstrap else None
+
+
+class RecurrentActorCritic(SequenceModel):
+    """An encoder and an LSTM over time, a head of ``num_outputs`` distribution inputs, and a value
+    head on its own encoder and LSTM (on the policy's with ``vf_share_layers``)."""
+
+    def __init__(
+        self, obs_space: gym.Space[Any], action_space: gym.Space[Any], num_outputs: int, config: Mapping[str, Any]
+    ) -> None:
+        super().__init__()
+        self.action_space = action_space
+        self.prev_action_dim = _action_input_dim(action_space) if config["lstm_use_prev_action"] else 0
+        self.use_prev_reward = bool(config["lstm_use_prev_reward"])
+        self.reads_prev_actions = bool(self.prev_action_dim)
+        self.reads_prev_rewards = self.use_prev_reward
+        self.cell_size = int(config["lstm_cell_size"])
+        in_extra = self.prev_action_dim + int(self.use_prev_reward)
+        self.branch = _EncoderLSTM(obs_space, in_extra, config)
+        self.vf_branch = None if config["vf_share_layers"] else _EncoderLSTM(obs_space, in_extra, config)
+        self.policy_head = nn.Linear(self.cell_size, num_outputs)
+        self.value_head = nn.Linear(self.cell_size, 1)
+        nn.init.orthogonal_(self.policy_head.weight, gain=0.01)
+        nn.init.zeros_(self.policy_head.bias)
+
+    def initial_state(self) -> list[np.ndarray]:
+        """The state of one env at an episode's start: ``[h, c]`` of each LSTM, zeros."""
+        return [np.zeros(self.cell_size, dtype=np.float32) for _ in range(2 if self.vf_branch is None else 4)]
+
+    def _prev_action_input(self, prev_actions: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.action_space, gym.spaces.Discrete):
+            return nn.functional.one_hot(prev_actions.long(), self.prev_action_dim).float()
+        return prev_actions.float().flatten(2)
+
+    def forward_sequences(
+        self,
+        obs: torch.Tensor,
+        state: list[torch.Tensor],
+        prev_actions: torch.Tensor | None = None,
+        prev_rewards: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """Run ``[B, T, ...]`` observations from ``state`` (``[h, c]`` of each LSTM, each ``[B, cell]``):
+        distribution inputs ``[B, T, num_outputs]``, values ``[B, T]`` and the state after the last step."""
+        inputs = []
+        if self.prev_action_dim:
+            if prev_actions is None:
+                raise ValueError("this model reads the previous actions (lstm_use_prev_action) but got none")
+            inputs.append(self._prev_action_input(prev_actions))
+        if self.use_prev_reward:
+            if prev_rewards is None:
+                raise ValueError("this model reads the previous rewards (lstm_use_prev_reward) but got none")
+            inputs.append(prev_rewards.float().unsqueeze(-1))
+        out, state_out = self.branch(obs, inputs, state[:2])
+        vf_out = out
+        if self.vf_branch is not None:
+            vf_out, vf_state_out = self.vf_branch(obs, inputs, state[2:])
+            state_out += vf_state_out
+        return self.policy_head(out), self.value_head(vf_out).squeeze(-1), state_out

@@ -132,7 +132,8 @@ class TorchPolicy(Policy[ConfigT]):
         else:
             model = make_model(space, action_space, num_outputs, options)
         self.model = model.to(self.device)
-        self._initial_state = _as_recurrent(model).initial_state() if options["use_lstm"] else []
+        # The recurrent models (use_lstm's, a recurrent custom model's adapter) run batches of sequences by rows.
+        self._initial_state = model.initial_state() if isinstance(model, recurrent.SequenceModel) else []
         self.target_model: nn.Module | None = None
         if target_network:
             self.target_model = copy.deepcopy(self.model)
@@ -483,9 +484,9 @@ class TorchPolicy(Policy[ConfigT]):
         self._np_rng.bit_generator.state = state["np_rng"]
 
 
-def _as_recurrent(model: nn.Module) -> recurrent.RecurrentActorCritic:
-    """``model``, built by ``model.use_lstm``, as the recurrent model it is."""
-    return cast("recurrent.RecurrentActorCritic", model)
+def _as_recurrent(model: nn.Module) -> recurrent.SequenceModel:
+    """``model`` (built by ``model.use_lstm``, or a recurrent custom model) as the recurrent model it is."""
+    return cast("recurrent.SequenceModel", model)
 
 
 def _first_nonfinite(arrays: Sequence[np.ndarray]) -> int | None:

@@ -23,7 +23,7 @@ from flowrl.data import SampleBatch
 from flowrl.deferred import nn, torch
 
 if TYPE_CHECKING:
-    from flowrl.policy.recurrent import RecurrentActorCritic
+    from flowrl.policy.recurrent import SequenceModel
     from flowrl.policy.torch_policy import TorchPolicy
 
 
@@ -142,7 +142,7 @@ def fragment_outputs(
         dist_inputs, values = policy.model_outputs(model, batch)
         assert values is not None, "V-trace needs a model with a value head"
         return FragmentOutputs(dist_inputs, values, next_state_values(model, batch, values, horizon))
-    recurrent = cast("RecurrentActorCritic", model)
+    recurrent = cast("SequenceModel", model)
     dist_inputs, values, bootstrap = recurrent.forward_rows_and_bootstrap(batch, policy.learn_times.loading)
     next_values = torch.empty_like(values, requires_grad=False)
     next_values[:-1] = values[1:].detach()

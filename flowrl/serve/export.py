@@ -18,7 +18,11 @@ Loading it needs only ``torch`` (TorchScript: ``torch.jit.load``) or only ``onnx
 the batch dimension is dynamic. The run's observation filter is inside the model, and
 observations of a Dict or Tuple space go in flattened. A policy of a masked observation space (a Dict
 of ``"observations"`` and ``"action_mask"``) takes two inputs: the flattened ``"observations"`` part as
-``obs``, and ``action_mask`` (``[batch, n]`` bools, True: legal); its actions are legal ones. Beside
+``obs``, and ``action_mask`` (``[batch, n]`` bools, True: legal); its actions are legal ones. A recurrent
+policy (``model.use_lstm``, or a recurrent custom model) also takes its state as ``state_in_0``, ``state_in_1``,
+... (zeros at an episode's start) and, if its model reads them, ``prev_actions`` and ``prev_rewards`` (zeros
+at an episode's start), and returns the next state as ``state_out_0``, ... after the other outputs: the
+caller feeds them back as the next step's ``state_in_*``. Beside
 the model, ``<model file>.json`` describes its inputs (name, dtype, shape), its outputs and the spaces,
 so a server can check what it is handed::
 
@@ -54,7 +58,7 @@ from flowrl.envs.flatten import action_mask_of, flatten_observation, is_masked, 
 from flowrl.errors import RunError, install_hint
 from flowrl.policy import TorchPolicy
 from flowrl.policy.model_options import is_image_space
-from flowrl.serve.greedy import BATCH, GreedyPolicyModule, _dims, _greedy_module, _Output
+from flowrl.serve.greedy import BATCH, GreedyPolicyModule, RecurrentInputs, _dims, _greedy_module, _Output
 from flowrl.serve.inference import POLICIES_JSON, InferencePolicy, checkpoint_dir, load_policy
 from flowrl.serve.spaces import space_to_json
 from flowrl.storage.rundir import CHECKPOINTS_DIR, PARAMS_FILE
@@ -66,6 +70,9 @@ DESCRIPTION_VERSION = 1
 EXPORTS_DIR = "exports"
 INPUT_NAME = "obs"
 MASK_INPUT_NAME = "action_mask"
+STATE_INPUT_PREFIX = "state_in_"
+PREV_ACTIONS_INPUT = "prev_actions"
+PREV_REWARDS_INPUT = "prev_rewards"
 _SUFFIXES = {"torchscript": ".pt", "onnx": ".onnx"}
 # The batch the model is traced with: neither 0 nor 1, which torch.export would treat as fixed sizes.
 _TRACE_BATCH = 3
@@ -109,7 +116,7 @@ def export_policy(
     if not isinstance(policy, TorchPolicy):
         raise RunError(f"{what} is a {type(policy).__name__}, not a TorchPolicy: only PyTorch models can be exported")
     module, outputs = _greedy_module(policy, inference.observation_filter, what)
-    example = _inputs(policy.observation_space, _TRACE_BATCH, module.masked)
+    example = _inputs(module, policy.observation_space, policy.action_space, _TRACE_BATCH)
     target = Path(out) if out is not None else _default_out(directory)
     target.mkdir(parents=True, exist_ok=True)
     model_file = target / f"{_file_stem(policy_id)}{_SUFFIXES[format]}"
@@ -118,8 +125,8 @@ def export_policy(
             _write_torchscript(module, example, model_file, what)
         else:
             _write_onnx(module, example, [output.name for output in outputs], model_file, what)
-    _check_export(module, model_file, format, policy.observation_space, outputs, what)
-    description = _describe(inference, directory, format, model_file, outputs, module.masked)
+    _check_export(module, model_file, format, policy, outputs, what)
+    description = _describe(inference, directory, format, model_file, outputs, module)
     description_file = model_file.with_name(model_file.name + ".json")
     description_file.write_text(json.dumps(description, indent=2) + "\n", encoding="utf-8")
     return model_file
@@ -165,17 +172,30 @@ def _input_dtype(space: gym.Space[Any]) -> np.dtype[Any]:
     return np.dtype(np.float32)
 
 
-def _inputs(space: gym.Space[Any], n: int, masked: bool, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    """The model's inputs for ``n`` observations drawn from ``space`` (seeded, from a copy: the policy's
-    space keeps its RNG): the observations, and with ``masked`` their action masks."""
+def _inputs(
+    module: GreedyPolicyModule, space: gym.Space[Any], action_space: gym.Space[Any], n: int, seed: int = 0
+) -> tuple[torch.Tensor, ...]:
+    """``module``'s inputs for ``n`` observations drawn from ``space`` (seeded, from a copy: the policy's
+    space keeps its RNG): the observations, for a masked module their action masks, for a recurrent one
+    random states and previous actions and rewards."""
     space = copy.deepcopy(space)
     space.seed(seed)
     samples = [space.sample() for _ in range(n)]
     rows = [np.asarray(flatten_observation(space, sample)) for sample in samples]
-    obs = torch.as_tensor(np.stack(rows).astype(_input_dtype(space)))
-    if not masked:
-        return (obs,)
-    return obs, torch.as_tensor(np.stack([np.asarray(action_mask_of(sample)) != 0 for sample in samples]))
+    inputs = [torch.as_tensor(np.stack(rows).astype(_input_dtype(space)))]
+    if module.masked:
+        inputs.append(torch.as_tensor(np.stack([np.asarray(action_mask_of(sample)) != 0 for sample in samples])))
+    recurrent = module.recurrent
+    if recurrent is not None:
+        rng = np.random.default_rng(seed)
+        inputs += [torch.as_tensor(rng.normal(size=(n, size)).astype(np.float32)) for size in recurrent.state_sizes]
+        if recurrent.prev_action:
+            actions = copy.deepcopy(action_space)
+            actions.seed(seed)
+            inputs.append(torch.as_tensor(np.stack([actions.sample() for _ in range(n)])))
+        if recurrent.prev_reward:
+            inputs.append(torch.as_tensor(rng.normal(size=n).astype(np.float32)))
+    return tuple(inputs)
 
 
 def _check_onnx_dependencies() -> None:
@@ -197,6 +217,11 @@ def _quiet_exporters() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.")
         warnings.filterwarnings("ignore", category=FutureWarning)
+        # An LSTM's checks of its input sizes, which the exported model repeats for every batch size anyway.
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning, module=r"torch\.nn\.modules\.rnn")
+        # The ONNX exporter's notes on an LSTM's weight list and on the one batch axis that several inputs share.
+        warnings.filterwarnings("ignore", message=r"The tensor attributes .*_flat_weights", category=UserWarning)
+        warnings.filterwarnings("ignore", message=r".*axis name: batch will not be used", category=UserWarning)
         for logger in loggers:
             logger.setLevel(logging.ERROR)
         try:
@@ -224,9 +249,9 @@ def _write_onnx(
             module,
             example,
             str(file),
-            input_names=_input_names(len(example)),
+            input_names=_input_names(module),
             output_names=list(names),
-            dynamic_shapes=tuple({0: batch} for _ in example),
+            dynamic_shapes=_dynamic_shapes(len(example), batch),
             dynamo=True,
             external_data=False,
             verbose=False,
@@ -235,12 +260,25 @@ def _write_onnx(
         raise RunError(f"{what}: its model cannot be exported to ONNX: {type(e).__name__}: {e}") from e
 
 
-def _input_names(count: int) -> list[str]:
-    """The exported model's input names: the observations, then (a masked policy's) the action masks."""
-    return [INPUT_NAME, MASK_INPUT_NAME][:count]
+def _dynamic_shapes(count: int, batch: Any) -> tuple[Any, ...]:
+    """The batch dimension of ``forward(obs, *extra)``'s ``count`` inputs, laid out as torch.export reads them:
+    the observations', then (if there are others) a tuple of the others'."""
+    return ({0: batch}, tuple({0: batch} for _ in range(count - 1))) if count > 1 else ({0: batch},)
 
 
-def _run_exported(file: Path, format: str, inputs: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
+def _input_names(module: GreedyPolicyModule) -> list[str]:
+    """The exported model's input names: the observations, then (a masked policy's) the action masks, then (a
+    recurrent policy's) its state and the previous actions and rewards its model reads."""
+    names = [INPUT_NAME, *([MASK_INPUT_NAME] if module.masked else [])]
+    recurrent = module.recurrent
+    if recurrent is not None:
+        names += [f"{STATE_INPUT_PREFIX}{k}" for k in range(recurrent.state_entries)]
+        names += [PREV_ACTIONS_INPUT] if recurrent.prev_action else []
+        names += [PREV_REWARDS_INPUT] if recurrent.prev_reward else []
+    return names
+
+
+def _run_exported(file: Path, format: str, inputs: tuple[torch.Tensor, ...], names: list[str]) -> list[np.ndarray]:
     if format == "torchscript":
         with _quiet_exporters(), torch.no_grad():
             loaded = torch.jit.load(str(file))
@@ -248,7 +286,7 @@ def _run_exported(file: Path, format: str, inputs: tuple[torch.Tensor, ...]) -> 
     import onnxruntime  # type: ignore[import-untyped]
 
     session = onnxruntime.InferenceSession(str(file), providers=["CPUExecutionProvider"])
-    feed = {name: tensor.numpy() for name, tensor in zip(_input_names(len(inputs)), inputs)}
+    feed = {name: tensor.numpy() for name, tensor in zip(names, inputs)}
     return list(session.run(None, feed))
 
 
@@ -256,7 +294,7 @@ def _check_export(
     module: GreedyPolicyModule,
     file: Path,
     format: str,
-    obs_space: gym.Space[Any],
+    policy: TorchPolicy[Any],
     outputs: Sequence[_Output],
     what: str,
 ) -> None:
@@ -265,11 +303,12 @@ def _check_export(
     Catches a model whose trace fixed the batch size or followed one branch of a data-dependent
     condition; the file is removed and a :class:`~flowrl.errors.RunError` says how it differed.
     """
-    inputs = _inputs(obs_space, _CHECK_BATCH, module.masked, seed=1)
+    inputs = _inputs(module, policy.observation_space, policy.action_space, _CHECK_BATCH, seed=1)
     with torch.no_grad():
         expected = [t.numpy() for t in module(*inputs)]
     try:
-        problems = _differences(outputs, expected, _run_exported(file, format, inputs), module.kind)
+        got = _run_exported(file, format, inputs, _input_names(module))
+        problems = _differences(outputs, expected, got, module.kind)
     except Exception as e:  # noqa: BLE001 - a model traced for one batch size fails in its runtime's own ways
         problems = [f"running it raised {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"]
     if problems:
@@ -310,10 +349,10 @@ def _describe(
     format: str,
     model_file: Path,
     outputs: Sequence[_Output],
-    takes_mask: bool,
+    module: GreedyPolicyModule,
 ) -> dict[str, Any]:
-    """The exported model's description; ``takes_mask``: whether the module takes an ``action_mask`` input
-    (its ``masked``: a masked observation space and a categorical or Q-value action choice)."""
+    """The exported model's description: its inputs (observations, an ``action_mask`` where the module is
+    ``masked``, a recurrent module's state and previous action and reward), outputs and spaces."""
     policy, policy_id, obs_filter = inference.policy, inference.policy_id, inference.observation_filter
     obs_space = policy.observation_space
     dtype = _input_dtype(obs_space)
@@ -334,7 +373,9 @@ def _describe(
         meaning = f"the 'observations' part of each observation: {meaning}"
     if obs_filter is not None:
         meaning += "; the model normalizes them with the run's observation filter (observation_filter below)"
-    args, feed = ("obs, action_mask", "'obs': obs, 'action_mask': action_mask") if takes_mask else ("obs", "'obs': obs")
+    takes_mask = module.masked
+    names = _input_names(module)
+    args, feed = ", ".join(names), ", ".join(f"'{name}': {name}" for name in names)
     loading = (
         f"torch.jit.load(path); model({args}) returns the outputs as a tuple, in this order"
         if format == "torchscript"
@@ -353,6 +394,7 @@ def _describe(
         "global_timestep": int(policy.global_timestep),
         "input": {"name": INPUT_NAME, "dtype": dtype.name, "shape": _input_shape(obs_space), "description": meaning},
         **({"action_mask_input": _mask_input(policy.action_space)} if takes_mask else {}),
+        **({"recurrent_inputs": _recurrent_inputs(module.recurrent, policy.action_space)} if module.recurrent else {}),
         "outputs": [dataclasses.asdict(output) for output in outputs],
         "observation_filter": None if obs_filter is None else obs_filter.to_json(),
         "observation_space": space_to_json(obs_space, f"policy {policy_id!r}: its observation space"),
@@ -368,6 +410,40 @@ def _mask_input(action_space: gym.Space[Any]) -> dict[str, Any]:
         "shape": [BATCH, *_dims(action_space)],
         "description": "each row's legal actions (True: legal), e.g. the observation's action_mask cast to bool",
     }
+
+
+def _recurrent_inputs(recurrent: RecurrentInputs, action_space: gym.Space[Any]) -> list[dict[str, Any]]:
+    """The descriptions of a recurrent policy's inputs after the observations (and mask), in their order."""
+    inputs: list[dict[str, Any]] = [
+        {
+            "name": f"{STATE_INPUT_PREFIX}{k}",
+            "dtype": "float32",
+            "shape": [BATCH, size],
+            "description": f"entry {k} of each row's recurrent state: zeros at an episode's start, then the "
+            f"state_out_{k} of the row's previous step",
+        }
+        for k, size in enumerate(recurrent.state_sizes)
+    ]
+    if recurrent.prev_action:
+        discrete = isinstance(action_space, gym.spaces.Discrete)
+        inputs.append(
+            {
+                "name": PREV_ACTIONS_INPUT,
+                "dtype": "int64" if discrete else "float32",
+                "shape": [BATCH] if discrete else [BATCH, *_dims(action_space)],
+                "description": "each row's previous action (zeros at an episode's start)",
+            }
+        )
+    if recurrent.prev_reward:
+        inputs.append(
+            {
+                "name": PREV_REWARDS_INPUT,
+                "dtype": "float32",
+                "shape": [BATCH],
+                "description": "each row's previous reward (zero at an episode's start)",
+            }
+        )
+    return inputs
 
 
 def _default_out(checkpoint: Path) -> Path:

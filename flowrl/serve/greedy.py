@@ -3,7 +3,9 @@
 :class:`GreedyPolicyModule` wraps a policy's model, its observation filter and its action
 choice (argmax, the Gaussian's mean, the deterministic actor's output) in one ``nn.Module``
 whose ``forward(obs)`` returns ``(actions, *distribution inputs)`` (``forward(obs, action_mask)`` for a
-policy of a masked observation space, choosing among legal actions); ``_greedy_module`` builds it
+policy of a masked observation space, choosing among legal actions; a recurrent policy's also takes its state,
+and the previous action and reward if its model reads them, and returns the next state after the rest,
+see :class:`GreedyPolicyModule`); ``_greedy_module`` builds it
 from a :class:`~flowrl.policy.TorchPolicy` with the description of each output (``_Output``).
 :mod:`flowrl.serve.export` traces it to TorchScript or ONNX. Holding an ``nn.Module`` subclass,
 this module is imported only when exporting (through :mod:`flowrl.serve.export`), never by a
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -29,9 +31,23 @@ from flowrl.policy.action_masks import mask_logits
 from flowrl.policy.distributions import Categorical, Deterministic, DiagGaussian, SquashedGaussian
 from flowrl.policy.exploration import EpsilonGreedy
 from flowrl.policy.filters import MeanStdFilter
-from flowrl.policy.model_options import is_image_space
+from flowrl.policy.model_options import is_image_space, model_config
 
 BATCH = "batch"  # the name of the dynamic batch dimension, in the description and the ONNX graph
+
+
+@dataclasses.dataclass(frozen=True)
+class RecurrentInputs:
+    """What a recurrent policy's exported module takes beside the observations: its state's entries (each
+    ``[B, size]``), and whether its model reads the previous action and the previous reward."""
+
+    state_sizes: tuple[int, ...]
+    prev_action: bool
+    prev_reward: bool
+
+    @property
+    def state_entries(self) -> int:
+        return len(self.state_sizes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +70,10 @@ class GreedyPolicyModule(nn.Module):
     applied first. Observations of a Dict or Tuple space come in flattened. With ``masked``, ``forward`` also
     takes each row's legal actions (``[B, n]`` bools): illegal ones get the lowest float as their
     logit or Q-value (:func:`~flowrl.policy.action_masks.mask_logits`), so the argmax is legal.
+
+    ``recurrent`` (a recurrent model: its number of state entries and whether it reads the previous action and
+    reward): ``forward(obs, [action_mask], state_in_0, ..., [prev_actions], [prev_rewards])`` runs one step of
+    the model's ``forward_sequences`` from that state and returns ``state_out_0, ...`` after the other outputs.
     """
 
     # Registered buffers: nn.Module's __getattr__ types them as ``Tensor | Module``.
@@ -73,11 +93,13 @@ class GreedyPolicyModule(nn.Module):
         squash: tuple[torch.Tensor, torch.Tensor] | None = None,
         normalization: tuple[np.ndarray, np.ndarray] | None = None,
         masked: bool = False,
+        recurrent: RecurrentInputs | None = None,
     ) -> None:
         super().__init__()
         self.model = model
         self.kind = kind
         self.masked = masked
+        self.recurrent = recurrent
         self.normalize = normalization is not None
         shift, scale = normalization if normalization is not None else (np.zeros(0), np.ones(0))
         self.register_buffer("obs_shift", torch.as_tensor(shift, dtype=torch.float64))
@@ -104,9 +126,24 @@ class GreedyPolicyModule(nn.Module):
             return obs
         return obs.float()
 
-    def forward(self, obs: torch.Tensor, action_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        out = self.model(self._preprocess(obs))
-        inputs = out[0] if isinstance(out, (tuple, list)) else out
+    def forward(self, obs: torch.Tensor, *extra: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        rest = list(extra)
+        action_mask = rest.pop(0) if self.masked else None
+        if self.recurrent is None:
+            out = self.model(self._preprocess(obs))
+            return self._choose(out[0] if isinstance(out, (tuple, list)) else out, action_mask)
+        # One step of the sequence model: a time axis of 1 in, taken off again.
+        count = self.recurrent.state_entries
+        state, rest = rest[:count], rest[count:]
+        prev_actions = rest.pop(0).unsqueeze(1) if self.recurrent.prev_action else None
+        prev_rewards = rest.pop(0).unsqueeze(1) if self.recurrent.prev_reward else None
+        dist_inputs, _, state_out = cast(Any, self.model).forward_sequences(
+            self._preprocess(obs).unsqueeze(1), state, prev_actions, prev_rewards
+        )
+        return (*self._choose(dist_inputs[:, 0], action_mask), *state_out)
+
+    def _choose(self, inputs: torch.Tensor, action_mask: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """The greedy actions from the distribution inputs (within ``action_mask``), then what they were chosen from."""
         if action_mask is not None:
             inputs = mask_logits(inputs, action_mask)
         if self.kind in ("categorical", "q_values"):
@@ -187,7 +224,26 @@ def _greedy_module(
     if masked:
         legal = "; illegal actions' entries are the lowest float32"
         outputs[1] = dataclasses.replace(outputs[1], description=outputs[1].description + legal)
-    return GreedyPolicyModule(model, obs_space, kind, bounds, squash, normalization, masked).eval(), outputs
+    recurrent = None
+    initial = policy.get_initial_state()
+    if initial:
+        if any(s.ndim != 1 for s in initial):
+            raise RunError(
+                f"{what} has a recurrent state of shapes {[list(s.shape) for s in initial]}; "
+                "the exporter takes state entries of one dimension (per batch row)"
+            )
+        options = model_config(policy.config.model)
+        recurrent = RecurrentInputs(
+            tuple(int(s.shape[0]) for s in initial),
+            bool(options["lstm_use_prev_action"]),
+            bool(options["lstm_use_prev_reward"]),
+        )
+        outputs += [
+            _Output(f"state_out_{k}", "float32", [BATCH, size], f"the next state: state_in_{k} at the next step")
+            for k, size in enumerate(recurrent.state_sizes)
+        ]
+    module = GreedyPolicyModule(model, obs_space, kind, bounds, squash, normalization, masked, recurrent)
+    return module.eval(), outputs
 
 
 def _dims(space: gym.Space[Any]) -> list[int | str]:

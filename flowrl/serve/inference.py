@@ -33,7 +33,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import safetensors.numpy
 
@@ -41,11 +40,11 @@ from flowrl._version import __version__
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.deferred import torch
-from flowrl.envs.flatten import action_mask_of, flatten_observation, is_masked, is_structured, no_legal_action
-from flowrl.errors import BadObservationError, CheckpointError, EnvError, FlowRLError
+from flowrl.errors import CheckpointError, FlowRLError
 from flowrl.importing import ImportNotAllowedError, allowed_imports
 from flowrl.policy import Policy
 from flowrl.policy.filters import MeanStdFilter
+from flowrl.serve.inference_policy import InferencePolicy
 from flowrl.serve.spaces import space_from_json, space_to_json
 from flowrl.storage.checkpoints import latest_checkpoint, list_checkpoints
 from flowrl.storage.results import finite_number, result_value
@@ -139,116 +138,6 @@ def _config_to_json(config: TrainerConfig) -> dict[str, Any]:
 
 
 # -- reading -------------------------------------------------------------------------------
-
-
-class InferencePolicy:
-    """A trained policy ready to act: observations in, actions as the env takes them out.
-
-    Built by :func:`load_policy`. Actions of a Box action space are clipped to its bounds when
-    the policy's config has ``clip_actions`` (as the samplers clip what they send to the env).
-    ``explore=True`` acts as the policy did while sampling at the checkpoint's timestep
-    (stochastic sampling, epsilon-greedy or action noise); the default acts greedily.
-    ``observation_filter``: the run's filter (MeanStdFilter), applied to observations before the
-    policy sees them, its statistics frozen.
-    """
-
-    def __init__(
-        self, policy: Policy[Any], policy_id: str, algo: str, observation_filter: MeanStdFilter | None = None
-    ) -> None:
-        self._policy = policy
-        self._policy_id = policy_id
-        self._algo = algo
-        self._filter = observation_filter
-        space = policy.action_space
-        clip = bool(getattr(policy.config, "clip_actions", True))
-        self._clip = (space.low, space.high) if clip and isinstance(space, gym.spaces.Box) else None
-
-    @property
-    def policy(self) -> Policy[Any]:
-        """The underlying flowrl policy (a TorchPolicy's ``policy.model`` is its PyTorch module, in eval mode)."""
-        return self._policy
-
-    @property
-    def policy_id(self) -> str:
-        """The id of the policy in its checkpoint (``"default_policy"`` for a single-agent env)."""
-        return self._policy_id
-
-    @property
-    def algo(self) -> str:
-        """The name of the algorithm that trained it."""
-        return self._algo
-
-    @property
-    def observation_space(self) -> gym.Space[Any]:
-        """The space of the observations it takes."""
-        return self._policy.observation_space
-
-    @property
-    def observation_filter(self) -> MeanStdFilter | None:
-        """The filter its observations go through first (``normalization()`` of its ``stats()``), or None."""
-        return self._filter
-
-    @property
-    def action_space(self) -> gym.Space[Any]:
-        """The space of the actions it gives."""
-        return self._policy.action_space
-
-    def compute_actions(self, obs_batch: Any, explore: bool = False, action_mask: Any = None) -> np.ndarray:
-        """Actions for a batch of observations (first axis: the batch), one row each.
-
-        For a Dict or Tuple observation space, a sequence of observations as the env returns them.
-        Each action is a legal one: for a masked Dict observation space (keys ``"observations"`` and
-        ``"action_mask"``), by each observation's own mask; else by ``action_mask`` (``[B, n]``, nonzero:
-        legal, e.g. the envs' ``info["action_mask"]``) if given. A mask of another shape raises
-        :class:`~flowrl.errors.EnvError`, and one that allows no action
-        :class:`~flowrl.errors.BadObservationError` (no action there is right).
-        """
-        space = self.observation_space
-        if is_masked(space):
-            action_mask = np.stack([np.asarray(action_mask_of(obs)) for obs in obs_batch])
-        if is_structured(space):
-            obs_batch = [flatten_observation(space, obs) for obs in obs_batch]
-        obs = np.asarray(obs_batch)
-        if self._filter is not None:
-            obs = self._filter(obs, update=False)
-        masks = None if action_mask is None else self._legal(action_mask, len(obs))
-        with torch.no_grad():
-            actions, _ = self._policy.compute_actions(obs, explore=explore, action_mask=masks)
-        if self._clip is not None:
-            actions = np.clip(actions, *self._clip)
-        return actions
-
-    def _legal(self, action_mask: Any, rows: int) -> np.ndarray:
-        """``action_mask`` as ``[rows, n]`` bools, checked (see :meth:`compute_actions`)."""
-        masks = np.asarray(action_mask)
-        space = self.action_space
-        if not isinstance(space, gym.spaces.Discrete):
-            return masks != 0
-        n = int(space.n)
-        if masks.shape != (rows, n) or masks.dtype.kind not in "biuf":
-            raise EnvError(
-                f"action_mask of shape {masks.shape} and dtype {masks.dtype} must hold one 0/1 number per action of "
-                f"the Discrete({n}) action space for each of the {rows} observations (shape ({rows}, {n}))"
-            )
-        legal = masks != 0
-        empty = np.flatnonzero(~legal.any(axis=1))
-        if len(empty):
-            raise BadObservationError(no_legal_action(legal[empty[0]], f"action_mask[{int(empty[0])}]"))
-        return legal
-
-    def compute_action(self, obs: Any, explore: bool = False, action_mask: Any = None) -> Any:
-        """The action for one observation (for a Discrete action space, a NumPy integer), a legal one by the
-        observation's own action mask or ``action_mask`` (e.g. ``info["action_mask"]``) if given; a mask
-        that allows no action raises :class:`~flowrl.errors.BadObservationError`."""
-        batch = [obs] if is_structured(self.observation_space) else np.asarray(obs)[None]
-        masks = None if action_mask is None else np.asarray(action_mask)[None]
-        return self.compute_actions(batch, explore=explore, action_mask=masks)[0]
-
-    def __repr__(self) -> str:
-        return (
-            f"InferencePolicy(algo={self._algo!r}, policy_id={self._policy_id!r}, "
-            f"observation_space={self.observation_space}, action_space={self.action_space})"
-        )
 
 
 def load_policy(

@@ -198,18 +198,6 @@ def test_minibatches_are_cut_at_sequence_boundaries() -> None:
     assert seen >= 2 * batch.count - 2 * 5  # at most a short trailing minibatch per epoch is skipped
 
 
-@pytest.mark.parametrize(
-    ("algo_config", "named"),
-    [
-        ({"evaluation_interval": 1}, "evaluation"),
-        ({"policies": {"a": None}}, "multi-agent"),
-    ],
-)
-def test_use_lstm_where_the_state_is_not_carried_yet_is_a_config_error(algo_config: dict[str, Any], named: str) -> None:
-    with pytest.raises(ConfigError, match=named):
-        PPOConfig.from_dict({"model": {"use_lstm": True}, **algo_config})
-
-
 def test_use_lstm_with_an_algorithm_that_does_not_learn_from_sequences_names_ppo() -> None:
     with pytest.raises(
         ConfigError, match=r"model.use_lstm=True: TrainerConfig does not learn from sequences yet \(PPO"

@@ -22,7 +22,7 @@ from fakes import progress
 
 from flowrl import Trainer
 from flowrl.data import DEFAULT_POLICY_ID
-from flowrl.storage.checkpoints import latest_checkpoint, read_checkpoint
+from flowrl.storage.checkpoints import latest_checkpoint, list_checkpoints, read_checkpoint
 from flowrl.storage.rundir import json_safe
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -43,6 +43,14 @@ CONFIGS = {
         "num_envs_per_worker=2",
     ],
     "dqn": ["--set", "learning_starts=100", "--set", "timesteps_per_iteration=100", "--set", "train_batch_size=16"],
+}
+# LSTM-PPO: a checkpoint taken mid-episode holds each env's recurrent state (the sampler's), which the resumed
+# run must act from for its fragments, and so its weights, to repeat.
+LSTM = ["model.use_lstm=true", "model.lstm_cell_size=16", "model.max_seq_len=8", "model.fcnet_hiddens=[16]"]
+CASES = {
+    "ppo": ("ppo", "CartPole-v1", CONFIGS["ppo"]),
+    "dqn": ("dqn", "CartPole-v1", CONFIGS["dqn"]),
+    "lstm-ppo": ("ppo", "StatelessCartPole-v1", [*CONFIGS["ppo"], *(arg for s in LSTM for arg in ("--set", s))]),
 }
 # What a result must repeat exactly (timings and timestamps differ by nature).
 REPEATED = (
@@ -76,21 +84,10 @@ def final_state(directory: Path) -> dict[str, Any]:
     return state
 
 
-@pytest.mark.parametrize("algo", ["ppo", "dqn"])
-def test_a_run_killed_after_a_checkpoint_resumes_bit_identically(algo: str, tmp_path: Path) -> None:
-    common = [
-        "--algo",
-        algo,
-        "--env",
-        "CartPole-v1",
-        "--num-workers",
-        "0",
-        "--seed",
-        "3",
-        "--checkpoint-freq",
-        "2",
-        *CONFIGS[algo],
-    ]
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_run_killed_after_a_checkpoint_resumes_bit_identically(case: str, tmp_path: Path) -> None:
+    algo, env, settings = CASES[case]
+    common = ["--algo", algo, "--env", env, "--num-workers", "0", "--seed", "3", "--checkpoint-freq", "2", *settings]
     uninterrupted = tmp_path / "uninterrupted"
     done = subprocess.run(
         flowrl_train(*common, "--stop-iters", str(ITERATIONS), "--results-dir", str(uninterrupted)),
@@ -143,6 +140,12 @@ def test_a_run_killed_after_a_checkpoint_resumes_bit_identically(algo: str, tmp_
     for want, have in zip(expected, got):
         assert {k: want.get(k) for k in REPEATED} == {k: have.get(k) for k in REPEATED}
         assert want["info"]["num_steps_trained"] == have["info"]["num_steps_trained"]
+    if (
+        case == "lstm-ppo"
+    ):  # the checkpoint resumed from was taken mid-episode: its envs' states are not the initial ones
+        first, _ = read_checkpoint(list_checkpoints(directory / "checkpoints")[0])
+        states, _, _ = first["worker"]["sampler"]["recurrent"]
+        assert all(np.abs(state).sum(axis=1).all() for state in states)
     a, b = final_state(run_dir(uninterrupted)), final_state(directory)
     policy_a, policy_b = a["worker"]["policies"][DEFAULT_POLICY_ID], b["worker"]["policies"][DEFAULT_POLICY_ID]
     assert policy_a["weights"].keys() == policy_b["weights"].keys()

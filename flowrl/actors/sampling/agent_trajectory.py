@@ -1,21 +1,37 @@
 """One agent's trajectory in a multi-agent episode, as :class:`~flowrl.actors.sampling.multi_agent.MultiAgentSampler`
-builds it: complete rows, and the row of the agent's last action while it waits for its next turn."""
+builds it: complete rows, the row of the agent's last action while it waits for its next turn, and (for a
+recurrent policy) the state the agent acts from next."""
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from flowrl.data import SampleBatch
 
 
 class AgentTrajectory:
-    """The rows of one agent's current trajectory piece, and the row of its last action while it waits."""
+    """The rows of one agent's current trajectory piece, and the row of its last action while it waits.
 
-    def __init__(self, policy_id: str, agent_index: int, env_index: int, eps_id: int) -> None:
+    With a recurrent policy's ``initial_state`` (not empty) it also carries the agent's state, previous
+    action and previous reward from its episode's start: each row records the ones it acted from
+    (``state_in_*``, ``prev_actions``, ``prev_rewards``), and the agent moves on to the row's ``state_out_*``,
+    its action and, once the row is complete, all it earned with it.
+    """
+
+    def __init__(
+        self,
+        policy_id: str,
+        agent_index: int,
+        env_index: int,
+        eps_id: int,
+        initial_state: Sequence[np.ndarray] = (),
+        action_space: gym.Space[Any] | None = None,
+    ) -> None:
         self.policy_id = policy_id
         self.agent_index = agent_index
         self.env_index = env_index
@@ -27,11 +43,26 @@ class AgentTrajectory:
         self.pending_reward = 0.0
         #: The row of the agent's last action, until its next observation completes it (see :meth:`complete`).
         self.open_row: dict[str, Any] | None = None
+        #: The recurrent state the agent acts from next (``[]``: a feed-forward policy), and its previous action
+        #: and reward (zeros at the episode's start).
+        self.state = [s.copy() for s in initial_state]
+        shape = () if action_space is None or action_space.shape is None else action_space.shape
+        dtype = np.float32 if action_space is None or action_space.dtype is None else action_space.dtype
+        self.prev_action = np.zeros(shape, dtype=dtype)
+        self.prev_reward = 0.0
 
     def open(self, row: dict[str, Any]) -> None:
-        """The agent acted: ``row`` (observation, action, ...) collects its rewards until :meth:`complete`."""
+        """The agent acted: ``row`` (observation, action, ...) collects its rewards until :meth:`complete`;
+        a recurrent policy's row records the state it acted from, and the agent moves on to its ``state_out_*``."""
         row[SampleBatch.REWARDS] = self.pending_reward
         self.pending_reward = 0.0
+        if self.state:
+            for k, state in enumerate(self.state):
+                row[f"{SampleBatch.STATE_IN}{k}"] = state
+            row[SampleBatch.PREV_ACTIONS] = self.prev_action
+            row[SampleBatch.PREV_REWARDS] = np.float32(self.prev_reward)
+            self.state = [row[f"{SampleBatch.STATE_OUT}{k}"] for k in range(len(self.state))]
+            self.prev_action = np.asarray(row[SampleBatch.ACTIONS])
         self.open_row = row
 
     def reward(self, reward: float) -> None:
@@ -54,6 +85,7 @@ class AgentTrajectory:
         row[SampleBatch.NEW_OBS] = np.asarray(new_obs)
         row[SampleBatch.TERMINATEDS] = terminated
         row[SampleBatch.TRUNCATEDS] = truncated
+        self.prev_reward = float(row[SampleBatch.REWARDS])
         for key, value in row.items():
             self.columns[key].append(value)
 
@@ -79,3 +111,13 @@ class AgentTrajectory:
         batch[SampleBatch.AGENT_INDEX] = np.full(n, self.agent_index, dtype=np.int64)
         self.columns = collections.defaultdict(list)
         return batch
+
+
+def recurrent_inputs(trajectories: Sequence[AgentTrajectory]) -> dict[str, Any]:
+    """The keyword arguments of a recurrent policy's ``compute_actions`` for the agents of ``trajectories``
+    acting together: their states, previous actions and previous rewards stacked."""
+    return {
+        "state": [np.stack(states) for states in zip(*(t.state for t in trajectories))],
+        "prev_actions": np.stack([t.prev_action for t in trajectories]),
+        "prev_rewards": np.array([t.prev_reward for t in trajectories], dtype=np.float32),
+    }

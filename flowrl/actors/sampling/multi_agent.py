@@ -27,12 +27,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from flowrl.actors.sampling.agent_trajectory import AgentTrajectory
+from flowrl.actors.sampling.agent_trajectory import AgentTrajectory, recurrent_inputs
 from flowrl.actors.sampling.checks import ObservationCheck, reward_problem
 from flowrl.actors.sampling.episode_hooks import EpisodeHooks
 from flowrl.actors.sampling.masks import AgentMasks
 from flowrl.actors.sampling.recovery import EnvMaker, EpisodeStats, FaultTolerantSampler, no_clock
 from flowrl.data import MultiAgentBatch, SampleBatch, concat_samples
+from flowrl.data.sequences import chop_into_sequences
 from flowrl.envs.flatten import mask_field, no_legal_action
 from flowrl.envs.multi_agent import acting_agents
 from flowrl.errors import EnvError, FlowRLError
@@ -75,6 +76,10 @@ class MultiAgentSampler(FaultTolerantSampler):
     observation and the ``next_action_mask`` of their next one (all legal for an agent without a mask).
     An acting agent's mask that allows no action is a bad observation (an agent that does not act, such
     as a turn-based game's waiting player, may have one).
+
+    A recurrent policy's agents each carry their own state (see
+    :class:`~flowrl.actors.sampling.agent_trajectory.AgentTrajectory`), from the initial one at the start of
+    each agent's episode; its pieces are cut into sequences of ``max_seq_len`` after postprocessing.
     """
 
     def __init__(
@@ -109,6 +114,10 @@ class MultiAgentSampler(FaultTolerantSampler):
             if clip_actions and isinstance(p.action_space, gym.spaces.Box)
         }
         self._agent_index = {agent: i for i, agent in enumerate(envs[0].possible_agents)}
+        # Duck-typed stand-ins written before recurrent policies have no state.
+        self._initial_states: dict[str, list[np.ndarray]] = {
+            pid: getattr(p, "get_initial_state", list)() for pid, p in policy_map.items()
+        }
         self._obs_checks: dict[Hashable, ObservationCheck] = {}
         # Only envs with an agent of a Dict or Tuple space pay for a look at every observation.
         self._structured = any(self._obs_check(0, agent).flatten is not None for agent in envs[0].possible_agents)
@@ -196,7 +205,15 @@ class MultiAgentSampler(FaultTolerantSampler):
                 )
             if agent not in self._agent_index:
                 raise EnvError(f"agent {agent!r} is not one of the env's possible_agents {list(self._agent_index)}")
-            trajectory = AgentTrajectory(policy_id, self._agent_index[agent], i, int(self.eps_ids[i]))
+            policy = self.policy_map[policy_id]
+            trajectory = AgentTrajectory(
+                policy_id,
+                self._agent_index[agent],
+                i,
+                int(self.eps_ids[i]),
+                self._initial_states[policy_id],
+                policy.action_space,
+            )
             self.trajectories[i][agent] = trajectory
         return trajectory
 
@@ -226,17 +243,20 @@ class MultiAgentSampler(FaultTolerantSampler):
         piece = trajectory.cut()
         if piece is not None:
             policy = self.policy_map[trajectory.policy_id]
-            fragment.pieces[trajectory.policy_id].append((trajectory.eps_id, policy.postprocess_trajectory(piece)))
+            piece = policy.postprocess_trajectory(piece)
+            if trajectory.state:
+                piece = chop_into_sequences(piece, int(getattr(policy, "max_seq_len")))
+            fragment.pieces[trajectory.policy_id].append((trajectory.eps_id, piece))
 
     def _step(self, fragment: _Fragment, step: int) -> None:
         actions: list[dict[Hashable, Any]] = [{} for _ in self.envs]
         started = time.perf_counter() if self.timed else 0.0
         for policy_id, (members, obs_batch, mask_batch) in self._groups.items():
             policy = self.policy_map[policy_id]
-            if mask_batch is None:
-                policy_actions, extra = policy.compute_actions(obs_batch)
-            else:
-                policy_actions, extra = policy.compute_actions(obs_batch, action_mask=mask_batch)
+            inputs: dict[str, Any] = {} if mask_batch is None else {"action_mask": mask_batch}
+            if self._initial_states[policy_id]:
+                inputs.update(recurrent_inputs([self.trajectories[i][agent] for i, agent in members]))
+            policy_actions, extra = policy.compute_actions(obs_batch, **inputs)
             clip = self._clip.get(policy_id)
             store_masks = self._mask_rows and mask_batch is not None
             for k, (i, agent) in enumerate(members):
