@@ -173,7 +173,10 @@ def r2d2_loss(
     # Each sequence's steps and the observation after its last one (bootstraps the steps near its end).
     obs = _steps_then(batch[SampleBatch.OBS], batch[SampleBatch.NEW_OBS][last], seq_lens, T)
     inputs = [obs]
-    for key, after in ((SampleBatch.PREV_ACTIONS, SampleBatch.ACTIONS), (SampleBatch.PREV_REWARDS, SampleBatch.REWARDS)):
+    for key, after in (
+        (SampleBatch.PREV_ACTIONS, SampleBatch.ACTIONS),
+        (SampleBatch.PREV_REWARDS, SampleBatch.REWARDS),
+    ):
         inputs.append(_steps_then(batch[key], batch[after][last], seq_lens, T) if key in batch else None)
     state = [batch[f"{SampleBatch.STATE_IN}{k}"] for k in range(2)]
     if config.zero_init_states:

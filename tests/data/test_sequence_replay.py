@@ -39,7 +39,10 @@ def test_windows_overlap_by_half_and_never_span_two_episodes_or_a_gap() -> None:
     batch = sampled(episode(1, 10), episode(2, 5), episode(1, 4, first_t=20), chunk=2)
     windows = sequence_windows(batch, 4)
     bounds = windows.sequence_bounds()
-    spans = [(int(windows[SampleBatch.EPS_ID][a]), int(windows[SampleBatch.T][a]), int(b - a)) for a, b in zip(bounds, bounds[1:])]
+    spans = [
+        (int(windows[SampleBatch.EPS_ID][a]), int(windows[SampleBatch.T][a]), int(b - a))
+        for a, b in zip(bounds, bounds[1:])
+    ]
     # Episode 1: windows start every 2 steps; the last 2 steps are inside the window before. Episode 2's
     # piece (5 steps) and episode 1's later piece (a gap after t=9) start windows of their own.
     assert spans == [(1, 0, 4), (1, 2, 4), (1, 4, 4), (1, 6, 4), (2, 0, 4), (2, 2, 3), (1, 20, 4)]
