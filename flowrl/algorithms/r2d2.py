@@ -29,6 +29,7 @@ from flowrl.deferred import DeferredModule, nn, torch
 from flowrl.iterators import LocalIterator
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy
 from flowrl.policy.distributions import DistFactory
+from flowrl.policy.recurrent_q_policy import RecurrentQPolicy, dueling_recurrent_q_model, recurrent_q_model
 
 if TYPE_CHECKING:
     from flowrl.policy import recurrent, recurrent_q
@@ -54,7 +55,7 @@ class R2D2Config(apex.ApexConfig):
         "lr": 1e-3,
         "gamma": 0.99,
         "learning_starts": 1000,
-        "target_network_update_freq": 2500,
+        "target_network_update_freq": 32_000,
         "timesteps_per_iteration": 1000,
         "model": {"fcnet_hiddens": [64], "lstm_cell_size": 64},
         "exploration_config": {
@@ -172,7 +173,7 @@ def r2d2_loss(
     last = torch.cumsum(seq_lens, 0) - 1
     # Each sequence's steps and the observation after its last one (bootstraps the steps near its end).
     obs = _steps_then(batch[SampleBatch.OBS], batch[SampleBatch.NEW_OBS][last], seq_lens, T)
-    inputs = [obs]
+    inputs: list[torch.Tensor | None] = [obs]
     for key, after in (
         (SampleBatch.PREV_ACTIONS, SampleBatch.ACTIONS),
         (SampleBatch.PREV_REWARDS, SampleBatch.REWARDS),
@@ -243,11 +244,11 @@ def make_r2d2_policy(obs_space: gym.Space[Any], action_space: gym.Space[Any], co
     returns are made in the loss, from whole sequences)."""
     kwargs = {
         "loss_fn": r2d2_loss,
-        "make_model": recurrent_q.dueling_recurrent_q_model if config.dueling else recurrent_q.recurrent_q_model,
+        "make_model": dueling_recurrent_q_model if config.dueling else recurrent_q_model,
         "model_interface": None,
         "target_network": True,
     }
-    return PolicySpec(recurrent_q.RecurrentQPolicy, obs_space, action_space, config, kwargs)
+    return PolicySpec(RecurrentQPolicy, obs_space, action_space, config, kwargs)
 
 
 def bundles(config: R2D2Config) -> list[BundleRequest]:

@@ -1,36 +1,24 @@
-"""A recurrent Q-network (R2D2's) and the policy that acts with it step by step.
+"""A recurrent Q-network (R2D2's).
 
-:class:`RecurrentQModel` runs the built-in encoder (MLP, or CNN for image frames) on each step,
-an LSTM over the steps (reading the previous action and reward too, if ``model`` says so), and a
-Q head (dueling: value + advantage - mean advantage) on the LSTM's output. Its state is ``[h, c]``,
-each ``[lstm_cell_size]`` per env, zeros at an episode's start.
+:class:`RecurrentQModel` runs the built-in encoder (MLP, or CNN for image frames) on each step, an
+LSTM over the steps (reading the previous action and reward too, if ``model`` says so), and a Q head
+(dueling: value + advantage - mean advantage) on the LSTM's output. Its state is ``[h, c]``, each
+``[lstm_cell_size]`` per env, zeros at an episode's start.
 
-:class:`RecurrentQPolicy` is a :class:`~flowrl.policy.TorchPolicy` whose model is always one: it
-explores over the Q-values as DQN's policy does (epsilon-greedy), and its samplers thread the
-state and cut fragments into sequences of ``replay_sequence_length // 2`` steps, which the replay
-joins into windows of ``replay_sequence_length`` that overlap by half (see
-:mod:`flowrl.data.sequence_replay`).
+The policy that acts and learns with it is :class:`~flowrl.policy.recurrent_q_policy.RecurrentQPolicy`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
-from flowrl.policy.model_options import model_config
 from flowrl.policy.recurrent import _action_input_dim, _EncoderLSTM
-from flowrl.policy.torch_policy import TorchPolicy
-
-
-class SequenceReplayConfig(Protocol):
-    """The key of a config that replays sequences (R2D2's)."""
-
-    replay_sequence_length: int
 
 
 class RecurrentQModel(nn.Module):
@@ -98,37 +86,3 @@ class RecurrentQModel(nn.Module):
             obs.unsqueeze(1), state_in, one_step(prev_actions), one_step(prev_rewards)
         )
         return q_values[:, 0], None, state_out
-
-
-def recurrent_q_model(
-    obs_space: gym.Space[Any], action_space: gym.Space[Any], num_outputs: int, config: Mapping[str, Any]
-) -> nn.Module:
-    """A :class:`RecurrentQModel` without a dueling head (a ``make_model`` of :class:`~flowrl.policy.TorchPolicy`)."""
-    return RecurrentQModel(obs_space, action_space, config, dueling=False)
-
-
-def dueling_recurrent_q_model(
-    obs_space: gym.Space[Any], action_space: gym.Space[Any], num_outputs: int, config: Mapping[str, Any]
-) -> nn.Module:
-    """A :class:`RecurrentQModel` with a dueling head."""
-    return RecurrentQModel(obs_space, action_space, config, dueling=True)
-
-
-class RecurrentQPolicy(TorchPolicy[Any]):
-    """A :class:`~flowrl.policy.TorchPolicy` over a :class:`RecurrentQModel` (``make_model``), recurrent
-    whatever ``model.use_lstm`` says: its model always carries a state."""
-
-    def __init__(
-        self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: Any, **kwargs: Any
-    ) -> None:
-        if model_config(config.model)["use_lstm"]:
-            # The LSTM is this policy's own model; TorchPolicy would wrap the actor-critic in one.
-            config = config.replace(model={**config.model, "use_lstm": False})
-        super().__init__(observation_space, action_space, config, **kwargs)
-        self._initial_state = self.model.initial_state()
-
-    @property
-    def max_seq_len(self) -> int:
-        """The samplers cut sequences of half a replayed one: the replay's windows overlap by half."""
-        sequence_config: SequenceReplayConfig = self.config
-        return max(1, sequence_config.replay_sequence_length // 2)
