@@ -65,7 +65,8 @@ class R2D2Config(apex.ApexConfig):
             "epsilon_timesteps": 10_000,
         },
     }
-    # No RLlib defaults are taken over Ape-X's: RLlib's R2D2 sizes its runs to Atari.
+    # RLlib's R2D2 defaults are not recorded (nor Ape-X's inherited): an RLlib config runs on flowrl's.
+    rllib_defaults = {}
     learns_from_sequences = True
 
     num_workers: int = cfg_field(
