@@ -51,6 +51,7 @@ BUILT_IN_ALGORITHMS = (
     "dqn",
     "apex",
     "apex_ddpg",
+    "r2d2",
     "ddpg",
     "td3",
     "impala",

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, runtime_checkable
 
 from flowrl.actors.aggregator import AggregatorSet
 from flowrl.actors.learner_group import LearnerGroup, learner_group
@@ -60,17 +60,28 @@ class ReplayConfig(Protocol):
     restart_window_s: float
 
 
+@runtime_checkable
+class SequenceReplayConfig(Protocol):
+    """A config whose replay stores sequences (R2D2's)."""
+
+    replay_sequence_length: int
+
+
 def replay_buffer_args(config: ReplayConfig) -> dict[str, Any]:
-    """The replay settings of a config as keyword arguments of a replay buffer (or a tier of shards)."""
+    """The replay settings of a config as keyword arguments of a replay buffer (or a tier of shards);
+    a config that replays sequences of ``replay_sequence_length`` steps replays ``train_batch_size``
+    steps as that many whole sequences."""
+    length = config.replay_sequence_length if isinstance(config, SequenceReplayConfig) else 1
     return {
         "capacity": config.buffer_size,
         "learning_starts": config.learning_starts,
-        "replay_batch_size": config.train_batch_size,
+        "replay_batch_size": max(1, config.train_batch_size // length),
         "prioritized_replay_alpha": config.prioritized_replay_alpha,
         "prioritized_replay_beta": config.prioritized_replay_beta,
         "prioritized_replay_eps": config.prioritized_replay_eps,
         "prioritized": config.prioritized_replay,
         "seed": config.seed,
+        "replay_sequence_length": length,
     }
 
 

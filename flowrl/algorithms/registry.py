@@ -97,6 +97,11 @@ _MODULES: dict[str, _BuiltIn] = {
     "apex_ddpg": _BuiltIn("flowrl.algorithms.apex", "APEX_DDPG", "Ape-X DDPG: DDPG on distributed prioritized replay"),
     "ddpg": _BuiltIn("flowrl.algorithms.ddpg", "DDPG", "deep deterministic policy gradient"),
     "td3": _BuiltIn("flowrl.algorithms.ddpg", "TD3", "twin delayed DDPG"),
+    "r2d2": _BuiltIn(
+        "flowrl.algorithms.r2d2",
+        "ALGORITHM",
+        "R2D2: recurrent Q-learning on distributed prioritized replay of sequences",
+    ),
     "impala": _BuiltIn("flowrl.algorithms.impala", "ALGORITHM", "IMPALA: async actor-learner with V-trace"),
     "appo": _BuiltIn(
         "flowrl.algorithms.appo", "ALGORITHM", "APPO: IMPALA with a clipped surrogate around a target network"
@@ -126,7 +131,6 @@ NOT_IMPLEMENTED: dict[str, _Instead] = {
     "rainbow": _Instead(
         ("dqn", "apex"), "DQN with double Q, dueling, n-step and prioritized replay, no C51 or noisy nets"
     ),
-    "r2d2": _Instead(("apex", "dqn"), "distributed prioritized replay, without the recurrent Q-network"),
     "ddppo": _Instead(("ppo",), "PPO with num_learners >= 2 learns data-parallel"),
     "trpo": _Instead(("ppo",), "a trust-region policy gradient"),
     "acktr": _Instead(("a2c", "ppo"), "synchronous actor-critic"),

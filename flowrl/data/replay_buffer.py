@@ -35,6 +35,7 @@ from flowrl.data.sample_batch import (
     as_policy_batches,
 )
 from flowrl.data.segment_tree import MinSegmentTree, SumSegmentTree
+from flowrl.data.sequence_replay import from_items, sequence_windows, to_items
 from flowrl.errors import ReplayBufferError
 
 __all__ = ["LocalReplayBuffer", "PrioritizedReplayBuffer", "ReplayBuffer", "ReplayBufferError"]
@@ -447,6 +448,12 @@ class LocalReplayBuffer:
     each row's priority to ``|td_error| + prioritized_replay_eps``; with ``prioritized=False``
     sampling is uniform and ``update_priorities`` does nothing. ``beta`` may be reassigned
     between calls to anneal it.
+
+    With ``replay_sequence_length`` > 1 (R2D2) an item is a sequence, not a row: ``add_batch`` takes
+    batches cut into sequences (a recurrent policy's) and stores windows of at most that many steps,
+    one starting at each of the batch's sequences (see :mod:`flowrl.data.sequence_replay`), and
+    ``replay()`` returns ``replay_batch_size`` of them as a batch cut into sequences, each with its
+    ``state_in_*``, and its index and weight on every one of its rows.
     """
 
     def __init__(
@@ -459,6 +466,7 @@ class LocalReplayBuffer:
         prioritized_replay_eps: float = 1e-6,
         prioritized: bool = True,
         seed: int | None = None,
+        replay_sequence_length: int = 1,
     ) -> None:
         problems = []
         for check, value in (
@@ -474,6 +482,8 @@ class LocalReplayBuffer:
             problems.append(f"learning_starts must be an integer >= 0, got {learning_starts!r}")
         if not _is_int(replay_batch_size) or replay_batch_size < 1:
             problems.append(f"replay_batch_size must be an integer >= 1, got {replay_batch_size!r}")
+        if not _is_int(replay_sequence_length) or replay_sequence_length < 1:
+            problems.append(f"replay_sequence_length must be an integer >= 1, got {replay_sequence_length!r}")
         eps = prioritized_replay_eps
         if not _is_real(eps) or not np.isfinite(eps) or eps <= 0:
             problems.append(f"prioritized_replay_eps must be a finite number > 0, got {eps!r}")
@@ -488,6 +498,7 @@ class LocalReplayBuffer:
         self.eps = float(eps)
         self.prioritized = bool(prioritized)
         self.seed = seed
+        self.replay_sequence_length = int(replay_sequence_length)
         self._buffers: dict[str, ReplayBuffer] = {}
         self._num_steps_added = 0
         self._num_steps_replayed = 0
@@ -528,8 +539,21 @@ class LocalReplayBuffer:
         if not isinstance(batch, (SampleBatch, MultiAgentBatch)):
             raise ReplayBufferError(f"add_batch takes a SampleBatch or MultiAgentBatch, got {type(batch).__name__}")
         for policy_id, policy_batch in as_policy_batches(batch).items():
-            self._buffer(policy_id).add(policy_batch)
+            self._buffer(policy_id).add(self._items(policy_batch))
         self._num_steps_added += batch.env_steps()
+
+    def _items(self, batch: SampleBatch) -> SampleBatch | dict[str, np.ndarray]:
+        """What the buffer stores of ``batch``: its rows, or its windows of sequences."""
+        length = self.replay_sequence_length
+        if length == 1:
+            return batch
+        if SampleBatch.SEQ_LENS not in batch:
+            raise ReplayBufferError(
+                f"replay_sequence_length={length} stores sequences: add_batch takes a batch cut into "
+                f"sequences (a recurrent policy's, with seq_lens), got one with columns {sorted(batch)}"
+            )
+        # A new dict of the same arrays: decompressing it leaves the caller's batch as it was.
+        return to_items(sequence_windows(SampleBatch(dict(batch)).decompress_if_needed(), length), length)
 
     def replay(self) -> SampleBatch | MultiAgentBatch | None:
         """``replay_batch_size`` rows per policy, or ``None`` before ``learning_starts`` or with nothing stored."""
@@ -540,9 +564,10 @@ class LocalReplayBuffer:
             if len(buffer) == 0:
                 continue
             if isinstance(buffer, PrioritizedReplayBuffer):
-                samples[policy_id] = buffer.sample(self.replay_batch_size, beta=self._beta)
+                sample = buffer.sample(self.replay_batch_size, beta=self._beta)
             else:
-                samples[policy_id] = buffer.sample(self.replay_batch_size)
+                sample = buffer.sample(self.replay_batch_size)
+            samples[policy_id] = sample if self.replay_sequence_length == 1 else from_items(sample)
         if not samples:
             return None
         self._num_steps_replayed += self.replay_batch_size

@@ -46,6 +46,7 @@ def train_until(
         ("cartpole-pg.yaml", 100.0, 200_000),
         ("cartpole-dqn.yaml", 475.0, 150_000),
         ("cartpole-apex.yaml", 195.0, 150_000),
+        ("stateless-cartpole-r2d2.yaml", 150.0, 100_000),
         ("pendulum-td3.yaml", -250.0, 30_000),
         ("pendulum-ddpg.yaml", -250.0, 30_000),
         ("pendulum-apex_ddpg.yaml", -300.0, 150_000),

@@ -29,6 +29,7 @@ ALGORITHMS: dict[str, tuple[str, dict[str, Any]]] = {
     "dqn": ("CartPole-v1", {**REMOTE, **REPLAY}),
     "apex": ("CartPole-v1", {**REMOTE, **REPLAY, "num_replay_shards": 1}),
     "apex_ddpg": ("Pendulum-v1", {**REMOTE, **REPLAY, "num_replay_shards": 1}),
+    "r2d2": ("StatelessCartPole-v1", {**REMOTE, **REPLAY, "num_replay_shards": 1, "replay_sequence_length": 8}),
     "ddpg": ("Pendulum-v1", {"num_workers": 0, **REPLAY}),
     "td3": ("Pendulum-v1", {"num_workers": 0, **REPLAY}),
     "impala": ("CartPole-v1", {**REMOTE, "train_batch_size": 100, "timesteps_per_iteration": 400}),

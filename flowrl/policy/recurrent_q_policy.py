@@ -1,0 +1,67 @@
+"""The policy of a recurrent Q-network (R2D2's): acts step by step, threading its state.
+
+:class:`RecurrentQPolicy` is a :class:`~flowrl.policy.TorchPolicy` whose model is always a
+:class:`~flowrl.policy.recurrent_q.RecurrentQModel`: it explores over the Q-values as DQN's policy
+does (epsilon-greedy), and its samplers thread the state and cut fragments into sequences of
+``replay_sequence_length // 2`` steps, which the replay joins into windows of
+``replay_sequence_length`` that overlap by half (see :mod:`flowrl.data.sequence_replay`).
+
+This module imports no PyTorch (the model's module is imported when a policy is built), so that
+declaring a plan (``flowrl plan``) loads none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+import gymnasium as gym
+
+from flowrl.deferred import DeferredModule, nn
+from flowrl.policy.model_options import model_config
+from flowrl.policy.torch_policy import TorchPolicy
+
+if TYPE_CHECKING:
+    from flowrl.policy import recurrent_q
+else:
+    recurrent_q = DeferredModule("flowrl.policy.recurrent_q")
+
+
+class SequenceReplayConfig(Protocol):
+    """The key of a config that replays sequences (R2D2's)."""
+
+    replay_sequence_length: int
+
+
+def recurrent_q_model(
+    obs_space: gym.Space[Any], action_space: gym.Space[Any], num_outputs: int, config: Mapping[str, Any]
+) -> nn.Module:
+    """A recurrent Q model without a dueling head (a ``make_model`` of :class:`~flowrl.policy.TorchPolicy`)."""
+    return recurrent_q.RecurrentQModel(obs_space, action_space, config, dueling=False)
+
+
+def dueling_recurrent_q_model(
+    obs_space: gym.Space[Any], action_space: gym.Space[Any], num_outputs: int, config: Mapping[str, Any]
+) -> nn.Module:
+    """A recurrent Q model with a dueling head."""
+    return recurrent_q.RecurrentQModel(obs_space, action_space, config, dueling=True)
+
+
+class RecurrentQPolicy(TorchPolicy[Any]):
+    """A :class:`~flowrl.policy.TorchPolicy` over a recurrent Q model (``make_model``), recurrent
+    whatever ``model.use_lstm`` says: its model always carries a state."""
+
+    def __init__(
+        self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: Any, **kwargs: Any
+    ) -> None:
+        if model_config(config.model)["use_lstm"]:
+            # The LSTM is this policy's own model; TorchPolicy would wrap the actor-critic in one.
+            config = config.replace(model={**config.model, "use_lstm": False})
+        super().__init__(observation_space, action_space, config, **kwargs)
+        self._initial_state = cast("recurrent_q.RecurrentQModel", self.model).initial_state()
+
+    @property
+    def max_seq_len(self) -> int:
+        """The samplers cut sequences of half a replayed one: the replay's windows overlap by half."""
+        sequence_config: SequenceReplayConfig = self.config
+        return max(1, sequence_config.replay_sequence_length // 2)
