@@ -4,6 +4,7 @@ pass over sequences, what cannot be wrapped is a ConfigError, and PPO trains it 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -13,6 +14,7 @@ import torch
 from gymnasium.spaces.utils import flatdim
 from torch import nn
 
+import flowrl
 from flowrl import Trainer
 from flowrl.algorithms import get_algorithm
 from flowrl.data import SampleBatch
@@ -23,8 +25,13 @@ from flowrl.policy import TorchPolicy
 from flowrl.policy.custom_model import Q_VALUES, build_custom_model
 from flowrl.policy.model_options import model_config
 from flowrl.policy.recurrent import FirstOutput, RecurrentActorCritic
+from flowrl.serve.export import export_policy
 
-pytestmark = [pytest.mark.unit, pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.unit,
+    pytest.mark.timeout(300),
+    pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning"),
+]
 
 CELL = 8
 
@@ -185,7 +192,7 @@ def test_a_q_values_model_is_not_wrapped() -> None:
         build_custom_model(Q_VALUES, space, gym.spaces.Discrete(2), 2, options)
 
 
-def test_ppo_trains_a_wrapped_custom_model_on_stateless_cartpole(ray_session: None) -> None:
+def test_ppo_trains_a_wrapped_custom_model_on_stateless_cartpole(ray_session: None, tmp_path: Path) -> None:
     trainer = Trainer(
         "ppo",
         "StatelessCartPole-v1",
@@ -221,5 +228,22 @@ def test_ppo_trains_a_wrapped_custom_model_on_stateless_cartpole(ray_session: No
         batch = trainer.workers.local_worker().sample()
         assert batch[SampleBatch.SEQ_LENS].max() <= 8 and batch[SampleBatch.SEQ_LENS].sum() == batch.count
         assert batch[f"{SampleBatch.STATE_IN}3"].shape == (len(batch[SampleBatch.SEQ_LENS]), 16)
+        path = trainer.save(tmp_path / "checkpoints")
     finally:
         trainer.stop()
+    # Loaded and exported with its state and previous actions, it acts as the trained policy does.
+    loaded = flowrl.load_policy(path, allow_imports=[__name__])  # the model class is this module's
+    rng = np.random.default_rng(0)
+    obs = rng.uniform(-1, 1, (6, 2)).astype(np.float32)
+    state = [rng.normal(size=(6, 16)).astype(np.float32) for _ in range(4)]
+    prev_actions = rng.integers(0, 2, 6)
+    expected, extra = policy.compute_actions(obs, explore=False, state=state, prev_actions=prev_actions)
+    actions, next_state = loaded.compute_actions(obs, state=state, prev_actions=prev_actions)
+    np.testing.assert_array_equal(actions, expected)
+    np.testing.assert_allclose(next_state[3], extra[f"{SampleBatch.STATE_OUT}3"], rtol=1e-6)
+    model_file = export_policy(path, format="torchscript", out=tmp_path / "export", allow_imports=[__name__])
+    with torch.no_grad():
+        out = torch.jit.load(str(model_file))(
+            torch.from_numpy(obs), *(torch.from_numpy(s) for s in state), torch.from_numpy(prev_actions)
+        )
+    np.testing.assert_array_equal(out[0].numpy(), expected)
