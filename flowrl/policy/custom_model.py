@@ -26,6 +26,15 @@ entry) to ``(dist_inputs [B, T, num_outputs], values [B, T], next state)``; the 
 state as it carries ``use_lstm``'s (see :mod:`flowrl.policy.recurrent_custom`), for the algorithms that
 learn from sequences.
 
+With ``use_lstm`` a feed-forward actor-critic or policy model is wrapped in an LSTM instead: it becomes
+the step encoder of :class:`~flowrl.policy.recurrent.RecurrentActorCritic`. It is built with
+``num_outputs = lstm_cell_size`` and checked against its interface as usual; its first output
+(``[B, lstm_cell_size]``) is each step's features, which the LSTM reads (with the previous action and
+reward when ``lstm_use_prev_action`` / ``lstm_use_prev_reward``), and its values are not used: the
+policy's distribution inputs and values come from heads on the LSTM. Unless ``vf_share_layers``, the
+value's LSTM reads an instance of its own. A recurrent custom model with ``use_lstm`` is a
+:class:`~flowrl.errors.ConfigError`, and so is ``use_lstm`` around another family's model.
+
 ``obs`` is a float tensor of the observations flattened (Dict and Tuple ones with
 ``gymnasium.spaces.utils.flatten``, Discrete ones one-hot); with ``custom_model_obs:
 "structured"`` a Dict or Tuple observation arrives as a dict or tuple of ``[B, ...]`` tensors
@@ -132,6 +141,12 @@ def custom_model_problems(model: Mapping[str, Any]) -> list[str]:
         cls = custom_model_class(custom)
     except FlowRLError as e:
         return problems + [f"model.custom_model={custom!r}: {e}"]
+    if model.get("use_lstm") and is_recurrent_class(cls):
+        problems.append(
+            f"model.custom_model={custom!r} is recurrent (it has get_initial_state), and model.use_lstm=True wraps "
+            "only a feed-forward model in an LSTM: drop use_lstm (the model carries its own state), or "
+            "get_initial_state"
+        )
     try:
         inspect.signature(cls).bind(None, None, 0, **options)
     except TypeError as e:
@@ -202,10 +217,9 @@ def build_custom_model(
         )
     if structured and interface.adapt is not None:
         raise ConfigError([f"model.custom_model_obs='structured': {interface.name} models take flat observations"])
-    try:
-        model = cls(obs_space, action_space, num_outputs, **model_config["custom_model_config"])
-    except Exception as e:
-        raise ConfigError([f"{shown}: building {cls.__qualname__}(...) raised {type(e).__name__}: {e}"]) from e
+    if model_config["use_lstm"]:
+        return _wrapped_in_lstm(cls, shown, interface, structured, obs_space, action_space, num_outputs, model_config)
+    model = _construct(cls, shown, obs_space, action_space, num_outputs, model_config)
     if is_recurrent_class(cls):
         return _recurrent(model, shown, interface, structured, obs_space, num_outputs)
     if structured:
@@ -218,6 +232,64 @@ def build_custom_model(
             [f"{shown} does not implement the {interface.name} interface {interface.contract}: {problem}"]
         )
     return model
+
+
+def _construct(
+    cls: type[nn.Module],
+    shown: str,
+    obs_space: gym.Space[Any],
+    action_space: gym.Space[Any],
+    num_outputs: int,
+    model_config: Mapping[str, Any],
+) -> nn.Module:
+    try:
+        return cls(obs_space, action_space, num_outputs, **model_config["custom_model_config"])
+    except Exception as e:
+        raise ConfigError([f"{shown}: building {cls.__qualname__}(...) raised {type(e).__name__}: {e}"]) from e
+
+
+#: The interfaces whose models ``use_lstm`` wraps: their first output becomes the step's features.
+WRAPPABLE = ("actor-critic", "policy")
+
+
+def _wrapped_in_lstm(
+    cls: type[nn.Module],
+    shown: str,
+    interface: ModelInterface,
+    structured: bool,
+    obs_space: gym.Space[Any],
+    action_space: gym.Space[Any],
+    num_outputs: int,
+    model_config: Mapping[str, Any],
+) -> nn.Module:
+    """``use_lstm`` around a feed-forward custom model: each of the recurrent model's branches runs an instance
+    of it (built with ``num_outputs = lstm_cell_size`` and checked against ``interface``) as its step encoder."""
+    from flowrl.policy.recurrent import FirstOutput, RecurrentActorCritic
+
+    if interface.name not in WRAPPABLE or interface.adapt is not None:
+        raise ConfigError(
+            [
+                f"{shown} with model.use_lstm=True: {interface.name} models are not wrapped in an LSTM (only "
+                f"{' and '.join(WRAPPABLE)} ones)"
+            ]
+        )
+    features = int(model_config["lstm_cell_size"])
+
+    def step_encoder() -> FirstOutput:
+        model = _construct(cls, shown, obs_space, action_space, features, model_config)
+        if structured:
+            model.register_forward_pre_hook(StructuredObs(obs_space))
+        problem = _forward_problem(model, interface, obs_space, features)
+        if problem is not None:
+            raise ConfigError(
+                [
+                    f"{shown}, wrapped by model.use_lstm=True and built with num_outputs=lstm_cell_size={features}, "
+                    f"does not implement the {interface.name} interface {interface.contract}: {problem}"
+                ]
+            )
+        return FirstOutput(model, features)
+
+    return RecurrentActorCritic(obs_space, action_space, num_outputs, model_config, step_encoder)
 
 
 def _recurrent(

@@ -28,7 +28,8 @@ DEFAULT_MODEL_CONFIG: dict[str, Any] = {
     "custom_model_config": {},
     # "flat": Dict/Tuple observations reach the custom model flattened; "structured": as dicts/tuples of tensors.
     "custom_model_obs": "flat",
-    # Wrap the built-in model (MLP or CNN encoder) in an LSTM: the policy then carries a recurrent state.
+    # Wrap the model (the built-in MLP or CNN encoder, or a feed-forward custom model) in an LSTM: the
+    # policy then carries a recurrent state.
     "use_lstm": False,
     # Units of the LSTM's hidden and cell states.
     "lstm_cell_size": 256,
@@ -61,14 +62,14 @@ def model_config(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     for key in ("use_lstm", "lstm_use_prev_action", "lstm_use_prev_reward"):
         if not isinstance(config[key], bool):
             raise FlowRLError(f"model option {key}={config[key]!r} must be true or false")
-    if config["custom_model"] is not None:
-        # use_lstm and its options build the LSTM around a built-in model; a custom model is recurrent by itself.
-        wrapping = [key for key in ("use_lstm", "lstm_use_prev_action", "lstm_use_prev_reward") if config[key]]
-        if wrapping:
+    if config["custom_model"] is not None and not config["use_lstm"]:
+        # The previous action and reward feed the LSTM use_lstm wraps around a custom model; a recurrent
+        # custom model is not given them.
+        feeding = [key for key in ("lstm_use_prev_action", "lstm_use_prev_reward") if config[key]]
+        if feeding:
             raise FlowRLError(
-                f"model option(s) {', '.join(wrapping)} wrap the built-in MLP and CNN models in an LSTM, not a "
-                "custom_model; a custom model is recurrent by itself when it declares get_initial_state() "
-                "(see docs/recurrent.md): drop them, or custom_model"
+                f"model option(s) {', '.join(feeding)} feed the LSTM that use_lstm wraps around the model; a "
+                "custom_model is given them only with use_lstm=True (a recurrent custom model is not given them)"
             )
     if config["custom_model_obs"] not in CUSTOM_MODEL_OBS:
         shown = config["custom_model_obs"]

@@ -6,6 +6,8 @@ and reads the policy's distribution inputs from the LSTM's output. The value com
 encoder and LSTM of the same shape (as the feed-forward model's value head has its own encoder),
 or with ``vf_share_layers`` from the policy's LSTM. Its state is ``[h, c]`` of each LSTM (four
 arrays, or two when shared), each ``[lstm_cell_size]`` per env, zeros at an episode's start.
+With ``use_lstm`` around a feed-forward custom model, the custom model is each branch's step encoder
+(see :mod:`flowrl.policy.custom_model`).
 
 Learning reads a batch cut into sequences (see :class:`~flowrl.data.SampleBatch`): :func:`pad`
 lays its rows out as ``[B, T, ...]`` (T: the longest sequence), the LSTM runs from each
@@ -26,7 +28,7 @@ from torch import nn
 
 from flowrl.data import SampleBatch
 from flowrl.errors import ConfigError
-from flowrl.policy.models import make_encoder
+from flowrl.policy.models import CNNEncoder, MLPEncoder, make_encoder
 
 
 def sequence_index(seq_lens: torch.Tensor, max_len: int) -> torch.Tensor:
@@ -56,7 +58,7 @@ def step_mask(seq_lens: torch.Tensor, max_len: int) -> torch.Tensor:
     return torch.arange(max_len, device=seq_lens.device)[None, :] < seq_lens.long()[:, None]
 
 
-def _action_input_dim(action_space: gym.Space[Any]) -> int:
+def action_input_dim(action_space: gym.Space[Any]) -> int:
     if isinstance(action_space, gym.spaces.Discrete):
         return int(action_space.n)
     if isinstance(action_space, gym.spaces.Box):
@@ -64,13 +66,31 @@ def _action_input_dim(action_space: gym.Space[Any]) -> int:
     raise ConfigError([f"model option lstm_use_prev_action takes a Discrete or Box action space, not {action_space}"])
 
 
-class _EncoderLSTM(nn.Module):
+class FirstOutput(nn.Module):
+    """A module whose forward gives a tuple, as a step encoder: its first output (``[N, out_dim]``) is the
+    step's features, the rest is left unused (a custom model wrapped by ``use_lstm``)."""
+
+    def __init__(self, module: nn.Module, out_dim: int) -> None:
+        super().__init__()
+        self.module = module
+        self.out_dim = out_dim
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        features: torch.Tensor = self.module(obs)[0]
+        return features
+
+
+#: A step encoder of :class:`RecurrentActorCritic`: ``[N, ...]`` observations to ``[N, out_dim]`` features.
+StepEncoder = MLPEncoder | CNNEncoder | FirstOutput
+
+
+class EncoderLSTM(nn.Module):
     """The encoder of each step, then an LSTM over the steps (with the previous action and reward)."""
 
-    def __init__(self, obs_space: gym.Space[Any], in_extra: int, config: Mapping[str, Any]) -> None:
+    def __init__(self, encoder: StepEncoder, in_extra: int, cell_size: int) -> None:
         super().__init__()
-        self.encoder = make_encoder(obs_space, config)
-        self.lstm = nn.LSTM(self.encoder.out_dim + in_extra, int(config["lstm_cell_size"]), batch_first=True)
+        self.encoder = encoder
+        self.lstm = nn.LSTM(encoder.out_dim + in_extra, cell_size, batch_first=True)
 
     def forward(
         self, obs: torch.Tensor, extra: list[torch.Tensor], state: list[torch.Tensor]
@@ -179,21 +199,34 @@ class SequenceModel(nn.Module):
 
 class RecurrentActorCritic(SequenceModel):
     """An encoder and an LSTM over time, a head of ``num_outputs`` distribution inputs, and a value
-    head on its own encoder and LSTM (on the policy's with ``vf_share_layers``)."""
+    head on its own encoder and LSTM (on the policy's with ``vf_share_layers``).
+
+    ``make_step_encoder()`` builds each branch's encoder (called once per branch); by default the
+    built-in one for ``obs_space`` (:func:`~flowrl.policy.models.make_encoder`)."""
 
     def __init__(
-        self, obs_space: gym.Space[Any], action_space: gym.Space[Any], num_outputs: int, config: Mapping[str, Any]
+        self,
+        obs_space: gym.Space[Any],
+        action_space: gym.Space[Any],
+        num_outputs: int,
+        config: Mapping[str, Any],
+        make_step_encoder: Callable[[], StepEncoder] | None = None,
     ) -> None:
         super().__init__()
         self.action_space = action_space
-        self.prev_action_dim = _action_input_dim(action_space) if config["lstm_use_prev_action"] else 0
+        self.prev_action_dim = action_input_dim(action_space) if config["lstm_use_prev_action"] else 0
         self.use_prev_reward = bool(config["lstm_use_prev_reward"])
         self.reads_prev_actions = bool(self.prev_action_dim)
         self.reads_prev_rewards = self.use_prev_reward
         self.cell_size = int(config["lstm_cell_size"])
         in_extra = self.prev_action_dim + int(self.use_prev_reward)
-        self.branch = _EncoderLSTM(obs_space, in_extra, config)
-        self.vf_branch = None if config["vf_share_layers"] else _EncoderLSTM(obs_space, in_extra, config)
+
+        def branch() -> EncoderLSTM:
+            encoder = make_encoder(obs_space, config) if make_step_encoder is None else make_step_encoder()
+            return EncoderLSTM(encoder, in_extra, self.cell_size)
+
+        self.branch = branch()
+        self.vf_branch = None if config["vf_share_layers"] else branch()
         self.policy_head = nn.Linear(self.cell_size, num_outputs)
         self.value_head = nn.Linear(self.cell_size, 1)
         nn.init.orthogonal_(self.policy_head.weight, gain=0.01)

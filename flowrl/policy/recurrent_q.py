@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from flowrl.policy.recurrent import _action_input_dim, _EncoderLSTM
+from flowrl.policy.models import make_encoder
+from flowrl.policy.recurrent import EncoderLSTM, action_input_dim
 
 
 class RecurrentQModel(nn.Module):
@@ -31,10 +32,11 @@ class RecurrentQModel(nn.Module):
         num_actions = int(action_space.n) if isinstance(action_space, gym.spaces.Discrete) else 0
         if not num_actions:
             raise TypeError(f"a recurrent Q model needs a Discrete action space, got {action_space}")
-        self.prev_action_dim = _action_input_dim(action_space) if config["lstm_use_prev_action"] else 0
+        self.prev_action_dim = action_input_dim(action_space) if config["lstm_use_prev_action"] else 0
         self.use_prev_reward = bool(config["lstm_use_prev_reward"])
         self.cell_size = int(config["lstm_cell_size"])
-        self.branch = _EncoderLSTM(obs_space, self.prev_action_dim + int(self.use_prev_reward), config)
+        in_extra = self.prev_action_dim + int(self.use_prev_reward)
+        self.branch = EncoderLSTM(make_encoder(obs_space, config), in_extra, self.cell_size)
         self.advantage = nn.Linear(self.cell_size, num_actions)
         self.value = nn.Linear(self.cell_size, 1) if dueling else None
 

@@ -211,7 +211,7 @@ def test_use_lstm_with_an_algorithm_that_does_not_learn_from_sequences_names_ppo
         ({"lstm_cell_size": 0}, "lstm_cell_size=0"),
         ({"max_seq_len": 2.5}, "max_seq_len=2.5"),
         ({"use_lstm": "yes"}, "use_lstm='yes'"),
-        ({"use_lstm": True, "custom_model": "torch.nn:Linear"}, "custom_model"),
+        ({"lstm_use_prev_reward": True, "custom_model": "torch.nn:Linear"}, "lstm_use_prev_reward feed the LSTM"),
     ],
 )
 def test_bad_lstm_options_are_config_errors(model: dict[str, Any], named: str) -> None:

@@ -83,7 +83,7 @@ def test_a_recurrent_custom_model_makes_a_recurrent_policy() -> None:
     ("algo", "model", "expected"),
     [
         ("ppo", {"custom_model": ForgetsTheTimeAxis}, r"its dist_inputs are \[2, 2\], not \[2, 3, 2\]"),
-        ("ppo", {"custom_model": TinyGRU, "use_lstm": True}, "use_lstm wrap the built-in MLP and CNN models"),
+        ("ppo", {"custom_model": TinyGRU, "use_lstm": True}, "wraps only a feed-forward model in an LSTM"),
         ("dqn", {"custom_model": TinyGRU}, r"custom_model='TinyGRU' is recurrent: DQNConfig does not learn from"),
     ],
 )
