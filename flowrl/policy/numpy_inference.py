@@ -34,6 +34,10 @@ _ACTIVATIONS: dict[type[nn.Module], Callable[[Array], Array] | None] = {
     nn.Identity: None,
 }
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+#: The most multiply-adds OpenBLAS (NumPy's BLAS) computes a matrix product with on one thread. A bigger
+#: product starts its thread pool, whose hand-offs cost more than the product when the cores are busy, as
+#: they are while sampling: a [256, 128] x [128, 16] product took 50 us on two busy cores, 11 us on one thread.
+SINGLE_THREAD_PRODUCT = 4 * 65536
 
 
 def _layers(modules: list[nn.Module]) -> list[Layer] | None:
@@ -199,6 +203,11 @@ class NumpyRecurrentActorCritic:
         self.policy_head = policy_head
         self.value_head = value_head
         self.obs_space = obs_space
+        weights = [
+            w for b in (branch, vf_branch) if b is not None for w in (b.w_ih, b.w_hh, *(x[0] for x in b.encoder))
+        ]
+        #: The most rows a step takes in NumPy: more run in PyTorch (see :data:`SINGLE_THREAD_PRODUCT`).
+        self.max_rows = SINGLE_THREAD_PRODUCT // max(w.size for w in weights + [x[0] for x in policy_head])
         self.prev_action_dim = model.prev_action_dim
         self.discrete_actions = isinstance(model.action_space, gym.spaces.Discrete)
         self.use_prev_reward = model.use_prev_reward
@@ -241,9 +250,12 @@ class NumpyRecurrentActorCritic:
 
     def step(
         self, obs: Array, state: list[Array] | None, prev_actions: Array | None, prev_rewards: Array | None
-    ) -> tuple[Array, Array, list[Array]]:
+    ) -> tuple[Array, Array, list[Array]] | None:
         """One step for each row of ``obs`` from ``state`` (``[h, c]`` of each LSTM, ``[B, size]`` each; None:
-        the initial state, zeros): distribution inputs ``[B, num_outputs]``, values ``[B]`` and the next state."""
+        the initial state, zeros): distribution inputs ``[B, num_outputs]``, values ``[B]`` and the next state;
+        None for more than :attr:`max_rows` rows."""
+        if len(obs) > self.max_rows:
+            return None
         x = _columns(obs, self.obs_space)
         extra = self._extra_inputs(prev_actions, prev_rewards)
         state = self._initial_rows(len(obs)) if state is None else state
@@ -259,8 +271,11 @@ class NumpyRecurrentActorCritic:
 
     def value(
         self, obs: Array, state: list[Array] | None, prev_actions: Array | None, prev_rewards: Array | None
-    ) -> Array:
-        """The values of :meth:`step` alone: only the value function's LSTM steps (the policy's, if shared)."""
+    ) -> Array | None:
+        """The values of :meth:`step` alone: only the value function's LSTM steps (the policy's, if shared);
+        None for more than :attr:`max_rows` rows."""
+        if len(obs) > self.max_rows:
+            return None
         x = _columns(obs, self.obs_space)
         extra = self._extra_inputs(prev_actions, prev_rewards)
         state = self._initial_rows(len(obs)) if state is None else state

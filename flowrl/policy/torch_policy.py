@@ -192,8 +192,7 @@ class TorchPolicy(Policy[ConfigT]):
         prev_rewards: np.ndarray | None,
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """One step of the recurrent model for each row, from ``state`` (None: the initial state)."""
-        if state is None:
-            state = [np.repeat(s[None], len(obs_batch), axis=0) for s in self._initial_state]
+        state = [np.repeat(s[None], len(obs_batch), axis=0) for s in self._initial_state] if state is None else state
         obs = models.obs_to_tensor(obs_batch, self.model_observation_space, self.device)
         return _as_recurrent(self.model).step(obs, state, prev_actions, prev_rewards)
 
@@ -269,16 +268,17 @@ class TorchPolicy(Policy[ConfigT]):
         prev_actions: np.ndarray | None,
         prev_rewards: np.ndarray | None,
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        prev = (prev_actions, prev_rewards)
         twin = self._numpy_twin() if type(self.exploration) is StochasticSampling else None
-        if twin is not None:  # a step of a small LSTM is several times faster in NumPy than in PyTorch
-            step = cast("NumpyRecurrentActorCritic", twin).step(obs_batch, state, prev_actions, prev_rewards)
+        step = None if twin is None else cast("NumpyRecurrentActorCritic", twin).step(obs_batch, state, *prev)
+        if step is not None:  # a step of a small LSTM is several times faster in NumPy than in PyTorch
             acted = numpy_inference.act(self.dist_class, step[0], step[1], action_mask, explore, self._np_rng)
             if acted is not None:
                 self.exploration.last_timestep = timestep
                 acted[1].update({f"{SampleBatch.STATE_OUT}{k}": s for k, s in enumerate(step[2])})
                 return acted
         with torch.inference_mode():
-            dist_inputs, values, state_out = self._forward_step(obs_batch, state, prev_actions, prev_rewards)
+            dist_inputs, values, state_out = self._forward_step(obs_batch, state, *prev)
             actions, extra = self._act(dist_inputs, values, action_mask, explore, timestep)
             for k, s in enumerate(state_out):
                 extra[f"{SampleBatch.STATE_OUT}{k}"] = s.cpu().numpy()
@@ -293,13 +293,13 @@ class TorchPolicy(Policy[ConfigT]):
     ) -> np.ndarray:
         """State values for a batch of observations (models with a value head); a recurrent
         policy's from each row's ``state`` (and previous action and reward, if its model reads them)."""
-        twin = self._numpy_twin()
+        twin, prev = self._numpy_twin(), (prev_actions, prev_rewards)
         if self.is_recurrent:
-            if twin is not None:
-                return cast("NumpyRecurrentActorCritic", twin).value(obs_batch, state, prev_actions, prev_rewards)
-            with torch.inference_mode():
-                _, recurrent_values, _ = self._forward_step(obs_batch, state, prev_actions, prev_rewards)
-            return recurrent_values.cpu().numpy()
+            values_np = None if twin is None else cast("NumpyRecurrentActorCritic", twin).value(obs_batch, state, *prev)
+            if values_np is None:
+                with torch.inference_mode():
+                    values_np = self._forward_step(obs_batch, state, *prev)[1].cpu().numpy()
+            return values_np
         if isinstance(twin, numpy_inference.NumpyActorCritic) and twin.value_head is not None:
             return twin.value(obs_batch)
         with torch.inference_mode():

@@ -13,7 +13,7 @@ from flowrl.algorithms.ppo import PPOConfig
 from flowrl.config import TrainerConfig
 from flowrl.data import SampleBatch
 from flowrl.policy import TorchPolicy
-from flowrl.policy.numpy_inference import NumpyActorCritic, NumpyRecurrentActorCritic
+from flowrl.policy.numpy_inference import SINGLE_THREAD_PRODUCT, NumpyActorCritic, NumpyRecurrentActorCritic
 
 pytestmark = pytest.mark.unit
 
@@ -141,3 +141,23 @@ def test_recurrent_numpy_twin_follows_weight_updates_and_leaves_cnns_to_torch() 
     assert NumpyRecurrentActorCritic.build(cnn.model, frames) is None and cnn._numpy_twin() is None
     actions, extra = cnn.compute_actions(np.zeros((3, 42, 42, 4), np.uint8))
     assert actions.shape == (3,) and extra[f"{SampleBatch.STATE_OUT}0"].shape == (3, 16)
+
+
+def test_a_recurrent_step_too_big_for_one_blas_thread_runs_in_torch() -> None:
+    space = gym.spaces.Box(-1, 1, (3,), np.float32)
+    config = PPOConfig.from_dict({"model": {**LSTM, "lstm_cell_size": 128}, "seed": 0})
+    fast = TorchPolicy(space, gym.spaces.Discrete(2), config, loss_fn=no_loss)
+    slow = torch_only(TorchPolicy(space, gym.spaces.Discrete(2), config, loss_fn=no_loss))
+    slow.set_weights(fast.get_weights())
+    twin = fast._numpy_twin()
+    assert isinstance(twin, NumpyRecurrentActorCritic)
+    assert twin.max_rows == SINGLE_THREAD_PRODUCT // (4 * 128 * 128)  # the largest weight: the LSTM's w_hh
+    for rows in (twin.max_rows, twin.max_rows + 1):  # in NumPy, then in PyTorch
+        obs = np.random.default_rng(rows).uniform(-1, 1, (rows, 3)).astype(np.float32)
+        assert (twin.step(obs, None, None, None) is None) == (rows > twin.max_rows)
+        assert (twin.value(obs, None, None, None) is None) == (rows > twin.max_rows)
+        _, x_fast = fast.compute_actions(obs, explore=False)
+        _, x_slow = slow.compute_actions(obs, explore=False)
+        for key in (SampleBatch.ACTION_DIST_INPUTS, SampleBatch.VF_PREDS, f"{SampleBatch.STATE_OUT}1"):
+            np.testing.assert_allclose(x_fast[key], x_slow[key], rtol=1e-4, atol=1e-5, err_msg=key)
+        np.testing.assert_allclose(fast.value(obs), slow.value(obs), rtol=1e-4, atol=1e-5)
