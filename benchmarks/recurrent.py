@@ -30,7 +30,7 @@
 
 Run from the repository root::
 
-    python benchmarks/recurrent.py                 # full run: 6 trials and the sampling part, ~10 minutes
+    python benchmarks/recurrent.py                 # full run: 6 trials and the sampling part, ~20 minutes
     python benchmarks/recurrent.py --quick         # seed 0, a 150k cap, fewer sampling reps
     python benchmarks/recurrent.py --only sampling # the sampling part alone (~1 minute)
     python benchmarks/recurrent.py --trial sb3 --seed 1   # one trial; prints a JSON line
