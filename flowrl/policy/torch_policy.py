@@ -13,7 +13,6 @@ from flowrl.data import SampleBatch
 from flowrl.deferred import DeferredModule, nn, torch
 from flowrl.envs.flatten import model_space
 from flowrl.errors import ConfigError
-from flowrl.policy.action_masks import mask_logits_numpy
 from flowrl.policy.custom_model import ACTOR_CRITIC, ModelInterface, build_custom_model
 from flowrl.policy.distributions import DistFactory, dist_class_for
 from flowrl.policy.exploration import StochasticSampling, make_exploration
@@ -22,11 +21,13 @@ from flowrl.policy.policy import NONFINITE_UPDATE, ConfigT, LearnOutput, ModelWe
 
 if TYPE_CHECKING:
     from flowrl.policy import models, numpy_inference, recurrent
-    from flowrl.policy.numpy_inference import NumpyActorCritic
+    from flowrl.policy import target_network as target_network_module
+    from flowrl.policy.numpy_inference import NumpyActorCritic, NumpyRecurrentActorCritic
 else:  # torch modules: imported when the first policy is built
     models = DeferredModule("flowrl.policy.models")
     numpy_inference = DeferredModule("flowrl.policy.numpy_inference")
     recurrent = DeferredModule("flowrl.policy.recurrent")
+    target_network_module = DeferredModule("flowrl.policy.target_network")
 
 TensorBatch = dict[str, "torch.Tensor"]
 
@@ -134,19 +135,8 @@ class TorchPolicy(Policy[ConfigT]):
         self.model = model.to(self.device)
         # The recurrent models (use_lstm's, a recurrent custom model's adapter) run batches of sequences by rows.
         self._initial_state = model.initial_state() if isinstance(model, recurrent.SequenceModel) else []
-        self.target_model: nn.Module | None = None
-        if target_network:
-            self.target_model = copy.deepcopy(self.model)
-            self.target_model.requires_grad_(False)
-            # (target, model) tensor lists for update_target, made once: loading weights or state
-            # copies into these tensors in place, so they stay the modules' own.
-            pairs = list(zip(self.target_model.state_dict().values(), self.model.state_dict().values()))
-            floating = [pair for pair in pairs if pair[0].is_floating_point()]
-            others = [pair for pair in pairs if not pair[0].is_floating_point()]
-            self._target_tensors = (
-                ([t for t, _ in floating], [m for _, m in floating]),
-                ([t for t, _ in others], [m for _, m in others]),
-            )
+        self._target = target_network_module.TargetNetwork(self.model) if target_network else None
+        self.target_model: nn.Module | None = None if self._target is None else self._target.model
         self.loss_fn = loss_fn
         self.postprocess_fn = postprocess_fn
         if make_optimizer is None and config.lr is None:
@@ -165,7 +155,7 @@ class TorchPolicy(Policy[ConfigT]):
         #: Set on the replicas of a learner group: ``(model, rows, loss_finite) -> all_finite`` averages the
         #: gradients over the replicas after each backward pass (see :mod:`flowrl.policy.data_parallel`).
         self.gradient_sync: GradientSync | None = None
-        self._numpy_model: NumpyActorCritic | None | object = _NOT_BUILT
+        self._numpy_model: NumpyActorCritic | NumpyRecurrentActorCritic | None | object = _NOT_BUILT
         self._np_rng = np.random.default_rng(config.seed)
 
     @staticmethod
@@ -194,8 +184,7 @@ class TorchPolicy(Policy[ConfigT]):
         prev_rewards: np.ndarray | None,
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """One step of the recurrent model for each row, from ``state`` (None: the initial state)."""
-        if state is None:
-            state = [np.repeat(s[None], len(obs_batch), axis=0) for s in self._initial_state]
+        state = [np.repeat(s[None], len(obs_batch), axis=0) for s in self._initial_state] if state is None else state
         obs = models.obs_to_tensor(obs_batch, self.model_observation_space, self.device)
         return _as_recurrent(self.model).step(obs, state, prev_actions, prev_rewards)
 
@@ -215,9 +204,10 @@ class TorchPolicy(Policy[ConfigT]):
         result = model(batch[SampleBatch.OBS])
         return result if isinstance(result, tuple) else (result, None)
 
-    def _numpy_twin(self) -> NumpyActorCritic | None:
+    def _numpy_twin(self) -> NumpyActorCritic | NumpyRecurrentActorCritic | None:
         if self._numpy_model is _NOT_BUILT:
-            self._numpy_model = numpy_inference.NumpyActorCritic.build(self.model, self.model_observation_space)
+            twin = numpy_inference.NumpyRecurrentActorCritic if self.is_recurrent else numpy_inference.NumpyActorCritic
+            self._numpy_model = twin.build(self.model, self.model_observation_space)
         return self._numpy_model  # type: ignore[return-value]
 
     def compute_actions(
@@ -240,17 +230,11 @@ class TorchPolicy(Policy[ConfigT]):
         twin = self._numpy_twin() if type(self.exploration) is StochasticSampling else None
         if twin is not None:
             # Small MLP policies act faster in NumPy than through PyTorch's dispatch.
-            dist_inputs_np, values_np = twin.forward(obs_batch)
-            if action_mask is not None:
-                dist_inputs_np = mask_logits_numpy(dist_inputs_np, action_mask)
-            sampled = numpy_inference.sample_numpy(self.dist_class, dist_inputs_np, explore, self._np_rng)
-            if sampled is not None:
+            outputs = cast("NumpyActorCritic", twin).forward(obs_batch)
+            acted = numpy_inference.act(self.dist_class, *outputs, action_mask, explore, self._np_rng)
+            if acted is not None:
                 self.exploration.last_timestep = timestep
-                actions_np, logp_np = sampled
-                extra = {SampleBatch.ACTION_LOGP: logp_np, SampleBatch.ACTION_DIST_INPUTS: dist_inputs_np}
-                if values_np is not None:
-                    extra[SampleBatch.VF_PREDS] = values_np
-                return actions_np, extra
+                return acted
         with torch.inference_mode():
             dist_inputs, values = self._forward(obs_batch)
             return self._act(dist_inputs, values, action_mask, explore, timestep)
@@ -277,8 +261,17 @@ class TorchPolicy(Policy[ConfigT]):
         prev_actions: np.ndarray | None,
         prev_rewards: np.ndarray | None,
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        prev = (prev_actions, prev_rewards)
+        twin = self._numpy_twin() if type(self.exploration) is StochasticSampling else None
+        step = None if twin is None else cast("NumpyRecurrentActorCritic", twin).step(obs_batch, state, *prev)
+        if step is not None:  # a step of a small LSTM is several times faster in NumPy than in PyTorch
+            acted = numpy_inference.act(self.dist_class, step[0], step[1], action_mask, explore, self._np_rng)
+            if acted is not None:
+                self.exploration.last_timestep = timestep
+                acted[1].update({f"{SampleBatch.STATE_OUT}{k}": s for k, s in enumerate(step[2])})
+                return acted
         with torch.inference_mode():
-            dist_inputs, values, state_out = self._forward_step(obs_batch, state, prev_actions, prev_rewards)
+            dist_inputs, values, state_out = self._forward_step(obs_batch, state, *prev)
             actions, extra = self._act(dist_inputs, values, action_mask, explore, timestep)
             for k, s in enumerate(state_out):
                 extra[f"{SampleBatch.STATE_OUT}{k}"] = s.cpu().numpy()
@@ -293,12 +286,14 @@ class TorchPolicy(Policy[ConfigT]):
     ) -> np.ndarray:
         """State values for a batch of observations (models with a value head); a recurrent
         policy's from each row's ``state`` (and previous action and reward, if its model reads them)."""
+        twin, prev = self._numpy_twin(), (prev_actions, prev_rewards)
         if self.is_recurrent:
-            with torch.inference_mode():
-                _, recurrent_values, _ = self._forward_step(obs_batch, state, prev_actions, prev_rewards)
-            return recurrent_values.cpu().numpy()
-        twin = self._numpy_twin()
-        if twin is not None and twin.value_head is not None:
+            values_np = None if twin is None else cast("NumpyRecurrentActorCritic", twin).value(obs_batch, state, *prev)
+            if values_np is None:
+                with torch.inference_mode():
+                    values_np = self._forward_step(obs_batch, state, *prev)[1].cpu().numpy()
+            return values_np
+        if isinstance(twin, numpy_inference.NumpyActorCritic) and twin.value_head is not None:
             return twin.value(obs_batch)
         with torch.inference_mode():
             _, values = self._forward(obs_batch)
@@ -416,17 +411,9 @@ class TorchPolicy(Policy[ConfigT]):
 
     def update_target(self, tau: float = 1.0) -> None:
         """Move the target network towards the model: copy it (``tau=1``) or blend by ``tau``."""
-        if self.target_model is None:
+        if self._target is None:
             raise TypeError("this policy was built without a target network (target_network=True)")
-        (targets, sources), (other_targets, other_sources) = self._target_tensors
-        with torch.no_grad():
-            # One foreach kernel for all the floating tensors instead of a Python loop of small ops.
-            if tau >= 1.0:
-                torch._foreach_copy_(targets, sources)
-            else:
-                torch._foreach_lerp_(targets, sources, tau)
-            if other_targets:  # integer buffers (e.g. batch-norm counts) are copied, never blended
-                torch._foreach_copy_(other_targets, other_sources)
+        self._target.update(tau)
 
     # -- state -----------------------------------------------------------------------
 

@@ -90,12 +90,16 @@ def test_the_loss_over_padded_sequences_equals_the_loss_over_their_steps(model: 
     assert float(together.loss) == pytest.approx(expected_loss, rel=1e-5)
 
 
-def test_acting_step_by_step_gives_the_outputs_of_learning_over_the_sequence() -> None:
+@pytest.mark.parametrize("path", ["numpy", "torch"])
+def test_acting_step_by_step_gives_the_outputs_of_learning_over_the_sequence(path: str) -> None:
     policy = lstm_policy(lstm_use_prev_action=True, lstm_use_prev_reward=True)
+    if path == "torch":
+        policy._numpy_model = None  # the PyTorch step instead of the NumPy twin sampling acts with
+    assert (policy._numpy_twin() is not None) == (path == "numpy")
     batch = sequence_batch(policy, [4])
     state = [s[None] for s in policy.get_initial_state()]
     batch = SampleBatch({**batch, **{f"{SampleBatch.STATE_IN}{k}": s for k, s in enumerate(state)}})
-    logits = []
+    logits, values = [], []
     for t in range(4):
         rows = slice(t, t + 1)
         _, extra = policy.compute_actions(
@@ -106,9 +110,12 @@ def test_acting_step_by_step_gives_the_outputs_of_learning_over_the_sequence() -
         )
         state = [extra[f"{SampleBatch.STATE_OUT}{k}"] for k in range(len(state))]
         logits.append(extra[SampleBatch.ACTION_DIST_INPUTS][0])
+        values.append(extra[SampleBatch.VF_PREDS][0])
     with torch.no_grad():
-        learned, _ = policy.model_outputs(policy.model, policy.to_tensors(batch))
+        learned, learned_values = policy.model_outputs(policy.model, policy.to_tensors(batch))
     np.testing.assert_allclose(learned.numpy(), np.array(logits), rtol=1e-5, atol=1e-6)
+    assert learned_values is not None
+    np.testing.assert_allclose(learned_values.numpy(), np.array(values), rtol=1e-5, atol=1e-6)
 
 
 def test_a_feed_forward_policy_has_no_state_and_ignores_one() -> None:
