@@ -132,7 +132,9 @@ def slow_start_trainer(**config: Any) -> Trainer:
     return trainer_of(
         "ppo",
         fakes.SlowToStartWhenRecreated,
-        env_config={"start_s": 30.0},
+        # The replacement takes its process start plus 20 s: clearly past the 15 s it may take, which the
+        # first workers' start needs on a loaded machine (about 9 s seen).
+        env_config={"start_s": 20.0},
         rollout_fragment_length=25,
         train_batch_size=100,
         sgd_minibatch_size=50,
