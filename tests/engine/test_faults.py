@@ -142,7 +142,8 @@ def test_restart_failed_sub_environments_recreates_only_the_env(counter: str) ->
 
 def test_a_hung_env_is_timed_out_and_its_worker_replaced(counter: str) -> None:
     fault = {"kind": "hang", "worker_indices": [2], "at_step": 150, "times": 1}
-    trainer = make_trainer("ppo", FaultInjectEnv, sample_timeout_s=5.0, env_config=fault_env(counter, fault))
+    # The hang lasts for ever (10**6 s): 2 s without a step is as clearly a hang as 5 s, found 3 s sooner.
+    trainer = make_trainer("ppo", FaultInjectEnv, sample_timeout_s=2.0, env_config=fault_env(counter, fault))
     try:
         result = train_until(
             trainer, lambda r: r["num_worker_restarts"] == 1 and r["num_healthy_workers"] == 2, within_s=60
