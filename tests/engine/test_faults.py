@@ -406,7 +406,12 @@ def test_sample_min_fraction_goes_on_without_a_straggler_and_counts_its_late_fra
         trainer.stop()
 
 
-def test_metrics_are_collected_while_a_worker_is_stuck_in_a_sample(counter: str) -> None:
+def test_metrics_are_collected_while_a_worker_is_stuck_in_a_sample(
+    counter: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # stop() waits STOP_TIMEOUT_S (5 s) for the stuck worker to close its envs, which it never does, before it
+    # kills it: this test is not about that wait.
+    monkeypatch.setattr("flowrl.actors.worker_set.STOP_TIMEOUT_S", 0.5)
     hang = {"kind": "hang", "worker_indices": [2], "at_step": 10, "times": 1, "hang_s": 60}
     trainer = make_trainer("apex", FaultInjectEnv, env_config=fault_env(counter, hang))
     try:
