@@ -217,12 +217,12 @@ def backoff_of(*delays_s: float) -> Any:
 
 
 def test_a_replacement_backing_off_never_blocks_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Worker 1's replacements fail to start: the first is tried again after 2 s, the next after an hour.
-    monkeypatch.setattr("flowrl.actors.restart_budget.restart_delay_s", backoff_of(2.0))
+    # Worker 1's replacements fail to start: the first is tried again after 0.5 s, the next after an hour.
+    monkeypatch.setattr("flowrl.actors.restart_budget.restart_delay_s", backoff_of(0.5))
     trainer = make_trainer("ppo", fakes.FailsWhenRecreated)
     try:
         trainer.train()
-        kill_one(trainer)  # restart 1, at once (it ran); 2 after its failed start, 2 s later; 3 due in an hour
+        kill_one(trainer)  # restart 1, at once (it ran); 2 after its failed start, 0.5 s later; 3 due in an hour
         result = train_until(trainer, lambda r: r["num_worker_restarts"] == 3, within_s=60)
         for _ in range(3):  # meanwhile the iterations go on with worker 2
             before = result["timesteps_total"]
@@ -241,7 +241,7 @@ def test_a_replacement_backing_off_never_blocks_the_driver(monkeypatch: pytest.M
 def test_an_aggregator_waits_for_its_workers_replacement_without_blocking_the_driver(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr("flowrl.actors.restart_budget.restart_delay_s", backoff_of(2.0))
+    monkeypatch.setattr("flowrl.actors.restart_budget.restart_delay_s", backoff_of(0.5))
     # One aggregator per worker: aggregator 0 gathers from worker 1 alone, whose first replacement fails to start.
     env_config = {"count_dir": str(tmp_path), "failed_starts": 1}
     trainer = make_trainer(
