@@ -108,7 +108,7 @@ def test_a_trainer_with_two_learners_trains_through_them_and_rebuilds_a_killed_o
 
 
 SMALL_WORKERS = {"num_workers": 1, "num_cpus_per_worker": 0.1}
-REPLAY = {"learning_starts": 64, "train_batch_size": 32, "timesteps_per_iteration": 200}
+REPLAY = {"learning_starts": 64, "train_batch_size": 32, "timesteps_per_iteration": 100}
 # Every other algorithm that trains in a learner group, small: TrainOneStep's plans, the learner thread's
 # (IMPALA's is a learning test), target networks moved on the replicas, and a composed plan.
 GROUP_PLANS = {

@@ -142,7 +142,8 @@ def test_restart_failed_sub_environments_recreates_only_the_env(counter: str) ->
 
 def test_a_hung_env_is_timed_out_and_its_worker_replaced(counter: str) -> None:
     fault = {"kind": "hang", "worker_indices": [2], "at_step": 150, "times": 1}
-    trainer = make_trainer("ppo", FaultInjectEnv, sample_timeout_s=5.0, env_config=fault_env(counter, fault))
+    # The hang lasts for ever (10**6 s): 2 s without a step is as clearly a hang as 5 s, found 3 s sooner.
+    trainer = make_trainer("ppo", FaultInjectEnv, sample_timeout_s=2.0, env_config=fault_env(counter, fault))
     try:
         result = train_until(
             trainer, lambda r: r["num_worker_restarts"] == 1 and r["num_healthy_workers"] == 2, within_s=60
@@ -216,12 +217,12 @@ def backoff_of(*delays_s: float) -> Any:
 
 
 def test_a_replacement_backing_off_never_blocks_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Worker 1's replacements fail to start: the first is tried again after 2 s, the next after an hour.
-    monkeypatch.setattr("flowrl.actors.restart_budget.restart_delay_s", backoff_of(2.0))
+    # Worker 1's replacements fail to start: the first is tried again after 0.5 s, the next after an hour.
+    monkeypatch.setattr("flowrl.actors.restart_budget.restart_delay_s", backoff_of(0.5))
     trainer = make_trainer("ppo", fakes.FailsWhenRecreated)
     try:
         trainer.train()
-        kill_one(trainer)  # restart 1, at once (it ran); 2 after its failed start, 2 s later; 3 due in an hour
+        kill_one(trainer)  # restart 1, at once (it ran); 2 after its failed start, 0.5 s later; 3 due in an hour
         result = train_until(trainer, lambda r: r["num_worker_restarts"] == 3, within_s=60)
         for _ in range(3):  # meanwhile the iterations go on with worker 2
             before = result["timesteps_total"]
@@ -240,7 +241,7 @@ def test_a_replacement_backing_off_never_blocks_the_driver(monkeypatch: pytest.M
 def test_an_aggregator_waits_for_its_workers_replacement_without_blocking_the_driver(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr("flowrl.actors.restart_budget.restart_delay_s", backoff_of(2.0))
+    monkeypatch.setattr("flowrl.actors.restart_budget.restart_delay_s", backoff_of(0.5))
     # One aggregator per worker: aggregator 0 gathers from worker 1 alone, whose first replacement fails to start.
     env_config = {"count_dir": str(tmp_path), "failed_starts": 1}
     trainer = make_trainer(
@@ -405,7 +406,12 @@ def test_sample_min_fraction_goes_on_without_a_straggler_and_counts_its_late_fra
         trainer.stop()
 
 
-def test_metrics_are_collected_while_a_worker_is_stuck_in_a_sample(counter: str) -> None:
+def test_metrics_are_collected_while_a_worker_is_stuck_in_a_sample(
+    counter: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # stop() waits STOP_TIMEOUT_S (5 s) for the stuck worker to close its envs, which it never does, before it
+    # kills it: this test is not about that wait.
+    monkeypatch.setattr("flowrl.actors.worker_set.STOP_TIMEOUT_S", 0.5)
     hang = {"kind": "hang", "worker_indices": [2], "at_step": 10, "times": 1, "hang_s": 60}
     trainer = make_trainer("apex", FaultInjectEnv, env_config=fault_env(counter, hang))
     try:

@@ -42,27 +42,34 @@ def slow_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
     return [str(w.message) for w in caught if issubclass(w.category, RunWarning) and "is slow" in str(w.message)]
 
 
-def test_an_env_step_holding_the_gil_for_15_s_restarts_nothing(counter: str) -> None:
-    hold = {"kind": "hold_gil", "hold_s": 15.0, "worker_indices": [1], "at_step": 10, "times": 1}
+def seconds_per_fragment_of_worker_1(caught: list[warnings.WarningMessage]) -> list[float]:
+    return [float(m.split("slow: ")[1].split(" s per")[0]) for m in slow_warnings(caught) if "worker 1 " in m]
+
+
+def test_an_env_step_holding_the_gil_for_6_s_restarts_nothing(counter: str) -> None:
+    hold = {"kind": "hold_gil", "hold_s": 6.0, "worker_indices": [1], "at_step": 10, "times": 1}
     trainer = trainer_of(
         "impala",
         FaultInjectEnv,
         env_config={"env": "CartPole-v1", "fault_counter": counter, "faults": [hold]},
         train_batch_size=100,
         rollout_fragment_length=25,
-        sample_timeout_s=3.0,  # far below the 15 s: the request is overdue while the GIL is held
+        sample_timeout_s=2.0,  # a third of the 6 s: the request is overdue while the GIL is held
     )
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             results: list[dict[str, Any]] = []
             start = time.monotonic()
-            # At least 10 iterations, and on until the 15 s hold is over and worker 1 has sampled again.
-            while len(results) < 10 or time.monotonic() - start < 20:
+            # At least 10 iterations, and on until the hold is over and worker 1 has sampled again (its
+            # fragment's seconds are warned about; a loaded machine stretches the hold, so no fixed wait).
+            while len(results) < 10 or (
+                max(seconds_per_fragment_of_worker_1(caught), default=0) < 1 and time.monotonic() - start < 90
+            ):
                 results.append(trainer.train())
         assert [r["num_worker_restarts"] for r in results] == [0] * len(results)
         assert max(r["num_slow_workers"] for r in results) >= 1
-        measured = [float(m.split("slow: ")[1].split(" s per")[0]) for m in slow_warnings(caught) if "worker 1 " in m]
+        measured = seconds_per_fragment_of_worker_1(caught)
         assert measured and max(measured) >= 1  # the seconds measured while the GIL was held (milliseconds otherwise)
     finally:
         trainer.stop()
@@ -84,9 +91,9 @@ def test_a_worker_slower_than_sample_timeout_s_per_fragment_but_stepping_is_not_
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            results = train(trainer, 10)
-        assert [r["num_worker_restarts"] for r in results] == [0] * 10
-        assert [r["num_slow_workers"] for r in results] == [1] * 10
+            results = train(trainer, 5)
+        assert [r["num_worker_restarts"] for r in results] == [0] * 5
+        assert [r["num_slow_workers"] for r in results] == [1] * 5
         [message] = slow_warnings(caught)  # once: it stayed slow
         assert float(message.split("slow: ")[1].split(" s per")[0]) >= 1.75
     finally:
@@ -125,7 +132,9 @@ def slow_start_trainer(**config: Any) -> Trainer:
     return trainer_of(
         "ppo",
         fakes.SlowToStartWhenRecreated,
-        env_config={"start_s": 30.0},
+        # The replacement takes its process start plus 20 s: clearly past the 15 s it may take, which the
+        # first workers' start needs on a loaded machine (about 9 s seen).
+        env_config={"start_s": 20.0},
         rollout_fragment_length=25,
         train_batch_size=100,
         sgd_minibatch_size=50,

@@ -207,7 +207,7 @@ FLOWRL = (
     "    signal.signal(signum, signal.SIG_DFL)\n"
     "runpy.run_module('flowrl.cli', run_name='__main__', alter_sys=True)\n"
 )
-# 4 workers on a quarter CPU each; a 2000-row shard (about 200 MB) full after 1 iteration; checkpoints keep it.
+# 2 workers on a quarter CPU each; a 2000-row shard (about 200 MB) full after 1 iteration; checkpoints keep it.
 APEX = [
     sys.executable,
     "-c",
@@ -219,7 +219,7 @@ APEX = [
     "test_preemption:BigObs-v0",
     "--name",
     "apex1",
-    *("--set", "num_workers=4", "--set", "num_cpus_per_worker=0.25", "--set", "num_envs_per_worker=1"),
+    *("--set", "num_workers=2", "--set", "num_cpus_per_worker=0.25", "--set", "num_envs_per_worker=1"),
     *("--set", "rollout_fragment_length=50", "--set", "timesteps_per_iteration=2000"),
     *("--set", "buffer_size=2000", "--set", "learning_starts=100", "--set", "train_batch_size=16"),
     *("--set", "training_intensity=null", "--set", "model.fcnet_hiddens=[8]", "--set", "preemption_grace_s=0"),
