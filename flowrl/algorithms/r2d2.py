@@ -274,4 +274,5 @@ ALGORITHM = Algorithm(
     bundles=bundles,
     live_keys=frozenset({"lr"}),
     asynchronous=True,
+    learner_group=True,
 )
