@@ -73,7 +73,8 @@ class GreedyPolicyModule(nn.Module):
 
     ``recurrent`` (a recurrent model: its number of state entries and whether it reads the previous action and
     reward): ``forward(obs, [action_mask], state_in_0, ..., [prev_actions], [prev_rewards])`` runs one step of
-    the model's ``forward_sequences`` (an actor-critic's, or a recurrent Q-network's) from that state and returns ``state_out_0, ...`` after the other outputs.
+    the model's ``forward_sequences`` (an actor-critic's, or a recurrent Q-network's) from that state and
+    returns ``state_out_0, ...`` after the other outputs.
     """
 
     # Registered buffers: nn.Module's __getattr__ types them as ``Tensor | Module``.
