@@ -50,10 +50,13 @@ def observations(space: gym.Space[Any], n: int = 1000, seed: int = 0) -> np.ndar
     return np.stack([bounded.sample() for _ in range(n)])
 
 
-def lstm_policies(model: dict[str, Any]) -> tuple[dict[str, Policy[Any]], TrainerConfig]:
-    """PPO policies for StatelessCartPole-v1 with random weights of half the usual scale and no biases (larger
-    ones saturate the LSTM, and a random head bias picks one action, whatever the observations)."""
-    policy_map, config = build_policies("ppo", "StatelessCartPole-v1", {"model": model}, seed=3)
+def lstm_policies(
+    model: dict[str, Any], algo: str = "ppo", seed: int = 3
+) -> tuple[dict[str, Policy[Any]], TrainerConfig]:
+    """``algo``'s policies (PPO's by default) for StatelessCartPole-v1 with random weights (``seed``) of half
+    the usual scale and no biases (larger ones saturate the LSTM, and a random head bias picks one action,
+    whatever the observations)."""
+    policy_map, config = build_policies(algo, "StatelessCartPole-v1", {"model": model}, seed=seed)
     for policy in policy_map.values():
         policy.set_weights({k: v * 0 if "bias" in k else v * 0.5 for k, v in policy.get_weights().items()})
     return policy_map, config

@@ -127,10 +127,6 @@ class R2D2Config(apex.ApexConfig):
         unsupported = []
         if self.policies:
             unsupported.append("multi-agent policies are not recurrent yet (single-agent envs are)")
-        if self.evaluation_interval:
-            unsupported.append(
-                f"evaluation_interval={self.evaluation_interval}: evaluation does not carry the state yet (use None)"
-            )
         return [f"r2d2 (a recurrent Q-network): {why}" for why in unsupported]
 
 
@@ -278,4 +274,5 @@ ALGORITHM = Algorithm(
     bundles=bundles,
     live_keys=frozenset({"lr"}),
     asynchronous=True,
+    learner_group=True,
 )

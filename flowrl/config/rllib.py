@@ -93,6 +93,21 @@ NESTED: dict[str, dict[str, str]] = {
     },
 }
 
+#: RLlib's R2D2 keys, read as flowrl's where the config declares flowrl's key (a config that replays
+#: sequences: R2D2's), and as :data:`IGNORED_AT` or :data:`NESTED_IGNORED` say elsewhere. ``burn_in`` is
+#: RLlib 1.x's top-level name; 2.x nested both in ``replay_buffer_config``.
+SEQUENCE_KEYS: dict[str, str] = {"burn_in": "replay_burn_in"}
+SEQUENCE_NESTED: dict[str, str] = {
+    "replay_sequence_length": "replay_sequence_length",
+    "replay_burn_in": "replay_burn_in",
+}
+
+#: RLlib's ``replay_buffer_config.storage_unit`` that a config replaying sequences reads as its own.
+SEQUENCES_UNIT = "sequences"
+
+#: RLlib's default ``model.max_seq_len``: its R2D2 replayed that many steps after the burn-in.
+RLLIB_MAX_SEQ_LEN = 20
+
 #: ``replay_buffer_config.type`` values and the ``prioritized_replay`` they mean.
 REPLAY_BUFFER_TYPES: dict[str, bool] = {
     "ReplayBuffer": False,
@@ -227,7 +242,8 @@ IGNORED_AT: dict[str, Conditional] = {
     ),
     "adam_epsilon": Conditional((1e-8,), "Adam's default", "changes Adam's epsilon"),
     "worker_side_prioritization": Conditional((False,), "off", "computes priorities on the workers"),
-    "replay_sequence_length": Conditional((1,), "single steps", "replays sequences"),
+    "replay_sequence_length": Conditional((1,), "single steps", "replays sequences, as flowrl's r2d2 does"),
+    "burn_in": Conditional((0,), "no burn-in", "warms each replayed sequence's state on its first steps"),
     "use_state_preprocessor": Conditional((False,), "off", "puts a model in front of DDPG's actor and critic"),
     "actor_hidden_activation": Conditional(("relu",), "flowrl's DDPG uses ReLU", "picks another activation"),
     "critic_hidden_activation": Conditional(("relu",), "flowrl's DDPG uses ReLU", "picks another activation"),
@@ -243,9 +259,12 @@ NESTED_IGNORED: dict[str, dict[str, str | Conditional]] = {
         "_enable_replay_buffer_api": "RLlib's internals",
         "no_local_replay_buffer": "RLlib's internals",
         "replay_buffer_shards_colocated_with_driver": "placement of replay shards",
-        "storage_unit": Conditional(("timesteps",), "flowrl stores timesteps", "stores sequences or episodes"),
+        "storage_unit": Conditional(
+            ("timesteps",), "flowrl stores timesteps", "stores sequences or episodes; flowrl's r2d2 stores sequences"
+        ),
         "worker_side_prioritization": IGNORED_AT["worker_side_prioritization"],
         "replay_sequence_length": IGNORED_AT["replay_sequence_length"],
+        "replay_burn_in": IGNORED_AT["burn_in"],
         "replay_mode": Conditional(("independent",), "independent", "replays all policies in lockstep"),
     },
     "multiagent": {
@@ -351,6 +370,8 @@ class _Reader:
         self.sources: dict[str, str] = {}  # flowrl key -> the RLlib key that set it
         self.is_rllib = False  # the config has RLLIB_MARKER: RLlib's defaults fill the keys it leaves out
         self.per_learner: dict[str, Any] = {}  # PER_LEARNER keys given, read in finish()
+        # R2D2's config: RLlib's sequence keys are its own (SEQUENCE_KEYS); -1 or none asks for RLlib's length.
+        self.replays_sequences = "replay_sequence_length" in defaults
 
     def read(self, key: Any, value: Any) -> None:
         if not isinstance(key, str):
@@ -362,6 +383,8 @@ class _Reader:
             self._framework(value)
         elif key in RENAMED:
             self._map(key, RENAMED[key], _renamed_value(key, value))
+        elif key in SEQUENCE_KEYS and self.replays_sequences:
+            self._map(key, SEQUENCE_KEYS[key], value)
         elif key in PER_LEARNER:
             self.per_learner[key] = value  # finish(): the total needs num_learners, which may come later
         elif key in NESTED:
@@ -439,6 +462,10 @@ class _Reader:
             ignored = NESTED_IGNORED.get(key, {}).get(sub)
             if sub in NESTED[key]:
                 self._map(name, NESTED[key][sub], sub_value)
+            elif key == "replay_buffer_config" and self.replays_sequences and sub in SEQUENCE_NESTED:
+                self._map(name, SEQUENCE_NESTED[sub], sub_value)
+            elif key == "replay_buffer_config" and self.replays_sequences and sub == "storage_unit":
+                self._storage_unit(sub_value)
             elif key == "replay_buffer_config" and sub == "type":
                 self._replay_type(sub_value)
             elif isinstance(ignored, str):
@@ -452,6 +479,17 @@ class _Reader:
                     f"RLlib key {name} is not one flowrl reads; {key} may hold "
                     f"{', '.join(sorted([*NESTED[key], *NESTED_IGNORED.get(key, {})]))}"
                 )
+
+    def _storage_unit(self, value: Any) -> None:
+        """A config that replays sequences (R2D2's) stores sequences: RLlib's ``storage_unit: sequences``, no other."""
+        if value == SEQUENCES_UNIT:
+            self.result.ignored["replay_buffer_config.storage_unit"] = "R2D2's replay stores sequences"
+        else:
+            self._not_implemented(
+                "replay_buffer_config.storage_unit",
+                value,
+                f"stores {value} instead of sequences; R2D2's replay stores only '{SEQUENCES_UNIT}'",
+            )
 
     def _replay_type(self, value: Any) -> None:
         if value not in REPLAY_BUFFER_TYPES:
@@ -563,6 +601,8 @@ class _Reader:
                     f"RLlib's rollout_fragment_length='auto' is rollout_fragment_length={length} here "
                     "(train_batch_size / (num_workers or 1) / num_envs_per_worker, rounded up)"
                 )
+        if self.replays_sequences:
+            self._sequence_length()
         if "policies" in values and self.sources.get("policies") == "multiagent.policies":
             values["policies"] = _policies(values["policies"])
         mapping = values.get("policy_mapping_fn")
@@ -572,6 +612,34 @@ class _Reader:
             and _takes_episode(mapping)
         ):
             values["policy_mapping_fn"] = RLlibPolicyMapping(mapping)
+
+    def _sequence_length(self) -> None:
+        """RLlib's R2D2 replayed sequences of ``model.max_seq_len + burn-in`` steps, which it computed itself
+        (``replay_sequence_length: -1``): flowrl's ``replay_sequence_length`` counts the burn-in too. An RLlib
+        config's start state: RLlib started them from zeros unless ``zero_init_states: false``."""
+        values = self.result.values
+        model = values.get(MODEL_KEY)
+        model = model if isinstance(model, Mapping) else {}
+        length = values.get("replay_sequence_length")
+        # An RLlib config that sets neither the model's sequence length nor a burn-in replays flowrl's default.
+        if length == -1 or (
+            length is None and self.is_rllib and ("max_seq_len" in model or "replay_burn_in" in values)
+        ):
+            steps = model.get("max_seq_len", RLLIB_MAX_SEQ_LEN)
+            burn_in = values.get("replay_burn_in", self.defaults.get("replay_burn_in", 0))
+            if isinstance(steps, int) and isinstance(burn_in, int):  # else the config's check names the bad value
+                values["replay_sequence_length"] = steps + burn_in
+                self.sources["replay_sequence_length"] = "model.max_seq_len"
+                self._note(
+                    "RLlib's R2D2 replays sequences of model.max_seq_len + burn-in steps: replay_sequence_length="
+                    f"{steps + burn_in} here (model.max_seq_len={steps} + replay_burn_in={burn_in})"
+                )
+        if self.is_rllib and "zero_init_states" not in values:
+            self._note(
+                "RLlib's R2D2 started replayed sequences from zeros unless zero_init_states=False; flowrl's "
+                f"default zero_init_states={self.defaults.get('zero_init_states')!r} starts them from the stored "
+                "state (set zero_init_states: true for RLlib's)"
+            )
 
     def _per_learner(self) -> None:
         """The :data:`PER_LEARNER` keys given, as flowrl's totals over ``max(1, num_learners)`` learners."""

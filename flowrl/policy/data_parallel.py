@@ -84,7 +84,8 @@ def synchronize_gradients(
     )
     dist.all_reduce(flat, group=group)
     reached, total_rows, nonfinite = flat[-2 - len(params) : -2].tolist(), flat[-2], flat[-1]
-    averaged = flat[: -2 - len(params)] / total_rows
+    # No rows anywhere (a loss that learned no step of its batch): zero gradients, as one learner's.
+    averaged = flat[: -2 - len(params)] / total_rows.clamp(min=1)
     offset = 0
     for p, g, any_grad in zip(params, grads, reached):
         view = averaged[offset : offset + g.numel()].view_as(g)

@@ -16,9 +16,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import gymnasium as gym
+import numpy as np
 
+from flowrl.data import SampleBatch
 from flowrl.deferred import DeferredModule, nn
 from flowrl.policy.model_options import model_config
+from flowrl.policy.policy import LearnOutput
 from flowrl.policy.torch_policy import TorchPolicy
 
 if TYPE_CHECKING:
@@ -31,6 +34,7 @@ class SequenceReplayConfig(Protocol):
     """The key of a config that replays sequences (R2D2's)."""
 
     replay_sequence_length: int
+    replay_burn_in: int
 
 
 def recurrent_q_model(
@@ -65,3 +69,22 @@ class RecurrentQPolicy(TorchPolicy[Any]):
         """The samplers cut sequences of half a replayed one: the replay's windows overlap by half."""
         sequence_config: SequenceReplayConfig = self.config
         return max(1, sequence_config.replay_sequence_length // 2)
+
+    def _loss(self, batch: SampleBatch) -> tuple[LearnOutput, str | None]:
+        """The loss, its gradients averaged over a learner group's replicas by the steps each one learned.
+
+        R2D2's loss is a mean over the learned steps of its sequences, not over every row (a burn-in's
+        are not learned), so each replica weights its gradients by those: the replicas then take the
+        step one learner takes on the whole batch.
+        """
+        sync = self.gradient_sync
+        if sync is None or SampleBatch.SEQ_LENS not in batch:
+            return super()._loss(batch)
+        sequence_config: SequenceReplayConfig = self.config
+        seq_lens = np.asarray(batch[SampleBatch.SEQ_LENS], dtype=np.int64)
+        learned = int(np.maximum(seq_lens - sequence_config.replay_burn_in, 0).sum())
+        self.gradient_sync = lambda model, rows, loss_finite: sync(model, learned, loss_finite)
+        try:
+            return super()._loss(batch)
+        finally:
+            self.gradient_sync = sync

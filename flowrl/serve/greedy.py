@@ -73,7 +73,8 @@ class GreedyPolicyModule(nn.Module):
 
     ``recurrent`` (a recurrent model: its number of state entries and whether it reads the previous action and
     reward): ``forward(obs, [action_mask], state_in_0, ..., [prev_actions], [prev_rewards])`` runs one step of
-    the model's ``forward_sequences`` from that state and returns ``state_out_0, ...`` after the other outputs.
+    the model's ``forward_sequences`` (an actor-critic's, or a recurrent Q-network's) from that state and
+    returns ``state_out_0, ...`` after the other outputs.
     """
 
     # Registered buffers: nn.Module's __getattr__ types them as ``Tensor | Module``.
@@ -137,9 +138,12 @@ class GreedyPolicyModule(nn.Module):
         state, rest = rest[:count], rest[count:]
         prev_actions = rest.pop(0).unsqueeze(1) if self.recurrent.prev_action else None
         prev_rewards = rest.pop(0).unsqueeze(1) if self.recurrent.prev_reward else None
-        dist_inputs, _, state_out = cast(Any, self.model).forward_sequences(
+        # An actor-critic's forward_sequences returns (dist inputs, values, state), a recurrent Q-network's
+        # (Q-values, state): the first is what actions are chosen from, the last the next state.
+        out = cast(Any, self.model).forward_sequences(
             self._preprocess(obs).unsqueeze(1), state, prev_actions, prev_rewards
         )
+        dist_inputs, state_out = out[0], out[-1]
         return (*self._choose(dist_inputs[:, 0], action_mask), *state_out)
 
     def _choose(self, inputs: torch.Tensor, action_mask: torch.Tensor | None) -> tuple[torch.Tensor, ...]:

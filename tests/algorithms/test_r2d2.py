@@ -140,8 +140,6 @@ def test_config_checks_name_the_values() -> None:
         config_class.from_dict({"rollout_fragment_length": 10, "replay_sequence_length": 20})
     with pytest.raises(ConfigError, match="PerWorkerEpsilonGreedy.*num_workers=0"):
         config_class.from_dict({"num_workers": 0, "exploration_config": {"type": "PerWorkerEpsilonGreedy"}})
-    with pytest.raises(ConfigError, match="evaluation_interval=1"):
-        config_class.from_dict({"evaluation_interval": 1})
 
 
 def test_the_policy_threads_its_state_and_accepts_rllibs_use_lstm() -> None:

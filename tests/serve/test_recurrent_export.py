@@ -68,21 +68,27 @@ def one_thread() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_exported_recurrent_policies_thread_their_state_as_load_policy(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("algo", "seed", "entries", "head"), [("ppo", 3, 4, "logits"), ("r2d2", 1, 2, "q_values")])
+def test_exported_recurrent_policies_thread_their_state_as_load_policy(
+    tmp_path: Path, algo: str, seed: int, entries: int, head: str
+) -> None:
+    """LSTM-PPO's actor-critic (greedy: the most likely action) and R2D2's recurrent Q-network (the best Q-value;
+    seeded weights that pick both actions)."""
     model = {"fcnet_hiddens": [16], "use_lstm": True, "lstm_cell_size": 8}
     model.update(lstm_use_prev_action=True, lstm_use_prev_reward=True)
-    policy_map, config = lstm_policies(model)
-    checkpoint = write_files(tmp_path / "checkpoint", policy_map, "ppo", config)
+    policy_map, config = lstm_policies(model, algo, seed)
+    checkpoint = write_files(tmp_path / "checkpoint", policy_map, algo, config)
     loaded = flowrl.load_policy(checkpoint)
     models = [Exported(export_policy(checkpoint, format=format, out=tmp_path / format)) for format in FORMATS]
 
     for exported in models:
         description = exported.description
         names = [spec["name"] for spec in description["recurrent_inputs"]]
-        assert names == [f"state_in_{k}" for k in range(4)] + ["prev_actions", "prev_rewards"]
-        assert [spec["shape"] for spec in description["recurrent_inputs"]] == [["batch", 8]] * 4 + [["batch"]] * 2
+        assert names == [f"state_in_{k}" for k in range(entries)] + ["prev_actions", "prev_rewards"]
+        shapes = [spec["shape"] for spec in description["recurrent_inputs"]]
+        assert shapes == [["batch", 8]] * entries + [["batch"]] * 2
         outputs = [o["name"] for o in description["outputs"]]
-        assert outputs == ["actions", "logits"] + [f"state_out_{k}" for k in range(4)]
+        assert outputs == ["actions", head] + [f"state_out_{k}" for k in range(entries)]
 
     env = StatelessCartPole()
     obs, _ = env.reset(seed=0)
