@@ -187,7 +187,7 @@ def r2d2_loss(
         warm = state
         if burn:
             with torch.no_grad():
-                _, warm = q_model.forward_sequences(*_time_slice(inputs, 0, burn, warm))
+                _, _, warm = q_model.forward_sequences(*_time_slice(inputs, 0, burn, warm))
         return q_model.forward_sequences(*_time_slice(inputs, burn, T + 1, warm))[0]
 
     online: recurrent_q.RecurrentQModel = model  # type: ignore[assignment]

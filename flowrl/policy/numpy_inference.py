@@ -208,9 +208,9 @@ class NumpyRecurrentActorCritic:
         ]
         #: The most rows a step takes in NumPy: more run in PyTorch (see :data:`SINGLE_THREAD_PRODUCT`).
         self.max_rows = SINGLE_THREAD_PRODUCT // max(w.size for w in weights + [x[0] for x in policy_head])
-        self.prev_action_dim = model.prev_action_dim
+        self.prev_action_dim = model.previous.action_dim
         self.discrete_actions = isinstance(model.action_space, gym.spaces.Discrete)
-        self.use_prev_reward = model.use_prev_reward
+        self.use_prev_reward = model.previous.reward
 
     @staticmethod
     def build(model: nn.Module, obs_space: gym.Space[Any]) -> "NumpyRecurrentActorCritic | None":

@@ -66,6 +66,34 @@ def action_input_dim(action_space: gym.Space[Any]) -> int:
     raise ConfigError([f"model option lstm_use_prev_action takes a Discrete or Box action space, not {action_space}"])
 
 
+class PreviousInputs:
+    """What an LSTM reads with each step's features besides them (``lstm_use_prev_action``,
+    ``lstm_use_prev_reward``): the previous action (one-hot for a Discrete space) and reward."""
+
+    def __init__(self, action_space: gym.Space[Any], config: Mapping[str, Any]) -> None:
+        self.action_space = action_space
+        self.action_dim = action_input_dim(action_space) if config["lstm_use_prev_action"] else 0
+        self.reward = bool(config["lstm_use_prev_reward"])
+        #: Their width at each step.
+        self.dim = self.action_dim + int(self.reward)
+
+    def __call__(self, prev_actions: torch.Tensor | None, prev_rewards: torch.Tensor | None) -> list[torch.Tensor]:
+        """``[B, T]`` previous actions and rewards as ``[B, T, ...]`` LSTM inputs (none if not read)."""
+        inputs = []
+        if self.action_dim:
+            if prev_actions is None:
+                raise ValueError("this model reads the previous actions (lstm_use_prev_action) but got none")
+            if isinstance(self.action_space, gym.spaces.Discrete):
+                inputs.append(nn.functional.one_hot(prev_actions.long(), self.action_dim).float())
+            else:
+                inputs.append(prev_actions.float().flatten(2))
+        if self.reward:
+            if prev_rewards is None:
+                raise ValueError("this model reads the previous rewards (lstm_use_prev_reward) but got none")
+            inputs.append(prev_rewards.float().unsqueeze(-1))
+        return inputs
+
+
 class FirstOutput(nn.Module):
     """A module whose forward gives a tuple, as a step encoder: its first output (``[N, out_dim]``) is the
     step's features, the rest is left unused (a custom model wrapped by ``use_lstm``)."""
@@ -107,9 +135,8 @@ class SequenceModel(nn.Module):
     (:meth:`initial_state`) and its pass over ``[B, T]`` sequences (:meth:`forward_sequences`); acting
     one step and learning over a batch cut into sequences are built on those two."""
 
-    #: Whether :meth:`forward_sequences` reads the previous actions / rewards (padded for it only then).
-    reads_prev_actions = False
-    reads_prev_rewards = False
+    #: What :meth:`forward_sequences` reads besides the observations (None: nothing; padded for it only then).
+    previous: PreviousInputs | None = None
 
     def initial_state(self) -> list[np.ndarray]:
         """The state of one env at an episode's start: a list of 1-d arrays."""
@@ -121,9 +148,10 @@ class SequenceModel(nn.Module):
         state: list[torch.Tensor],
         prev_actions: torch.Tensor | None = None,
         prev_rewards: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
         """Run ``[B, T, ...]`` observations from ``state`` (one ``[B, size]`` tensor per entry): distribution
-        inputs ``[B, T, num_outputs]``, values ``[B, T]`` and the state after the last step."""
+        inputs (or Q-values) ``[B, T, num_outputs]``, values ``[B, T]`` (None: a model without a value
+        head) and the state after the last step."""
         raise NotImplementedError
 
     def step(
@@ -132,9 +160,10 @@ class SequenceModel(nn.Module):
         state: list[np.ndarray],
         prev_actions: np.ndarray | None = None,
         prev_rewards: np.ndarray | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
         """One step for each row of ``obs`` (``[B, ...]``, a tensor) from ``state`` and the previous actions
-        and rewards (arrays): distribution inputs ``[B, num_outputs]``, values ``[B]`` and the next state."""
+        and rewards (arrays): distribution inputs ``[B, num_outputs]``, values ``[B]`` (None without a value
+        head) and the next state."""
         device = obs.device
 
         def one_step(value: np.ndarray | None) -> torch.Tensor | None:
@@ -144,7 +173,7 @@ class SequenceModel(nn.Module):
         dist_inputs, values, state_out = self.forward_sequences(
             obs.unsqueeze(1), state_in, one_step(prev_actions), one_step(prev_rewards)
         )
-        return dist_inputs[:, 0], values[:, 0], state_out
+        return dist_inputs[:, 0], None if values is None else values[:, 0], state_out
 
     def forward_rows(
         self, batch: Mapping[str, torch.Tensor], loading: Callable[[], AbstractContextManager[Any]] = nullcontext
@@ -187,11 +216,17 @@ class SequenceModel(nn.Module):
                 return flat.reshape(B, max_len, *rows.shape[1:])
 
             obs = padded(SampleBatch.OBS, SampleBatch.NEW_OBS)
-            prev_actions = padded(SampleBatch.PREV_ACTIONS, SampleBatch.ACTIONS) if self.reads_prev_actions else None
-            prev_rewards = padded(SampleBatch.PREV_REWARDS, SampleBatch.REWARDS) if self.reads_prev_rewards else None
+            previous = self.previous
+            reads_actions, reads_rewards = (
+                (False, False) if previous is None else (previous.action_dim, previous.reward)
+            )
+            prev_actions = padded(SampleBatch.PREV_ACTIONS, SampleBatch.ACTIONS) if reads_actions else None
+            prev_rewards = padded(SampleBatch.PREV_REWARDS, SampleBatch.REWARDS) if reads_rewards else None
             state = [batch[f"{SampleBatch.STATE_IN}{k}"] for k in range(len(self.initial_state()))]
         assert obs is not None
         dist_inputs, values, _ = self.forward_sequences(obs, state, prev_actions, prev_rewards)
+        if values is None:
+            raise TypeError(f"{type(self).__name__} has no value head: its rows are learned by its own loss")
         flat_values = values.reshape(B * max_len)
         rows_out = dist_inputs.reshape(B * max_len, -1)[index], flat_values[index]
         return *rows_out, flat_values[after_last] if bootstrap else None
@@ -204,6 +239,8 @@ class RecurrentActorCritic(SequenceModel):
     ``make_step_encoder()`` builds each branch's encoder (called once per branch); by default the
     built-in one for ``obs_space`` (:func:`~flowrl.policy.models.make_encoder`)."""
 
+    previous: PreviousInputs
+
     def __init__(
         self,
         obs_space: gym.Space[Any],
@@ -214,16 +251,12 @@ class RecurrentActorCritic(SequenceModel):
     ) -> None:
         super().__init__()
         self.action_space = action_space
-        self.prev_action_dim = action_input_dim(action_space) if config["lstm_use_prev_action"] else 0
-        self.use_prev_reward = bool(config["lstm_use_prev_reward"])
-        self.reads_prev_actions = bool(self.prev_action_dim)
-        self.reads_prev_rewards = self.use_prev_reward
+        self.previous = PreviousInputs(action_space, config)
         self.cell_size = int(config["lstm_cell_size"])
-        in_extra = self.prev_action_dim + int(self.use_prev_reward)
 
         def branch() -> EncoderLSTM:
             encoder = make_encoder(obs_space, config) if make_step_encoder is None else make_step_encoder()
-            return EncoderLSTM(encoder, in_extra, self.cell_size)
+            return EncoderLSTM(encoder, self.previous.dim, self.cell_size)
 
         self.branch = branch()
         self.vf_branch = None if config["vf_share_layers"] else branch()
@@ -236,11 +269,6 @@ class RecurrentActorCritic(SequenceModel):
         """The state of one env at an episode's start: ``[h, c]`` of each LSTM, zeros."""
         return [np.zeros(self.cell_size, dtype=np.float32) for _ in range(2 if self.vf_branch is None else 4)]
 
-    def _prev_action_input(self, prev_actions: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.action_space, gym.spaces.Discrete):
-            return nn.functional.one_hot(prev_actions.long(), self.prev_action_dim).float()
-        return prev_actions.float().flatten(2)
-
     def forward_sequences(
         self,
         obs: torch.Tensor,
@@ -250,15 +278,7 @@ class RecurrentActorCritic(SequenceModel):
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """Run ``[B, T, ...]`` observations from ``state`` (``[h, c]`` of each LSTM, each ``[B, cell]``):
         distribution inputs ``[B, T, num_outputs]``, values ``[B, T]`` and the state after the last step."""
-        inputs = []
-        if self.prev_action_dim:
-            if prev_actions is None:
-                raise ValueError("this model reads the previous actions (lstm_use_prev_action) but got none")
-            inputs.append(self._prev_action_input(prev_actions))
-        if self.use_prev_reward:
-            if prev_rewards is None:
-                raise ValueError("this model reads the previous rewards (lstm_use_prev_reward) but got none")
-            inputs.append(prev_rewards.float().unsqueeze(-1))
+        inputs = self.previous(prev_actions, prev_rewards)
         out, state_out = self.branch(obs, inputs, state[:2])
         vf_out = out
         if self.vf_branch is not None:

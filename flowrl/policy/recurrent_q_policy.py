@@ -13,7 +13,7 @@ declaring a plan (``flowrl plan``) loads none.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -62,7 +62,6 @@ class RecurrentQPolicy(TorchPolicy[Any]):
             # The LSTM is this policy's own model; TorchPolicy would wrap the actor-critic in one.
             config = config.replace(model={**config.model, "use_lstm": False})
         super().__init__(observation_space, action_space, config, **kwargs)
-        self._initial_state = cast("recurrent_q.RecurrentQModel", self.model).initial_state()
 
     @property
     def max_seq_len(self) -> int:

@@ -182,7 +182,7 @@ class TorchPolicy(Policy[ConfigT]):
         state: list[np.ndarray] | None,
         prev_actions: np.ndarray | None,
         prev_rewards: np.ndarray | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
         """One step of the recurrent model for each row, from ``state`` (None: the initial state)."""
         state = [np.repeat(s[None], len(obs_batch), axis=0) for s in self._initial_state] if state is None else state
         obs = models.obs_to_tensor(obs_batch, self.model_observation_space, self.device)
@@ -291,7 +291,10 @@ class TorchPolicy(Policy[ConfigT]):
             values_np = None if twin is None else cast("NumpyRecurrentActorCritic", twin).value(obs_batch, state, *prev)
             if values_np is None:
                 with torch.inference_mode():
-                    values_np = self._forward_step(obs_batch, state, *prev)[1].cpu().numpy()
+                    values = self._forward_step(obs_batch, state, *prev)[1]
+                if values is None:
+                    raise TypeError(f"{type(self.model).__name__} has no value head")
+                values_np = values.cpu().numpy()
             return values_np
         if isinstance(twin, numpy_inference.NumpyActorCritic) and twin.value_head is not None:
             return twin.value(obs_batch)

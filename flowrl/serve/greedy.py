@@ -138,12 +138,10 @@ class GreedyPolicyModule(nn.Module):
         state, rest = rest[:count], rest[count:]
         prev_actions = rest.pop(0).unsqueeze(1) if self.recurrent.prev_action else None
         prev_rewards = rest.pop(0).unsqueeze(1) if self.recurrent.prev_reward else None
-        # An actor-critic's forward_sequences returns (dist inputs, values, state), a recurrent Q-network's
-        # (Q-values, state): the first is what actions are chosen from, the last the next state.
-        out = cast(Any, self.model).forward_sequences(
+        # (dist inputs, values, state) of an actor-critic, (Q-values, None, state) of a recurrent Q-network.
+        dist_inputs, _, state_out = cast(Any, self.model).forward_sequences(
             self._preprocess(obs).unsqueeze(1), state, prev_actions, prev_rewards
         )
-        dist_inputs, state_out = out[0], out[-1]
         return (*self._choose(dist_inputs[:, 0], action_mask), *state_out)
 
     def _choose(self, inputs: torch.Tensor, action_mask: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
