@@ -95,11 +95,14 @@ NESTED: dict[str, dict[str, str]] = {
 
 #: RLlib's R2D2 keys, read as flowrl's where the config declares flowrl's key (a config that replays
 #: sequences: R2D2's), and as :data:`IGNORED_AT` or :data:`NESTED_IGNORED` say elsewhere. ``burn_in`` is
-#: RLlib 1.x's top-level name; 2.x nested both in ``replay_buffer_config``.
+#: RLlib 1.x's top-level name; 2.x nested both in ``replay_buffer_config``, where its replay buffer reads
+#: ``replay_zero_init_states`` and its tuned example writes ``zero_init_states``.
 SEQUENCE_KEYS: dict[str, str] = {"burn_in": "replay_burn_in"}
 SEQUENCE_NESTED: dict[str, str] = {
     "replay_sequence_length": "replay_sequence_length",
     "replay_burn_in": "replay_burn_in",
+    "zero_init_states": "zero_init_states",
+    "replay_zero_init_states": "zero_init_states",
 }
 
 #: RLlib's ``replay_buffer_config.storage_unit`` that a config replaying sequences reads as its own.
@@ -265,6 +268,8 @@ NESTED_IGNORED: dict[str, dict[str, str | Conditional]] = {
         "worker_side_prioritization": IGNORED_AT["worker_side_prioritization"],
         "replay_sequence_length": IGNORED_AT["replay_sequence_length"],
         "replay_burn_in": IGNORED_AT["burn_in"],
+        "zero_init_states": "a replayed single step has no recurrent state to start",
+        "replay_zero_init_states": "a replayed single step has no recurrent state to start",
         "replay_mode": Conditional(("independent",), "independent", "replays all policies in lockstep"),
     },
     "multiagent": {

@@ -81,3 +81,24 @@ def test_other_algorithms_ignore_the_sequence_keys_at_single_steps_and_refuse_se
         "replay_sequence_length=20 is not implemented by flowrl (in RLlib it replays sequences, as flowrl's r2d2"
         in message
     )
+
+
+def test_rllib_2s_tuned_example_zero_init_states_in_the_replay_buffer_config_is_r2d2s() -> None:
+    """RLlib's stateless-cartpole-r2d2 example writes zero_init_states inside replay_buffer_config, and its
+    replay buffer reads replay_zero_init_states there: both are R2D2's zero_init_states."""
+    for name in ("zero_init_states", "replay_zero_init_states"):
+        for value in (True, False):
+            rllib_compat._shown.clear()  # each read shows its notes, as in a new process
+            rllib = {"storage_unit": "sequences", "replay_burn_in": 20, name: value}
+            config, notes = read("r2d2", {"framework": "torch", "replay_buffer_config": rllib})
+            assert config.zero_init_states is value
+            assert f"RLlib key replay_buffer_config.{name} is zero_init_states here" in notes
+            # Given, so the note about RLlib's zero start state is not shown.
+            assert not any("set zero_init_states: true for RLlib's" in note for note in notes), notes
+    with pytest.raises(ConfigError, match="zero_init_states=False and replay_buffer_config.zero_init_states=True"):
+        read("r2d2", {"zero_init_states": False, "replay_buffer_config": {"zero_init_states": True}})
+    # Single steps carry no recurrent state: DQN ignores both.
+    config, notes = read("dqn", {"replay_buffer_config": {"zero_init_states": True, "replay_zero_init_states": False}})
+    [ignored] = [note for note in notes if note.startswith("RLlib keys ignored")]
+    assert "replay_buffer_config.zero_init_states (a replayed single step" in ignored
+    assert "replay_buffer_config.replay_zero_init_states (a replayed single step" in ignored
