@@ -166,7 +166,9 @@ def r2d2_loss(
     learned steps; the TD errors give each sequence's priority (repeated on its rows)."""
     config = policy.config
     seq_lens = batch[SampleBatch.SEQ_LENS].long()
-    T = int(seq_lens.max())
+    # At least one step after the burn-in, so a batch of sequences no longer than it (short episodes) learns
+    # nothing instead of slicing empty time axes.
+    T = max(int(seq_lens.max()), config.replay_burn_in + 1)
     last = torch.cumsum(seq_lens, 0) - 1
     # Each sequence's steps and the observation after its last one (bootstraps the steps near its end).
     obs = _steps_then(batch[SampleBatch.OBS], batch[SampleBatch.NEW_OBS][last], seq_lens, T)

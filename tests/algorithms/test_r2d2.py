@@ -124,6 +124,15 @@ def test_padded_steps_are_masked_out_of_the_loss_and_priorities() -> None:
     assert priorities[10:].tolist() == pytest.approx([float(alone[2].td_error[0])] * 10, rel=1e-5)
 
 
+def test_a_batch_of_sequences_no_longer_than_the_burn_in_learns_nothing() -> None:
+    """Short episodes replay sequences that end within the burn-in: none of their steps is learned."""
+    policy = policy_of(replay_burn_in=3, replay_sequence_length=8, rollout_fragment_length=8)
+    for batch in (sequences([3, 2]), {**sequences([3, 2]), "weights": torch.full((5,), 0.5)}):
+        out = loss_of(policy, batch)
+        assert float(out.loss.detach()) == 0.0 and out.stats["learned_steps"] == 0.0
+        assert out.td_error.tolist() == [0.0] * 5  # priority 0: a sequence with no learned step
+
+
 def test_importance_weights_scale_each_sequence_once() -> None:
     policy = policy_of()
     batch = sequences([5, 5])
