@@ -98,6 +98,7 @@ NESTED: dict[str, dict[str, str]] = {
 #: RLlib 1.x's top-level name; 2.x nested both in ``replay_buffer_config``, where its replay buffer reads
 #: ``replay_zero_init_states`` and its tuned example writes ``zero_init_states``.
 SEQUENCE_KEYS: dict[str, str] = {"burn_in": "replay_burn_in"}
+RLLIB_BURN_IN_KEYS = ("burn_in", "replay_buffer_config.replay_burn_in")
 SEQUENCE_NESTED: dict[str, str] = {
     "replay_sequence_length": "replay_sequence_length",
     "replay_burn_in": "replay_burn_in",
@@ -639,6 +640,14 @@ class _Reader:
                     "RLlib's R2D2 replays sequences of model.max_seq_len + burn-in steps: replay_sequence_length="
                     f"{steps + burn_in} here (model.max_seq_len={steps} + replay_burn_in={burn_in})"
                 )
+        burn_in = values.get("replay_burn_in")
+        if self.sources.get("replay_burn_in") in RLLIB_BURN_IN_KEYS and isinstance(burn_in, int) and burn_in > 0:
+            self._note(
+                "RLlib's R2D2 burned in on the steps before each replayed sequence (zeros where none were stored), "
+                f"so it learned every step; flowrl's replay_burn_in={burn_in} is the first {burn_in} steps "
+                f"of each sequence, so the first {burn_in} steps of every episode and of every sampled fragment are "
+                "never learned (nor any shorter episode)"
+            )
         if self.is_rllib and "zero_init_states" not in values:
             self._note(
                 "RLlib's R2D2 started replayed sequences from zeros unless zero_init_states=False; flowrl's "
