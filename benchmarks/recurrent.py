@@ -1,4 +1,5 @@
-"""Benchmark recurrent policies: LSTM-PPO against SB3-contrib's RecurrentPPO, and LSTM sampling speed.
+"""Benchmark recurrent policies: LSTM-PPO against SB3-contrib's RecurrentPPO, LSTM sampling speed, and
+R2D2 against RLlib's tuned example.
 
 1. Time to solve ``StatelessCartPole-v1`` (CartPole without its velocities: flowrl's built-in env,
    used by both libraries), side by side:
@@ -28,11 +29,28 @@
    path (``policy._numpy_model = None``: how it acted before its NumPy twin); repetitions alternate
    after a warm-up; env steps/s medians and LSTM / MLP (goal: >= 0.5).
 
+3. R2D2's time to 150 on ``StatelessCartPole-v1`` (SB3 and SB3-contrib have no R2D2, and RLlib dropped
+   it from Ray 2.x, so RLlib's published tuned example is the peer's figure), as part 1 measures it (fresh
+   processes, seeds 0, 1, 2, the settings alternating), each trial capped at ``--r2d2-max-steps`` (default
+   300k, under RLlib's own budget of 1M steps to keep the run short; a capped trial fails, with its best
+   100-episode mean):
+
+   - flowrl's ``tuned_examples/stateless-cartpole-r2d2.yaml``;
+   - RLlib's ``rllib/tuned_examples/r2d2/stateless-cartpole-r2d2.yaml`` (:data:`RLLIB_R2D2_EXAMPLE`), read
+     by flowrl's RLlib key translation as ``flowrl train --config`` reads a ported file (its translation
+     notes go into the JSON);
+   - the same with ``replay_burn_in: 0``: flowrl's burn-in is the first steps of each replayed sequence,
+     RLlib's came before it, so with RLlib's burn-in of 20 no step of an episode's first 20 is learned
+     (each trial records the median steps learned per replayed batch);
+   - RLlib's published figure: 150 within its example's 1,000,000 steps; and part 1's medians from the
+     results file, for context.
+
 Run from the repository root::
 
-    python benchmarks/recurrent.py                 # full run: 6 trials and the sampling part, ~20 minutes
-    python benchmarks/recurrent.py --quick         # seed 0, a 150k cap, fewer sampling reps
+    python benchmarks/recurrent.py                 # full run: 15 trials and the sampling part, ~30 minutes
+    python benchmarks/recurrent.py --quick         # seed 0, 150k (R2D2 100k) caps, fewer sampling reps
     python benchmarks/recurrent.py --only sampling # the sampling part alone (~1 minute)
+    python benchmarks/recurrent.py --only r2d2     # part 3 alone (~10 minutes); keeps the file's other parts
     python benchmarks/recurrent.py --trial sb3 --seed 1   # one trial; prints a JSON line
 
 It prints tables and writes the figures as JSON to ``--out`` (default
@@ -62,6 +80,7 @@ import json  # noqa: E402
 import math  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
+import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -89,6 +108,47 @@ TUNED_EXAMPLE = "tuned_examples/stateless-cartpole-lstm-ppo.yaml"
 NUM_ENVS = 16
 FRAGMENT_LENGTH = 32
 MLP_MODEL = {"fcnet_hiddens": [64, 64]}
+R2D2_TUNED_EXAMPLE = "tuned_examples/stateless-cartpole-r2d2.yaml"
+R2D2_MAX_STEPS = 300_000
+RLLIB_R2D2_BUDGET = 1_000_000  # the timesteps_total stop of RLlib's example: it reached 150 within it
+
+# RLlib's tuned example rllib/tuned_examples/r2d2/stateless-cartpole-r2d2.yaml (Ray 2.x, before R2D2 was
+# removed), in RLlib's layout with its keys and values; the env is flowrl's StatelessCartPole-v1 (RLlib
+# named its own copy, ray.rllib.examples.env.stateless_cartpole.StatelessCartPole). No seed: each trial
+# passes one, as `flowrl train --config FILE --seed S` would.
+RLLIB_R2D2_EXAMPLE: dict[str, Any] = {
+    "stateless-cartpole-r2d2": {
+        "env": ENV_ID,
+        "run": "R2D2",
+        "stop": {"episode_reward_mean": TARGET_REWARD, "timesteps_total": RLLIB_R2D2_BUDGET},
+        "config": {
+            "framework": "torch",
+            "num_workers": 0,
+            "replay_buffer_config": {
+                "type": "MultiAgentReplayBuffer",
+                "storage_unit": "sequences",
+                "replay_burn_in": 20,
+                "zero_init_states": True,
+            },
+            "lr": 0.0005,
+            "exploration_config": {"epsilon_timesteps": 50000},
+            "model": {
+                "fcnet_hiddens": [64],
+                "fcnet_activation": "linear",
+                "use_lstm": True,
+                "lstm_cell_size": 64,
+                "max_seq_len": 20,
+            },
+        },
+    }
+}
+
+# Part 3's trials: what each runs and its name in the table.
+R2D2_KINDS = {
+    "r2d2": f"flowrl R2D2 ({Path(R2D2_TUNED_EXAMPLE).name})",
+    "r2d2-rllib": "RLlib's example settings, run by flowrl",
+    "r2d2-rllib-no-burn-in": "RLlib's settings with replay_burn_in 0",
+}
 
 # rl-baselines3-zoo's CartPoleNoVel-v1 entry of hyperparams/ppo_lstm.yml (RecurrentPPO, MlpLstmPolicy).
 SB3_ZOO_PPO_LSTM: dict[str, Any] = {
@@ -120,25 +180,42 @@ def progress(kind: str, seed: int, steps: int, reward: float | None, now: float)
 # -- 1. one trial (in its own process) ------------------------------------------------------
 
 
-def flowrl_trial(seed: int, target: float, max_steps: int, config_file: str) -> dict[str, Any]:
-    """Train flowrl's LSTM-PPO with ``config_file`` until the 100-episode mean reaches ``target`` or ``max_steps``."""
+def flowrl_trial(kind: str, seed: int, target: float, max_steps: int, config_file: str) -> dict[str, Any]:
+    """Train flowrl's LSTM-PPO with ``config_file`` (kind ``flowrl``) or R2D2 (the ``R2D2_KINDS``) until the
+    100-episode mean reaches ``target`` or ``max_steps``."""
     load_start = loadavg()
     from flowrl.algorithms import get_algorithm
     from flowrl.cli.args import build_config
+    from flowrl.config.rllib import RLlibConfigNote
     from flowrl.engine.trainer import Trainer
-    from flowrl.runs.experiment import load_experiment_file
+    from flowrl.runs.experiment import load_experiment_file, parse_experiment
 
-    experiment = load_experiment_file(config_file)
-    # What `flowrl train --config FILE --seed S` builds.
-    config = build_config(
-        get_algorithm(experiment["algo"]),
-        experiment["config"],
-        argparse.Namespace(set=[], num_workers=None, seed=seed),
-    )
+    if kind == "flowrl":
+        experiment = load_experiment_file(config_file)
+    elif kind == "r2d2":
+        experiment = load_experiment_file(str(ROOT / R2D2_TUNED_EXAMPLE))
+    else:  # RLlib's example as a user porting it would run it: its keys read by flowrl's RLlib translation
+        experiment = parse_experiment(RLLIB_R2D2_EXAMPLE)
+        if kind == "r2d2-rllib-no-burn-in":
+            experiment["config"]["replay_buffer_config"] = {
+                **experiment["config"]["replay_buffer_config"],
+                "replay_burn_in": 0,
+            }
+    # What `flowrl train --config FILE --seed S` builds; an RLlib config's translation notes are kept.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RLlibConfigNote)
+        config = build_config(
+            get_algorithm(experiment["algo"]),
+            experiment["config"],
+            argparse.Namespace(set=[], num_workers=None, seed=seed),
+        )
+    notes = [str(w.message) for w in caught if w.category is RLlibConfigNote]
     t_imported = time.perf_counter()
     trainer = Trainer(experiment["algo"], ENV_ID, config)
+    batch_size = trainer.config.train_batch_size
     t_ready = time.perf_counter()
     history: list[list[Any]] = []
+    learned: list[float] = []  # R2D2: steps learned per replayed batch (the others are burn-in or padding)
     result: dict[str, Any] = {}
     reached, steps = False, 0
     try:
@@ -148,8 +225,11 @@ def flowrl_trial(seed: int, target: float, max_steps: int, config_file: str) -> 
             reward = finite(result.get("episode_reward_mean"))
             now = time.perf_counter() - _CLOCK_START
             history.append([steps, reward, round(now, 3)])
+            stats = result.get("info", {}).get("learner", {}).get("default_policy", {})
+            if finite(stats.get("learned_steps")) is not None:
+                learned.append(stats["learned_steps"])
             if len(history) % 10 == 1:
-                progress("flowrl", seed, steps, reward, now)
+                progress(kind, seed, steps, reward, now)
             reached = reward is not None and reward >= target
         t_done = time.perf_counter()
         import torch  # already loaded by the Trainer: its thread count, not an import cost
@@ -157,13 +237,18 @@ def flowrl_trial(seed: int, target: float, max_steps: int, config_file: str) -> 
         torch_threads = torch.get_num_threads()
     finally:
         trainer.stop()
+    rewards = [h[1] for h in history if h[1] is not None]
     return {
-        "kind": "flowrl",
+        "kind": kind,
         "seed": seed,
         "reached": reached,
         "wall_s": t_done - _CLOCK_START,
         "env_steps": steps,
         "final_reward_mean": finite(result.get("episode_reward_mean")),
+        "best_reward_mean": max(rewards, default=None),
+        "train_batch_size": batch_size,
+        "learned_steps_per_batch_median": statistics.median(learned) if learned else None,
+        "rllib_notes": notes,
         "phases_s": {
             "imports": t_imported - _CLOCK_START,
             "trainer_start": t_ready - t_imported,
@@ -271,7 +356,8 @@ def summarize(trials: list[dict[str, Any]]) -> dict[str, Any]:
         value = statistics.median([t[key] if t.get("reached") else math.inf for t in trials])
         return value if math.isfinite(value) else None
 
-    keys = ("seed", "reached", "wall_s", "env_steps", "final_reward_mean", "error")
+    keys = ("seed", "reached", "wall_s", "env_steps", "final_reward_mean", "best_reward_mean", "error")
+    keys += ("learned_steps_per_batch_median",)
     return {
         "trials": len(trials),
         "reached": sum(bool(t.get("reached")) for t in trials),
@@ -347,6 +433,76 @@ def run_sampling(reps: int, rep_seconds: float) -> dict[str, Any]:
     }
 
 
+# -- 3. R2D2 against RLlib's tuned example -----------------------------------------------------
+
+
+def run_r2d2(
+    seeds: list[int], target: float, max_steps: int, timeout_s: float, earlier: dict[str, Any]
+) -> dict[str, Any]:
+    """R2D2's trials (the ``R2D2_KINDS`` alternating, then the next seed), RLlib's published budget, and
+    part 1's medians from this run or ``earlier`` (the results file's) for context."""
+    load_start = loadavg()[0]
+    trials: dict[str, list[dict[str, Any]]] = {kind: [] for kind in R2D2_KINDS}
+    for seed in seeds:
+        for kind in R2D2_KINDS:
+            trials[kind].append(run_trial(kind, seed, target, max_steps, TUNED_EXAMPLE, timeout_s))
+    context = {
+        name: {key: summary[key] for key in ("median_wall_s", "median_env_steps", "reached", "trials")}
+        for name, summary in earlier.get("time_to_solve", {}).get("results", {}).items()
+    }
+    return {
+        "target": target,
+        "max_steps": max_steps,
+        "capped_below_rllib_budget": max_steps < RLLIB_R2D2_BUDGET,
+        "seeds": seeds,
+        "rllib_example": RLLIB_R2D2_EXAMPLE,
+        "rllib_published": {
+            "source": "rllib/tuned_examples/r2d2/stateless-cartpole-r2d2.yaml (Ray 2.x)",
+            "stop": f"episode_reward_mean {TARGET_REWARD:g} within timesteps_total {RLLIB_R2D2_BUDGET}",
+            "env_steps_budget": RLLIB_R2D2_BUDGET,
+        },
+        "results": {R2D2_KINDS[kind]: summarize(ts) for kind, ts in trials.items()},
+        "part1_context": context,
+        "loadavg_start_end": [load_start, loadavg()[0]],
+        "trials": trials,
+    }
+
+
+def print_r2d2(r2d2: dict[str, Any]) -> None:
+    """Part 3's table."""
+    cap = r2d2["max_steps"]
+    capped = (
+        f"; RLlib's own budget is {RLLIB_R2D2_BUDGET:,}, capped here for time"
+        if r2d2["capped_below_rllib_budget"]
+        else ""
+    )
+    print(
+        f"\n3. R2D2: time to a 100-episode mean of {r2d2['target']:g} on {ENV_ID} (cap {cap:,} steps{capped}), "
+        f"seeds {r2d2['seeds']}; a capped trial fails (infinite in the medians) with its best mean"
+    )
+    print(f"{'setting':<52}{'reached':>8}{'median wall s':>15}{'median steps':>14}")
+    for name, summary in r2d2["results"].items():
+        wall = "n/a" if summary["median_wall_s"] is None else f"{summary['median_wall_s']:.1f}"
+        steps = "n/a" if summary["median_env_steps"] is None else f"{summary['median_env_steps']:.0f}"
+        print(f"{name:<52}{summary['reached']:>5}/{summary['trials']:<2}{wall:>15}{steps:>14}")
+        for p in summary["per_seed"]:
+            wall_p = f"{p['wall_s']:.1f} s" if p.get("wall_s") is not None else "-"
+            best = p.get("best_reward_mean")
+            learned = p.get("learned_steps_per_batch_median")
+            print(
+                f"    seed {p['seed']}: {'reached' if p['reached'] else 'NOT reached':<12}{wall_p:>9}  "
+                f"{p.get('env_steps') or 0:>7} steps  best mean {'-' if best is None else f'{best:.1f}'}"
+                + ("" if learned is None else f"  learned steps per replayed batch {learned:.0f}")
+                + (f"  ({p['error']})" if "error" in p else "")
+            )
+    published = "RLlib's R2D2 (published: its stop budget to 150)"
+    print(f"{published:<52}{'':>8}{'n/a':>15}{f'<= {RLLIB_R2D2_BUDGET}':>14}")
+    for name, c in r2d2["part1_context"].items():
+        wall = "n/a" if c["median_wall_s"] is None else f"{c['median_wall_s']:.1f}"
+        steps = "n/a" if c["median_env_steps"] is None else f"{c['median_env_steps']:.0f}"
+        print(f"{'part 1: ' + name:<52}{c['reached']:>5}/{c['trials']:<2}{wall:>15}{steps:>14}")
+
+
 # -- report ------------------------------------------------------------------------------------
 
 
@@ -394,6 +550,8 @@ def print_report(report: dict[str, Any]) -> None:
             f" {'met' if s['met'] else 'NOT met'}; on the PyTorch acting path {s['lstm_torch_path_over_mlp']:.3f};"
             f" NumPy / PyTorch acting {s['numpy_over_torch_acting']:.2f}x"
         )
+    if "r2d2" in report:
+        print_r2d2(report["r2d2"])
 
 
 def main() -> None:
@@ -401,7 +559,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON figures")
     parser.add_argument("--quick", action="store_true", help="seed 0 only, a 150k cap, fewer sampling reps")
-    parser.add_argument("--only", choices=("solve", "sampling"), help="run one part only")
+    parser.add_argument("--only", choices=("solve", "sampling", "r2d2"), help="run one part only")
     parser.add_argument("--config", default=TUNED_EXAMPLE, help=f"flowrl's experiment file (default {TUNED_EXAMPLE})")
     parser.add_argument("--seeds", type=int, nargs="+", help=f"seeds (default {' '.join(map(str, SEEDS))})")
     parser.add_argument("--target", type=float, default=TARGET_REWARD, help="100-episode mean reward to reach")
@@ -409,12 +567,17 @@ def main() -> None:
     parser.add_argument("--no-sb3", action="store_true", help="skip SB3-contrib even if it is installed")
     parser.add_argument("--reps", type=int, help="sampling repetitions per policy (default 5, quick 3)")
     parser.add_argument("--trial-timeout", type=float, default=TRIAL_TIMEOUT_S, help="seconds before a trial is killed")
-    parser.add_argument("--trial", choices=("flowrl", "sb3"), help="run one trial in this process; print a JSON line")
+    parser.add_argument(
+        "--trial", choices=("flowrl", "sb3", *R2D2_KINDS), help="run one trial in this process; print a JSON line"
+    )
+    parser.add_argument(
+        "--r2d2-max-steps", type=int, help=f"env steps after which an R2D2 trial fails (default {R2D2_MAX_STEPS})"
+    )
     parser.add_argument("--seed", type=int, default=0, help="the seed of a --trial")
     args = parser.parse_args()
     max_steps = args.max_steps or (150_000 if args.quick else MAX_STEPS)
-    if args.trial == "flowrl":
-        emit(flowrl_trial(args.seed, args.target, max_steps, args.config))
+    if args.trial == "flowrl" or args.trial in R2D2_KINDS:
+        emit(flowrl_trial(args.trial, args.seed, args.target, max_steps, args.config))
         return
     if args.trial == "sb3":
         emit(sb3_trial(args.seed, args.target, max_steps))
@@ -425,7 +588,7 @@ def main() -> None:
     loads: dict[str, float] = {}
     report: dict[str, Any] = {"machine": machine}
     started = time.perf_counter()
-    if args.only != "sampling":
+    if args.only in (None, "solve"):
         loads["solve_start"] = loadavg()[0]
         seeds = args.seeds or ([0] if args.quick else list(SEEDS))
         with_sb3 = sb3_contrib_available() and not args.no_sb3
@@ -462,13 +625,21 @@ def main() -> None:
             "ratio": ratio,
             "trials": trials,
         }
-    if args.only != "solve":
+    if args.only in (None, "sampling"):
         loads["sampling_start"] = loadavg()[0]
         report["sampling"] = run_sampling(args.reps or (3 if args.quick else 5), 0.5 if args.quick else 1.5)
+    # A part run alone replaces its own figures in the results file and keeps the others'.
+    earlier = json.loads(args.out.read_text()) if args.only and args.out.exists() else {}
+    if args.only in (None, "r2d2"):
+        loads["r2d2_start"] = loadavg()[0]
+        seeds = args.seeds or ([0] if args.quick else list(SEEDS))
+        r2d2_cap = args.r2d2_max_steps or (100_000 if args.quick else R2D2_MAX_STEPS)
+        report["r2d2"] = run_r2d2(seeds, args.target, r2d2_cap, args.trial_timeout, {**earlier, **report})
     loads["end"] = loadavg()[0]
     machine["loadavg"] = loads
     report["total_s"] = time.perf_counter() - started
     print_report(report)
+    report = {**earlier, **report}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(json_safe(report), indent=2, allow_nan=False) + "\n")
     print(f"\nfigures written to {args.out}")
