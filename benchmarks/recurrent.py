@@ -497,6 +497,8 @@ def print_r2d2(r2d2: dict[str, Any]) -> None:
             )
     published = "RLlib's R2D2 (published: its stop budget to 150)"
     print(f"{published:<52}{'':>8}{'n/a':>15}{f'<= {RLLIB_R2D2_BUDGET}':>14}")
+    if not r2d2["part1_context"]:
+        print("part 1: no time-to-solve figures in the results file (python benchmarks/recurrent.py --only solve)")
     for name, c in r2d2["part1_context"].items():
         wall = "n/a" if c["median_wall_s"] is None else f"{c['median_wall_s']:.1f}"
         steps = "n/a" if c["median_env_steps"] is None else f"{c['median_env_steps']:.0f}"
