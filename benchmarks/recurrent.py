@@ -66,6 +66,19 @@ Measured by a full run (2-core AMD EPYC shared with other jobs, 1-minute load av
 - sampling: MLP 38,511, LSTM 26,524, LSTM on the PyTorch acting path 9,427 env steps/s: LSTM / MLP
   0.689 (0.562 per CPU second; goal >= 0.5: met), 0.245 on the PyTorch path (what it was before the
   NumPy twin), NumPy / PyTorch acting 2.81x.
+
+Part 3, by ``--only solve --no-sb3`` then ``--only r2d2`` (the same machine, 1-minute load 1 to 3):
+
+- flowrl's R2D2 tuned example: 3/3, median 7.4 s (7.4, 7.5, 7.4 s; 29,440 steps each), a median of 226
+  of each replayed batch's 320 steps learned;
+- RLlib's example settings, translated: 0/3 within 300,560 steps (about 83 s each; best 100-episode
+  means 23.0, 24.2, 23.1), a median of 0 steps learned per batch: the burn-in of 20 covers every
+  sequence of the short early episodes. Seed 0 alone with RLlib's budget (``--trial r2d2-rllib
+  --max-steps 1000000``): not reached in 1,000,480 steps (273.5 s; best 23.0, last 9.4, 0 learned per batch);
+- RLlib's settings with ``replay_burn_in: 0``: 3/3, median 42.8 s (39.4, 42.8, 77.5 s at 138,320,
+  152,880, 276,640 steps);
+- RLlib published 150 within 1,000,000 steps (no time); part 1's LSTM-PPO in the same session: median
+  15.6 s (11.9, 20.5, 15.6 s at 66,048, 133,120, 100,352 steps).
 """
 
 from __future__ import annotations
