@@ -182,28 +182,37 @@ def r2d2_loss(
     if config.zero_init_states:
         state = [torch.zeros_like(s) for s in state]
     burn = min(config.replay_burn_in, T)
+    starts = last - seq_lens + 1
+    # A sequence that starts its episode starts from the episode's own initial state, which needs no
+    # warming: all its steps are learned (else no episode's first replay_burn_in steps ever would be).
+    from_start = batch[SampleBatch.T][starts] == 0 if burn and SampleBatch.T in batch else None
     net = recurrent_q.RecurrentQModel
 
-    def q_after_burn_in(q_model: recurrent_q.RecurrentQModel) -> torch.Tensor:
-        """Q-values of steps burn..T (``[B, T + 1 - burn, A]``), the state warmed on steps 0..burn without gradient."""
-        warm = state
-        if burn:
-            with torch.no_grad():
-                _, _, warm = q_model.forward_sequences(*_time_slice(inputs, 0, burn, warm))
-        return q_model.forward_sequences(*_time_slice(inputs, burn, T + 1, warm))[0]
+    def q_over_steps(q_model: recurrent_q.RecurrentQModel) -> torch.Tensor:
+        """Q-values of steps 0..T (``[B, T + 1, A]``): from step ``burn`` on, from the state warmed on the
+        steps before it without gradient; a sequence that starts its episode, from its first step."""
+        if not burn:
+            return q_model.forward_sequences(*_time_slice(inputs, 0, T + 1, state))[0]
+        with torch.no_grad():
+            _, _, warm = q_model.forward_sequences(*_time_slice(inputs, 0, burn, state))
+        warmed = q_model.forward_sequences(*_time_slice(inputs, burn, T + 1, warm))[0]
+        if from_start is None or not bool(from_start.any()):
+            return torch.cat([warmed.new_zeros((len(seq_lens), burn, warmed.shape[-1])), warmed], 1)
+        whole = q_model.forward_sequences(*_time_slice(inputs, 0, T + 1, state))[0]
+        return torch.cat([whole[:, :burn], torch.where(from_start[:, None, None], whole[:, burn:], warmed)], 1)
 
     online: recurrent_q.RecurrentQModel = model  # type: ignore[assignment]
     assert isinstance(online, net) and isinstance(policy.target_model, net)
-    q_values = q_after_burn_in(online)
+    q_values = q_over_steps(online)
     steps = torch.arange(T, device=seq_lens.device)[None, :]
     with torch.no_grad():
-        q_target = q_after_burn_in(policy.target_model)
+        q_target = q_over_steps(policy.target_model)
         rewards = recurrent.pad(batch[SampleBatch.REWARDS].float(), seq_lens, T + config.n_step)
         returns = sum(config.gamma**k * rewards[:, k : k + T] for k in range(config.n_step))
         # Step t sums m = min(n, len - t) rewards and bootstraps from step t + m (len: the observation after
         # the sequence), unless that is the end of an episode that terminated.
         summed = (seq_lens[:, None] - steps).clamp(min=0, max=config.n_step)
-        boot = (steps + summed).clamp(min=burn, max=T) - burn
+        boot = (steps + summed).clamp(max=T)
         terminated = batch[SampleBatch.TERMINATEDS][last].bool()[:, None] & (steps + summed == seq_lens[:, None])
         chooser = q_values if config.double_q else q_target
         best = chooser.gather(1, boot[..., None].expand(-1, -1, chooser.shape[-1])).argmax(-1, keepdim=True)
@@ -215,10 +224,9 @@ def r2d2_loss(
         if config.use_h_function:
             target = value_rescale(target, eps)
     actions = recurrent.pad(batch[SampleBatch.ACTIONS].long(), seq_lens, T)
-    q_taken = q_values[:, : T - burn].gather(2, actions[:, burn:, None]).squeeze(-1)
-    mask = (steps < seq_lens[:, None])[:, burn:].float()
-    target = target[:, burn:]
-    starts = last - seq_lens + 1
+    q_taken = q_values[:, :T].gather(2, actions[..., None]).squeeze(-1)
+    learned_step = steps >= burn if from_start is None else (steps >= burn) | from_start[:, None]
+    mask = ((steps < seq_lens[:, None]) & learned_step).float()
     weights = batch[SampleBatch.WEIGHTS][starts] if SampleBatch.WEIGHTS in batch else torch.ones_like(mask[:, 0])
     per_step = nn.functional.smooth_l1_loss(q_taken, target, reduction="none") * mask
     learned = mask.sum().clamp(min=1)

@@ -645,8 +645,8 @@ class _Reader:
             self._note(
                 "RLlib's R2D2 burned in on the steps before each replayed sequence (zeros where none were stored), "
                 f"so it learned every step; flowrl's replay_burn_in={burn_in} is the first {burn_in} steps "
-                f"of each sequence, so the first {burn_in} steps of every episode and of every sampled fragment are "
-                "never learned (nor any shorter episode)"
+                "of each sequence: a sequence that starts its episode is learned whole, but the first "
+                f"{burn_in} steps of a sampled fragment that continues an episode are not learned"
             )
         if self.is_rllib and "zero_init_states" not in values:
             self._note(

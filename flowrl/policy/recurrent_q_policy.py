@@ -73,15 +73,19 @@ class RecurrentQPolicy(TorchPolicy[Any]):
         """The loss, its gradients averaged over a learner group's replicas by the steps each one learned.
 
         R2D2's loss is a mean over the learned steps of its sequences, not over every row (a burn-in's
-        are not learned), so each replica weights its gradients by those: the replicas then take the
-        step one learner takes on the whole batch.
+        are not learned but in a sequence that starts its episode), so each replica weights its gradients
+        by those: the replicas then take the step one learner takes on the whole batch.
         """
         sync = self.gradient_sync
         if sync is None or SampleBatch.SEQ_LENS not in batch:
             return super()._loss(batch)
         sequence_config: SequenceReplayConfig = self.config
         seq_lens = np.asarray(batch[SampleBatch.SEQ_LENS], dtype=np.int64)
-        learned = int(np.maximum(seq_lens - sequence_config.replay_burn_in, 0).sum())
+        learned_per_sequence = np.maximum(seq_lens - sequence_config.replay_burn_in, 0)
+        if SampleBatch.T in batch:  # a sequence that starts its episode is learned whole (see r2d2_loss)
+            from_start = batch[SampleBatch.T][np.cumsum(seq_lens) - seq_lens] == 0
+            learned_per_sequence = np.where(from_start, seq_lens, learned_per_sequence)
+        learned = int(learned_per_sequence.sum())
         self.gradient_sync = lambda model, rows, loss_finite: sync(model, learned, loss_finite)
         try:
             return super()._loss(batch)

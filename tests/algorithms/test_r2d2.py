@@ -106,6 +106,24 @@ def test_burn_in_steps_give_no_gradient_and_no_loss() -> None:
     assert float(loss_of(unburnt, batch).loss.detach()) != pytest.approx(float(out.loss.detach()), rel=1e-3)
 
 
+def test_a_sequence_that_starts_its_episode_is_learned_from_its_first_step() -> None:
+    """Its stored state is the episode's initial state, which needs no burn-in: every step is learned."""
+    policy = policy_of(replay_burn_in=3, replay_sequence_length=8, rollout_fragment_length=8)
+    batch = sequences([8, 6])
+    batch[SampleBatch.T] = torch.as_tensor(np.r_[0:8, 20:26])  # the first starts its episode, the second not
+    batch[SampleBatch.OBS].requires_grad_(True)
+    out = loss_of(policy, batch)
+    out.loss.backward()
+    grads = batch[SampleBatch.OBS].grad.abs().sum(dim=1)
+    assert torch.all(grads[0:8] > 0) and torch.all(grads[8:11] == 0) and torch.all(grads[11:14] > 0)
+    assert out.stats["learned_steps"] == 8 + (6 - 3)
+    unburnt = policy_of(replay_burn_in=0, replay_sequence_length=8, rollout_fragment_length=8)
+    unburnt.set_weights(policy.get_weights())
+    unburnt.update_target()
+    first = {key: value.detach() for key, value in part(batch, 0).items()}
+    assert float(loss_of(policy, first).loss.detach()) == pytest.approx(float(loss_of(unburnt, first).loss.detach()))
+
+
 def test_padded_steps_are_masked_out_of_the_loss_and_priorities() -> None:
     policy = policy_of(replay_burn_in=1, replay_sequence_length=10, rollout_fragment_length=10)
     batch = sequences([7, 3, 10], terminated_last=True)

@@ -39,9 +39,10 @@ def test_rllib_2s_nested_sequence_keys_are_r2d2s_with_one_note_each() -> None:
     assert "RLlib key replay_buffer_config.replay_burn_in is replay_burn_in here" in notes
     [ignored] = [note for note in notes if note.startswith("RLlib keys ignored")]
     assert "replay_buffer_config.storage_unit (R2D2's replay stores sequences)" in ignored
-    # The burn-in is inside flowrl's sequences, before RLlib's: the note says which steps are never learned.
+    # The burn-in is inside flowrl's sequences, before RLlib's: the note says which steps are not learned.
     assert any(
-        "flowrl's replay_burn_in=4 is the first 4 steps of each sequence, so the first 4 steps of every episode" in note
+        "flowrl's replay_burn_in=4 is the first 4 steps of each sequence: a sequence that starts its episode is "
+        "learned whole, but the first 4 steps of a sampled fragment that continues an episode are not learned" in note
         for note in notes
     ), notes
     assert len(notes) == 4, notes
