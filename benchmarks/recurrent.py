@@ -32,16 +32,16 @@ R2D2 against RLlib's tuned example.
 3. R2D2's time to 150 on ``StatelessCartPole-v1`` (SB3 and SB3-contrib have no R2D2, and RLlib dropped
    it from Ray 2.x, so RLlib's published tuned example is the peer's figure), as part 1 measures it (fresh
    processes, seeds 0, 1, 2, the settings alternating), each trial capped at ``--r2d2-max-steps`` (default
-   300k, under RLlib's own budget of 1M steps to keep the run short; a capped trial fails, with its best
-   100-episode mean):
+   RLlib's own budget of 1M steps; a capped trial fails, with its best 100-episode mean):
 
    - flowrl's ``tuned_examples/stateless-cartpole-r2d2.yaml``;
    - RLlib's ``rllib/tuned_examples/r2d2/stateless-cartpole-r2d2.yaml`` (:data:`RLLIB_R2D2_EXAMPLE`), read
      by flowrl's RLlib key translation as ``flowrl train --config`` reads a ported file (its translation
      notes go into the JSON);
-   - the same with ``replay_burn_in: 0``: flowrl's burn-in is the first steps of each replayed sequence,
-     RLlib's came before it, so with RLlib's burn-in of 20 no step of an episode's first 20 is learned
-     (each trial records the median steps learned per replayed batch);
+   - the same with ``replay_burn_in: 0``: flowrl's burn-in is the first steps of each replayed sequence
+     (but in a sequence that starts its episode), RLlib's came before it, so with RLlib's burn-in of 20 the
+     first 20 steps of a fragment that continues an episode are not learned (each trial records the median
+     steps learned per replayed batch);
    - RLlib's published figure: 150 within its example's 1,000,000 steps; and part 1's medians from the
      results file, for context.
 
@@ -67,18 +67,18 @@ Measured by a full run (2-core AMD EPYC shared with other jobs, 1-minute load av
   0.689 (0.562 per CPU second; goal >= 0.5: met), 0.245 on the PyTorch path (what it was before the
   NumPy twin), NumPy / PyTorch acting 2.81x.
 
-Part 3, by ``--only solve --no-sb3`` then ``--only r2d2`` (the same machine, 1-minute load 1 to 3):
+Part 3, by ``--only r2d2`` (the same machine, 1-minute load 0.7 to 1.0), after R2D2 learned a sequence
+that starts its episode from its first step (before that, RLlib's settings stayed at a best mean of 23:
+every early episode was inside the burn-in):
 
-- flowrl's R2D2 tuned example: 3/3, median 7.4 s (7.4, 7.5, 7.4 s; 29,440 steps each), a median of 226
-  of each replayed batch's 320 steps learned;
-- RLlib's example settings, translated: 0/3 within 300,560 steps (about 83 s each; best 100-episode
-  means 23.0, 24.2, 23.1), a median of 0 steps learned per batch: the burn-in of 20 covers every
-  sequence of the short early episodes. Seed 0 alone with RLlib's budget (``--trial r2d2-rllib
-  --max-steps 1000000``): not reached in 1,000,480 steps (273.5 s; best 23.0, last 9.4, 0 learned per batch);
-- RLlib's settings with ``replay_burn_in: 0``: 3/3, median 42.8 s (39.4, 42.8, 77.5 s at 138,320,
+- flowrl's R2D2 tuned example: 3/3, median 7.8 s (9.1, 7.8, 7.4 s; 29,440 steps each), a median of
+  217-239 of each replayed batch's 320 steps learned;
+- RLlib's example settings, translated: 3/3 within RLlib's 1,000,000 steps, median 56.5 s and 192,400
+  steps (seed 0: 88.5 s, 314,080 steps; seed 1: 56.5 s, 192,400; seed 2: 55.4 s, 189,280), 81-83 steps
+  learned per batch;
+- RLlib's settings with ``replay_burn_in: 0``: 3/3, median 41.8 s (39.3, 41.8, 78.2 s at 138,320,
   152,880, 276,640 steps);
-- RLlib published 150 within 1,000,000 steps (no time); part 1's LSTM-PPO in the same session: median
-  15.6 s (11.9, 20.5, 15.6 s at 66,048, 133,120, 100,352 steps).
+- RLlib published 150 within 1,000,000 steps (no time).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ NUM_ENVS = 16
 FRAGMENT_LENGTH = 32
 MLP_MODEL = {"fcnet_hiddens": [64, 64]}
 R2D2_TUNED_EXAMPLE = "tuned_examples/stateless-cartpole-r2d2.yaml"
-R2D2_MAX_STEPS = 300_000
+R2D2_MAX_STEPS = 1_000_000  # RLlib's own budget
 RLLIB_R2D2_BUDGET = 1_000_000  # the timesteps_total stop of RLlib's example: it reached 150 within it
 
 # RLlib's tuned example rllib/tuned_examples/r2d2/stateless-cartpole-r2d2.yaml (Ray 2.x, before R2D2 was

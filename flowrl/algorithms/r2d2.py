@@ -84,7 +84,8 @@ class R2D2Config(apex.ApexConfig):
     )
     replay_burn_in: int = cfg_field(
         0,
-        "Steps at the start of each sequence that only warm the networks' states (no loss, no gradient).",
+        "Steps at the start of each sequence that only warm the networks' states (no loss, no gradient); "
+        "a sequence that starts its episode has none (its stored state is the episode's initial one).",
         min=0,
     )
     zero_init_states: bool = cfg_field(
