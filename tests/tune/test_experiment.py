@@ -58,10 +58,14 @@ def iterations(trial_dir: Path) -> list[int]:
 
 
 class ResultTimes(Callback):
-    """When each trial reported each result, by the driver's clock."""
+    """When each trial started running and reported each result, by the driver's clock."""
 
     def __init__(self) -> None:
+        self.started: dict[str, float] = {}
         self.times: dict[str, list[float]] = {}
+
+    def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self.started[trial.trial_id] = time.monotonic()
 
     def on_trial_result(
         self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
@@ -72,8 +76,10 @@ class ResultTimes(Callback):
 def test_a_grid_runs_its_trials_side_by_side_and_reports_the_best(tmp_path: Path) -> None:
     times = ResultTimes()
     summary = run(experiment(10, [0.01, 0.001]), results_dir=tmp_path, verbose=False, callbacks=[times])
-    [first, second] = times.times.values()
-    assert first[0] < second[-1] and second[0] < first[-1]  # each reported while the other was still training
+    # Each started running (Tune starts a trial once its resources are free) before the other's last result:
+    # side by side, not one after the other. (First results can come later than the other's last under load.)
+    [(first, first_start), (second, second_start)] = [(times.times[i], times.started[i]) for i in times.times]
+    assert first_start < second[-1] and second_start < first[-1]
     assert [t.status for t in summary.trials] == ["TERMINATED", "TERMINATED"]
     assert [t.iterations for t in summary.trials] == [10, 10]
     best = max(summary.trials, key=lambda t: t.last or 0.0)
