@@ -197,10 +197,14 @@ def r2d2_loss(
         with torch.no_grad():
             _, _, warm = q_model.forward_sequences(*_time_slice(inputs, 0, burn, state))
         warmed = q_model.forward_sequences(*_time_slice(inputs, burn, T + 1, warm))[0]
+        q = torch.cat([warmed.new_zeros((len(seq_lens), burn, warmed.shape[-1])), warmed], 1)
         if from_start is None or not bool(from_start.any()):
-            return torch.cat([warmed.new_zeros((len(seq_lens), burn, warmed.shape[-1])), warmed], 1)
-        whole = q_model.forward_sequences(*_time_slice(inputs, 0, T + 1, state))[0]
-        return torch.cat([whole[:, :burn], torch.where(from_start[:, None, None], whole[:, burn:], warmed)], 1)
+            return q
+        # Only the sequences that start their episode run again, whole, from their stored state.
+        rows = from_start.nonzero().squeeze(1)
+        picked = [None if x is None else x[rows] for x in inputs]
+        whole = q_model.forward_sequences(*_time_slice(picked, 0, T + 1, [s[rows] for s in state]))[0]
+        return q.index_copy(0, rows, whole)
 
     online: recurrent_q.RecurrentQModel = model  # type: ignore[assignment]
     assert isinstance(online, net) and isinstance(policy.target_model, net)
