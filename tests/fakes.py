@@ -138,6 +138,7 @@ class FakeWorker:
     ) -> None:
         self.policy_map = {pid: FakePolicy() for pid in policy_ids}
         self.applied: list[tuple[list[np.ndarray], str]] = []
+        self.global_vars: list[dict[str, Any]] = []
         self.pending = [[{"episode_reward": r, "episode_length": n} for r, n in batch] for batch in episodes]
 
     def get_policy(self, policy_id: str = DEFAULT_POLICY_ID) -> FakePolicy:
@@ -153,6 +154,9 @@ class FakeWorker:
 
     def apply_gradients(self, gradients: list[np.ndarray], policy_id: str = DEFAULT_POLICY_ID) -> None:
         self.applied.append((gradients, policy_id))
+
+    def set_global_vars(self, global_vars: Mapping[str, Any]) -> None:
+        self.global_vars.append(dict(global_vars))
 
     def get_weights(self, policies: list[str] | None = None) -> dict[str, Any]:
         return {pid: {"w": np.zeros(1)} for pid in (policies or self.policy_map)}

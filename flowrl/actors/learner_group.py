@@ -7,7 +7,7 @@ puts a batch in the object store once; every replica runs the same epochs and sh
 (:mod:`flowrl.policy.data_parallel`), so the replicas stay equal to what one learner would
 compute. Rank 0's weights and optimizer state then go to the driver's local policies, from which
 the rollout workers and checkpoints read as before; what the driver changes between rounds
-(loss coefficients, target networks, live config, a restored checkpoint) goes to every replica.
+(loss coefficients, the global timestep, target networks, live config, a restored checkpoint) goes to every replica.
 A learner that dies or hangs ends the round: the group is rebuilt from the driver's policies
 and the batch learned again (``num_restarts``).
 
@@ -140,16 +140,20 @@ class LearnerActor:
         batch: Batch,
         policies: Sequence[str],
         coeffs: Mapping[str, Mapping[str, float]],
+        timesteps: Mapping[str, int],
         num_sgd_iter: int,
         sgd_minibatch_size: int,
         seed: int | list[int] | None,
         sequence_length: int,
     ) -> tuple[dict[str, dict[str, float]], dict[str, tuple[np.ndarray, np.ndarray]], dict[str, tuple[float, float]]]:
-        """Learn on this replica's shard of ``batch`` with the driver's loss ``coeffs``: per policy its
-        statistics, the new priorities of its shard's replayed rows (a single step whose loss gives TD errors),
-        and the seconds it spent getting data ready and updating (:class:`~flowrl.policy.policy.LearnTimes`)."""
+        """Learn on this replica's shard of ``batch`` with the driver's loss ``coeffs`` and global ``timesteps``
+        (what schedules read): per policy its statistics, the new priorities of its shard's replayed rows (a
+        single step whose loss gives TD errors), and the seconds it spent getting data ready and updating
+        (:class:`~flowrl.policy.policy.LearnTimes`)."""
         for pid, replica in self._torch(list(coeffs)):
             replica.coeffs = dict(coeffs[pid])
+        for pid, timestep in timesteps.items():
+            self.policies[pid].on_global_var_update({"timestep": timestep})
         info: dict[str, dict[str, float]] = {}
         priorities: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         times: dict[str, tuple[float, float]] = {}
@@ -363,12 +367,15 @@ class LearnerGroup:
             )
         local = self.workers.local_worker()
         coeffs = {pid: dict(coeffs) for pid in wanted if (coeffs := getattr(local.get_policy(pid), "coeffs", None))}
+        timesteps = {pid: local.get_policy(pid).global_timestep for pid in wanted}
         ref = ray.put(batch)
         for attempt in range(2):
             try:
                 results = self._wait(
                     [
-                        actor.learn.remote(ref, wanted, coeffs, num_sgd_iter, sgd_minibatch_size, seed, sequence_length)
+                        actor.learn.remote(
+                            ref, wanted, coeffs, timesteps, num_sgd_iter, sgd_minibatch_size, seed, sequence_length
+                        )
                         for actor in self._actors
                     ]
                 )

@@ -63,6 +63,10 @@ class LocalWorkerLike(PolicyHolder, Protocol):
         """Apply ``gradients`` to ``policy_id``."""
         ...
 
+    def set_global_vars(self, global_vars: Mapping[str, Any]) -> None:
+        """Pass run-wide variables (``timestep``: env steps sampled) to every policy."""
+        ...
+
     def get_metrics(self) -> WorkerMetrics:
         """Episodes finished and faults absorbed since the last call."""
         ...

@@ -104,10 +104,10 @@ def appo_loss(
     vf_loss = 0.5 * (time_major(values, horizon) - targets.vs).pow(2).mean()
     kl = target_dist.kl(dist).mean()
     entropy = dist.entropy().mean()
-    kl_coeff = policy.coeffs[KL_COEFF]
-    loss = -surrogate + config.vf_loss_coeff * vf_loss - config.entropy_coeff * entropy + kl_coeff * kl
+    kl_coeff, entropy_coeff = policy.coeffs[KL_COEFF], policy.scheduled("entropy_coeff")
+    loss = -surrogate + config.vf_loss_coeff * vf_loss - entropy_coeff * entropy + kl_coeff * kl
     stats = {"policy_loss": -surrogate.item(), "vf_loss": vf_loss.item(), "entropy": entropy.item(), "kl": kl.item()}
-    return LossOutput(loss, {**stats, KL_COEFF: kl_coeff})
+    return LossOutput(loss, {**stats, KL_COEFF: kl_coeff, "entropy_coeff": entropy_coeff})
 
 
 def make_appo_policy(obs_space: gym.Space[Any], action_space: gym.Space[Any], config: APPOConfig) -> PolicySpec:

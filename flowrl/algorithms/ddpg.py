@@ -26,8 +26,8 @@ from flowrl.errors import ConfigError
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy, nstep_postprocess
 from flowrl.policy.custom_model import ModelInterface, probe_observations
 from flowrl.policy.distributions import DistFactory
+from flowrl.policy.optimizers import adam
 from flowrl.policy.postprocessing import DISCOUNTS
-from flowrl.policy.torch_policy import adam
 
 if TYPE_CHECKING:
     from flowrl.policy import networks

@@ -134,8 +134,10 @@ def impala_loss(
     policy_loss = -(time_major(logp, horizon) * targets.pg_advantages).mean()
     vf_loss = 0.5 * (time_major(values, horizon) - targets.vs).pow(2).mean()
     entropy = dist.entropy().mean()
-    loss = policy_loss + config.vf_loss_coeff * vf_loss - config.entropy_coeff * entropy
-    return LossOutput(loss, {"policy_loss": policy_loss.item(), "vf_loss": vf_loss.item(), "entropy": entropy.item()})
+    entropy_coeff = policy.scheduled("entropy_coeff")
+    loss = policy_loss + config.vf_loss_coeff * vf_loss - entropy_coeff * entropy
+    stats = {"policy_loss": policy_loss.item(), "vf_loss": vf_loss.item(), "entropy": entropy.item()}
+    return LossOutput(loss, {**stats, "entropy_coeff": entropy_coeff})
 
 
 def make_impala_policy(obs_space: gym.Space[Any], action_space: gym.Space[Any], config: ImpalaConfig) -> PolicySpec:

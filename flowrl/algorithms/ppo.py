@@ -111,18 +111,19 @@ def ppo_loss(
     clipped_values = old_values + torch.clamp(values - old_values, -config.vf_clip_param, config.vf_clip_param)
     targets = batch[SampleBatch.VALUE_TARGETS]
     vf_loss = torch.max((values - targets).pow(2), (clipped_values - targets).pow(2)).mean()
-    with torch.set_grad_enabled(grad and bool(config.entropy_coeff)):
+    entropy_coeff = policy.scheduled("entropy_coeff")
+    with torch.set_grad_enabled(grad and bool(entropy_coeff)):
         entropy = dist.entropy().mean()
     loss = -surrogate
     if kl_coeff:
         loss = loss + kl_coeff * kl
     loss = loss + config.vf_loss_coeff * vf_loss
-    if config.entropy_coeff:
-        loss = loss - config.entropy_coeff * entropy
+    if entropy_coeff:
+        loss = loss - entropy_coeff * entropy
     # One conversion for the four statistics, not one .item() each.
     policy_loss, vf, mean_kl, mean_entropy = torch.stack([-surrogate, vf_loss, kl, entropy]).detach().tolist()
     stats = {"policy_loss": policy_loss, "vf_loss": vf, "kl": mean_kl, "entropy": mean_entropy}
-    return LossOutput(loss, {**stats, KL_COEFF: kl_coeff})
+    return LossOutput(loss, {**stats, KL_COEFF: kl_coeff, "entropy_coeff": entropy_coeff})
 
 
 def make_ppo_policy(obs_space: gym.Space[Any], action_space: gym.Space[Any], config: PPOConfig) -> PolicySpec:

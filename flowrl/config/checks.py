@@ -1,7 +1,7 @@
 """Cross-key checks of :class:`~flowrl.config.TrainerConfig`'s dict- and callable-valued keys (``model``,
-``exploration_config``, ``policies``, ``policy_mapping_fn``, ``custom_metrics_from_info``) and the
-iteration window of ``trace_iterations`` (:func:`parse_iteration_window`): each a ``cfg_field`` validator
-returning problem messages.
+``exploration_config``, ``policies``, ``policy_mapping_fn``, ``custom_metrics_from_info``), its schedules
+(``lr_schedule``, ``entropy_coeff_schedule``) and the iteration window of ``trace_iterations``
+(:func:`parse_iteration_window`): each a ``cfg_field`` validator returning problem messages.
 """
 
 from __future__ import annotations
@@ -12,8 +12,23 @@ from typing import Any, Mapping
 from flowrl.config.fields import _suggestion
 from flowrl.errors import FlowRLError
 from flowrl.importing import import_callable
+from flowrl.policy.schedules import schedule_problems
 
 # --- validators of dict-valued keys ------------------------------------------------------------
+
+
+def schedule_field_problems(name: str, points: Any) -> list[str]:
+    """What is wrong with ``points`` as the value of schedule key ``name`` (``lr_schedule``,
+    ``entropy_coeff_schedule``): its format, a negative value, and for ``lr_schedule`` no positive one."""
+    problems = schedule_problems(name, points)
+    if problems or points is None:
+        return problems
+    values = [float(v) for _, v in points]
+    if min(values) < 0:
+        problems.append(f"{name}={points!r}: values must be >= 0, got {min(values):g}")
+    elif name == "lr_schedule" and max(values) == 0:
+        problems.append(f"{name}={points!r}: every learning rate is 0; give at least one positive value")
+    return problems
 
 
 def model_problems(model: dict[str, Any]) -> list[str]:

@@ -226,8 +226,6 @@ IGNORED_AT: dict[str, Conditional] = {
     "output": Conditional(_NONE, "none", "writes experiences to files"),
     "postprocess_inputs": Conditional((False,), "off", "postprocesses offline data"),
     "shuffle_buffer_size": Conditional((0,), "off", "shuffles offline data"),
-    "lr_schedule": Conditional(_NONE, "none", "anneals the learning rate"),
-    "entropy_coeff_schedule": Conditional(_NONE, "none", "anneals the entropy coefficient"),
     "use_critic": Conditional((True,), "flowrl's actor-critics use their critic", "drops the value baseline"),
     "vtrace": Conditional((True,), "IMPALA and APPO use V-trace", "uses plain advantages"),
     "vtrace_drop_last_ts": Conditional(

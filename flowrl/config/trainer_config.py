@@ -43,6 +43,7 @@ accepted as numbers; strings are never parsed (the CLI converts ``--set lr=1e-3`
 
 from __future__ import annotations
 
+import functools
 import keyword
 import warnings
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ from flowrl.config.checks import (
     model_problems,
     policies_problems,
     policy_mapping_fn_problems,
+    schedule_field_problems,
 )
 from flowrl.config.fields import BaseConfig, _check_value, _specs, cfg_field
 from flowrl.errors import install_hint
@@ -109,6 +111,21 @@ class TrainerConfig(BaseConfig):
     # Learning.
     lr: float = cfg_field(
         5e-4, "Learning rate of the policy's optimizer (Adam).", min=0, min_exclusive=True, per_policy=True
+    )
+    lr_schedule: list[Any] | None = cfg_field(
+        None,
+        "Learning rate by env steps sampled: [[timestep, lr], ...], linear in between, flat outside (RLlib's "
+        "format); it replaces lr. Rates of an algorithm's own keys (actor_lr, critic_lr, stepsize) are each scaled "
+        "by schedule(t) / the schedule's largest value. A live lr (PBT) ends it. None: lr throughout.",
+        validator=functools.partial(schedule_field_problems, "lr_schedule"),
+        per_policy=True,
+    )
+    entropy_coeff_schedule: list[Any] | None = cfg_field(
+        None,
+        "Entropy coefficient by env steps sampled, [[timestep, coeff], ...] as lr_schedule; it replaces "
+        "entropy_coeff (algorithms with an entropy bonus). A live entropy_coeff ends it. None: entropy_coeff.",
+        validator=functools.partial(schedule_field_problems, "entropy_coeff_schedule"),
+        per_policy=True,
     )
     gamma: float = cfg_field(0.99, "Discount factor per env step, in [0, 1].", min=0, max=1, per_policy=True)
     grad_clip: float | None = cfg_field(
@@ -404,6 +421,11 @@ class TrainerConfig(BaseConfig):
             if pid not in known:
                 problems.append(f"policies_to_train names {pid!r}, which is not a policy; the policies are {known}")
         problems += self._evaluation_problems()
+        if self.entropy_coeff_schedule is not None and not hasattr(self, "entropy_coeff"):
+            problems.append(
+                f"entropy_coeff_schedule is set, but {type(self).__name__}'s loss has no entropy bonus (no "
+                "entropy_coeff); the algorithms with one are a2c, a3c, ppo, impala and appo: drop the key"
+            )
         problems += self._recurrent_problems()
         if self.env_backend == "envpool" and self.restart_failed_sub_environments:
             problems.append(

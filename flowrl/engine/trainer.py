@@ -24,6 +24,7 @@ from flowrl.envs import get_env_creator
 from flowrl.errors import CheckpointError, ConfigError, FlowRLError, PlanStoppedError
 from flowrl.operators import STEPS_SAMPLED_COUNTER
 from flowrl.plan.xray import XRay
+from flowrl.policy.schedules import ending_schedules
 from flowrl.serve.evaluate import evaluate_policies
 from flowrl.storage.checkpoints import read_checkpoint
 
@@ -180,7 +181,9 @@ class Trainer(TrainerState):
 
         Only the algorithm's ``live_keys`` can change (read by the learner's loss and optimizer at
         each update); any other key, or an invalid value, raises :class:`~flowrl.errors.ConfigError`
-        and changes nothing. The new values go into :attr:`config` (and so into checkpoints).
+        and changes nothing. The new values go into :attr:`config` (and so into checkpoints). A
+        scheduled key changed here (``lr``, ``entropy_coeff``) ends its schedule (the config's
+        ``lr_schedule``... becomes None): the value given holds from now on, also after a restore.
         """
         not_live = sorted(set(changes) - self.algorithm.live_keys)
         if not_live:
@@ -192,6 +195,7 @@ class Trainer(TrainerState):
                     for key in not_live
                 ]
             )
+        changes = ending_schedules(self.config, changes)
         config = self.config.replace(**changes)  # validates them all before anything changes
         local = self.workers.local_worker()
         with local.lock:  # a learner thread takes it for each update

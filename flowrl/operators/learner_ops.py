@@ -18,7 +18,7 @@ from flowrl.operators.names import (
 )
 from flowrl.operators.protocol import ActorLink, Operator, PlanLink
 from flowrl.operators.train_ops import learner_group_counts, learner_group_links
-from flowrl.operators.weight_sync import send_weights
+from flowrl.operators.weight_sync import send_weights, timestep_to_learner
 
 Batch = SampleBatch | MultiAgentBatch
 
@@ -66,6 +66,8 @@ class SendWeightsToSource(Operator):
 
     def __call__(self, item: FromActor[Batch]) -> Batch:
         actor, batch = item.actor, item.item
+        # The learner thread's policies take the count of steps sampled as it grows (setting an int: no lock).
+        timestep_to_learner(self.workers)
         self.steps_since[actor] = self.steps_since.get(actor, 0) + batch.env_steps()
         version = self.learner.num_batches_trained
         self.policy_lag_total += version - self.version_sent.get(actor, 0)

@@ -31,7 +31,7 @@ from flowrl.operators.names import (
 )
 from flowrl.operators.protocol import ActorLink, Operator
 from flowrl.operators.rollout_ops import count_sampled, rollout_actors
-from flowrl.operators.weight_sync import broadcast_weights
+from flowrl.operators.weight_sync import broadcast_weights, timestep_to_learner
 from flowrl.policy import TorchPolicy
 from flowrl.policy.perturbation_spec import num_perturbed_parameters
 
@@ -180,6 +180,7 @@ class PerturbationUpdate:
 
     def __call__(self, result: PerturbationResult) -> PerturbationResult:
         metrics = LocalIterator.get_metrics()
+        timestep_to_learner(self.workers)  # an lr_schedule scales the step size
         with metrics.timers[LEARN_ON_BATCH_TIMER] as timer:
             theta = perturbable.flat_parameters(self.policy.model)
             direction, used, stats = self.estimate(result)
@@ -193,6 +194,7 @@ class PerturbationUpdate:
                 DEFAULT_POLICY_ID: {
                     **stats,
                     "step_norm": step_norm,
+                    "cur_lr": self.policy.learning_rates.current,
                     "weights_norm": weights_norm,
                     "update_ratio": step_norm / max(weights_norm, 1e-8),
                     "perturbed_return_mean": float(used.returns.mean()),

@@ -33,7 +33,7 @@ from flowrl.operators.names import (
     STEPS_TRAINED_COUNTER,
 )
 from flowrl.operators.protocol import ActorFlow, ActorLink, Operator, PlanLink
-from flowrl.operators.weight_sync import broadcast_weights, send_weights
+from flowrl.operators.weight_sync import broadcast_weights, send_weights, timestep_to_learner
 
 Batch = SampleBatch | MultiAgentBatch
 Gradients = list[np.ndarray]
@@ -180,6 +180,7 @@ class TrainOneStep(Operator):
         local = self.workers.local_worker()
         # Shuffles seeded by (seed, steps trained): reproducible, also after a restore.
         seed = None if self.seed is None else [self.seed, metrics.counters[STEPS_TRAINED_COUNTER]]
+        timestep_to_learner(self.workers)
         with metrics.timers[LEARN_ON_BATCH_TIMER] as timer:
             settings: dict[str, Any] = {
                 "policies": self.policies,
@@ -208,6 +209,7 @@ class ComputeGradients:
 
     def __call__(self, batch: Batch) -> ComputedGradients:
         metrics = LocalIterator.get_metrics()
+        timestep_to_learner(self.workers)
         with metrics.timers[COMPUTE_GRADS_TIMER]:
             grads, info = self.workers.local_worker().compute_gradients(
                 as_policy_batches(batch)[self.policy_id], self.policy_id
@@ -251,6 +253,7 @@ class ApplyGradients(Operator):
     def __call__(self, item: ComputedGradients) -> LearnerStats:
         metrics = LocalIterator.get_metrics()
         local = self.workers.local_worker()
+        timestep_to_learner(self.workers)
         with metrics.timers[APPLY_GRADS_TIMER]:
             local.apply_gradients(item.gradients, self.policy_id)
         metrics.counters[STEPS_TRAINED_COUNTER] += item.steps

@@ -15,6 +15,13 @@ def global_vars() -> dict[str, Any]:
     return {"timestep": LocalIterator.get_metrics().counters[STEPS_SAMPLED_COUNTER]}
 
 
+def timestep_to_learner(workers: WorkerSetLike) -> None:
+    """Give the local worker's policies, which learn, the env steps sampled so far, before they learn:
+    their schedules (``lr_schedule``, ``entropy_coeff_schedule``) read it. Weight syncs bring it to the
+    rollout workers; a learner that takes none (a learner thread's, A3C's) would otherwise never see it."""
+    workers.local_worker().set_global_vars(global_vars())
+
+
 def broadcast_weights(workers: WorkerSetLike, policies: Sequence[str] | None = None) -> None:
     """Send the local worker's weights (of ``policies``, default all) to every remote worker.
 

@@ -16,6 +16,7 @@ from flowrl.data import SampleBatch
 from flowrl.envs.flatten import action_mask_of, flatten_observation
 from flowrl.errors import ConfigError, NonFiniteUpdateError
 from flowrl.policy.model_options import model_config
+from flowrl.policy.schedules import ending_schedules, scheduled_value
 
 ModelWeights = dict[str, np.ndarray]
 #: Learner statistic of an update skipped for a non-finite loss or gradient: 1.0 (over several updates,
@@ -35,6 +36,8 @@ class PolicyConfig(Protocol):
 
     @property
     def lr(self) -> float | None: ...
+    @property
+    def lr_schedule(self) -> list[list[float]] | None: ...
     @property
     def gamma(self) -> float: ...
     @property
@@ -296,8 +299,16 @@ class Policy(abc.ABC, Generic[ConfigT]):
             )
 
     def update_config(self, changes: Mapping[str, Any]) -> None:
-        """Change config keys of a live policy (validated); losses read them at their next call."""
-        self.config = self.config.replace(**changes)
+        """Change config keys of a live policy (validated); losses read them at their next call.
+
+        A scheduled key changed live (``lr``, ``entropy_coeff``) ends its schedule: the new value holds from now on.
+        """
+        self.config = self.config.replace(**ending_schedules(self.config, changes))
+
+    def scheduled(self, key: str) -> float:
+        """The config's ``key`` now: its schedule's value at :attr:`global_timestep` (``entropy_coeff_schedule``
+        for ``entropy_coeff``...) when the config has one, else its own value. What losses read."""
+        return scheduled_value(self.config, key, self.global_timestep)
 
     def get_state(self) -> dict[str, Any]:
         """Everything needed to resume: weights and counters (subclasses add optimizer state)."""

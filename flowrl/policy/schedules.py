@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -57,3 +57,28 @@ def schedule_problems(name: str, points: Any) -> list[str]:
         if not math.isfinite(v):
             problems.append(f"{shown}: the value must be finite")
     return problems
+
+
+#: Each config key a schedule can set, and the key of its schedule.
+SCHEDULES = {"lr": "lr_schedule", "entropy_coeff": "entropy_coeff_schedule"}
+
+
+def scheduled_value(config: Any, key: str, timestep: float) -> float:
+    """``config``'s value of ``key`` at global timestep ``timestep``: its schedule's value (``lr_schedule`` for
+    ``lr``...) when the config has one, else the key's own value."""
+    if key not in SCHEDULES:
+        raise ValueError(f"{key!r} has no schedule; the keys with one are {', '.join(SCHEDULES)}")
+    points = getattr(config, SCHEDULES[key], None)
+    return float(getattr(config, key)) if points is None else PiecewiseSchedule(points).value(timestep)
+
+
+def ending_schedules(config: Any, changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``changes`` to a live config, plus ``None`` for each schedule one of them overrides: a value changed
+    live (``Trainer.update_config``, PBT) wins over its schedule from then on, and the config, which
+    checkpoints keep, says so."""
+    ended = {
+        schedule: None
+        for key, schedule in SCHEDULES.items()
+        if key in changes and schedule not in changes and getattr(config, schedule, None) is not None
+    }
+    return {**changes, **ended}

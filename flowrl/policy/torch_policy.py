@@ -17,6 +17,8 @@ from flowrl.policy.custom_model import ACTOR_CRITIC, ModelInterface, build_custo
 from flowrl.policy.distributions import DistFactory, dist_class_for
 from flowrl.policy.exploration import StochasticSampling, make_exploration
 from flowrl.policy.model_options import model_config
+from flowrl.policy.optimizers import LearningRates
+from flowrl.policy.optimizers import adam as adam  # its home was here: algorithms may import it from here
 from flowrl.policy.policy import NONFINITE_UPDATE, ConfigT, LearnOutput, ModelWeights, Policy
 
 if TYPE_CHECKING:
@@ -53,12 +55,6 @@ GradientSync = Callable[["nn.Module", int, bool], bool]
 _NOT_BUILT = object()
 #: The algorithms that learn with a recurrent model (``model.use_lstm``): their losses read sequences.
 RECURRENT_ALGORITHMS = ("ppo", "pg", "a2c", "a3c", "impala", "appo")
-
-
-def adam(params: Any, device: torch.device, **settings: Any) -> torch.optim.Adam:
-    """``torch.optim.Adam`` over ``params`` (tensors or param groups) on ``device``, fused where PyTorch
-    has a fused kernel (CPU, CUDA): one kernel per step instead of a Python loop over the tensors."""
-    return torch.optim.Adam(params, fused=device.type in ("cpu", "cuda"), **settings)
 
 
 def default_model(
@@ -142,7 +138,8 @@ class TorchPolicy(Policy[ConfigT]):
         if make_optimizer is None and config.lr is None:
             raise ConfigError([f"{type(config).__name__} has lr=None: give the policy its own make_optimizer"])
         self._make_optimizer = make_optimizer or self._default_optimizer
-        self._optimizer: torch.optim.Optimizer | None = None
+        self._optimizer_from_lr = make_optimizer is None
+        self._rates: LearningRates | None = None
         self.exploration = make_exploration(
             action_space,
             config.exploration_config if exploration_config is None else exploration_config,
@@ -166,9 +163,15 @@ class TorchPolicy(Policy[ConfigT]):
     def optimizer(self) -> torch.optim.Optimizer:
         """The model's optimizer, made on first use: a policy that only acts (a rollout worker's) never
         makes one, which spares its process PyTorch's optimizer machinery (about a second to import)."""
-        if self._optimizer is None:
-            self._optimizer = self._make_optimizer(self)
-        return self._optimizer
+        return self.learning_rates.optimizer
+
+    @property
+    def learning_rates(self) -> LearningRates:
+        """The optimizer's learning rates, set before each step (``lr``, or ``lr_schedule``'s value at the
+        global timestep: see :mod:`flowrl.policy.optimizers` for a custom ``make_optimizer``'s groups)."""
+        if self._rates is None:
+            self._rates = LearningRates(self._make_optimizer(self), from_lr=self._optimizer_from_lr)
+        return self._rates
 
     # -- acting ----------------------------------------------------------------------
 
@@ -342,13 +345,14 @@ class TorchPolicy(Policy[ConfigT]):
         mask = tensors.get(SampleBatch.ACTION_MASK)
         dist_class: DistFactory = self.dist_class if mask is None else self.dist_class.with_action_mask(mask)
         out = LossOutput(*self.loss_fn(self, self.model, dist_class, tensors))
+        cur_lr = self.learning_rates.set(self.config, self.global_timestep)
         self.optimizer.zero_grad()
         out.loss.backward()
         loss = float(out.loss.detach())
         loss_finite = math.isfinite(loss)
         if self.gradient_sync is not None:  # a replica of a learner group: average with the others first
             loss_finite = self.gradient_sync(self.model, batch.count, loss_finite)
-        stats = dict(out.stats)
+        stats = {**out.stats, "cur_lr": cur_lr}
         if self.config.grad_clip is not None:
             grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip))
             stats["grad_gnorm"] = grad_norm
@@ -410,6 +414,7 @@ class TorchPolicy(Policy[ConfigT]):
         with self.learn_times.updating():
             for (_, p), g in zip(named, gradients):
                 p.grad = torch.tensor(g, device=self.device).reshape(p.shape)  # a copy: Ray hands out read-only arrays
+            self.learning_rates.set(self.config, self.global_timestep)
             self.optimizer.step()
 
     def update_target(self, tau: float = 1.0) -> None:
@@ -428,18 +433,17 @@ class TorchPolicy(Policy[ConfigT]):
         self.model.load_state_dict({k: torch.tensor(v) for k, v in weights.items()})
 
     def update_config(self, changes: Mapping[str, Any]) -> None:
-        """Change config keys of a live policy; a new ``lr`` also goes to the optimizer (keeping its moments)."""
+        """Change config keys of a live policy; a new ``lr`` also goes to the optimizer (keeping its moments)
+        and ends an ``lr_schedule`` (see :meth:`Policy.update_config`)."""
         super().update_config(changes)
-        if "lr" in changes:
-            for group in self.optimizer.param_groups:
-                group["lr"] = self.config.lr
+        if "lr" in changes and self.config.lr is not None:
+            self.learning_rates.set_live(self.config.lr)
 
     def get_state(self) -> dict[str, Any]:
         return {
             **super().get_state(),
             **self.get_sampling_state(),
-            # A snapshot: the optimizer updates its state tensors in place.
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "optimizer": self.learning_rates.state(),
             "coeffs": dict(self.coeffs),
             "target": None if self.target_model is None else copy.deepcopy(self.target_model.state_dict()),
         }
@@ -454,12 +458,8 @@ class TorchPolicy(Policy[ConfigT]):
             self.target_model.load_state_dict(state["target"])
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
-        """Load an optimizer ``state_dict``: its state (moments, step counts) is taken, its settings
-        (learning rates, betas) stay this policy's, from its config, which may override the state's."""
-        settings = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
-        self.optimizer.load_state_dict(state)
-        for group, own in zip(self.optimizer.param_groups, settings):
-            group.update(own)
+        """Load an optimizer ``state_dict`` (see :meth:`LearningRates.load_state`: its settings stay this policy's)."""
+        self.learning_rates.load_state(state)
 
     def get_sampling_state(self) -> dict[str, Any]:
         return {

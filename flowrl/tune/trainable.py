@@ -32,9 +32,12 @@ from flowrl.engine.build import plan_bundles
 from flowrl.engine.trainer import Trainer
 from flowrl.errors import CheckpointError, FlowRLError
 from flowrl.plan.trace import traced_window, train_iteration, write_plan
+from flowrl.policy.schedules import SCHEDULES
 from flowrl.storage.checkpoints import list_checkpoints
 from flowrl.storage.rundir import PARAMS_FILE, PROGRESS_FILE, RunSpec, json_safe
 
+#: Config keys a live value ends (``Trainer.update_config``): the schedules.
+ENDED_BY_LIVE = frozenset(SCHEDULES.values())
 #: CPUs a trial's trainable (the driver: local worker and learner) gets when ``num_cpus_for_driver`` is 0:
 #: Tune runs it as an actor in the trial's first bundle, which must ask for something.
 TRIAL_DRIVER_CPUS = 1.0
@@ -73,6 +76,7 @@ class FlowRLTrainable(tune.Trainable):
 
     def setup(self, config: dict[str, Any]) -> None:
         self.trainer = Trainer(self.algo, self.env, dict(config))
+        self._trial_config = dict(config)  # as Tune gave it: Tune sets self.config before reset_config
         write_plan(self.logdir, self.trainer)
         self._traced = traced_window(self.trainer)
         self._trial = self.trial_id
@@ -110,10 +114,19 @@ class FlowRLTrainable(tune.Trainable):
         If every changed key is one the algorithm can change live, the running trainer takes
         them (Tune then restores the trial's checkpoint into it, if it has one); otherwise the
         trainer is replaced by a new one built from ``new_config``. Each result says which in
-        ``result["info"]["tune"]["config_change"]``: ``initial``, ``live`` or ``rebuilt``.
+        ``result["info"]["tune"]["config_change"]``: ``initial``, ``live`` or ``rebuilt``. A live
+        ``lr`` ends ``lr_schedule`` (see :meth:`~flowrl.Trainer.update_config`), which stays ended while
+        the trial's config keeps the schedule it had.
         """
-        current = self.trainer.config.to_dict(jsonable=False)
-        changes = {key: value for key, value in new_config.items() if current.get(key) != value}
+        current, previous = self.trainer.config.to_dict(jsonable=False), self._trial_config
+        self._trial_config = dict(new_config)
+        changes = {
+            key: value
+            for key, value in new_config.items()
+            # A schedule that a live value ended here is no change while the trial's config has it as before.
+            if current.get(key) != value
+            and not (key in ENDED_BY_LIVE and current.get(key) is None and previous.get(key) == value)
+        }
         if not set(changes) <= self.trainer.algorithm.live_keys:
             self._rebuild(new_config)
             return True

@@ -377,6 +377,8 @@ def test_workers_and_policies_get_a_frozen_copy_with_the_keys_their_readers_use(
     assert frozen.replace(seed=6).seed == 6 and frozen.replace(seed=6).is_frozen and not config.is_frozen
     assert TrainerConfig.per_policy_keys() == {
         "lr",
+        "lr_schedule",
+        "entropy_coeff_schedule",
         "model",
         "grad_clip",
         "explore",
