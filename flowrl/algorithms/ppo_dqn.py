@@ -44,7 +44,17 @@ SHARED_KEYS = (
 
 
 # Keys of the shared config that only the sub-algorithms' configs use.
-LEARNING_KEYS = ("lr", "gamma", "grad_clip", "model", "explore", "exploration_config", "train_batch_size")
+LEARNING_KEYS = (
+    "lr",
+    "lr_schedule",
+    "entropy_coeff_schedule",
+    "gamma",
+    "grad_clip",
+    "model",
+    "explore",
+    "exploration_config",
+    "train_batch_size",
+)
 
 
 def even_ppo_odd_dqn(agent_id: Hashable) -> str:
