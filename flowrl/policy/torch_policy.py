@@ -17,8 +17,7 @@ from flowrl.policy.custom_model import ACTOR_CRITIC, ModelInterface, build_custo
 from flowrl.policy.distributions import DistFactory, dist_class_for
 from flowrl.policy.exploration import StochasticSampling, make_exploration
 from flowrl.policy.model_options import model_config
-from flowrl.policy.optimizers import LearningRates
-from flowrl.policy.optimizers import adam as adam  # its home was here: algorithms may import it from here
+from flowrl.policy.optimizers import LearningRates, adam
 from flowrl.policy.policy import NONFINITE_UPDATE, ConfigT, LearnOutput, ModelWeights, Policy
 
 if TYPE_CHECKING:
@@ -76,7 +75,8 @@ class TorchPolicy(Policy[ConfigT]):
     implement ``model_interface`` (see :mod:`flowrl.policy.custom_model`; None: the algorithm
     takes no custom model).
 
-    Config keys read (see :class:`~flowrl.policy.policy.PolicyConfig`): ``lr``, ``model``
+    Config keys read (see :class:`~flowrl.policy.policy.PolicyConfig`): ``lr`` and ``lr_schedule``
+    (see :mod:`flowrl.policy.optimizers`), ``model``
     (see :mod:`flowrl.policy.models`), ``grad_clip``, ``explore``, ``exploration_config``
     (unless ``exploration_config`` is given here: an exploration the algorithm derives),
     ``num_gpus``, ``seed`` and ``num_workers``. Algorithm-owned scalars that must survive
@@ -138,7 +138,6 @@ class TorchPolicy(Policy[ConfigT]):
         if make_optimizer is None and config.lr is None:
             raise ConfigError([f"{type(config).__name__} has lr=None: give the policy its own make_optimizer"])
         self._make_optimizer = make_optimizer or self._default_optimizer
-        self._optimizer_from_lr = make_optimizer is None
         self._rates: LearningRates | None = None
         self.exploration = make_exploration(
             action_space,
@@ -170,7 +169,8 @@ class TorchPolicy(Policy[ConfigT]):
         """The optimizer's learning rates, set before each step (``lr``, or ``lr_schedule``'s value at the
         global timestep: see :mod:`flowrl.policy.optimizers` for a custom ``make_optimizer``'s groups)."""
         if self._rates is None:
-            self._rates = LearningRates(self._make_optimizer(self), from_lr=self._optimizer_from_lr)
+            from_lr = self._make_optimizer is TorchPolicy._default_optimizer
+            self._rates = LearningRates(self._make_optimizer(self), from_lr=from_lr)
         return self._rates
 
     # -- acting ----------------------------------------------------------------------
