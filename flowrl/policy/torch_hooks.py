@@ -1,0 +1,47 @@
+"""What an algorithm hands a :class:`~flowrl.policy.TorchPolicy`: the signatures of its loss, postprocessing,
+model, optimizer and TD-error functions, what a loss returns, and the optimizer they build on."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
+
+import gymnasium as gym
+
+from flowrl.data import SampleBatch
+from flowrl.deferred import nn, torch
+from flowrl.policy.distributions import DistFactory
+
+if TYPE_CHECKING:
+    from flowrl.policy.torch_policy import TorchPolicy
+
+TensorBatch = dict[str, "torch.Tensor"]
+
+
+class LossOutput(NamedTuple):
+    """What a loss function returns: the loss to minimise, scalar statistics to report, and
+    optionally per-row TD errors (the typed extra that replay priorities are made from)."""
+
+    loss: torch.Tensor
+    stats: dict[str, float]
+    td_error: torch.Tensor | None = None
+
+
+# A plain ``(loss, stats)`` tuple is accepted too.
+LossFn = Callable[
+    ["TorchPolicy[Any]", "nn.Module", DistFactory, TensorBatch],
+    "LossOutput | tuple[torch.Tensor, dict[str, float]]",
+]
+PostprocessFn = Callable[["TorchPolicy[Any]", SampleBatch], SampleBatch]
+ModelFn = Callable[[gym.Space[Any], gym.Space[Any], int, Mapping[str, Any]], "nn.Module"]
+OptimizerFn = Callable[["TorchPolicy[Any]"], "torch.optim.Optimizer"]
+GradientSync = Callable[["nn.Module", int, bool], bool]
+#: ``td_error_fn(policy, batch)``: the TD error of each row of a postprocessed batch (its tensors) with the
+#: policy's current model and target network, as its loss computes it, without side effects (no counters
+#: moved, no gradient): the worker-side priorities of the rows (``worker_side_prioritization``).
+TDErrorFn = Callable[["TorchPolicy[Any]", TensorBatch], "torch.Tensor"]
+
+
+def adam(params: Any, device: torch.device, **settings: Any) -> torch.optim.Adam:
+    """``torch.optim.Adam`` over ``params`` (tensors or param groups) on ``device``, fused where PyTorch
+    has a fused kernel (CPU, CUDA): one kernel per step instead of a Python loop over the tensors."""
+    return torch.optim.Adam(params, fused=device.type in ("cpu", "cuda"), **settings)
