@@ -122,6 +122,11 @@ class PPODQNConfig(TrainerConfig):
                 problems.append(f"{name}[{key!r}]: a sampling key shared by both policies; set {key} at the top level")
             for key in sorted(set(sub) & set(LEARNER_KEYS)):
                 problems.append(f"{name}[{key!r}]: one learner group trains both policies; set {key} at the top level")
+        if self.dqn.get("worker_side_prioritization"):
+            problems.append(
+                "dqn['worker_side_prioritization']=True is not available for ppo_dqn: its rollouts feed both "
+                "policies and store dqn_policy's rows at the max priority; set it false"
+            )
         return problems
 
     def _shared(self) -> dict[str, Any]:
@@ -161,11 +166,9 @@ def make_resources(workers: WorkerSet, config: PPODQNConfig) -> PlanResources:
 
 def execution_plan(workers: WorkerSet, config: PPODQNConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """Rollouts -> duplicate: DQN's sub-flow on dqn_policy's experience || PPO's on ppo_policy's -> metrics."""
-    dqn_config = config.dqn_config()
-    rollouts = ParallelRollouts(workers, mode="bulk_sync", worker_priorities=dqn_config.worker_side_prioritization)
-    ppo_rollouts, dqn_rollouts = rollouts.duplicate(2)
+    ppo_rollouts, dqn_rollouts = ParallelRollouts(workers, mode="bulk_sync").duplicate(2)
     dqn_experience = dqn_rollouts.for_each(SelectExperiences([DQN_POLICY]))
-    dqn_op = dqn.training_flow(dqn_experience, workers, dqn_config, resources, [DQN_POLICY])
+    dqn_op = dqn.training_flow(dqn_experience, workers, config.dqn_config(), resources, [DQN_POLICY])
     ppo_experience = ppo_rollouts.for_each(SelectExperiences([PPO_POLICY]))
     ppo_op = ppo.training_flow(ppo_experience, workers, config.ppo_config(), resources, [PPO_POLICY])
     return StandardMetricsReporting(Concurrently([ppo_op, dqn_op], mode="async"), workers, config)

@@ -14,6 +14,7 @@ from flowrl.actors import target_sync
 from flowrl.actors.target_sync import TargetSync
 from flowrl.algorithms import get_algorithm
 from flowrl.algorithms.ddpg import ACTOR_STEPS, ddpg_loss
+from flowrl.config.rllib import translate_rllib_config
 from flowrl.data import DEFAULT_POLICY_ID, LocalReplayBuffer, SampleBatch
 from flowrl.errors import ConfigError
 from flowrl.policy.postprocessing import DISCOUNTS, adjust_nstep
@@ -172,3 +173,33 @@ def test_worker_side_prioritization_needs_prioritized_replay(algo: str) -> None:
 def test_r2d2_refuses_worker_side_prioritization() -> None:
     with pytest.raises(ConfigError, match="worker_side_prioritization=True is not available for r2d2"):
         get_algorithm("r2d2").config_class.from_dict({"worker_side_prioritization": True})
+
+
+def test_ppo_dqn_refuses_worker_side_prioritization() -> None:
+    with pytest.raises(ConfigError, match=r"dqn\['worker_side_prioritization'\]=True is not available for ppo_dqn"):
+        get_algorithm("ppo_dqn").config_class.from_dict({"dqn": {"worker_side_prioritization": True}})
+
+
+@pytest.mark.parametrize(
+    "algo, rllib, expected",
+    [
+        ("apex", {"worker_side_prioritization": False}, False),
+        ("dqn", {"replay_buffer_config": {"worker_side_prioritization": True}}, True),
+        ("apex_ddpg", {"replay_buffer_config": {"worker_side_prioritization": False}}, False),
+    ],
+)
+def test_rllibs_worker_side_prioritization_is_the_dqn_familys_own_key(
+    algo: str, rllib: dict[str, Any], expected: bool
+) -> None:
+    config_class = get_algorithm(algo).config_class
+    translation = translate_rllib_config(config_class, rllib, config_class().to_dict(jsonable=False))
+    assert not translation.problems
+    assert translation.values["worker_side_prioritization"] is expected
+
+
+def test_rllibs_worker_side_prioritization_is_refused_where_no_worker_computes_priorities() -> None:
+    config_class = get_algorithm("ppo").config_class
+    defaults = config_class().to_dict(jsonable=False)
+    assert translate_rllib_config(config_class, {"worker_side_prioritization": False}, defaults).problems == []
+    refused = translate_rllib_config(config_class, {"worker_side_prioritization": True}, defaults).problems
+    assert len(refused) == 1 and "worker_side_prioritization=True is not implemented" in refused[0]
