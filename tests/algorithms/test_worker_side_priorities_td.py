@@ -1,5 +1,5 @@
 """Worker-side priorities: a worker's TD errors equal the driver's for the same rows, weights and target;
-the target networks' weights and versions; the config keys that turn them on."""
+the target networks' weights and versions."""
 
 from __future__ import annotations
 
@@ -10,13 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from flowrl.actors import target_sync
-from flowrl.actors.target_sync import TargetSync
 from flowrl.algorithms import get_algorithm
 from flowrl.algorithms.ddpg import ACTOR_STEPS, ddpg_loss
-from flowrl.config.rllib import translate_rllib_config
 from flowrl.data import DEFAULT_POLICY_ID, LocalReplayBuffer, SampleBatch
-from flowrl.errors import ConfigError
 from flowrl.policy.postprocessing import DISCOUNTS, adjust_nstep
 from flowrl.policy.worker_priorities import (
     add_td_errors,
@@ -129,77 +125,3 @@ def test_target_versions_count_updates_and_loads() -> None:
     assert target_versions(policies) == {DEFAULT_POLICY_ID: 2}
     policy.set_state(policy.get_state())  # a restore loads the target
     assert target_versions(policies) == {DEFAULT_POLICY_ID: 3}
-
-
-def test_target_sync_sends_the_targets_only_when_a_receiver_lacks_their_version(monkeypatch: Any) -> None:
-    puts: list[Any] = []
-
-    class FakeRay:
-        @staticmethod
-        def put(value: Any) -> Any:
-            puts.append(value)
-            return f"ref{len(puts)}"
-
-    monkeypatch.setattr(target_sync, "ray", FakeRay)
-    policy = policy_of("dqn", CARTPOLE, 0)
-    policies = {DEFAULT_POLICY_ID: policy}
-    sync = TargetSync()
-    assert sync.targets_for("a", policies) == "ref1"
-    assert sync.targets_for("b", policies) == "ref1"  # one put per version, shared
-    assert sync.targets_for("a", policies) is None
-    policy.update_target()
-    assert sync.targets_for("a", policies) == "ref2"
-    assert sync.targets_for("a", policies) is None
-    assert len(puts) == 2
-    sent, now = puts[1][DEFAULT_POLICY_ID], policy.target_network.get_weights()
-    assert sent.keys() == now.keys() and all(np.array_equal(sent[k], now[k]) for k in now)
-
-
-@pytest.mark.parametrize(
-    "algo, expected",
-    [("dqn", False), ("ddpg", False), ("td3", False), ("apex", True), ("apex_ddpg", True), ("r2d2", False)],
-)
-def test_worker_side_prioritization_defaults(algo: str, expected: bool) -> None:
-    assert get_algorithm(algo).config_class().worker_side_prioritization is expected
-
-
-@pytest.mark.parametrize("algo", ["dqn", "apex", "ddpg", "apex_ddpg"])
-def test_worker_side_prioritization_needs_prioritized_replay(algo: str) -> None:
-    config_class = get_algorithm(algo).config_class
-    with pytest.raises(ConfigError, match="worker_side_prioritization=True needs prioritized_replay=True"):
-        config_class.from_dict({"worker_side_prioritization": True, "prioritized_replay": False})
-
-
-def test_r2d2_refuses_worker_side_prioritization() -> None:
-    with pytest.raises(ConfigError, match="worker_side_prioritization=True is not available for r2d2"):
-        get_algorithm("r2d2").config_class.from_dict({"worker_side_prioritization": True})
-
-
-def test_ppo_dqn_refuses_worker_side_prioritization() -> None:
-    with pytest.raises(ConfigError, match=r"dqn\['worker_side_prioritization'\]=True is not available for ppo_dqn"):
-        get_algorithm("ppo_dqn").config_class.from_dict({"dqn": {"worker_side_prioritization": True}})
-
-
-@pytest.mark.parametrize(
-    "algo, rllib, expected",
-    [
-        ("apex", {"worker_side_prioritization": False}, False),
-        ("dqn", {"replay_buffer_config": {"worker_side_prioritization": True}}, True),
-        ("apex_ddpg", {"replay_buffer_config": {"worker_side_prioritization": False}}, False),
-    ],
-)
-def test_rllibs_worker_side_prioritization_is_the_dqn_familys_own_key(
-    algo: str, rllib: dict[str, Any], expected: bool
-) -> None:
-    config_class = get_algorithm(algo).config_class
-    translation = translate_rllib_config(config_class, rllib, config_class().to_dict(jsonable=False))
-    assert not translation.problems
-    assert translation.values["worker_side_prioritization"] is expected
-
-
-def test_rllibs_worker_side_prioritization_is_refused_where_no_worker_computes_priorities() -> None:
-    config_class = get_algorithm("ppo").config_class
-    defaults = config_class().to_dict(jsonable=False)
-    assert translate_rllib_config(config_class, {"worker_side_prioritization": False}, defaults).problems == []
-    refused = translate_rllib_config(config_class, {"worker_side_prioritization": True}, defaults).problems
-    assert len(refused) == 1 and "worker_side_prioritization=True is not implemented" in refused[0]
