@@ -3,16 +3,13 @@ model, optimizer and TD-error functions, what a loss returns, and the optimizer 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import gymnasium as gym
 
 from flowrl.data import SampleBatch
 from flowrl.deferred import nn, torch
 from flowrl.policy.distributions import DistFactory
-
-if TYPE_CHECKING:
-    from flowrl.policy.torch_policy import TorchPolicy
 
 TensorBatch = dict[str, "torch.Tensor"]
 
@@ -26,19 +23,17 @@ class LossOutput(NamedTuple):
     td_error: torch.Tensor | None = None
 
 
-# A plain ``(loss, stats)`` tuple is accepted too.
-LossFn = Callable[
-    ["TorchPolicy[Any]", "nn.Module", DistFactory, TensorBatch],
-    "LossOutput | tuple[torch.Tensor, dict[str, float]]",
-]
-PostprocessFn = Callable[["TorchPolicy[Any]", SampleBatch], SampleBatch]
+# The first argument of each is the TorchPolicy (typed Any here: this module sits below torch_policy).
+# A loss may return a plain ``(loss, stats)`` tuple too.
+LossFn = Callable[[Any, "nn.Module", DistFactory, TensorBatch], "LossOutput | tuple[torch.Tensor, dict[str, float]]"]
+PostprocessFn = Callable[[Any, SampleBatch], SampleBatch]
 ModelFn = Callable[[gym.Space[Any], gym.Space[Any], int, Mapping[str, Any]], "nn.Module"]
-OptimizerFn = Callable[["TorchPolicy[Any]"], "torch.optim.Optimizer"]
+OptimizerFn = Callable[[Any], "torch.optim.Optimizer"]
 GradientSync = Callable[["nn.Module", int, bool], bool]
 #: ``td_error_fn(policy, batch)``: the TD error of each row of a postprocessed batch (its tensors) with the
 #: policy's current model and target network, as its loss computes it, without side effects (no counters
 #: moved, no gradient): the worker-side priorities of the rows (``worker_side_prioritization``).
-TDErrorFn = Callable[["TorchPolicy[Any]", TensorBatch], "torch.Tensor"]
+TDErrorFn = Callable[[Any, TensorBatch], "torch.Tensor"]
 
 
 def adam(params: Any, device: torch.device, **settings: Any) -> torch.optim.Adam:
