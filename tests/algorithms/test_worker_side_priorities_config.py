@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import pytest
 
+from flowrl import Trainer
 from flowrl.algorithms import get_algorithm
 from flowrl.config.rllib import translate_rllib_config
 from flowrl.data import DEFAULT_POLICY_ID
@@ -78,3 +80,22 @@ def test_a_policy_without_a_td_error_function_is_refused_when_the_plan_is_built(
 
     with pytest.raises(ConfigError, match="policy 'default_policy' \\(TorchPolicy\\) has no td_error_fn"):
         ParallelRollouts(Workers(), worker_priorities=True)  # type: ignore[arg-type]
+
+
+def test_with_num_workers_0_the_local_worker_stores_its_rows_at_their_td_errors() -> None:
+    config = {
+        "num_workers": 0,
+        "worker_side_prioritization": True,
+        "learning_starts": 1000,  # the first iteration ends at the first replay: few rows have new priorities
+        "timesteps_per_iteration": 200,
+        "model": {"fcnet_hiddens": [8]},
+        "seed": 0,
+    }
+    trainer = Trainer("dqn", "CartPole-v1", config)
+    try:
+        trainer.train()
+        priorities = trainer.resources.replay_buffer.buffers[DEFAULT_POLICY_ID].priorities()
+    finally:
+        trainer.stop()
+    # Max-priority insertion would store them all at 1.0; the local worker's |TD error| + eps differ row by row.
+    assert len(priorities) >= 1000 and len(np.unique(priorities)) > 0.9 * len(priorities)
