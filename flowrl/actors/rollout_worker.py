@@ -32,6 +32,7 @@ from flowrl.policy import Policy, PolicySpec
 from flowrl.policy.filters import MeanStdFilter, RunningStats, make_observation_filter
 from flowrl.policy.mapping import policy_mapping
 from flowrl.policy.policy import ModelWeights
+from flowrl.policy.worker_priorities import load_target_weights
 
 R = TypeVar("R")
 
@@ -325,10 +326,18 @@ class RolloutWorker(ParallelIteratorWorker):
         """Weights of the given policies (default all), keyed by policy id."""
         return {pid: self.policy_map[pid].get_weights() for pid in (policies or self.policy_map)}
 
-    def set_weights(self, weights: Mapping[str, ModelWeights], global_vars: Mapping[str, Any] | None = None) -> None:
-        """Load weights per policy id, then pass ``global_vars`` on to every policy."""
+    def set_weights(
+        self,
+        weights: Mapping[str, ModelWeights],
+        global_vars: Mapping[str, Any] | None = None,
+        targets: Mapping[str, ModelWeights] | None = None,
+    ) -> None:
+        """Load weights per policy id (and ``targets``: target networks' weights, for worker-side
+        priorities), then pass ``global_vars`` on to every policy."""
         for pid, w in weights.items():
             self.policy_map[pid].set_weights(w)
+        if targets:
+            load_target_weights(self.policy_map, targets)
         if global_vars is not None:
             self.set_global_vars(global_vars)
 

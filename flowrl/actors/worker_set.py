@@ -35,6 +35,7 @@ from flowrl.actors.rollout_worker import (
     as_config,
     control_call,
 )
+from flowrl.actors.target_sync import TargetSync
 from flowrl.config import TrainerConfig
 from flowrl.deferred import ray, torch
 from flowrl.envs import check_env as check_env_api
@@ -50,6 +51,7 @@ from flowrl.errors import (
     ShardFailedError,
     WorkerFailureError,
 )
+from flowrl.policy.worker_priorities import target_weights
 
 R = TypeVar("R")
 
@@ -192,6 +194,7 @@ class WorkerSet:
         self._hung: dict[Any, str] = {}
         self._replacements: dict[Any, Any] = {}
         self._global_vars: Mapping[str, Any] | None = None
+        self._target_sync = TargetSync()
         self.reservation = Reservation(requests, config.placement_strategy, config.worker_startup_timeout_s)
         try:
             self._local = self._make_local(env_creator, policy_specs, config, num_workers)
@@ -415,7 +418,8 @@ class WorkerSet:
         """Queue the local worker's weights, the last global vars and the filter's statistics to ``actor``."""
         with self._local.lock:  # not halfway through a learner thread's step
             weights = self._local.get_weights()
-        actor.set_weights.remote(weights, self._global_vars)
+            targets = target_weights(self._local.policy_map)  # for worker-side priorities
+        actor.set_weights.remote(weights, self._global_vars, *([targets] if targets else []))
         if self._local.obs_filter is not None:  # it filters with the run's statistics from its first sample on
             actor.sync_filter.remote(self._local.obs_filter.stats())
 
@@ -448,7 +452,9 @@ class WorkerSet:
         self._global_vars = dict(global_vars)
 
     def sync_weights(self, policies: list[str] | None = None, global_vars: Mapping[str, Any] | None = None) -> None:
-        """Broadcast the local worker's weights (one ``ray.put``) and ``global_vars`` to every remote worker.
+        """Broadcast the local worker's weights (one ``ray.put``) and ``global_vars`` to every remote worker,
+        with the target networks of policies that compute worker-side priorities when they changed since the
+        last broadcast (a replacement worker gets them all when it rejoins).
 
         Actor calls from one caller run in order, so each worker's next sample uses them.
         """
@@ -459,8 +465,10 @@ class WorkerSet:
         if not self._remote:
             return
         weights = ray.put(self._local.get_weights(policies))
+        targets = self._target_sync.targets_for("broadcast", self._local.policy_map, policies)
+        extra = [] if targets is None else [targets]  # only rollout workers of such policies take targets
         for worker in self._remote:
-            worker.set_weights.remote(weights, self._global_vars)
+            worker.set_weights.remote(weights, self._global_vars, *extra)
 
     def sync_filters(self) -> None:
         """Merge the observation statistics each remote worker gathered since the last sync into the local

@@ -58,6 +58,7 @@ class ApexConfig(DQNConfig):
         "timesteps_per_iteration": 2000,
         "model": {"fcnet_hiddens": [128, 128], "fcnet_activation": "relu"},
         "exploration_config": {"type": "PerWorkerEpsilonGreedy"},
+        "worker_side_prioritization": True,
     }
     target_update_counter: ClassVar[str] = STEPS_TRAINED_COUNTER  # the learner's steps, not the workers'
     # RLlib 1.13's Ape-X DQN (rllib/agents/dqn/apex.py over DQN's), whose optimizer keys RLlib's Ape-X
@@ -134,7 +135,7 @@ def make_resources(workers: WorkerSet, config: ApexConfig) -> PlanResources:
 def execution_plan(workers: WorkerSet, config: ApexConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
     """Store rollouts || replay into the learner || learner results -> priorities, target updates."""
     learner, shards = resources.need_learner(), resources.need_replay_actors()
-    rollouts = ParallelRollouts(workers, mode="async", num_async=2)
+    rollouts = ParallelRollouts(workers, mode="async", num_async=2, worker_priorities=config.worker_side_prioritization)
     if config.training_intensity is not None:
         rollouts = rollouts.transform(
             ThrottleSampling(config.training_intensity, config.learning_starts, replay_shards=shards)

@@ -164,19 +164,12 @@ class TD3Config(DDPGConfig):
     }
 
 
-def ddpg_loss(
-    policy: TorchPolicy[DDPGConfig],
-    model: nn.Module,
-    dist_class: DistFactory,
-    batch: dict[str, torch.Tensor],
-) -> LossOutput:
-    """Critic: n-step TD on (twin-min) target Q; actor (every ``policy_delay`` steps): maximise Q(s, pi(s)).
-
-    TD errors come back only with prioritized replay: nothing else reads them.
-    """
+def critic_target(policy: TorchPolicy[DDPGConfig], batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Each row's n-step critic target, without gradient: the reward plus the discounted (twin-min) target Q
+    of the target actor's (smoothed, for TD3) next action, unless the episode terminated."""
     config, target = policy.config, policy.target_model
-    assert isinstance(model, networks.ActorCritics) and isinstance(target, networks.ActorCritics)
-    obs, new_obs = batch[SampleBatch.OBS], batch[SampleBatch.NEW_OBS]
+    assert isinstance(target, networks.ActorCritics)
+    new_obs = batch[SampleBatch.NEW_OBS]
     with torch.no_grad():
         next_actions = target.act(new_obs)
         if config.smooth_target_policy:
@@ -187,7 +180,33 @@ def ddpg_loss(
         next_q = functools.reduce(torch.minimum, target.q(new_obs, next_actions))
         # Bootstrap unless the episode terminated (a truncated one goes on).
         next_q = next_q.masked_fill(batch[SampleBatch.TERMINATEDS].bool(), 0.0)
-        q_target = torch.addcmul(batch[SampleBatch.REWARDS], batch[DISCOUNTS], next_q)
+        return torch.addcmul(batch[SampleBatch.REWARDS], batch[DISCOUNTS], next_q)
+
+
+def ddpg_td_error(policy: TorchPolicy[DDPGConfig], batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Each row's n-step TD error of the (first) critic, as the loss computes it, without its side effects
+    (it counts actor steps): worker-side priorities."""
+    model = policy.model
+    assert isinstance(model, networks.ActorCritics)
+    with torch.no_grad():
+        q = model.q(batch[SampleBatch.OBS], batch[SampleBatch.ACTIONS].float())[0]
+    return q - critic_target(policy, batch)
+
+
+def ddpg_loss(
+    policy: TorchPolicy[DDPGConfig],
+    model: nn.Module,
+    dist_class: DistFactory,
+    batch: dict[str, torch.Tensor],
+) -> LossOutput:
+    """Critic: n-step TD on (twin-min) target Q; actor (every ``policy_delay`` steps): maximise Q(s, pi(s)).
+
+    TD errors come back only with prioritized replay: nothing else reads them.
+    """
+    config = policy.config
+    assert isinstance(model, networks.ActorCritics)
+    obs = batch[SampleBatch.OBS]
+    q_target = critic_target(policy, batch)
     q_values = model.q(obs, batch[SampleBatch.ACTIONS].float())
     if config.use_huber:
         errors = [
@@ -312,6 +331,7 @@ def make_ddpg_policy(obs_space: gym.Space[Any], action_space: gym.Space[Any], co
         "make_optimizer": _optimizer,
         "dist_kind": "deterministic",
         "target_network": True,
+        "td_error_fn": ddpg_td_error,
         "exploration_config": dict(config.exploration_config)
         or {
             "type": "GaussianNoise",

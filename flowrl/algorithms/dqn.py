@@ -92,6 +92,13 @@ class DQNConfig(TrainerConfig):
     prioritized_replay_alpha: float = cfg_field(0.6, "How strongly priorities skew sampling (0: uniform).", min=0)
     prioritized_replay_beta: float = cfg_field(0.4, "Importance-sampling correction exponent.", min=0, max=1)
     prioritized_replay_eps: float = cfg_field(1e-6, "Added to |TD error| to get a priority.", min=0, min_exclusive=True)
+    worker_side_prioritization: bool = cfg_field(
+        False,
+        "The rollout workers compute the n-step TD error of each row they sample, with their weights and the "
+        "learner's target network (sent with the weights), and replay stores the row at |TD error| + "
+        "prioritized_replay_eps instead of the max priority (Ape-X). Needs prioritized_replay; with "
+        "num_workers=0 the local worker computes them with the learner's own networks.",
+    )
     store_buffer_in_checkpoints: bool = cfg_field(
         True,
         "Save the replay buffer's contents in checkpoints, not only its counters: a resumed run "
@@ -105,19 +112,26 @@ class DQNConfig(TrainerConfig):
         min_exclusive=True,
     )
 
+    def check(self) -> list[str]:
+        problems = super().check()
+        if self.worker_side_prioritization and not self.prioritized_replay:
+            problems.append(
+                "worker_side_prioritization=True needs prioritized_replay=True: the workers' TD errors are "
+                "priorities, which only a prioritized replay buffer keeps; turn prioritized_replay on or "
+                "worker_side_prioritization off"
+            )
+        return problems
+
     def sampled_per_round(self) -> int:
         """Env steps one ParallelRollouts item holds."""
         return self.rollout_fragment_length * self.num_envs_per_worker * max(1, self.num_workers)
 
 
-def dqn_loss(
-    policy: TorchPolicy[DQNConfig],
-    model: nn.Module,
-    dist_class: DistFactory,
-    batch: dict[str, torch.Tensor],
-) -> LossOutput:
-    """Importance-weighted Huber loss on the n-step TD error, with (double) target Q-values over the next
-    state's legal actions; the TD errors set priorities."""
+def q_and_target(
+    policy: TorchPolicy[DQNConfig], model: nn.Module, batch: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's Q-value of its action (with gradient) and its n-step target (without): the reward plus
+    the discounted (double) target Q-value over the next state's legal actions, unless it terminated."""
     q_values, _ = model(batch[SampleBatch.OBS])
     actions = batch[SampleBatch.ACTIONS].long()
     q_taken = q_values.gather(1, actions.unsqueeze(1)).squeeze(1)
@@ -130,6 +144,24 @@ def dqn_loss(
         # Bootstrap unless the episode terminated (a truncated one goes on).
         not_done = 1.0 - batch[SampleBatch.TERMINATEDS].float()
         target = batch[SampleBatch.REWARDS] + batch[DISCOUNTS] * not_done * next_q
+    return q_taken, target
+
+
+def dqn_td_error(policy: TorchPolicy[DQNConfig], batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Each row's n-step TD error with the policy's model and target network, as the loss computes it
+    (worker-side priorities)."""
+    q_taken, target = q_and_target(policy, policy.model, batch)
+    return q_taken - target
+
+
+def dqn_loss(
+    policy: TorchPolicy[DQNConfig],
+    model: nn.Module,
+    dist_class: DistFactory,
+    batch: dict[str, torch.Tensor],
+) -> LossOutput:
+    """Importance-weighted Huber loss on the n-step TD error (:func:`q_and_target`); the TD errors set priorities."""
+    q_taken, target = q_and_target(policy, model, batch)
     td_error = q_taken - target
     weights = batch.get(SampleBatch.WEIGHTS, torch.ones_like(td_error))
     loss = (weights * nn.functional.smooth_l1_loss(q_taken, target, reduction="none")).mean()
@@ -145,6 +177,7 @@ def make_dqn_policy(obs_space: gym.Space[Any], action_space: gym.Space[Any], con
         "make_model": _dueling_q_model if config.dueling else _q_model,
         "model_interface": Q_VALUES,
         "target_network": True,
+        "td_error_fn": dqn_td_error,
     }
     return PolicySpec(TorchPolicy, obs_space, action_space, config, kwargs)
 
@@ -208,7 +241,7 @@ def execution_plan(workers: WorkerSet, config: DQNConfig, resources: PlanResourc
 
     DDPG and TD3 run this same plan with their own policy (soft target updates via ``tau``).
     """
-    rollouts = ParallelRollouts(workers, mode="bulk_sync")
+    rollouts = ParallelRollouts(workers, mode="bulk_sync", worker_priorities=config.worker_side_prioritization)
     learning = training_flow(rollouts, workers, config, resources)
     return StandardMetricsReporting(learning, workers, config)
 

@@ -132,6 +132,11 @@ class PPODQNConfig(TrainerConfig):
                 problems.append(f"{name}[{key!r}]: a sampling key shared by both policies; set {key} at the top level")
             for key in sorted(set(sub) & set(LEARNER_KEYS)):
                 problems.append(f"{name}[{key!r}]: one learner group trains both policies; set {key} at the top level")
+        if self.dqn.get("worker_side_prioritization"):
+            problems.append(
+                "dqn['worker_side_prioritization']=True is not available for ppo_dqn: its rollouts feed both "
+                "policies and store dqn_policy's rows at the max priority; set it false"
+            )
         return problems
 
     def _shared(self) -> dict[str, Any]:

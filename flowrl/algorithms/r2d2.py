@@ -64,6 +64,7 @@ class R2D2Config(apex.ApexConfig):
             "final_epsilon": 0.02,
             "epsilon_timesteps": 10_000,
         },
+        "worker_side_prioritization": False,
     }
     # RLlib's R2D2 defaults are not recorded (nor Ape-X's inherited): an RLlib config runs on flowrl's.
     rllib_defaults = {}
@@ -115,6 +116,12 @@ class R2D2Config(apex.ApexConfig):
             problems.append(
                 f"rollout_fragment_length={self.rollout_fragment_length} < replay_sequence_length={length}: "
                 "a sequence never spans two fragments, so none would be that long"
+            )
+        if self.worker_side_prioritization:
+            problems.append(
+                "worker_side_prioritization=True is not available for r2d2: a sequence's priority mixes the TD "
+                "errors of its steps after a burn-in through the recurrent state, which only the learner computes "
+                "(sequences enter replay at the max priority); set worker_side_prioritization: false"
             )
         if self.num_workers == 0 and self.exploration_config.get("type") == "PerWorkerEpsilonGreedy":
             problems.append(

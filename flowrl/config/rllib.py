@@ -85,6 +85,7 @@ NESTED: dict[str, dict[str, str]] = {
         "prioritized_replay_beta": "prioritized_replay_beta",
         "prioritized_replay_eps": "prioritized_replay_eps",
         "store_buffer_in_checkpoints": "store_buffer_in_checkpoints",
+        "worker_side_prioritization": "worker_side_prioritization",
     },
     "multiagent": {
         "policies": "policies",
@@ -243,7 +244,11 @@ IGNORED_AT: dict[str, Conditional] = {
         "adds hidden layers to the Q head; give them in model.fcnet_hiddens",
     ),
     "adam_epsilon": Conditional((1e-8,), "Adam's default", "changes Adam's epsilon"),
-    "worker_side_prioritization": Conditional((False,), "off", "computes priorities on the workers"),
+    "worker_side_prioritization": Conditional(
+        (False,),
+        "off",
+        "computes priorities on the workers (flowrl's DQN, Ape-X, DDPG, TD3 and Ape-X DDPG read it as their own key)",
+    ),
     "replay_sequence_length": Conditional((1,), "single steps", "replays sequences, as flowrl's r2d2 does"),
     "burn_in": Conditional((0,), "no burn-in", "warms each replayed sequence's state on its first steps"),
     "use_state_preprocessor": Conditional((False,), "off", "puts a model in front of DDPG's actor and critic"),
@@ -464,8 +469,10 @@ class _Reader:
         for sub, sub_value in value.items():
             name = f"{key}.{sub}"
             ignored = NESTED_IGNORED.get(key, {}).get(sub)
-            if sub in NESTED[key]:
-                self._map(name, NESTED[key][sub], sub_value)
+            own = NESTED[key].get(sub)
+            # A key flowrl's config lacks is read as NESTED_IGNORED says, if it says (worker_side_prioritization).
+            if own is not None and (own in self.defaults or ignored is None):
+                self._map(name, own, sub_value)
             elif key == "replay_buffer_config" and self.replays_sequences and sub in SEQUENCE_NESTED:
                 self._map(name, SEQUENCE_NESTED[sub], sub_value)
             elif key == "replay_buffer_config" and self.replays_sequences and sub == "storage_unit":

@@ -535,11 +535,24 @@ class LocalReplayBuffer:
         return buffer
 
     def add_batch(self, batch: SampleBatch | MultiAgentBatch) -> None:
-        """Store each policy's rows in that policy's buffer and count the batch's env steps."""
+        """Store each policy's rows in that policy's buffer and count the batch's env steps.
+
+        A policy's rows that carry a ``td_error`` column (worker-side priorities) get the priorities
+        ``|td_error| + prioritized_replay_eps`` instead of the max priority; the column is not stored.
+        """
         if not isinstance(batch, (SampleBatch, MultiAgentBatch)):
             raise ReplayBufferError(f"add_batch takes a SampleBatch or MultiAgentBatch, got {type(batch).__name__}")
         for policy_id, policy_batch in as_policy_batches(batch).items():
-            self._buffer(policy_id).add(self._items(policy_batch))
+            buffer = self._buffer(policy_id)
+            if SampleBatch.TD_ERROR not in policy_batch:
+                buffer.add(self._items(policy_batch))
+                continue
+            td_error = np.abs(np.asarray(policy_batch[SampleBatch.TD_ERROR], dtype=np.float64))
+            rows = self._items(SampleBatch({k: v for k, v in policy_batch.items() if k != SampleBatch.TD_ERROR}))
+            if isinstance(buffer, PrioritizedReplayBuffer) and self.replay_sequence_length == 1:
+                buffer.add(rows, td_error + self.eps)
+            else:  # uniform replay has no priorities; a sequence's would be its steps' mixture (R2D2's loss)
+                buffer.add(rows)
         self._num_steps_added += batch.env_steps()
 
     def _items(self, batch: SampleBatch) -> SampleBatch | dict[str, np.ndarray]:

@@ -47,6 +47,9 @@ class SampleBatch(dict[str, Any]):
     ADVANTAGES = "advantages"
     VALUE_TARGETS = "value_targets"
     WEIGHTS = "weights"
+    #: Each row's TD error, computed where it was sampled (``worker_side_prioritization``): a prioritized
+    #: replay buffer stores the row with the priority ``|td_error| + eps``, not the column.
+    TD_ERROR = "td_error"
     #: Legal actions of the row's observation (``[B, n]`` bools), for envs that mask actions.
     ACTION_MASK = "action_mask"
     #: Legal actions of the row's ``new_obs``: the TD targets' max and argmax range over them.

@@ -6,6 +6,7 @@ from typing import Any, NamedTuple
 
 from flowrl.actors import Learned, LearnerThread
 from flowrl.actors.protocols import WorkerSetLike
+from flowrl.actors.target_sync import TargetSync
 from flowrl.data import MultiAgentBatch, SampleBatch
 from flowrl.deferred import ray
 from flowrl.iterators import FromActor, LocalIterator
@@ -52,6 +53,8 @@ class SendWeightsToSource(Operator):
         self.version_sent: dict[Any, int] = {}
         self.weights: Any = None
         self.weights_version = -1
+        # Target networks go along (worker-side priorities) only to a worker that lacks their current version.
+        self.target_sync = TargetSync()
         # Policy lag: learner updates between the weights a batch's actor was last sent and the batch's arrival.
         self.policy_lag_total = 0
         self.batches_received = 0
@@ -76,12 +79,14 @@ class SendWeightsToSource(Operator):
             self.steps_since[actor] >= self.min_steps
             and version - self.version_sent.get(actor, 0) >= self.min_learner_updates
         ):
-            if self.weights_version != version:
-                with self.learner.lock:  # not halfway through a learner step
-                    weights = self.workers.local_worker().get_weights()
+            local = self.workers.local_worker()
+            with self.learner.lock:  # not halfway through a learner step or a target update
+                weights = local.get_weights() if self.weights_version != version else None
+                targets = self.target_sync.targets_for(actor, local.policy_map)
+            if weights is not None:
                 self.weights = ray.put(weights)
                 self.weights_version = version
-            send_weights(self.workers, actor, self.weights)
+            send_weights(self.workers, actor, self.weights, targets)
             self.steps_since[actor] = 0
             self.version_sent[actor] = version
         return batch

@@ -14,7 +14,7 @@ from flowrl.data import (
     as_policy_batches,
     concat_samples,
 )
-from flowrl.errors import FlowRLError
+from flowrl.errors import ConfigError, FlowRLError
 from flowrl.iterators import LocalIterator, ParallelIterator, SharedMetrics, from_actors
 from flowrl.operators.metric_ops import record_learner_info
 from flowrl.operators.names import (
@@ -23,6 +23,7 @@ from flowrl.operators.names import (
 )
 from flowrl.operators.protocol import ActorFlow, Operator
 from flowrl.operators.train_ops import ComputedGradients
+from flowrl.policy.worker_priorities import add_td_errors
 
 Batch = SampleBatch | MultiAgentBatch
 ROLLOUT_MODES = ("bulk_sync", "async", "raw")
@@ -54,7 +55,36 @@ def rollout_actors(workers: WorkerSet) -> ParallelIterator[Batch]:
     )
 
 
-def ParallelRollouts(workers: WorkerSet, *, mode: str = "bulk_sync", num_async: int = 1) -> Any:
+class AddWorkerPriorities(Operator):
+    """Runs where a fragment was sampled: adds the ``td_error`` column (worker-side priorities) for the
+    policies that compute them, with that worker's weights and target networks (pass-through).
+
+    ``worker``: the local worker, when it samples; None inside a remote worker (its process's own).
+    """
+
+    def __init__(self, worker: Any = None) -> None:
+        self.worker = worker
+
+    def __call__(self, batch: Batch) -> Batch:
+        worker = self.worker if self.worker is not None else get_global_worker()
+        return add_td_errors(worker.policy_map, batch)
+
+
+def _check_priorities(workers: WorkerSet) -> None:
+    """Every policy whose config asks for worker-side priorities has a TD-error function to compute them."""
+    for pid, spec in workers.policy_specs.items():
+        if getattr(spec.config, "worker_side_prioritization", False) and spec.kwargs.get("td_error_fn") is None:
+            raise ConfigError(
+                [
+                    f"worker_side_prioritization=True: policy {pid!r} ({spec.policy_class.__name__}) has no "
+                    "td_error_fn to compute the priorities of its rows with; set worker_side_prioritization: false"
+                ]
+            )
+
+
+def ParallelRollouts(
+    workers: WorkerSet, *, mode: str = "bulk_sync", num_async: int = 1, worker_priorities: bool = False
+) -> Any:
     """Experience from the rollout workers, counted in ``num_steps_sampled``.
 
     ``bulk_sync``: one fragment from every worker per item, concatenated (a barrier per
@@ -66,9 +96,14 @@ def ParallelRollouts(workers: WorkerSet, *, mode: str = "bulk_sync", num_async: 
     hang are replaced (or dropped) by the worker set without ending the stream; while a replacement
     waits to start (e.g. for room after a lost node), rounds and gathers go on with the other workers
     (downstream ``ConcatBatches`` takes more of them to fill a train batch).
+
+    ``worker_priorities``: each fragment leaves its worker with the TD errors of its rows (the ``td_error``
+    column, see :mod:`flowrl.policy.worker_priorities`), computed there (by the local worker when it samples).
     """
     if mode not in ROLLOUT_MODES:
         raise FlowRLError(f"ParallelRollouts(mode={mode!r}): mode must be one of {ROLLOUT_MODES}")
+    if worker_priorities:
+        _check_priorities(workers)
     if not workers.remote_workers():
         if mode == "raw":
             raise FlowRLError("ParallelRollouts(mode='raw') needs remote workers (num_workers >= 1)")
@@ -76,8 +111,12 @@ def ParallelRollouts(workers: WorkerSet, *, mode: str = "bulk_sync", num_async: 
         rollouts: LocalIterator[Batch] = LocalIterator(
             lambda timeout: local._sample_forever(), SharedMetrics(), name="local_worker.sample()"
         )
+        if worker_priorities:
+            rollouts = rollouts.for_each(AddWorkerPriorities(local))
         return rollouts.for_each(count_steps_sampled)
     actors = rollout_actors(workers)
+    if worker_priorities:
+        actors = actors.for_each(AddWorkerPriorities())
     if mode == "raw":
         return actors
     if mode == "bulk_sync":

@@ -33,13 +33,14 @@ def broadcast_weights(workers: WorkerSetLike, policies: Sequence[str] | None = N
     metrics.counters[NUM_WEIGHT_SYNCS] += 1
 
 
-def send_weights(workers: WorkerSetLike, actor: Any, weights: Any) -> None:
+def send_weights(workers: WorkerSetLike, actor: Any, weights: Any, targets: Any = None) -> None:
     """Send ``weights`` (per policy id, or their object ref) to one of ``workers``' actors (or an
-    aggregator over them); timed and counted like a broadcast. The worker set remembers the
-    global vars sent, for a worker that replaces a failed one."""
+    aggregator over them), with ``targets`` (target networks' weights per policy id, or their ref) if
+    given; timed and counted like a broadcast. The worker set remembers the global vars sent, for a
+    worker that replaces a failed one."""
     metrics = LocalIterator.get_metrics()
     with metrics.timers[WORKER_UPDATE_TIMER]:
         variables = global_vars()
-        actor.set_weights.remote(weights, variables)
+        actor.set_weights.remote(weights, variables, *([] if targets is None else [targets]))
         workers.remember_global_vars(variables)
     metrics.counters[NUM_WEIGHT_SYNCS] += 1

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
         discount_cumsum,
         nstep_postprocess,
     )
-    from flowrl.policy.torch_policy import LossOutput, TorchPolicy
+    from flowrl.policy.torch_hooks import LossOutput
+    from flowrl.policy.torch_policy import TorchPolicy
 
 __all__ = [
     "ActionDistribution",
@@ -93,6 +94,7 @@ __getattr__ = deferred_attributes(
             "discount_cumsum",
             "nstep_postprocess",
         ],
-        "flowrl.policy.torch_policy": ["LossOutput", "TorchPolicy"],
+        "flowrl.policy.torch_hooks": ["LossOutput"],
+        "flowrl.policy.torch_policy": ["TorchPolicy"],
     },
 )

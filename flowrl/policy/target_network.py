@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 
+import numpy as np
 import torch
 from torch import nn
 
 
 class TargetNetwork:
-    """``model`` is a frozen copy of ``source``; :meth:`update` copies ``source`` into it or blends towards it."""
+    """``model`` is a frozen copy of ``source``; :meth:`update` copies ``source`` into it or blends towards it.
+
+    ``version`` counts its changes (updates and loads), so a sender of its weights can tell whether a
+    receiver already holds them.
+    """
 
     def __init__(self, source: nn.Module) -> None:
         self.model = copy.deepcopy(source)
         self.model.requires_grad_(False)
+        self.version = 0
         # (target, source) tensor lists, made once: loading weights or state copies into these tensors
         # in place, so they stay the modules' own.
         pairs = list(zip(self.model.state_dict().values(), source.state_dict().values()))
@@ -33,3 +40,16 @@ class TargetNetwork:
                 torch._foreach_lerp_(targets, sources, tau)
             if other_targets:  # integer buffers (e.g. batch-norm counts) are copied, never blended
                 torch._foreach_copy_(other_targets, other_sources)
+        self.version += 1
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """The target's parameters and buffers as NumPy arrays (copies)."""
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
+
+    def load(self, weights: Mapping[str, np.ndarray | torch.Tensor]) -> None:
+        """Load :meth:`get_weights`'s output (or a ``state_dict``) into the target, in place."""
+        # torch.tensor copies: arrays from Ray's object store are read-only.
+        self.model.load_state_dict(
+            {k: v if isinstance(v, torch.Tensor) else torch.tensor(v) for k, v in weights.items()}
+        )
+        self.version += 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence, cast
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
 
 import gymnasium as gym
 import numpy as np
@@ -19,6 +19,19 @@ from flowrl.policy.exploration import StochasticSampling, make_exploration
 from flowrl.policy.model_options import model_config
 from flowrl.policy.optimizers import LearningRates, adam
 from flowrl.policy.policy import NONFINITE_UPDATE, ConfigT, LearnOutput, ModelWeights, Policy
+from flowrl.policy.torch_hooks import (
+    GradientSync,
+    LossFn,
+    LossOutput,
+    ModelFn,
+    OptimizerFn,
+    PostprocessFn,
+    TDErrorFn,
+    TensorBatch,
+)
+
+# LossOutput lives in torch_hooks; it is still importable from here, where it was first.
+__all__ = ["RECURRENT_ALGORITHMS", "LossOutput", "TorchPolicy", "default_model"]
 
 if TYPE_CHECKING:
     from flowrl.policy import models, numpy_inference, recurrent
@@ -30,27 +43,6 @@ else:  # torch modules: imported when the first policy is built
     recurrent = DeferredModule("flowrl.policy.recurrent")
     target_network_module = DeferredModule("flowrl.policy.target_network")
 
-TensorBatch = dict[str, "torch.Tensor"]
-
-
-class LossOutput(NamedTuple):
-    """What a loss function returns: the loss to minimise, scalar statistics to report, and
-    optionally per-row TD errors (the typed extra that replay priorities are made from)."""
-
-    loss: torch.Tensor
-    stats: dict[str, float]
-    td_error: torch.Tensor | None = None
-
-
-# A plain ``(loss, stats)`` tuple is accepted too.
-LossFn = Callable[
-    ["TorchPolicy[Any]", "nn.Module", DistFactory, TensorBatch],
-    "LossOutput | tuple[torch.Tensor, dict[str, float]]",
-]
-PostprocessFn = Callable[["TorchPolicy[Any]", SampleBatch], SampleBatch]
-ModelFn = Callable[[gym.Space[Any], gym.Space[Any], int, Mapping[str, Any]], "nn.Module"]
-OptimizerFn = Callable[["TorchPolicy[Any]"], "torch.optim.Optimizer"]
-GradientSync = Callable[["nn.Module", int, bool], bool]
 _NOT_BUILT = object()
 #: The algorithms that learn with a recurrent model (``model.use_lstm``): their losses read sequences.
 RECURRENT_ALGORITHMS = ("ppo", "pg", "a2c", "a3c", "impala", "appo")
@@ -82,7 +74,8 @@ class TorchPolicy(Policy[ConfigT]):
     ``num_gpus``, ``seed`` and ``num_workers``. Algorithm-owned scalars that must survive
     checkpoints (e.g. PPO's KL coefficient) live in ``policy.coeffs``. With
     ``target_network=True`` the policy keeps a frozen copy of its model in ``target_model``,
-    moved by :meth:`update_target` (DQN, DDPG, TD3).
+    moved by :meth:`update_target` (DQN, DDPG, TD3). ``td_error_fn`` gives each row's TD error
+    without learning (see :data:`~flowrl.policy.torch_hooks.TDErrorFn`): worker-side replay priorities.
 
     Models see ``model_observation_space``: the ``"observations"`` part of a masked Dict observation
     space (see :mod:`flowrl.envs.flatten`). Given action masks (``compute_actions(action_mask=...)``,
@@ -106,6 +99,7 @@ class TorchPolicy(Policy[ConfigT]):
         dist_kind: str = "auto",
         coeffs: Mapping[str, float] | None = None,
         target_network: bool = False,
+        td_error_fn: TDErrorFn | None = None,
         exploration_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(observation_space, action_space, config, worker_index=worker_index)
@@ -131,8 +125,10 @@ class TorchPolicy(Policy[ConfigT]):
         self.model = model.to(self.device)
         # The recurrent models (use_lstm's, a recurrent custom model's adapter) run batches of sequences by rows.
         self._initial_state = model.initial_state() if isinstance(model, recurrent.SequenceModel) else []
-        self._target = target_network_module.TargetNetwork(self.model) if target_network else None
-        self.target_model: nn.Module | None = None if self._target is None else self._target.model
+        #: The target network (its weights and version travel to rollout workers that compute priorities).
+        self.target_network = target_network_module.TargetNetwork(self.model) if target_network else None
+        self.target_model: nn.Module | None = None if self.target_network is None else self.target_network.model
+        self.td_error_fn = td_error_fn
         self.loss_fn = loss_fn
         self.postprocess_fn = postprocess_fn
         if make_optimizer is None and config.lr is None:
@@ -419,9 +415,9 @@ class TorchPolicy(Policy[ConfigT]):
 
     def update_target(self, tau: float = 1.0) -> None:
         """Move the target network towards the model: copy it (``tau=1``) or blend by ``tau``."""
-        if self._target is None:
+        if self.target_network is None:
             raise TypeError("this policy was built without a target network (target_network=True)")
-        self._target.update(tau)
+        self.target_network.update(tau)
 
     # -- state -----------------------------------------------------------------------
 
@@ -454,8 +450,8 @@ class TorchPolicy(Policy[ConfigT]):
         self.coeffs = dict(state["coeffs"])
         # Checkpoints older than the policy's own RNG in its state keep the current one.
         self.set_sampling_state({"np_rng": self._np_rng.bit_generator.state, **state})
-        if self.target_model is not None and state.get("target") is not None:
-            self.target_model.load_state_dict(state["target"])
+        if self.target_network is not None and state.get("target") is not None:
+            self.target_network.load(state["target"])
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         """Load an optimizer ``state_dict`` (see :meth:`LearningRates.load_state`: its settings stay this policy's)."""

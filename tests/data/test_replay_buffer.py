@@ -667,3 +667,28 @@ def test_per_policy_seeds_do_not_depend_on_arrival_order() -> None:
     assert isinstance(a, MultiAgentBatch) and isinstance(b, MultiAgentBatch)
     for pid in ("x", "y"):
         np.testing.assert_array_equal(a.policy_batches[pid]["batch_indexes"], b.policy_batches[pid]["batch_indexes"])
+
+
+def test_rows_with_td_errors_are_stored_at_those_priorities_and_sampled_by_them() -> None:
+    """Worker-side priorities: a batch's td_error column sets its rows' priorities (|td| + eps), not the max."""
+    buffer = LocalReplayBuffer(100, 0, 400, prioritized_replay_alpha=1.0, prioritized_replay_eps=0.01, seed=0)
+    buffer.add_batch(make_batch(10))  # at the max priority (1.0)
+    surprising = make_batch(10, start=10)
+    surprising[SampleBatch.TD_ERROR] = np.array([-0.09] * 9 + [9.99], dtype=np.float32)
+    buffer.add_batch(surprising)
+    stored = buffer.buffers[DEFAULT_POLICY_ID]
+    np.testing.assert_allclose(stored.priorities(), [1.0] * 10 + [0.1] * 9 + [10.0], rtol=1e-6)
+    assert SampleBatch.TD_ERROR not in stored.columns
+    replayed = buffer.replay()
+    assert replayed is not None
+    counts = np.bincount(replayed["actions"].astype(int), minlength=20)
+    # P(row 19) = 10 / (10 + 0.9 + 10) ~ 0.48; a row at 0.1 gets ~ 0.005 of the draws.
+    assert counts[19] > 150 and counts[10:19].sum() < 20
+
+
+def test_a_uniform_buffer_drops_the_td_error_column() -> None:
+    buffer = LocalReplayBuffer(10, 0, 2, prioritized=False, seed=0)
+    batch = make_batch(3)
+    batch[SampleBatch.TD_ERROR] = np.ones(3, dtype=np.float32)
+    buffer.add_batch(batch)
+    assert SampleBatch.TD_ERROR not in buffer.buffers[DEFAULT_POLICY_ID].columns
