@@ -49,6 +49,7 @@ def train_until(
         ("stateless-cartpole-r2d2.yaml", 150.0, 100_000),
         ("pendulum-td3.yaml", -250.0, 30_000),
         ("pendulum-ddpg.yaml", -250.0, 30_000),
+        ("pendulum-sac.yaml", -250.0, 20_000),
         ("pendulum-apex_ddpg.yaml", -300.0, 150_000),
         ("cartpole-impala.yaml", 195.0, 500_000),
         ("cartpole-appo.yaml", 195.0, 500_000),
