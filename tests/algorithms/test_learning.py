@@ -45,6 +45,7 @@ def train_until(
         ("cartpole-a3c.yaml", 195.0, 300_000),
         ("cartpole-pg.yaml", 100.0, 200_000),
         ("cartpole-dqn.yaml", 475.0, 150_000),
+        ("cartpole-sac.yaml", 150.0, 30_000),
         ("cartpole-apex.yaml", 195.0, 150_000),
         ("stateless-cartpole-r2d2.yaml", 150.0, 100_000),
         ("pendulum-td3.yaml", -250.0, 30_000),
