@@ -143,14 +143,29 @@ def target_entropy(config: SACConfig, action_space: gym.Space[Any]) -> float:
     return -float(np.prod(action_space.shape))
 
 
-class _Terms(NamedTuple):
-    """One batch's losses and what the statistics report, whatever the action space."""
+class SACTerms(NamedTuple):
+    """One batch's three losses, and what the statistics report, whatever the action space."""
 
     critic_loss: torch.Tensor
     actor_loss: torch.Tensor
+    alpha_loss: torch.Tensor
     logp: torch.Tensor  # E[log pi(a|s)] per row, detached: the entropy's negative
     q_taken: torch.Tensor  # the first critic's Q of the batch's actions
     q_target: torch.Tensor
+
+
+def sac_terms(policy: TorchPolicy[SACConfig], model: nn.Module, batch: dict[str, torch.Tensor]) -> SACTerms:
+    """The critics' soft TD loss, the actor's ``E[alpha log pi - min Q]`` and alpha's
+    ``-log alpha (log pi + target_entropy)``, whose gradients stay apart: the actor's term moves no
+    critic, the critics' no actor, and only alpha's term moves alpha."""
+    target = policy.target_model
+    assert isinstance(model, sac_networks.SACModel) and isinstance(target, sac_networks.SACModel)
+    alpha = model.log_alpha.detach().exp()
+    critic_loss, actor_loss, logp, q_taken, q_target = (_discrete if model.discrete else _continuous)(
+        model, target, batch, alpha
+    )
+    alpha_loss = -(model.log_alpha * (logp + target_entropy(policy.config, policy.action_space))).mean()
+    return SACTerms(critic_loss, actor_loss, alpha_loss, logp, q_taken, q_target)
 
 
 def sac_loss(
@@ -159,28 +174,22 @@ def sac_loss(
     dist_class: DistFactory,
     batch: dict[str, torch.Tensor],
 ) -> LossOutput:
-    """The critics' soft TD loss, the actor's ``E[alpha log pi - min Q]`` and alpha's
-    ``-log alpha (log pi + target_entropy)``, summed into one loss whose gradients stay apart: the
-    actor's term moves no critic, the critics' no actor, and only alpha's term moves alpha.
+    """The sum of :func:`sac_terms`' three losses (one backward pass, one optimizer with a group each).
 
     TD errors come back only with prioritized replay: nothing else reads them.
     """
-    config, target = policy.config, policy.target_model
-    assert isinstance(model, sac_networks.SACModel) and isinstance(target, sac_networks.SACModel)
-    alpha = model.log_alpha.detach().exp()
-    terms = (_discrete if model.discrete else _continuous)(model, target, batch, alpha)
-    alpha_loss = -(model.log_alpha * (terms.logp + target_entropy(config, policy.action_space))).mean()
+    terms = sac_terms(policy, model, batch)
     reported = {
         "critic_loss": terms.critic_loss,
         "actor_loss": terms.actor_loss,
-        "alpha_loss": alpha_loss,
-        "alpha": alpha,
+        "alpha_loss": terms.alpha_loss,
+        "alpha": model.log_alpha.detach().exp(),
         "entropy": -terms.logp.mean(),
         "mean_q": terms.q_taken.mean(),
     }
     stats = dict(zip(reported, torch.stack(list(reported.values())).detach().tolist()))  # one conversion
-    td_error = terms.q_taken - terms.q_target if config.prioritized_replay else None
-    return LossOutput(terms.critic_loss + terms.actor_loss + alpha_loss, stats, td_error)
+    td_error = terms.q_taken - terms.q_target if policy.config.prioritized_replay else None
+    return LossOutput(terms.critic_loss + terms.actor_loss + terms.alpha_loss, stats, td_error)
 
 
 def _critic_loss(q_values: list[torch.Tensor], q_target: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -199,7 +208,7 @@ def _bootstrap(batch: dict[str, torch.Tensor], next_value: torch.Tensor) -> torc
 
 def _continuous(
     model: sac_networks.SACModel, target: sac_networks.SACModel, batch: dict[str, torch.Tensor], alpha: torch.Tensor
-) -> _Terms:
+) -> tuple[torch.Tensor, ...]:
     obs, new_obs = batch[SampleBatch.OBS], batch[SampleBatch.NEW_OBS]
     # One actor pass over the observations and the next ones together.
     actions, logp = model.sample(model.dist_inputs(torch.cat([obs, new_obs])))
@@ -219,12 +228,12 @@ def _continuous(
         for p in trainable:
             p.requires_grad_(True)
     actor_loss = (alpha * logp - q_pi).mean()
-    return _Terms(_critic_loss(q_values, q_target, batch), actor_loss, logp.detach(), q_values[0], q_target)
+    return _critic_loss(q_values, q_target, batch), actor_loss, logp.detach(), q_values[0], q_target
 
 
 def _discrete(
     model: sac_networks.SACModel, target: sac_networks.SACModel, batch: dict[str, torch.Tensor], alpha: torch.Tensor
-) -> _Terms:
+) -> tuple[torch.Tensor, ...]:
     obs, new_obs = batch[SampleBatch.OBS], batch[SampleBatch.NEW_OBS]
     logits, next_logits = model.dist_inputs(torch.cat([obs, new_obs])).chunk(2)
     probs, logp_all = _legal_probs(logits, batch.get(SampleBatch.ACTION_MASK))
@@ -244,7 +253,7 @@ def _discrete(
     min_q = functools.reduce(torch.minimum, q_all).detach()
     actor_loss = (probs * (alpha * logp_all - min_q)).sum(-1).mean()
     logp = (probs * logp_all).sum(-1).detach()
-    return _Terms(_critic_loss(q_values, q_target, batch), actor_loss, logp, q_values[0], q_target)
+    return _critic_loss(q_values, q_target, batch), actor_loss, logp, q_values[0], q_target
 
 
 def _legal_probs(logits: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -312,16 +321,18 @@ class _CustomSACModel:
             with torch.random.fork_rng(devices=[]), torch.no_grad():
                 obs = probe_observations(obs_space, batch)
                 inputs = model.actor(obs.flatten(1))
-                critics_out = model.q_all(obs) if model.discrete else model.q(obs, model.sample(inputs)[0])
-                shapes = [tuple(inputs.shape)] + [tuple(q.shape) for q in critics_out]
+                shapes = [tuple(inputs.shape)]
+                if shapes == wanted_shapes[:1]:  # the critics are probed with the actor's actions
+                    critics_out = model.q_all(obs) if model.discrete else model.q(obs, model.sample(inputs)[0])
+                    shapes += [tuple(q.shape) for q in critics_out]
         except Exception as e:  # noqa: BLE001 - whatever the user's modules raise is the answer
             raise ConfigError([f"{shown}: its actor or critics raised {type(e).__name__}: {e}"]) from e
         if shapes != wanted_shapes:
             raise ConfigError(
                 [
                     f"{shown}: for a batch of {batch}, its actor gives {list(shapes[0])} and its critics "
-                    f"{[list(s) for s in shapes[1:]]} (wanted {list(wanted_shapes[0])} and "
-                    f"{[list(s) for s in wanted_shapes[1:]]}; continuous critics' [B, 1] squeezed)"
+                    f"{[list(s) for s in shapes[1:]] or 'were not probed'} (wanted {list(wanted_shapes[0])} "
+                    f"and {[list(s) for s in wanted_shapes[1:]]}; continuous critics' [B, 1] squeezed)"
                 ]
             )
         return model
