@@ -195,6 +195,8 @@ KINDS = [
     ("ppo", "Pendulum-v1", {}, ["mean", "log_std"]),
     ("ppo", "Pendulum-v1", {"clip_actions": False}, ["mean", "log_std"]),
     ("ddpg", "Pendulum-v1", {}, []),
+    ("sac", "Pendulum-v1", {}, ["mean", "log_std"]),  # tanh of the mean into the bounds
+    ("sac", "CartPole-v1", {}, ["logits"]),
     ("es", "CartPole-v1", {}, ["logits"]),
     ("ars", "Pendulum-v1", {}, []),
 ]
