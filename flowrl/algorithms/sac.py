@@ -76,18 +76,12 @@ class SACConfig(DQNConfig):
         "exploration_config": {},
         "grad_clip": None,
     }
-    # RLlib 2.x's SAC (rllib/algorithms/sac/sac.py): Q and policy models of fcnet_hiddens [256, 256],
-    # optimization {actor, critic, entropy}_learning_rate 3e-4, num_steps_sampled_before_learning_starts 1500.
+    # RLlib 2.0-2.2's SAC (rllib/algorithms/sac/sac.py) where it differs from flowrl's: its
+    # num_steps_sampled_before_learning_starts, and optimization's three rates (RLlib's SAC ignores lr).
+    # Its models (fcnet_hiddens [256, 256], ReLU), tau, initial_alpha, target_entropy "auto", n_step,
+    # twin_q, train_batch_size and buffer capacity are flowrl's defaults already.
     rllib_defaults = {
-        "train_batch_size": 256,
-        "gamma": 0.99,
-        "buffer_size": 1_000_000,
         "learning_starts": 1500,
-        "tau": 0.005,
-        "initial_alpha": 1.0,
-        "n_step": 1,
-        "actor_hiddens": [256, 256],
-        "critic_hiddens": [256, 256],
         "actor_lr": 3e-4,
         "critic_lr": 3e-4,
         "alpha_lr": 3e-4,
