@@ -134,7 +134,7 @@ def target_entropy(config: SACConfig, action_space: gym.Space[Any]) -> float:
         return float(config.target_entropy)
     if isinstance(action_space, gym.spaces.Discrete):
         return DISCRETE_ENTROPY_FRACTION * math.log(int(action_space.n))
-    return -float(np.prod(action_space.shape))
+    return -float(np.prod(action_space.shape or ()))
 
 
 class SACTerms(NamedTuple):
@@ -144,6 +144,7 @@ class SACTerms(NamedTuple):
     actor_loss: torch.Tensor
     alpha_loss: torch.Tensor
     logp: torch.Tensor  # E[log pi(a|s)] per row, detached: the entropy's negative
+    alpha: torch.Tensor  # the temperature the losses used, detached
     q_taken: torch.Tensor  # the first critic's Q of the batch's actions
     q_target: torch.Tensor
 
@@ -159,7 +160,7 @@ def sac_terms(policy: TorchPolicy[SACConfig], model: nn.Module, batch: dict[str,
         model, target, batch, alpha
     )
     alpha_loss = -(model.log_alpha * (logp + target_entropy(policy.config, policy.action_space))).mean()
-    return SACTerms(critic_loss, actor_loss, alpha_loss, logp, q_taken, q_target)
+    return SACTerms(critic_loss, actor_loss, alpha_loss, logp, alpha, q_taken, q_target)
 
 
 def sac_loss(
@@ -177,7 +178,7 @@ def sac_loss(
         "critic_loss": terms.critic_loss,
         "actor_loss": terms.actor_loss,
         "alpha_loss": terms.alpha_loss,
-        "alpha": model.log_alpha.detach().exp(),
+        "alpha": terms.alpha,
         "entropy": -terms.logp.mean(),
         "mean_q": terms.q_taken.mean(),
     }
@@ -305,12 +306,11 @@ class _CustomSACModel:
             )
         model = sac_networks.SACModel(obs_space, action_space, **_sizes(self.config), actor=actor, critics=critics)
         batch = 2
-        if model.discrete:
-            n = int(action_space.n)
-            wanted_shapes = [(batch, n)] * (1 + wanted)
+        wanted_shapes: list[tuple[int, ...]]
+        if isinstance(action_space, gym.spaces.Discrete):
+            wanted_shapes = [(batch, int(action_space.n))] * (1 + wanted)
         else:
-            n = int(np.prod(action_space.shape))
-            wanted_shapes = [(batch, 2 * n)] + [(batch,)] * wanted
+            wanted_shapes = [(batch, 2 * int(np.prod(action_space.shape or ())))] + [(batch,)] * wanted
         try:
             with torch.random.fork_rng(devices=[]), torch.no_grad():
                 obs = probe_observations(obs_space, batch)
@@ -360,7 +360,11 @@ class SACPolicy(TorchPolicy[SACConfig]):
 def make_sac_policy(obs_space: gym.Space[Any], action_space: gym.Space[Any], config: SACConfig) -> PolicySpec:
     """A policy with a stochastic actor, soft Q critic(s), their targets and alpha; it acts by sampling."""
     box = isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
-    if box and not np.isfinite([action_space.low, action_space.high]).all():
+    if (
+        isinstance(action_space, gym.spaces.Box)
+        and box
+        and not np.isfinite([action_space.low, action_space.high]).all()
+    ):
         raise ConfigError(
             f"SAC squashes its actions into the bounds of the action space, which must be finite; got {action_space}"
         )

@@ -55,10 +55,11 @@ class SACModel(nn.Module):
         super().__init__()
         obs_dim = flat_obs_dim(obs_space)
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        if self.discrete:
+        if isinstance(action_space, gym.spaces.Discrete):
             act_dim = int(action_space.n)
             actor_out, critic_in, critic_out = act_dim, obs_dim, act_dim
         else:
+            assert isinstance(action_space, gym.spaces.Box)  # make_sac_policy refuses other action spaces
             act_dim = int(np.prod(action_space.shape))
             actor_out, critic_in, critic_out = 2 * act_dim, obs_dim + act_dim, 1
             self.register_buffer("low", torch.tensor(action_space.low, dtype=torch.float32))
@@ -80,7 +81,7 @@ class SACModel(nn.Module):
 
     def dist_inputs(self, obs: torch.Tensor) -> torch.Tensor:
         """The actor's outputs for ``obs``: logits (discrete), or ``[mean, log_std]`` with log_std clamped."""
-        out = self.actor(obs.flatten(1))
+        out: torch.Tensor = self.actor(obs.flatten(1))
         if self.discrete:
             return out
         mean, log_std = torch.chunk(out, 2, dim=-1)
