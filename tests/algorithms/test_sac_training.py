@@ -48,4 +48,4 @@ def test_evaluation_runs_the_deterministic_policy_on_pendulum_and_cartpole() -> 
         config: dict[str, Any] = {**SMALL, "evaluation_interval": 1, "evaluation_num_episodes": 1}
         with Trainer("sac", env, config) as trainer:
             result = trainer.train()
-        assert np.isfinite(result["evaluation/episode_reward_mean"]), env
+        assert result["evaluation"]["episodes"] == 1 and np.isfinite(result["evaluation"]["episode_reward_mean"]), env
