@@ -49,3 +49,13 @@ def test_evaluation_runs_the_deterministic_policy_on_pendulum_and_cartpole() -> 
         with Trainer("sac", env, config) as trainer:
             result = trainer.train()
         assert result["evaluation"]["episodes"] == 1 and np.isfinite(result["evaluation"]["episode_reward_mean"]), env
+
+
+def test_discrete_sac_trains_on_a_masked_env_without_an_illegal_action() -> None:
+    config = {**SMALL, "learning_starts": 200, "timesteps_per_iteration": 400, "env_config": {"mask": "observation"}}
+    with Trainer("sac", "MaskedCartPole-v1", config) as trainer:
+        for _ in range(3):
+            stats = trainer.train()["info"]["learner"]["default_policy"]
+        envs = trainer.workers.local_worker().envs
+        assert sum(env.unwrapped.illegal_actions for env in envs) == 0
+    assert all(np.isfinite(stats[key]) for key in ("critic_loss", "actor_loss", "alpha_loss", "entropy"))
