@@ -1,16 +1,17 @@
-"""Benchmark continuous control: flowrl's TD3 and DDPG against Stable-Baselines3's TD3 on Pendulum-v1.
+"""Benchmark continuous control: flowrl's TD3, DDPG and SAC against Stable-Baselines3's TD3 and SAC on Pendulum-v1.
 
 What it measures:
 
-1. Env steps per second in the steady training phase, after ``learning_starts``: flowrl's TD3
-   and DDPG with their tuned examples (``tuned_examples/pendulum-td3.yaml``,
-   ``tuned_examples/pendulum-ddpg.yaml``; exactly what ``flowrl train --config FILE --seed S``
-   builds) against SB3's TD3 with rl-baselines3-zoo's Pendulum-v1 hyperparameters
-   (:data:`SB3_ZOO_TD3`). Both sides make one gradient update per env step, with the same
+1. Env steps per second in the steady training phase, after ``learning_starts``: flowrl's TD3,
+   DDPG and SAC with their tuned examples (``tuned_examples/pendulum-{td3,ddpg,sac}.yaml``;
+   exactly what ``flowrl train --config FILE --seed S`` builds) against SB3's TD3 (flowrl's TD3
+   and DDPG) and SAC (flowrl's SAC) with rl-baselines3-zoo's Pendulum-v1 hyperparameters
+   (``continuous_sb3.SB3_ZOO``). Both sides make one gradient update per env step, with the same
    network sizes, batch size and number of PyTorch threads: by default SB3 takes the tuned
-   TD3 example's sizes and batch size; with ``--zoo-sizes`` flowrl takes the zoo's ([400, 300],
-   SB3's batch of 256). flowrl's rate is taken over the ``train()`` calls that start after
-   ``learning_starts`` (the first one past it is the window's start); SB3's from the env step
+   example's sizes and batch size (TD3's for SB3's TD3, SAC's for its SAC); with ``--zoo-sizes``
+   flowrl takes the zoo's (TD3: [400, 300]; SAC: [256, 256]; SB3's batch of 256). flowrl's rate is
+   taken over the ``train()`` calls that start after ``learning_starts`` (the first one past it is
+   the window's start); SB3's from the env step
    after its ``learning_starts`` to the end of ``learn()``, ``--measure-steps`` steps later.
 
 2. For flowrl, whether each algorithm's ``episode_reward_mean`` (the tuned example's
@@ -18,9 +19,9 @@ What it measures:
    until then (or its step budget), so its steady window is all of it after ``learning_starts``.
 
 Each trial runs in a fresh Python process (``--trial flowrl|sb3``); the trials alternate
-(flowrl TD3, flowrl DDPG, SB3 TD3, then the next repetition), ``--reps`` of them (default 3),
+(flowrl TD3, DDPG, SAC, SB3 TD3, SAC, then the next repetition), ``--reps`` of them (default 3),
 and the figures are the medians; the ratio is median flowrl steps/s over median SB3 steps/s
-(goal: >= 1.0 for both algorithms). On a shared machine other load moves every figure: the
+(goal: >= 1.0 for every algorithm). On a shared machine other load moves every figure: the
 1-minute load average is recorded around each trial, and steps per CPU second of the trial's
 process (the same window), which other load moves less, are reported beside steps/s.
 
@@ -28,7 +29,8 @@ Run from the repository root::
 
     python benchmarks/continuous.py                    # 3 repetitions: about 15 minutes on 2 cores
     python benchmarks/continuous.py --quick            # 1 repetition, short windows, no learning check
-    python benchmarks/continuous.py --zoo-sizes        # both sides with the zoo's [400, 300] networks, batch 256
+    python benchmarks/continuous.py --algos sac        # flowrl's SAC against SB3's SAC only
+    python benchmarks/continuous.py --zoo-sizes        # both sides with the zoo's networks, batch 256
     python benchmarks/continuous.py --trial flowrl --algo td3 --seed 0   # one trial; prints a JSON line
 
 It prints a table and writes the figures as JSON to ``--out`` (default
@@ -45,7 +47,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from time_to_solve import (  # benchmarks/ is on the path
+from continuous_sb3 import SB3_ZOO, ZOO_SIZES, sb3_trial  # benchmarks/ is on the path
+from time_to_solve import (
     emit,
     finite,
     json_safe,
@@ -64,24 +67,10 @@ RATIO_GOAL = 1.0
 TRIAL_TIMEOUT_S = 1800
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "continuous.json"
-ALGOS = ("td3", "ddpg")
-TUNED_EXAMPLES = {"td3": "tuned_examples/pendulum-td3.yaml", "ddpg": "tuned_examples/pendulum-ddpg.yaml"}
-ZOO_SIZES = {"hiddens": [400, 300], "batch_size": 256}  # the zoo's net_arch; SB3's TD3 default batch size
-
-# rl-baselines3-zoo's Pendulum-v1 entry of hyperparams/td3.yml (SB3 2.x): one update per env step.
-SB3_ZOO_TD3: dict[str, Any] = {
-    "n_timesteps": 20_000,
-    "policy": "MlpPolicy",
-    "gamma": 0.98,
-    "buffer_size": 200_000,
-    "learning_starts": 10_000,
-    "noise_type": "normal",
-    "noise_std": 0.1,
-    "gradient_steps": 1,
-    "train_freq": 1,
-    "learning_rate": 1e-3,
-    "policy_kwargs": {"net_arch": [400, 300]},
-}
+ALGOS = ("td3", "ddpg", "sac")
+TUNED_EXAMPLES = {algo: f"tuned_examples/pendulum-{algo}.yaml" for algo in ALGOS}
+#: The SB3 algorithm each flowrl algorithm is compared with.
+SB3_OF = {"td3": "td3", "ddpg": "td3", "sac": "sac"}
 
 
 def tuned_config(algo: str) -> dict[str, Any]:
@@ -91,11 +80,11 @@ def tuned_config(algo: str) -> dict[str, Any]:
     return dict(load_experiment_file(str(ROOT / TUNED_EXAMPLES[algo]))["config"])
 
 
-def flowrl_sizes(config: dict[str, Any]) -> dict[str, Any]:
-    """Network sizes and batch size of a DDPG/TD3 config (the algorithm's defaults where it leaves them out)."""
+def flowrl_sizes(config: dict[str, Any], algo: str) -> dict[str, Any]:
+    """Network sizes and batch size of a DDPG, TD3 or SAC config (the algorithm's defaults where it leaves them out)."""
     from flowrl.algorithms import get_algorithm
 
-    full = get_algorithm("td3").config_class.from_dict(config)
+    full = get_algorithm(algo).config_class.from_dict(config)
     return {
         "actor_hiddens": list(full.actor_hiddens),
         "critic_hiddens": list(full.critic_hiddens),
@@ -116,10 +105,9 @@ def flowrl_trial(algo: str, seed: int, args: argparse.Namespace) -> dict[str, An
 
     overrides: dict[str, Any] = {"learner_threads": args.torch_threads}
     if args.zoo_sizes:
+        zoo = ZOO_SIZES[SB3_OF[algo]]
         overrides.update(
-            actor_hiddens=ZOO_SIZES["hiddens"],
-            critic_hiddens=ZOO_SIZES["hiddens"],
-            train_batch_size=ZOO_SIZES["batch_size"],
+            actor_hiddens=zoo["hiddens"], critic_hiddens=zoo["hiddens"], train_batch_size=zoo["batch_size"]
         )
     file_config = {**tuned_config(algo), **overrides}
     config = build_config(get_algorithm(algo), file_config, argparse.Namespace(set=[], num_workers=None, seed=seed))
@@ -146,7 +134,7 @@ def flowrl_trial(algo: str, seed: int, args: argparse.Namespace) -> dict[str, An
                 args.budget, learning_starts + args.measure_steps
             ):
                 break
-        sizes = flowrl_sizes(trainer.config.to_dict())
+        sizes = flowrl_sizes(trainer.config.to_dict(), algo)
         rate_config = trainer.config
     finally:
         trainer.stop()
@@ -176,92 +164,22 @@ def flowrl_trial(algo: str, seed: int, args: argparse.Namespace) -> dict[str, An
 
 
 def _flowrl_updates_per_step(config: Any) -> float:
-    """Gradient updates per env step of DQN's replay plan (which DDPG and TD3 run)."""
+    """Gradient updates per env step of DQN's replay plan (which DDPG, TD3 and SAC run)."""
     from flowrl.algorithms.dqn import round_robin_weights
 
     store, replay = round_robin_weights(config)
     return replay / (store * config.sampled_per_round())
 
 
-# -- one SB3 trial (in its own process) ---------------------------------------------------
+# -- one SB3 trial (in its own process): continuous_sb3.py -----------------------------------
 
 
-def sb3_trial(seed: int, args: argparse.Namespace) -> dict[str, Any]:
-    """SB3's TD3 with the zoo's Pendulum-v1 settings for ``learning_starts + measure_steps`` env steps."""
-    load_start = loadavg()
-    import numpy as np
-    import stable_baselines3
-    import torch
-    from stable_baselines3 import TD3
-    from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.noise import NormalActionNoise
-
-    torch.set_num_threads(args.torch_threads)
-    zoo = SB3_ZOO_TD3
+def sb3_sizes(algo: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The sizes SB3's ``algo`` takes: the zoo's with ``--zoo-sizes``, else flowrl's tuned example's."""
     if args.zoo_sizes:
-        actor, critic, batch_size = ZOO_SIZES["hiddens"], ZOO_SIZES["hiddens"], ZOO_SIZES["batch_size"]
-    else:
-        sizes = flowrl_sizes(tuned_config("td3"))
-        actor, critic, batch_size = sizes["actor_hiddens"], sizes["critic_hiddens"], sizes["batch_size"]
-    start_at = zoo["learning_starts"]
-
-    class SteadyWindow(BaseCallback):
-        """Notes the time of the first env step after ``learning_starts`` (where updates begin)."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.started: float | None = None
-            self.cpu_started = 0.0
-
-        def _on_step(self) -> bool:
-            if self.started is None and self.model.num_timesteps > start_at:
-                self.started, self.cpu_started = time.perf_counter(), time.process_time()
-            return True
-
-    env = make_vec_env(ENV_ID, n_envs=1, seed=seed)
-    n_actions = env.action_space.shape[0]
-    model = TD3(
-        zoo["policy"],
-        env,
-        learning_rate=zoo["learning_rate"],
-        buffer_size=zoo["buffer_size"],
-        learning_starts=start_at,
-        batch_size=batch_size,
-        gamma=zoo["gamma"],
-        train_freq=zoo["train_freq"],
-        gradient_steps=zoo["gradient_steps"],
-        action_noise=NormalActionNoise(np.zeros(n_actions), zoo["noise_std"] * np.ones(n_actions)),
-        policy_kwargs={"net_arch": {"pi": actor, "qf": critic}},
-        device="cpu",
-        seed=seed,
-        verbose=0,
-    )
-    callback = SteadyWindow()
-    model.learn(total_timesteps=start_at + args.measure_steps, callback=callback)
-    done, cpu_done = time.perf_counter(), time.process_time()
-    env.close()
-    assert callback.started is not None
-    window_steps = int(model.num_timesteps) - start_at - 1
-    episodes = model.ep_info_buffer
-    return {
-        "kind": "sb3",
-        "algo": "td3",
-        "seed": seed,
-        "env_steps_per_s": window_steps / (done - callback.started),
-        "window_steps": window_steps,
-        "window_s": done - callback.started,
-        "env_steps_per_cpu_s": window_steps / (cpu_done - callback.cpu_started),
-        "final_reward_mean": float(np.mean([e["r"] for e in episodes])) if episodes else None,
-        "env_steps": int(model.num_timesteps),
-        "sizes": {"actor_hiddens": actor, "critic_hiddens": critic, "batch_size": batch_size},
-        "updates_per_env_step": zoo["gradient_steps"] / zoo["train_freq"],
-        "learning_starts": start_at,
-        "torch_threads": torch.get_num_threads(),
-        "device": str(model.device),
-        "sb3_version": stable_baselines3.__version__,
-        "loadavg_start_end": [load_start, loadavg()],
-    }
+        zoo = ZOO_SIZES[algo]
+        return {"actor_hiddens": zoo["hiddens"], "critic_hiddens": zoo["hiddens"], "batch_size": zoo["batch_size"]}
+    return flowrl_sizes(tuned_config(algo), algo)
 
 
 # -- the parent: alternating trials in fresh processes --------------------------------------
@@ -360,7 +278,7 @@ def main() -> None:
     parser.add_argument("--no-sb3", action="store_true", help="skip stable-baselines3 even if it is installed")
     parser.add_argument("--trial-timeout", type=float, default=TRIAL_TIMEOUT_S, help="seconds before a trial is killed")
     parser.add_argument("--trial", choices=("flowrl", "sb3"), help="run one trial in this process; print a JSON line")
-    parser.add_argument("--algo", choices=ALGOS, default="td3", help="the flowrl algorithm of a --trial")
+    parser.add_argument("--algo", choices=ALGOS, default="td3", help="the algorithm of a --trial (SB3: td3 or sac)")
     parser.add_argument("--seed", type=int, default=0, help="the seed of a --trial")
     args = parser.parse_args()
     args.measure_steps = args.measure_steps or (1000 if args.quick else MEASURE_STEPS)
@@ -370,7 +288,8 @@ def main() -> None:
         emit(flowrl_trial(args.algo, args.seed, args))
         return
     if args.trial == "sb3":
-        emit(sb3_trial(args.seed, args))
+        sizes = sb3_sizes(args.algo, args)
+        emit(sb3_trial(args.algo, ENV_ID, args.seed, sizes, args.measure_steps, args.torch_threads))
         return
 
     reps = args.reps or (1 if args.quick else REPS)
@@ -383,7 +302,8 @@ def main() -> None:
             else "skipped: stable-baselines3 is not installed (pip install 'flowrl-ray[bench]')"
         )
         print(f"SB3 comparison {sb3_note}")
-    variants = [("flowrl", algo) for algo in args.algos] + ([("sb3", "td3")] if with_sb3 else [])
+    sb3_algos = sorted({SB3_OF[algo] for algo in args.algos}, key=list(SB3_ZOO).index) if with_sb3 else []
+    variants = [("flowrl", algo) for algo in args.algos] + [("sb3", algo) for algo in sb3_algos]
     machine = machine_info()
     load_start = loadavg()
     started = time.perf_counter()
@@ -399,13 +319,13 @@ def main() -> None:
     )
 
     summaries = {name: summarize(ts) for name, ts in trials.items()}
-    sb3 = summaries.get("sb3 td3", {})
     ratios: dict[str, Any] = {}
     for algo in args.algos:
-        ours = summaries[f"flowrl {algo}"]
+        ours, sb3 = summaries[f"flowrl {algo}"], summaries.get(f"sb3 {SB3_OF[algo]}", {})
         value = _ratio(ours["median_env_steps_per_s"], sb3.get("median_env_steps_per_s"))
         ratios[algo] = {
-            "flowrl_over_sb3_td3": value,
+            "sb3_algo": SB3_OF[algo],
+            "flowrl_over_sb3": value,
             "goal": f">= {RATIO_GOAL}",
             "met": value is not None and value >= RATIO_GOAL,
             "per_cpu_second": _ratio(ours["median_env_steps_per_cpu_s"], sb3.get("median_env_steps_per_cpu_s")),
@@ -426,7 +346,7 @@ def main() -> None:
     for name, s in summaries.items():
         rate, cpu_rate = s["median_env_steps_per_s"], s["median_env_steps_per_cpu_s"]
         algo = name.split()[1]
-        vs = ratios.get(algo, {}).get("flowrl_over_sb3_td3") if name.startswith("flowrl") else None
+        vs = ratios.get(algo, {}).get("flowrl_over_sb3") if name.startswith("flowrl") else None
         vs_cpu = ratios.get(algo, {}).get("per_cpu_second") if name.startswith("flowrl") else None
         sizes = s["sizes"] or {}
         shown_sizes = f"{sizes.get('actor_hiddens')}, {sizes.get('critic_hiddens')}, {sizes.get('batch_size')}"
@@ -439,11 +359,9 @@ def main() -> None:
             f"{shown_sizes:<32}{s['updates_per_env_step'] or 0:>9.2f}  {learning}"
         )
     for algo, r in ratios.items():
-        if r["flowrl_over_sb3_td3"] is not None:
-            print(
-                f"{algo}: flowrl / SB3 TD3 steps/s = {r['flowrl_over_sb3_td3']:.2f} (goal {r['goal']}): "
-                f"{'met' if r['met'] else 'NOT met'}"
-            )
+        if r["flowrl_over_sb3"] is not None:
+            shown = f"{algo}: flowrl / SB3 {r['sb3_algo'].upper()} steps/s = {r['flowrl_over_sb3']:.2f}"
+            print(f"{shown} (goal {r['goal']}): {'met' if r['met'] else 'NOT met'}")
     for algo in args.algos:
         ran = sorted((t for t in trials[f"flowrl {algo}"] if "plan" in t), key=lambda t: t["env_steps_per_s"])
         if ran:
@@ -463,9 +381,9 @@ def main() -> None:
             "flowrl_config_files": {algo: TUNED_EXAMPLES[algo] for algo in args.algos},
             "sizes": "the zoo's [400, 300] and batch 256 on both sides"
             if args.zoo_sizes
-            else "the TD3 tuned example's network sizes and batch size on both sides",
+            else "each SB3 algorithm's tuned example's network sizes and batch size on both sides",
             "sb3": {
-                "hyperparameters": SB3_ZOO_TD3,
+                "hyperparameters": {algo: SB3_ZOO[algo] for algo in sb3_algos},
                 "note": "rl-zoo Pendulum-v1 TD3 settings; net_arch and batch_size "
                 "as in 'sizes'; torch threads as in 'torch_threads'; device cpu",
             }
@@ -477,7 +395,7 @@ def main() -> None:
         },
         "results": summaries,
         "ratios": ratios,
-        "goal": f"median flowrl steps/s / median SB3 TD3 steps/s >= {RATIO_GOAL} for TD3 and DDPG",
+        "goal": f"median flowrl steps/s / median SB3 steps/s (TD3's for TD3 and DDPG, SAC's for SAC) >= {RATIO_GOAL}",
         "trials": trials,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -54,6 +54,7 @@ BUILT_IN_ALGORITHMS = (
     "r2d2",
     "ddpg",
     "td3",
+    "sac",
     "impala",
     "appo",
     "ppo_dqn",

@@ -97,6 +97,7 @@ _MODULES: dict[str, _BuiltIn] = {
     "apex_ddpg": _BuiltIn("flowrl.algorithms.apex", "APEX_DDPG", "Ape-X DDPG: DDPG on distributed prioritized replay"),
     "ddpg": _BuiltIn("flowrl.algorithms.ddpg", "DDPG", "deep deterministic policy gradient"),
     "td3": _BuiltIn("flowrl.algorithms.ddpg", "TD3", "twin delayed DDPG"),
+    "sac": _BuiltIn("flowrl.algorithms.sac", "ALGORITHM", "soft actor-critic (continuous and discrete actions)"),
     "r2d2": _BuiltIn(
         "flowrl.algorithms.r2d2",
         "ALGORITHM",
@@ -127,7 +128,6 @@ class _Instead(NamedTuple):
 #: Well-known algorithms flowrl does not have, with the built-in ones that serve the same purpose:
 #: an unknown name is answered by purpose when it is here, by spelling otherwise.
 NOT_IMPLEMENTED: dict[str, _Instead] = {
-    "sac": _Instead(("td3", "ddpg", "apex_ddpg"), "off-policy continuous control; SAC is planned"),
     "rainbow": _Instead(
         ("dqn", "apex"), "DQN with double Q, dueling, n-step and prioritized replay, no C51 or noisy nets"
     ),

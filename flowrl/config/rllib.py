@@ -87,6 +87,14 @@ NESTED: dict[str, dict[str, str]] = {
         "store_buffer_in_checkpoints": "store_buffer_in_checkpoints",
         "worker_side_prioritization": "worker_side_prioritization",
     },
+    # SAC's: its three learning rates, and the hidden layers of its policy and Q models.
+    "optimization": {
+        "actor_learning_rate": "actor_lr",
+        "critic_learning_rate": "critic_lr",
+        "entropy_learning_rate": "alpha_lr",
+    },
+    "policy_model_config": {"fcnet_hiddens": "actor_hiddens"},
+    "q_model_config": {"fcnet_hiddens": "critic_hiddens"},
     "multiagent": {
         "policies": "policies",
         "policy_mapping_fn": "policy_mapping_fn",
@@ -254,9 +262,20 @@ IGNORED_AT: dict[str, Conditional] = {
     "use_state_preprocessor": Conditional((False,), "off", "puts a model in front of DDPG's actor and critic"),
     "actor_hidden_activation": Conditional(("relu",), "flowrl's DDPG uses ReLU", "picks another activation"),
     "critic_hidden_activation": Conditional(("relu",), "flowrl's DDPG uses ReLU", "picks another activation"),
+    "_deterministic_loss": Conditional((False,), "off", "trains SAC's actor on its mean action"),
+    "_use_beta_distribution": Conditional((False,), "off", "uses a Beta distribution for SAC's actions"),
     "action_noise_std": Conditional((0, 0.0), "off", "adds noise to ES/ARS actions"),
     "return_proc_mode": Conditional(("centered_rank",), "flowrl's ES ranks returns", "processes returns otherwise"),
     "offset": Conditional((0,), "none", "offsets ARS rewards"),
+}
+
+#: RLlib's SAC model sub-keys besides ``fcnet_hiddens``, and the values at which they change nothing.
+_SAC_MODEL_IGNORED: dict[str, str | Conditional] = {
+    "fcnet_activation": Conditional(("relu",), "flowrl's SAC uses ReLU", "picks another activation"),
+    "post_fcnet_hiddens": Conditional(([],), "none", "adds layers after the fcnet"),
+    "post_fcnet_activation": "only with post_fcnet_hiddens",
+    "custom_model": Conditional(_NONE, "none", "builds a custom model (flowrl's: model.custom_model)"),
+    "custom_model_config": "only with custom_model",
 }
 
 #: RLlib sub-keys of ``NESTED`` dicts that change nothing here, and why (unconditionally, or at some values).
@@ -276,6 +295,8 @@ NESTED_IGNORED: dict[str, dict[str, str | Conditional]] = {
         "replay_zero_init_states": "a replayed single step has no recurrent state to start",
         "replay_mode": Conditional(("independent",), "independent", "replays all policies in lockstep"),
     },
+    "policy_model_config": _SAC_MODEL_IGNORED,
+    "q_model_config": _SAC_MODEL_IGNORED,
     "multiagent": {
         "policy_map_capacity": "RLlib's policy cache",
         "policy_map_cache": "RLlib's policy cache",

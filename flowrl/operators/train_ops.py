@@ -279,7 +279,8 @@ class UpdateTargetNetwork(Operator):
     frequency of 0 updates on every item. Given the algorithm's config as
     ``target_update_freq`` (a :class:`TargetNetworkConfig`), it takes the frequency, the
     counter it is in (e.g. ``NUM_LEARNER_UPDATES``: train batches learned) and ``tau`` from
-    there; ``tau`` < 1 blends instead of copying (soft updates). The policies must have an
+    there, ``tau`` from the first policy's config at each update (so that a live change, e.g. SAC's,
+    applies from the next one); ``tau`` < 1 blends instead of copying (soft updates). The policies must have an
     ``update_target(tau)`` method. From ``resources`` (the plan's
     :class:`~flowrl.actors.PlanResources`): the lock of their learner thread is held while the
     targets move, so a learner training in another thread never reads a half-copied target,
@@ -297,6 +298,7 @@ class UpdateTargetNetwork(Operator):
     ) -> None:
         self.workers = workers
         self.tau = 1.0
+        self.live_tau = not isinstance(target_update_freq, int)
         self.counter = STEPS_TRAINED_COUNTER if by_steps_trained else STEPS_SAMPLED_COUNTER
         if not isinstance(target_update_freq, int):
             if by_steps_trained:
@@ -333,6 +335,8 @@ class UpdateTargetNetwork(Operator):
             if self._targets is None:
                 local = self.workers.local_worker()
                 self._targets = [cast(TargetNetworkPolicy, local.get_policy(pid)) for pid in self.policies]
+            if self.live_tau and self._targets:
+                self.tau = getattr(getattr(self._targets[0], "config", None), "tau", self.tau)
             with self.lock:
                 for policy in self._targets:
                     policy.update_target(self.tau)

@@ -58,14 +58,55 @@ class Exploration:
 
 
 class StochasticSampling(Exploration):
-    """Samples from the action distribution (greedy when not exploring)."""
+    """Samples from the action distribution (greedy when not exploring).
+
+    For the first ``random_timesteps`` global timesteps, exploring actions are uniform instead: in the
+    bounds of a Box (which must be finite), over the legal actions of a Discrete space (SAC's warm-up).
+    """
+
+    def __init__(self, action_space: gym.Space[Any], random_timesteps: int = 0, seed: int | None = None) -> None:
+        super().__init__(action_space)
+        if random_timesteps and not (
+            isinstance(action_space, gym.spaces.Discrete)
+            or (isinstance(action_space, gym.spaces.Box) and np.isfinite([action_space.low, action_space.high]).all())
+        ):
+            raise FlowRLError(
+                f"StochasticSampling random_timesteps={random_timesteps} needs a Discrete action space or a Box "
+                f"with finite bounds, got {action_space}"
+            )
+        self.random_timesteps = random_timesteps
+        self.rng = np.random.default_rng(seed)
+
+    def is_random(self, timestep: int) -> bool:
+        """Whether exploring actions at ``timestep`` are uniform rather than drawn from the distribution."""
+        return timestep < self.random_timesteps
 
     def get_action(
         self, dist: ActionDistribution, *, timestep: int, explore: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         self.last_timestep = timestep
-        actions = dist.sample() if explore else dist.deterministic_sample()
+        if explore and self.is_random(timestep):
+            actions = torch.as_tensor(self._uniform(dist), device=dist.inputs.device)
+        else:
+            actions = dist.sample() if explore else dist.deterministic_sample()
         return actions, dist.logp(actions)
+
+    def _uniform(self, dist: ActionDistribution) -> np.ndarray:
+        batch, space = dist.inputs.shape[0], self.action_space
+        if isinstance(space, gym.spaces.Discrete):
+            if dist.action_mask is None:
+                return self.rng.integers(0, int(space.n), batch)
+            return random_legal_actions(dist.action_mask.reshape(batch, -1).cpu().numpy(), self.rng)
+        assert isinstance(space, gym.spaces.Box)
+        return self.rng.uniform(space.low, space.high, (batch, *space.shape)).astype(np.float32)
+
+    def get_state(self) -> dict[str, Any]:
+        return {**super().get_state(), "rng": self.rng.bit_generator.state}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        super().set_state(state)
+        if "rng" in state:  # checkpoints from before random_timesteps keep the current generator
+            self.rng.bit_generator.state = state["rng"]
 
 
 class EpsilonGreedy(Exploration):
@@ -275,9 +316,11 @@ def make_exploration(
         raise FlowRLError(f"exploration_config type={name!r} is not one of {sorted(EXPLORATIONS)}")
     cls = EXPLORATIONS[name]
     if cls is StochasticSampling:
-        if options:
-            raise FlowRLError(f"StochasticSampling takes no options, got {sorted(options)}")
-        return cls(action_space)
+        if set(options) - {"random_timesteps"}:
+            raise FlowRLError(f"StochasticSampling takes only random_timesteps, got {sorted(options)}")
+        # Each worker draws its own uniform actions.
+        seed = None if seed is None else seed * 1000 + worker_index
+        return StochasticSampling(action_space, int(options.get("random_timesteps", 0)), seed)
     if cls is PerWorkerEpsilonGreedy:
         options.update(worker_index=worker_index, num_workers=num_workers)
     try:

@@ -226,7 +226,8 @@ class TorchPolicy(Policy[ConfigT]):
             return self._compute_recurrent_actions(
                 obs_batch, explore, timestep, action_mask, state, prev_actions, prev_rewards
             )
-        twin = self._numpy_twin() if type(self.exploration) is StochasticSampling else None
+        sampling = type(self.exploration) is StochasticSampling and not self.exploration.is_random(timestep)
+        twin = self._numpy_twin() if sampling else None
         if twin is not None:
             # Small MLP policies act faster in NumPy than through PyTorch's dispatch.
             outputs = cast("NumpyActorCritic", twin).forward(obs_batch)

@@ -116,6 +116,7 @@ GROUP_PLANS = {
     "a2c": ("CartPole-v1", {"num_workers": 0, "train_batch_size": 64}),
     "ddpg": ("Pendulum-v1", {"num_workers": 0, **REPLAY}),
     "td3": ("Pendulum-v1", {"num_workers": 0, **REPLAY}),
+    "sac": ("Pendulum-v1", {"num_workers": 0, **REPLAY}),
     "apex": ("CartPole-v1", {**SMALL_WORKERS, **REPLAY, "num_replay_shards": 1}),
     "appo": ("CartPole-v1", {**SMALL_WORKERS, "train_batch_size": 100, "timesteps_per_iteration": 400}),
     "ppo_dqn": ("MultiAgentCartPole", {"num_workers": 0}),

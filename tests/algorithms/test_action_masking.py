@@ -20,6 +20,8 @@ FAST = {"num_workers": 0, "num_envs_per_worker": 50, "rollout_fragment_length": 
 PPO_SAMPLING = {**FAST, "train_batch_size": 5000, "sgd_minibatch_size": 500}
 # A fixed epsilon: half the actions random, half the (untrained) argmax.
 DQN_SAMPLING = {**FAST, "exploration_config": {"type": "EpsilonGreedy", "epsilon": 0.5}}
+# Discrete SAC: uniform legal actions for the first 10k steps, then the (untrained) policy's samples.
+SAC_SAMPLING = {**FAST, "learning_starts": 10_000}
 
 
 def sampled_illegal_actions(algo: str, config: dict[str, Any], steps: int, env_config: dict[str, Any]) -> int:
@@ -35,7 +37,7 @@ def sampled_illegal_actions(algo: str, config: dict[str, Any], steps: int, env_c
         trainer.stop()
 
 
-@pytest.mark.parametrize(("algo", "config"), [("ppo", PPO_SAMPLING), ("dqn", DQN_SAMPLING)])
+@pytest.mark.parametrize(("algo", "config"), [("ppo", PPO_SAMPLING), ("dqn", DQN_SAMPLING), ("sac", SAC_SAMPLING)])
 @pytest.mark.parametrize("mask", ["observation", "info"])
 def test_no_illegal_action_in_20k_steps_of_exploring(algo: str, config: dict[str, Any], mask: str) -> None:
     assert sampled_illegal_actions(algo, config, 20_000, {"mask": mask}) == 0

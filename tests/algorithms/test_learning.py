@@ -45,10 +45,12 @@ def train_until(
         ("cartpole-a3c.yaml", 195.0, 300_000),
         ("cartpole-pg.yaml", 100.0, 200_000),
         ("cartpole-dqn.yaml", 475.0, 150_000),
+        ("cartpole-sac.yaml", 150.0, 20_000),
         ("cartpole-apex.yaml", 195.0, 150_000),
         ("stateless-cartpole-r2d2.yaml", 150.0, 100_000),
         ("pendulum-td3.yaml", -250.0, 30_000),
         ("pendulum-ddpg.yaml", -250.0, 30_000),
+        ("pendulum-sac.yaml", -250.0, 20_000),
         ("pendulum-apex_ddpg.yaml", -300.0, 150_000),
         ("cartpole-impala.yaml", 195.0, 500_000),
         ("cartpole-appo.yaml", 195.0, 500_000),
@@ -68,6 +70,21 @@ def test_two_learners_learn_as_one(example: str) -> None:
     assert reward >= 150.0, (
         f"{example} with 2 learners: mean reward {reward:.1f} < 150 after {steps} steps; curve {curve}"
     )
+
+
+#: Half the tuned example's updates, of twice its rows: every update costs a round trip to the remote
+#: workers (its weight broadcast) or to the learner group (10,000 steps with seeds 0 and 1 in one process).
+HALF_THE_UPDATES = {"train_batch_size": 256, "training_intensity": 128}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"num_workers": 2}, {"num_learners": 2, "num_cpus_per_learner": 0.25}],
+    ids=["2-remote-workers", "2-learners"],
+)
+def test_sac_learns_pendulum_with_remote_workers_or_a_learner_group(overrides: dict[str, Any]) -> None:
+    reward, steps, curve = train_until("pendulum-sac.yaml", -250.0, 20_000, {**HALF_THE_UPDATES, **overrides})
+    assert reward >= -250.0, f"SAC with {overrides}: mean reward {reward:.1f} < -250 after {steps} steps; curve {curve}"
 
 
 def train_until_each_policy(

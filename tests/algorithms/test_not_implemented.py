@@ -19,12 +19,9 @@ def message(name: str) -> str:
     return str(info.value)
 
 
-def test_sac_names_the_continuous_control_algorithms_not_the_closest_spellings() -> None:
-    if "sac" in list_algorithms():
-        pytest.skip("sac is implemented")
-    text = message("SAC")
-    assert text.startswith("algorithm 'SAC' is not implemented in flowrl; use 'td3' or 'ddpg'")
-    assert "did you mean" not in text and "'a3c', 'a2c'" not in text
+def test_sac_is_built_in_and_no_longer_answered_with_other_algorithms() -> None:
+    assert "sac" not in NOT_IMPLEMENTED
+    assert get_algorithm("SAC").name == "sac"
 
 
 @pytest.mark.parametrize("name", sorted(NOT_IMPLEMENTED))

@@ -213,7 +213,7 @@ def test_exploration_type_and_options_are_checked() -> None:
         "did you mean 'epsilon_timesteps'"
     )
     assert problems_of({"exploration_config": {"type": "StochasticSampling", "epsilon": 0.1}}) == [
-        "exploration_config option 'epsilon' is not an option of StochasticSampling; it takes no options"
+        "exploration_config option 'epsilon' is not an option of StochasticSampling; it takes 'random_timesteps'"
     ]
 
 

@@ -28,7 +28,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), p
 
 # Small reservations, so that every real build fits the test session's 2 CPUs.
 SMALL = {"num_cpus_per_worker": 0.1}
-ENVS = {"ddpg": "Pendulum-v1", "td3": "Pendulum-v1", "apex_ddpg": "Pendulum-v1", "ppo_dqn": "MultiAgentCartPole"}
+ENVS = {
+    "ddpg": "Pendulum-v1",
+    "td3": "Pendulum-v1",
+    "sac": "Pendulum-v1",
+    "apex_ddpg": "Pendulum-v1",
+    "ppo_dqn": "MultiAgentCartPole",
+}
 
 
 def fewest_workers(name: str) -> dict[str, Any]:

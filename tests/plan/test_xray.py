@@ -32,6 +32,7 @@ ALGORITHMS: dict[str, tuple[str, dict[str, Any]]] = {
     "r2d2": ("StatelessCartPole-v1", {**REMOTE, **REPLAY, "num_replay_shards": 1, "replay_sequence_length": 8}),
     "ddpg": ("Pendulum-v1", {"num_workers": 0, **REPLAY}),
     "td3": ("Pendulum-v1", {"num_workers": 0, **REPLAY}),
+    "sac": ("Pendulum-v1", {"num_workers": 0, **REPLAY}),
     "impala": ("CartPole-v1", {**REMOTE, "train_batch_size": 100, "timesteps_per_iteration": 400}),
     "appo": ("CartPole-v1", {**REMOTE, "train_batch_size": 100, "timesteps_per_iteration": 400}),
     "ppo_dqn": ("MultiAgentCartPole", {"num_workers": 0}),

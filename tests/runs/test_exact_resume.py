@@ -180,6 +180,22 @@ SYNCHRONOUS = [
             "rollout_fragment_length": 25,
         },
     ),
+    (
+        "sac",
+        "Pendulum-v1",
+        {
+            "num_workers": 1,
+            "learning_starts": 50,
+            "timesteps_per_iteration": 100,
+            "train_batch_size": 16,
+            "rollout_fragment_length": 25,
+        },
+    ),
+    (
+        "sac",
+        "CartPole-v1",
+        {"num_workers": 0, "learning_starts": 50, "timesteps_per_iteration": 100, "train_batch_size": 16},
+    ),
     ("es", "CartPole-v1", {"num_workers": 1, "episodes_per_batch": 4, "train_batch_size": 100}),
     ("ars", "CartPole-v1", {"num_workers": 0, "train_batch_size": 100}),
     (

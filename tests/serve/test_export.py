@@ -195,6 +195,8 @@ KINDS = [
     ("ppo", "Pendulum-v1", {}, ["mean", "log_std"]),
     ("ppo", "Pendulum-v1", {"clip_actions": False}, ["mean", "log_std"]),
     ("ddpg", "Pendulum-v1", {}, []),
+    ("sac", "Pendulum-v1", {}, ["mean", "log_std"]),  # tanh of the mean into the bounds
+    ("sac", "CartPole-v1", {}, ["logits"]),
     ("es", "CartPole-v1", {}, ["logits"]),
     ("ars", "Pendulum-v1", {}, []),
 ]
@@ -231,6 +233,8 @@ def test_each_kind_of_policy_exports_its_greedy_actions(
         space = loaded.action_space
         assert isinstance(space, gym.spaces.Box)
         means = outputs[1] if overrides.get("clip_actions") is False else np.clip(outputs[1], space.low, space.high)
+        if algo == "sac":  # SAC's deterministic action is the mean squashed by tanh into the bounds
+            means = space.low + (np.tanh(outputs[1]) + 1.0) * 0.5 * (space.high - space.low)
         np.testing.assert_allclose(means, expected, rtol=1e-4, atol=1e-3)
     one = run_exported(model, obs[:1])[0]  # the batch dimension is dynamic, down to one row
     assert one.shape == expected[:1].shape

@@ -43,6 +43,8 @@ CASES = [
     ("dqn", "CartPole-v1"),
     ("ddpg", "Pendulum-v1"),
     ("td3", "Pendulum-v1"),
+    ("sac", "Pendulum-v1"),
+    ("sac", "CartPole-v1"),
     ("ppo", "Pendulum-v1"),
 ]
 
