@@ -45,7 +45,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from time_to_solve import (  # benchmarks/ is on the path
+from off_policy import flowrl_updates_per_env_step, steady_window_callback  # benchmarks/ is on the path
+from time_to_solve import (
     emit,
     finite,
     json_safe,
@@ -166,21 +167,13 @@ def flowrl_trial(algo: str, seed: int, args: argparse.Namespace) -> dict[str, An
         "final_reward_mean": finite(result.get("episode_reward_mean")),
         "env_steps": history[-1][0],
         "sizes": sizes,
-        "updates_per_env_step": _flowrl_updates_per_step(rate_config),
+        "updates_per_env_step": flowrl_updates_per_env_step(rate_config),
         "learning_starts": learning_starts,
         "torch_threads": args.torch_threads,
         "plan": result.get("plan", {}),
         "history": [[s, r, round(t - history[0][2], 3)] for s, r, t in history],
         "loadavg_start_end": [load_start, loadavg()],
     }
-
-
-def _flowrl_updates_per_step(config: Any) -> float:
-    """Gradient updates per env step of DQN's replay plan (which DDPG and TD3 run)."""
-    from flowrl.algorithms.dqn import round_robin_weights
-
-    store, replay = round_robin_weights(config)
-    return replay / (store * config.sampled_per_round())
 
 
 # -- one SB3 trial (in its own process) ---------------------------------------------------
@@ -193,7 +186,6 @@ def sb3_trial(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     import stable_baselines3
     import torch
     from stable_baselines3 import TD3
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.noise import NormalActionNoise
 
@@ -205,19 +197,6 @@ def sb3_trial(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         sizes = flowrl_sizes(tuned_config("td3"))
         actor, critic, batch_size = sizes["actor_hiddens"], sizes["critic_hiddens"], sizes["batch_size"]
     start_at = zoo["learning_starts"]
-
-    class SteadyWindow(BaseCallback):
-        """Notes the time of the first env step after ``learning_starts`` (where updates begin)."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.started: float | None = None
-            self.cpu_started = 0.0
-
-        def _on_step(self) -> bool:
-            if self.started is None and self.model.num_timesteps > start_at:
-                self.started, self.cpu_started = time.perf_counter(), time.process_time()
-            return True
 
     env = make_vec_env(ENV_ID, n_envs=1, seed=seed)
     n_actions = env.action_space.shape[0]
@@ -237,7 +216,7 @@ def sb3_trial(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         seed=seed,
         verbose=0,
     )
-    callback = SteadyWindow()
+    callback = steady_window_callback(start_at)
     model.learn(total_timesteps=start_at + args.measure_steps, callback=callback)
     done, cpu_done = time.perf_counter(), time.process_time()
     env.close()
