@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from continuous_sb3 import SB3_ZOO, ZOO_SIZES, sb3_trial  # benchmarks/ is on the path
+from off_policy import flowrl_updates_per_env_step
 from time_to_solve import (
     emit,
     finite,
@@ -154,21 +155,13 @@ def flowrl_trial(algo: str, seed: int, args: argparse.Namespace) -> dict[str, An
         "final_reward_mean": finite(result.get("episode_reward_mean")),
         "env_steps": history[-1][0],
         "sizes": sizes,
-        "updates_per_env_step": _flowrl_updates_per_step(rate_config),
+        "updates_per_env_step": flowrl_updates_per_env_step(rate_config),
         "learning_starts": learning_starts,
         "torch_threads": args.torch_threads,
         "plan": result.get("plan", {}),
         "history": [[s, r, round(t - history[0][2], 3)] for s, r, t in history],
         "loadavg_start_end": [load_start, loadavg()],
     }
-
-
-def _flowrl_updates_per_step(config: Any) -> float:
-    """Gradient updates per env step of DQN's replay plan (which DDPG, TD3 and SAC run)."""
-    from flowrl.algorithms.dqn import round_robin_weights
-
-    store, replay = round_robin_weights(config)
-    return replay / (store * config.sampled_per_round())
 
 
 # -- one SB3 trial (in its own process): continuous_sb3.py -----------------------------------

@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from time_to_solve import loadavg  # benchmarks/ is on the path
+from off_policy import steady_window_callback  # benchmarks/ is on the path
+from time_to_solve import loadavg
 
 # rl-baselines3-zoo's Pendulum-v1 entries of hyperparams/td3.yml and sac.yml (SB3 2.x): one update per env step.
 SB3_ZOO: dict[str, dict[str, Any]] = {
@@ -54,7 +55,6 @@ def sb3_trial(
     import stable_baselines3
     import torch
     from stable_baselines3 import SAC, TD3
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.noise import NormalActionNoise
 
@@ -62,19 +62,6 @@ def sb3_trial(
     zoo = SB3_ZOO[algo]
     actor, critic, batch_size = sizes["actor_hiddens"], sizes["critic_hiddens"], sizes["batch_size"]
     start_at = zoo["learning_starts"]
-
-    class SteadyWindow(BaseCallback):
-        """Notes the time of the first env step after ``learning_starts`` (where updates begin)."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.started: float | None = None
-            self.cpu_started = 0.0
-
-        def _on_step(self) -> bool:
-            if self.started is None and self.model.num_timesteps > start_at:
-                self.started, self.cpu_started = time.perf_counter(), time.process_time()
-            return True
 
     env = make_vec_env(env_id, n_envs=1, seed=seed)
     common = {
@@ -96,7 +83,7 @@ def sb3_trial(
         )
     else:
         model = SAC(zoo["policy"], env, **common)
-    callback = SteadyWindow()
+    callback = steady_window_callback(start_at)
     model.learn(total_timesteps=start_at + measure_steps, callback=callback)
     done, cpu_done = time.perf_counter(), time.process_time()
     env.close()

@@ -26,6 +26,7 @@ import gymnasium
 
 from flowrl.envs.atari import is_atari_id, make_atari_env, require_ale_py, require_atari_dependencies
 from flowrl.envs.checker import VECTOR_ENV_HINT
+from flowrl.envs.mujoco import is_mujoco_id, require_mujoco
 from flowrl.envs.multi_agent import (
     AgentID,
     MultiAgentEnv,
@@ -113,7 +114,8 @@ def get_env_creator(env: EnvSpec) -> EnvCreator:
     that may return a PettingZoo AEC env (any but a Gymnasium or flowrl env class) comes as a
     :class:`TurnBasedCreator`, which wraps such envs. Raises :class:`UnknownEnvError`
     (with the closest valid names) for an unknown name, and :class:`EnvError` when an Atari id
-    is asked for without its optional dependencies (ale-py, OpenCV) installed.
+    is asked for without its optional dependencies (ale-py, OpenCV) installed, or a MuJoCo id
+    (``Hopper-v5``, ...) without ``mujoco``.
     """
     if isinstance(env, str):
         if env in _REGISTRY:
@@ -122,6 +124,8 @@ def get_env_creator(env: EnvSpec) -> EnvCreator:
             return BUILTIN_MULTI_AGENT_ENVS[env]
         if is_atari_id(env):
             require_atari_dependencies()  # reports a missing optional dependency here, in the driver
+        if is_mujoco_id(env):
+            require_mujoco()
         if _is_gymnasium_id(env):
             return GymnasiumCreator(env)
         raise UnknownEnvError(_unknown_env_message(env))
