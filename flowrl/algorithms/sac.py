@@ -30,8 +30,9 @@ from flowrl.policy import LossOutput, PolicySpec, TorchPolicy, nstep_postprocess
 from flowrl.policy.action_masks import mask_logits
 from flowrl.policy.custom_model import ModelInterface, probe_observations
 from flowrl.policy.distributions import DistFactory
-from flowrl.policy.optimizers import adam
+from flowrl.policy.optimizers import FOLLOWS_LR, adam
 from flowrl.policy.postprocessing import DISCOUNTS
+from flowrl.policy.schedules import PiecewiseSchedule
 
 if TYPE_CHECKING:
     from flowrl.policy import sac_networks
@@ -61,6 +62,7 @@ class SACConfig(DQNConfig):
     Until ``learning_starts`` env steps, actions are uniform (in the Box bounds, or over the legal
     discrete actions); then they are drawn from the policy. An empty ``exploration_config`` (the
     default) means exactly that; it may instead be a ``StochasticSampling`` with its own ``random_timesteps``.
+    With ``entropy_coeff_schedule``, alpha is the schedule's value at the global timestep and tunes nothing.
     """
 
     defaults = {
@@ -117,6 +119,11 @@ class SACConfig(DQNConfig):
     )
     twin_q: bool = cfg_field(True, "Two critics; targets and the actor use the smaller Q.", per_policy=True)
 
+    @property
+    def schedules_entropy(self) -> bool:
+        # entropy_coeff_schedule sets alpha (which then tunes nothing).
+        return True
+
     def check(self) -> list[str]:
         problems = super().check()
         kind = self.exploration_config.get("type")
@@ -155,12 +162,42 @@ def sac_terms(policy: TorchPolicy[SACConfig], model: nn.Module, batch: dict[str,
     critic, the critics' no actor, and only alpha's term moves alpha."""
     target = policy.target_model
     assert isinstance(model, sac_networks.SACModel) and isinstance(target, sac_networks.SACModel)
-    alpha = model.log_alpha.detach().exp()
+    alpha = _alpha(policy, model)
     critic_loss, actor_loss, logp, q_taken, q_target = (_discrete if model.discrete else _continuous)(
         model, target, batch, alpha
     )
-    alpha_loss = -(model.log_alpha * (logp + target_entropy(policy.config, policy.action_space))).mean()
+    if policy.config.entropy_coeff_schedule is None:
+        alpha_loss = -(model.log_alpha * (logp + target_entropy(policy.config, policy.action_space))).mean()
+    else:  # alpha follows the schedule: log alpha learns nothing
+        alpha_loss = torch.zeros((), device=logp.device)
     return SACTerms(critic_loss, actor_loss, alpha_loss, logp, alpha, q_taken, q_target)
+
+
+def _alpha(policy: TorchPolicy[SACConfig], model: sac_networks.SACModel) -> torch.Tensor:
+    """The temperature the losses use now: ``entropy_coeff_schedule``'s value at the global timestep when
+    the config has one (alpha then tunes nothing), else the learned one (detached)."""
+    points = policy.config.entropy_coeff_schedule
+    if points is None:
+        return model.log_alpha.detach().exp()
+    return torch.tensor(PiecewiseSchedule(points).value(policy.global_timestep), device=model.log_alpha.device)
+
+
+def sac_td_error(policy: TorchPolicy[SACConfig], batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Each row's n-step soft TD error of the first critic, as the loss computes it (its next actions drawn
+    afresh from the policy), without gradient: worker-side priorities."""
+    model, target = policy.model, policy.target_model
+    assert isinstance(model, sac_networks.SACModel) and isinstance(target, sac_networks.SACModel)
+    obs, new_obs = batch[SampleBatch.OBS], batch[SampleBatch.NEW_OBS]
+    with torch.no_grad():
+        alpha = _alpha(policy, model)
+        next_inputs = model.dist_inputs(new_obs)
+        if model.discrete:
+            q_target = _discrete_target(target, batch, alpha, next_inputs)
+            q_taken = model.q_all(obs)[0].gather(1, batch[SampleBatch.ACTIONS].long().unsqueeze(1)).squeeze(1)
+        else:
+            q_target = _continuous_target(target, batch, alpha, *model.sample(next_inputs))
+            q_taken = model.q(obs, batch[SampleBatch.ACTIONS].float())[0]
+    return q_taken - q_target
 
 
 def sac_loss(
@@ -209,8 +246,7 @@ def _continuous(
     actions, logp = model.sample(model.dist_inputs(torch.cat([obs, new_obs])))
     (actions, next_actions), (logp, next_logp) = actions.chunk(2), logp.chunk(2)
     with torch.no_grad():
-        next_q = functools.reduce(torch.minimum, target.q(new_obs, next_actions))
-        q_target = _bootstrap(batch, next_q - alpha * next_logp)
+        q_target = _continuous_target(target, batch, alpha, next_actions, next_logp)
     q_values = model.q(obs, batch[SampleBatch.ACTIONS].float())
     # The actor's gradient must not move the critics: their weights take no gradient while
     # Q(s, a ~ pi) is recorded (the critic loss above was recorded with them taking one).
@@ -226,6 +262,32 @@ def _continuous(
     return _critic_loss(q_values, q_target, batch), actor_loss, logp.detach(), q_values[0], q_target
 
 
+def _continuous_target(
+    target: sac_networks.SACModel,
+    batch: dict[str, torch.Tensor],
+    alpha: torch.Tensor,
+    next_actions: torch.Tensor,
+    next_logp: torch.Tensor,
+) -> torch.Tensor:
+    """The soft n-step target from the policy's next actions: twin-min target Q minus alpha log pi."""
+    next_q = functools.reduce(torch.minimum, target.q(batch[SampleBatch.NEW_OBS], next_actions))
+    return _bootstrap(batch, next_q - alpha * next_logp)
+
+
+def _discrete_target(
+    target: sac_networks.SACModel, batch: dict[str, torch.Tensor], alpha: torch.Tensor, next_logits: torch.Tensor
+) -> torch.Tensor:
+    """The soft n-step target: the exact expectation over the next state's legal actions of twin-min target Q
+    minus alpha log pi; a state with no legal action is worth 0."""
+    next_mask = batch.get(SampleBatch.NEXT_ACTION_MASK)
+    next_probs, next_logp_all = _legal_probs(next_logits, next_mask)
+    next_q = functools.reduce(torch.minimum, target.q_all(batch[SampleBatch.NEW_OBS]))
+    next_value = (next_probs * (next_q - alpha * next_logp_all)).sum(-1)
+    if next_mask is not None:
+        next_value = torch.where(next_mask.bool().any(-1), next_value, torch.zeros_like(next_value))
+    return _bootstrap(batch, next_value)
+
+
 def _discrete(
     model: sac_networks.SACModel, target: sac_networks.SACModel, batch: dict[str, torch.Tensor], alpha: torch.Tensor
 ) -> tuple[torch.Tensor, ...]:
@@ -233,14 +295,7 @@ def _discrete(
     logits, next_logits = model.dist_inputs(torch.cat([obs, new_obs])).chunk(2)
     probs, logp_all = _legal_probs(logits, batch.get(SampleBatch.ACTION_MASK))
     with torch.no_grad():
-        next_mask = batch.get(SampleBatch.NEXT_ACTION_MASK)
-        next_probs, next_logp_all = _legal_probs(next_logits, next_mask)
-        next_q = functools.reduce(torch.minimum, target.q_all(new_obs))
-        # The exact expectation over the next state's legal actions; a state with none is worth 0.
-        next_value = (next_probs * (next_q - alpha * next_logp_all)).sum(-1)
-        if next_mask is not None:
-            next_value = torch.where(next_mask.bool().any(-1), next_value, torch.zeros_like(next_value))
-        q_target = _bootstrap(batch, next_value)
+        q_target = _discrete_target(target, batch, alpha, next_logits)
     q_all = model.q_all(obs)
     actions = batch[SampleBatch.ACTIONS].long().unsqueeze(1)
     q_values = [q.gather(1, actions).squeeze(1) for q in q_all]
@@ -332,29 +387,20 @@ class _CustomSACModel:
         return model
 
 
-def _rates(config: SACConfig) -> list[float]:
-    """The learning rates of the actor, the critics and log alpha, each ``lr`` unless set apart."""
-    return [config.lr if rate is None else rate for rate in (config.actor_lr, config.critic_lr, config.alpha_lr)]
-
-
 def _optimizer(policy: TorchPolicy[SACConfig]) -> torch.optim.Optimizer:
-    model = policy.model
+    """One Adam with a group each for the actor, the critics and log alpha, at ``actor_lr``, ``critic_lr``
+    and ``alpha_lr``; a group without its own rate follows ``lr`` (its schedule, a live change)."""
+    model, config = policy.model, policy.config
     assert isinstance(model, sac_networks.SACModel)
     groups = [model.actor.parameters(), model.critics.parameters(), [model.log_alpha]]
+    rates = (config.actor_lr, config.critic_lr, config.alpha_lr)
     return adam(
-        [{"params": params, "lr": lr} for params, lr in zip(groups, _rates(policy.config))],
+        [
+            {"params": params, "lr": config.lr if rate is None else rate, FOLLOWS_LR: rate is None}
+            for params, rate in zip(groups, rates)
+        ],
         policy.device,
     )
-
-
-class SACPolicy(TorchPolicy[SACConfig]):
-    """A :class:`TorchPolicy` whose live ``lr`` moves only the optimizer groups without a rate of their own."""
-
-    def update_config(self, changes: Mapping[str, Any]) -> None:
-        super().update_config(changes)
-        if "lr" in changes:
-            for group, lr in zip(self.optimizer.param_groups, _rates(self.config)):
-                group["lr"] = lr
 
 
 def make_sac_policy(obs_space: gym.Space[Any], action_space: gym.Space[Any], config: SACConfig) -> PolicySpec:
@@ -376,12 +422,13 @@ def make_sac_policy(obs_space: gym.Space[Any], action_space: gym.Space[Any], con
         "make_model": _ModelFactory(config),
         "model_interface": dataclasses.replace(STOCHASTIC_ACTOR_CRITIC, adapt=_CustomSACModel(config)),
         "make_optimizer": _optimizer,
+        "td_error_fn": sac_td_error,
         "dist_kind": "squashed" if box else "auto",
         "target_network": True,
         "exploration_config": dict(config.exploration_config)
         or {"type": "StochasticSampling", "random_timesteps": config.learning_starts},
     }
-    return PolicySpec(SACPolicy, obs_space, action_space, config, kwargs)
+    return PolicySpec(TorchPolicy, obs_space, action_space, config, kwargs)
 
 
 ALGORITHM = Algorithm(

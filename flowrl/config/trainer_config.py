@@ -89,6 +89,11 @@ class TrainerConfig(BaseConfig):
     #: Whether the algorithm's loss learns from sequences, so that it takes a recurrent model (``model.use_lstm``).
     learns_from_sequences: ClassVar[bool] = False
 
+    @property
+    def schedules_entropy(self) -> bool:
+        """Whether the loss reads an entropy coefficient (``entropy_coeff``) that ``entropy_coeff_schedule`` sets."""
+        return hasattr(self, "entropy_coeff")
+
     # Workers and sampling.
     num_workers: int = cfg_field(
         2, "Remote rollout-worker actors. 0: sample in the driver's local worker (the same plan, one process).", min=0
@@ -421,10 +426,11 @@ class TrainerConfig(BaseConfig):
             if pid not in known:
                 problems.append(f"policies_to_train names {pid!r}, which is not a policy; the policies are {known}")
         problems += self._evaluation_problems()
-        if self.entropy_coeff_schedule is not None and not hasattr(self, "entropy_coeff"):
+        if self.entropy_coeff_schedule is not None and not self.schedules_entropy:
             problems.append(
                 f"entropy_coeff_schedule is set, but {type(self).__name__}'s loss has no entropy bonus (no "
-                "entropy_coeff); the algorithms with one are a2c, a3c, ppo, impala and appo: drop the key"
+                "entropy_coeff); the algorithms with one are a2c, a3c, ppo, impala, appo and sac (its alpha): "
+                "drop the key"
             )
         problems += self._recurrent_problems()
         if self.env_backend == "envpool" and self.restart_failed_sub_environments:

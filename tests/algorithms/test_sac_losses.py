@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from flowrl.algorithms import get_algorithm
-from flowrl.algorithms.sac import DISCRETE_ENTROPY_FRACTION, sac_terms, target_entropy
+from flowrl.algorithms.sac import DISCRETE_ENTROPY_FRACTION, sac_td_error, sac_terms, target_entropy
 from flowrl.data import SampleBatch
 from flowrl.errors import ConfigError
 from flowrl.policy.postprocessing import DISCOUNTS
@@ -169,6 +169,33 @@ def test_a_live_lr_moves_only_the_groups_without_a_rate_of_their_own() -> None:
     policy = policy_of(lr=1e-3, critic_lr=5e-4)
     policy.update_config({"lr": 1e-2})
     assert [g["lr"] for g in policy.optimizer.param_groups] == [1e-2, 5e-4, 1e-2]
+
+
+def test_an_lr_schedule_sets_the_groups_that_follow_lr_and_scales_those_with_their_own() -> None:
+    policy = policy_of(lr=1e-3, critic_lr=5e-4, lr_schedule=[[0, 1e-3], [1000, 1e-4]])
+    policy.global_timestep = 500
+    policy.learning_rates.set(policy.config, policy.global_timestep)
+    rates = [g["lr"] for g in policy.optimizer.param_groups]
+    assert rates == pytest.approx([5.5e-4, 5e-4 * 0.55, 5.5e-4])  # actor and alpha follow lr; the critics scale
+
+
+def test_an_entropy_coeff_schedule_sets_alpha_which_then_learns_nothing() -> None:
+    policy = policy_of(entropy_coeff_schedule=[[0, 0.5], [1000, 0.1]])
+    policy.global_timestep = 250
+    log_alpha = policy.model.log_alpha.detach().clone()
+    terms = sac_terms(policy, policy.model, batch())
+    assert float(terms.alpha) == pytest.approx(0.4)
+    policy.learn(SampleBatch({k: v.numpy() for k, v in batch().items()}))
+    torch.testing.assert_close(policy.model.log_alpha.detach(), log_alpha)
+
+
+def test_the_td_error_for_worker_priorities_is_the_losses_for_the_same_rows() -> None:
+    policy = policy_of(DISCRETE, prioritized_replay=True, worker_side_prioritization=True)
+    rows = batch(DISCRETE)
+    terms = sac_terms(policy, policy.model, rows)
+    torch.testing.assert_close(sac_td_error(policy, rows), (terms.q_taken - terms.q_target).detach())
+    continuous = policy_of(prioritized_replay=True, worker_side_prioritization=True)
+    assert sac_td_error(continuous, batch()).shape == (32,)
 
 
 class _NoCritics(nn.Module):
