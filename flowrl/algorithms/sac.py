@@ -28,7 +28,7 @@ from flowrl.deferred import DeferredModule, nn, torch
 from flowrl.errors import ConfigError
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy, nstep_postprocess
 from flowrl.policy.action_masks import mask_logits
-from flowrl.policy.custom_model import ModelInterface, probe_observations
+from flowrl.policy.custom_model import ModelInterface, actor_and_critics, probe_observations
 from flowrl.policy.distributions import DistFactory
 from flowrl.policy.optimizers import FOLLOWS_LR, adam
 from flowrl.policy.postprocessing import DISCOUNTS
@@ -349,16 +349,8 @@ class _CustomSACModel:
 
     def __call__(self, custom: nn.Module, obs_space: gym.Space[Any], action_space: gym.Space[Any]) -> nn.Module:
         shown = f"model.custom_model {type(custom).__qualname__}"
-        actor, critics = getattr(custom, "actor", None), getattr(custom, "critics", None)
-        wanted = 2 if self.config.twin_q else 1
-        if not isinstance(actor, nn.Module) or not isinstance(critics, nn.ModuleList) or len(critics) != wanted:
-            raise ConfigError(
-                [
-                    f"{shown} does not implement the {STOCHASTIC_ACTOR_CRITIC.name} interface "
-                    f"({STOCHASTIC_ACTOR_CRITIC.contract}): it needs an nn.Module attribute actor and an "
-                    f"nn.ModuleList critics of {wanted} (twin_q={self.config.twin_q})"
-                ]
-            )
+        actor, critics = actor_and_critics(custom, STOCHASTIC_ACTOR_CRITIC, self.config.twin_q)
+        wanted = len(critics)
         model = sac_networks.SACModel(obs_space, action_space, **_sizes(self.config), actor=actor, critics=critics)
         batch = 2
         wanted_shapes: list[tuple[int, ...]]

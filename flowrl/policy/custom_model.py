@@ -329,6 +329,22 @@ def _recurrent(
     return adapted
 
 
+def actor_and_critics(custom: nn.Module, interface: ModelInterface, twin_q: bool) -> tuple[nn.Module, nn.ModuleList]:
+    """A custom actor-critic model's ``actor`` module and its ``critics`` (two with ``twin_q``, else one), the
+    attributes the off-policy actor-critics (DDPG, TD3, SAC) build their model around; a ConfigError if absent."""
+    actor, critics = getattr(custom, "actor", None), getattr(custom, "critics", None)
+    wanted = 2 if twin_q else 1
+    if not isinstance(actor, nn.Module) or not isinstance(critics, nn.ModuleList) or len(critics) != wanted:
+        raise ConfigError(
+            [
+                f"model.custom_model {type(custom).__qualname__} does not implement the {interface.name} interface "
+                f"({interface.contract}): it needs an nn.Module attribute actor and an nn.ModuleList critics of "
+                f"{wanted} (twin_q={twin_q})"
+            ]
+        )
+    return actor, critics
+
+
 def probe_observations(obs_space: gym.Space[Any], batch_size: int = 2) -> torch.Tensor:
     """A batch of all-zero observations of ``obs_space`` as a model receives them (flat, on the CPU)."""
     from flowrl.policy.models import obs_to_tensor  # the torch modules' module
