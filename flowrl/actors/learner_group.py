@@ -145,11 +145,18 @@ class LearnerActor:
         sgd_minibatch_size: int,
         seed: int | list[int] | None,
         sequence_length: int,
-    ) -> tuple[dict[str, dict[str, float]], dict[str, tuple[np.ndarray, np.ndarray]], dict[str, tuple[float, float]]]:
+        report_state: bool = False,
+    ) -> tuple[
+        dict[str, dict[str, float]],
+        dict[str, tuple[np.ndarray, np.ndarray]],
+        dict[str, tuple[float, float]],
+        dict[str, tuple[Any, Any, dict[str, float], int]] | None,
+    ]:
         """Learn on this replica's shard of ``batch`` with the driver's loss ``coeffs`` and global ``timesteps``
         (what schedules read): per policy its statistics, the new priorities of its shard's replayed rows (a
-        single step whose loss gives TD errors), and the seconds it spent getting data ready and updating
-        (:class:`~flowrl.policy.policy.LearnTimes`)."""
+        single step whose loss gives TD errors), the seconds it spent getting data ready and updating
+        (:class:`~flowrl.policy.policy.LearnTimes`), and with ``report_state`` (asked of rank 0, in the same
+        round trip) its :meth:`learner_state` after the update."""
         for pid, replica in self._torch(list(coeffs)):
             replica.coeffs = dict(coeffs[pid])
         for pid, timestep in timesteps.items():
@@ -174,7 +181,7 @@ class LearnerActor:
                     policy, policy_batch, num_sgd_iter, sgd_minibatch_size, seed, sequence_length, shard=self.shard
                 )
             times[pid] = (policy.learn_times.load_s - before[0], policy.learn_times.update_s - before[1])
-        return info, priorities, times
+        return info, priorities, times, self.learner_state(policies) if report_state else None
 
 
 def _gloo_on_the_interface_of(address: str) -> None:
@@ -374,12 +381,19 @@ class LearnerGroup:
                 results = self._wait(
                     [
                         actor.learn.remote(
-                            ref, wanted, coeffs, timesteps, num_sgd_iter, sgd_minibatch_size, seed, sequence_length
+                            ref,
+                            wanted,
+                            coeffs,
+                            timesteps,
+                            num_sgd_iter,
+                            sgd_minibatch_size,
+                            seed,
+                            sequence_length,
+                            rank == 0,  # rank 0's state comes back with its results: no second round trip
                         )
-                        for actor in self._actors
+                        for rank, actor in enumerate(self._actors)
                     ]
                 )
-                [learned_state] = self._wait([self._actors[0].learner_state.remote(wanted)])
                 break
             except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as error:
                 _raise_if_not_a_fault(error)
@@ -388,6 +402,8 @@ class LearnerGroup:
                 self._restart()
         # The driver's policies follow rank 0 (weights, optimizer, coefficients, skipped updates):
         # rollout workers, checkpoints, metrics and a rebuilt group read them there.
+        learned_state = results[0][3]
+        assert learned_state is not None
         for pid, (weights, optimizer, learned_coeffs, nonfinite) in learned_state.items():
             policy = local.get_policy(pid)
             policy.set_weights(weights)
@@ -397,11 +413,11 @@ class LearnerGroup:
                 policy.coeffs = learned_coeffs
         for pid, (load_s, update_s) in results[0][2].items():  # rank 0's, as the X-ray's learner phases
             local.get_policy(pid).learn_times.add(load_s, update_s)
-        info = {pid: _mean_stats([stats[pid] for stats, _, _ in results]) for pid in results[0][0]}
+        info = {pid: _mean_stats([stats[pid] for stats, _, _, _ in results]) for pid in results[0][0]}
         priorities = {
             pid: (
-                np.concatenate([p[pid][0] for _, p, _ in results]),
-                np.concatenate([p[pid][1] for _, p, _ in results]),
+                np.concatenate([p[pid][0] for _, p, _, _ in results]),
+                np.concatenate([p[pid][1] for _, p, _, _ in results]),
             )
             for pid in results[0][1]
         }
