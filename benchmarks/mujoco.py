@@ -91,7 +91,7 @@ def shared_settings(config: Any) -> dict[str, Any]:
         "tau": config.tau,
         "twin_q": bool(config.twin_q),
     }
-    if hasattr(config, "actor_lr"):  # TD3: one rate per network
+    if hasattr(config, "policy_delay"):  # TD3: one rate per network
         settings.update(
             actor_lr=config.actor_lr,
             critic_lr=config.critic_lr,
@@ -100,7 +100,9 @@ def shared_settings(config: Any) -> dict[str, Any]:
             target_noise=config.target_noise,
             target_noise_clip=config.target_noise_clip,
         )
-    else:  # SAC: one rate for the actor, the critics and the entropy coefficient
+    else:  # SAC: one rate for the actor, the critics and the entropy coefficient (SB3 has one)
+        if any(rate is not None for rate in (config.actor_lr, config.critic_lr, config.alpha_lr)):
+            raise SystemExit("SB3's SAC takes one learning rate: leave actor_lr, critic_lr and alpha_lr unset")
         settings.update(lr=config.lr, initial_alpha=config.initial_alpha, target_entropy=config.target_entropy)
     return settings
 
