@@ -57,6 +57,15 @@ class Exploration:
         self.last_timestep = int(state["last_timestep"])
 
 
+def uniform_discrete(
+    space: gym.spaces.Discrete, dist: ActionDistribution, batch: int, rng: np.random.Generator
+) -> np.ndarray:
+    """``batch`` uniformly random actions of ``space``, within the action mask bound to ``dist`` if it has one."""
+    if dist.action_mask is None:
+        return rng.integers(0, int(space.n), batch)
+    return random_legal_actions(dist.action_mask.reshape(batch, -1).cpu().numpy(), rng)
+
+
 class StochasticSampling(Exploration):
     """Samples from the action distribution (greedy when not exploring).
 
@@ -94,9 +103,7 @@ class StochasticSampling(Exploration):
     def _uniform(self, dist: ActionDistribution) -> np.ndarray:
         batch, space = dist.inputs.shape[0], self.action_space
         if isinstance(space, gym.spaces.Discrete):
-            if dist.action_mask is None:
-                return self.rng.integers(0, int(space.n), batch)
-            return random_legal_actions(dist.action_mask.reshape(batch, -1).cpu().numpy(), self.rng)
+            return uniform_discrete(space, dist, batch, self.rng)
         assert isinstance(space, gym.spaces.Box)
         return self.rng.uniform(space.low, space.high, (batch, *space.shape)).astype(np.float32)
 
@@ -151,12 +158,7 @@ class EpsilonGreedy(Exploration):
             batch = greedy.shape[0]
             random_rows = self.rng.random(batch) < self.epsilon(timestep)
             if random_rows.any():
-                mask = dist.action_mask
-                if mask is None:
-                    drawn = self.rng.integers(0, int(self.action_space.n), batch)
-                else:
-                    drawn = random_legal_actions(mask.reshape(batch, -1).cpu().numpy(), self.rng)
-                random_actions = torch.as_tensor(drawn)
+                random_actions = torch.as_tensor(uniform_discrete(self.action_space, dist, batch, self.rng))
                 greedy = torch.where(torch.as_tensor(random_rows), random_actions.to(greedy.device), greedy)
         return greedy, torch.zeros(greedy.shape[0])
 
@@ -315,12 +317,6 @@ def make_exploration(
     if name not in EXPLORATIONS:
         raise FlowRLError(f"exploration_config type={name!r} is not one of {sorted(EXPLORATIONS)}")
     cls = EXPLORATIONS[name]
-    if cls is StochasticSampling:
-        if set(options) - {"random_timesteps"}:
-            raise FlowRLError(f"StochasticSampling takes only random_timesteps, got {sorted(options)}")
-        # Each worker draws its own uniform actions.
-        seed = None if seed is None else seed * 1000 + worker_index
-        return StochasticSampling(action_space, int(options.get("random_timesteps", 0)), seed)
     if cls is PerWorkerEpsilonGreedy:
         options.update(worker_index=worker_index, num_workers=num_workers)
     try:
