@@ -115,9 +115,11 @@ class LearnerActor:
         for policy in self.policies.values():
             policy.update_config(changes)
 
-    def update_target(self, policies: Sequence[str], tau: float) -> None:
-        for pid, policy in self._torch(policies):
-            policy.update_target(tau)
+    def update_targets(self, moves: Sequence[tuple[Sequence[str], float]]) -> None:
+        """Move target networks as the driver moved its own: each move is (policies, tau), in order."""
+        for policies, tau in moves:
+            for _, policy in self._torch(policies):
+                policy.update_target(tau)
 
     def learner_state(self, policies: Sequence[str]) -> dict[str, tuple[Any, Any, dict[str, float], int]]:
         """Per policy, what learning changed: its weights, its optimizer's state (on CPU), its loss
@@ -146,6 +148,7 @@ class LearnerActor:
         seed: int | list[int] | None,
         sequence_length: int,
         report_state: bool = False,
+        target_updates: Sequence[tuple[Sequence[str], float]] = (),
     ) -> tuple[
         dict[str, dict[str, float]],
         dict[str, tuple[np.ndarray, np.ndarray]],
@@ -156,7 +159,9 @@ class LearnerActor:
         (what schedules read): per policy its statistics, the new priorities of its shard's replayed rows (a
         single step whose loss gives TD errors), the seconds it spent getting data ready and updating
         (:class:`~flowrl.policy.policy.LearnTimes`), and with ``report_state`` (asked of rank 0, in the same
-        round trip) its :meth:`learner_state` after the update."""
+        round trip) its :meth:`learner_state` after the update. ``target_updates`` (policies, tau), the driver's
+        target moves since the last batch, are made first, in order."""
+        self.update_targets(target_updates)
         for pid, replica in self._torch(list(coeffs)):
             replica.coeffs = dict(coeffs[pid])
         for pid, timestep in timesteps.items():
@@ -251,6 +256,7 @@ class LearnerGroup:
         self.seed = seed
         self._num_threads = max(1, int(num_cpus))
         self._config_changes: dict[str, Any] = {}  # live config changes since the policy specs were made
+        self._pending_targets: list[tuple[list[str], float]] = []  # target moves the next learn makes first
         self._placeholders = placeholders_active()
         self._stopped = False
         self._actors: list[Any] = []
@@ -294,6 +300,7 @@ class LearnerGroup:
             if self._config_changes:
                 self._call_all("update_config", self._config_changes)
             self._call_all("set_state", self._driver_states())
+            self._pending_targets = []  # the driver's targets have made those moves
         except BaseException:
             self._kill()
             raise
@@ -325,6 +332,7 @@ class LearnerGroup:
         """Set every replica to the driver's policies as they are now: weights, optimizer state,
         coefficients, target networks (after a restore)."""
         self._tell_all("set_state", self._driver_states())
+        self._pending_targets = []
 
     def update_config(self, changes: Mapping[str, Any]) -> None:
         """Change live config keys of every replica, as the driver's policies changed them (and of replacements)."""
@@ -332,8 +340,20 @@ class LearnerGroup:
         self._tell_all("update_config", dict(changes))
 
     def update_target(self, policies: Sequence[str], tau: float) -> None:
-        """Move the replicas' target networks as the driver moved its own (the replicas' weights equal the driver's)."""
-        self._tell_all("update_target", [pid for pid in policies if pid in self.policies], tau)
+        """Move the replicas' target networks as the driver moved its own (the replicas' weights equal the driver's).
+
+        No round trip of its own: the move travels with the next :meth:`learn`, before its batch, which is
+        the first time the replicas read a target again (a rebuild or :meth:`sync` takes the driver's
+        targets, which have moved already)."""
+        self._check_usable()
+        if wanted := [pid for pid in policies if pid in self.policies]:
+            self._pending_targets.append((wanted, tau))
+
+    def flush_targets(self) -> None:
+        """Make the target moves that wait for the next :meth:`learn` now (for a reader of the replicas' state)."""
+        if self._pending_targets:
+            self._tell_all("update_targets", self._pending_targets)
+            self._pending_targets = []
 
     def _kill(self) -> None:
         for actor in self._actors:
@@ -390,6 +410,7 @@ class LearnerGroup:
                             seed,
                             sequence_length,
                             rank == 0,  # rank 0's state comes back with its results: no second round trip
+                            self._pending_targets,
                         )
                         for rank, actor in enumerate(self._actors)
                     ]
@@ -400,6 +421,7 @@ class LearnerGroup:
                 if attempt:
                     raise FlowRLError(f"the learner group failed twice on one batch: {error}") from error
                 self._restart()
+        self._pending_targets = []
         # The driver's policies follow rank 0 (weights, optimizer, coefficients, skipped updates):
         # rollout workers, checkpoints, metrics and a rebuilt group read them there.
         learned_state = results[0][3]

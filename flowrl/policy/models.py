@@ -31,6 +31,17 @@ def mlp(in_dim: int, hiddens: Sequence[int], activation: str, out_dim: int | Non
     return nn.Sequential(*layers)
 
 
+def module_weights(module: nn.Module) -> dict[str, np.ndarray]:
+    """``module``'s parameters and buffers as NumPy arrays on the CPU (copies)."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
+
+
+def load_module_weights(module: nn.Module, weights: Mapping[str, np.ndarray | torch.Tensor]) -> None:
+    """Load :func:`module_weights`'s output (or a ``state_dict``) into ``module``, in place, on its device."""
+    # torch.tensor copies: arrays from Ray's object store are read-only.
+    module.load_state_dict({k: v if isinstance(v, torch.Tensor) else torch.tensor(v) for k, v in weights.items()})
+
+
 def obs_to_tensor(obs: np.ndarray, space: gym.Space[Any], device: torch.device) -> torch.Tensor:
     """A batch of observations as the tensor the models expect.
 

@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from flowrl.policy.models import load_module_weights, module_weights
+
 
 class TargetNetwork:
     """``model`` is a frozen copy of ``source``; :meth:`update` copies ``source`` into it or blends towards it.
@@ -44,12 +46,9 @@ class TargetNetwork:
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """The target's parameters and buffers as NumPy arrays (copies)."""
-        return {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
+        return module_weights(self.model)
 
     def load(self, weights: Mapping[str, np.ndarray | torch.Tensor]) -> None:
         """Load :meth:`get_weights`'s output (or a ``state_dict``) into the target, in place."""
-        # torch.tensor copies: arrays from Ray's object store are read-only.
-        self.model.load_state_dict(
-            {k: v if isinstance(v, torch.Tensor) else torch.tensor(v) for k, v in weights.items()}
-        )
+        load_module_weights(self.model, weights)
         self.version += 1

@@ -423,11 +423,10 @@ class TorchPolicy(Policy[ConfigT]):
     # -- state -----------------------------------------------------------------------
 
     def get_weights(self) -> ModelWeights:
-        return {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
+        return models.module_weights(self.model)
 
     def set_weights(self, weights: ModelWeights) -> None:
-        # torch.tensor copies: arrays from Ray's object store are read-only.
-        self.model.load_state_dict({k: torch.tensor(v) for k, v in weights.items()})
+        models.load_module_weights(self.model, weights)
 
     def update_config(self, changes: Mapping[str, Any]) -> None:
         """Change config keys of a live policy; a new ``lr`` also goes to the optimizer (keeping its moments)

@@ -68,9 +68,12 @@ def replica_states(trainer: Trainer, pid: str = "default_policy") -> list[dict[s
 
 
 def assert_replicas_equal_the_driver(trainer: Trainer, *, target: bool = False) -> None:
-    """Every replica holds the driver's weights (and target networks), read between two updates."""
+    """Every replica holds the driver's weights (and target networks: their moves since the last update
+    travel with the next one, so they are made first here), read between two updates."""
     learner = trainer.resources.learner
     with learner.lock if learner is not None else contextlib.nullcontext():
+        if target and trainer.resources.learners is not None:
+            trainer.resources.learners.flush_targets()
         for pid in trainer.workers.trainable_policies():
             driver = trainer.workers.local_worker().get_policy(pid).get_state()
             for rank, state in enumerate(replica_states(trainer, pid)):
