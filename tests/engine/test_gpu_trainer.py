@@ -66,8 +66,7 @@ def test_ppo_learns_on_the_gpu_and_its_checkpoint_resumes_on_the_cpu(tmp_path: P
         policy = learner_policy(trainer)
         assert policy.device.type == DEVICE
         assert {p.device.type for p in policy.model.parameters()} == {DEVICE}
-        # The rollout worker (on the CPU: Ray hides the GPU from an actor that asked for none) acts with the
-        # weights the GPU learned.
+        # The remote rollout worker acts with the weights the GPU learned.
         learned = policy.get_weights()
         (remote,) = trainer.workers.foreach_worker(lambda w: w.get_policy(DEFAULT_POLICY_ID).get_weights(), local=False)
         for key, value in learned.items():
