@@ -27,7 +27,7 @@ from flowrl.actors import RolloutWorker
 from flowrl.actors.resources import local_replay_buffer
 from flowrl.algorithms import get_algorithm
 from flowrl.config import TrainerConfig
-from flowrl.data import SampleBatch, concat_samples
+from flowrl.data import DEFAULT_POLICY_ID, SampleBatch, concat_samples
 from flowrl.engine.build import policy_specs
 from flowrl.envs import get_env_creator
 from flowrl.operators import StandardizeFields
@@ -152,7 +152,7 @@ def _exact_float32_on_one_thread() -> Iterator[None]:
     torch.set_num_threads(saved[2])
 
 
-def setup(name: str) -> Setup:
+def prepare(name: str) -> Setup:
     case = CASES[name]
     algorithm = get_algorithm(case.algo)
     overrides = {**(REPLAY if case.learn == "replay" else {}), **case.overrides}
@@ -173,9 +173,10 @@ def setup(name: str) -> Setup:
         batch = replayed
     elif case.algo == "ppo":
         batch = StandardizeFields([SampleBatch.ADVANTAGES])(batch)
-    spec = specs["default_policy"]
+    spec = specs[DEFAULT_POLICY_ID]
     cpu, gpu = spec.build(), spec.build({"num_gpus": 1})
     assert isinstance(cpu, TorchPolicy) and isinstance(gpu, TorchPolicy)
+    cpu.set_weights(worker.get_policy(DEFAULT_POLICY_ID).get_weights())  # the learner's weights sampled the batch
     gpu.set_state(cpu.get_state())
     return Setup(case, config, batch, spec, cpu, gpu)
 
@@ -215,7 +216,7 @@ def assert_weights_close(got: dict[str, np.ndarray], expected: dict[str, np.ndar
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_policy_is_on_the_device_num_gpus_gives(name: str) -> None:
-    s = setup(name)
+    s = prepare(name)
     assert s.cpu.device.type == "cpu"
     assert s.gpu.device.type == DEVICE
     assert {p.device.type for p in s.gpu.model.parameters()} == {DEVICE}
@@ -229,7 +230,7 @@ def test_the_policy_is_on_the_device_num_gpus_gives(name: str) -> None:
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_compute_actions_gives_numpy_arrays_of_the_action_space(name: str) -> None:
-    s = setup(name)
+    s = prepare(name)
     obs, space = s.observations(16), s.gpu.action_space
     dtype = np.int64 if isinstance(space, gym.spaces.Discrete) else np.float32
     for explore, timestep in [(False, 0), (True, 0), (True, 10**9)]:  # 10**9: past any random warm-up
@@ -247,7 +248,7 @@ def test_compute_actions_gives_numpy_arrays_of_the_action_space(name: str) -> No
 
 @pytest.mark.parametrize("name", DETERMINISTIC)
 def test_the_gpu_learns_what_the_cpu_learns(name: str) -> None:
-    s = setup(name)
+    s = prepare(name)
     cpu_grads, cpu_stats = s.cpu.compute_gradients(s.batch)
     gpu_grads, gpu_stats = s.gpu.compute_gradients(s.batch)
     assert all(isinstance(g, np.ndarray) for g in gpu_grads)
@@ -268,7 +269,7 @@ def test_the_gpu_learns_what_the_cpu_learns(name: str) -> None:
 
 @pytest.mark.parametrize("name", RANDOM)
 def test_the_gpu_learns_despite_its_own_random_numbers(name: str) -> None:
-    s = setup(name)
+    s = prepare(name)
     obs = s.observations()
     assert_same_actions(greedy(s.gpu, obs), greedy(s.cpu, obs))
     losses = []
@@ -284,8 +285,10 @@ def test_the_gpu_learns_despite_its_own_random_numbers(name: str) -> None:
 def test_state_moves_between_the_gpu_and_the_cpu(name: str) -> None:
     """A GPU policy's state (weights, optimizer moments, target network) holds no CUDA tensor, so that a checkpoint
     unpickles on a machine without one; a CPU policy given it acts and learns as the GPU policy does, and back."""
-    s = setup(name)
-    s.learn(s.gpu)  # optimizer moments and a moved target to carry
+    s = prepare(name)
+    s.learn(s.gpu)  # optimizer moments to carry
+    if s.gpu.target_network is not None:
+        s.gpu.update_target(0.5)  # and a target network that is neither the start's nor the model's
     state = s.gpu.get_state()
     assert tensors_off_the_cpu(state) == []
     restored = s.spec.build()
