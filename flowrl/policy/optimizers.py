@@ -88,4 +88,5 @@ class LearningRates:
     def state(self) -> dict[str, Any]:
         """A snapshot of the optimizer's ``state_dict`` (the optimizer updates its tensors in place), its tensors
         on the CPU (see :func:`~flowrl.policy.devices.cpu_copy`); loading moves them to the parameters' device."""
-        return cpu_copy(self.optimizer.state_dict())
+        state: dict[str, Any] = cpu_copy(self.optimizer.state_dict())
+        return state

@@ -36,11 +36,12 @@ pytestmark = [
 
 #: What ``num_gpus: 1`` gives the driver's learner policy: CUDA where there is a device, the CPU in a rehearsal.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TRAIN_BATCH = 100
 PPO_CONFIG = {
     "num_workers": 1,
     "num_cpus_per_worker": 0.1,
     "rollout_fragment_length": 50,
-    "train_batch_size": 100,
+    "train_batch_size": TRAIN_BATCH,
     "sgd_minibatch_size": 50,
     "num_sgd_iter": 2,
     "model": {"fcnet_hiddens": [32, 32]},
@@ -60,7 +61,7 @@ def test_ppo_learns_on_the_gpu_and_its_checkpoint_resumes_on_the_cpu(tmp_path: P
         for _ in range(2):
             result = trainer.train()
         assert result["training_iteration"] == 2
-        assert result["info"]["num_steps_trained"] == 2 * PPO_CONFIG["train_batch_size"]
+        assert result["info"]["num_steps_trained"] == 2 * TRAIN_BATCH
         stats = result["info"]["learner"][DEFAULT_POLICY_ID]
         assert stats and all(math.isfinite(v) for v in stats.values()), stats
         policy = learner_policy(trainer)

@@ -26,7 +26,6 @@ import torch
 from flowrl.actors import RolloutWorker
 from flowrl.actors.resources import local_replay_buffer
 from flowrl.algorithms import get_algorithm
-from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID, SampleBatch, concat_samples
 from flowrl.engine.build import policy_specs
 from flowrl.envs import get_env_creator
@@ -114,7 +113,7 @@ class Setup:
     (the GPU one holding the CPU one's state, so both start equal)."""
 
     case: Case
-    config: TrainerConfig
+    config: Any  # the algorithm's own config class
     batch: SampleBatch
     spec: PolicySpec
     cpu: TorchPolicy[Any]
@@ -156,7 +155,7 @@ def prepare(name: str) -> Setup:
     case = CASES[name]
     algorithm = get_algorithm(case.algo)
     overrides = {**(REPLAY if case.learn == "replay" else {}), **case.overrides}
-    config = algorithm.config_class.from_dict({"num_workers": 0, "seed": 0, **overrides}).frozen()
+    config: Any = algorithm.config_class.from_dict({"num_workers": 0, "seed": 0, **overrides}).frozen()  # its own class
     creator = get_env_creator(case.env)
     specs = policy_specs(algorithm, config, creator)
     worker = RolloutWorker(env_creator=creator, policy_specs=specs, config=config)
@@ -173,6 +172,7 @@ def prepare(name: str) -> Setup:
         batch = replayed
     elif case.algo == "ppo":
         batch = StandardizeFields([SampleBatch.ADVANTAGES])(batch)
+    assert isinstance(batch, SampleBatch)
     spec = specs[DEFAULT_POLICY_ID]
     cpu, gpu = spec.build(), spec.build({"num_gpus": 1})
     assert isinstance(cpu, TorchPolicy) and isinstance(gpu, TorchPolicy)
@@ -235,7 +235,7 @@ def test_compute_actions_gives_numpy_arrays_of_the_action_space(name: str) -> No
     dtype = np.int64 if isinstance(space, gym.spaces.Discrete) else np.float32
     for explore, timestep in [(False, 0), (True, 0), (True, 10**9)]:  # 10**9: past any random warm-up
         actions, extra = s.gpu.compute_actions(obs, explore=explore, timestep=timestep)
-        assert isinstance(actions, np.ndarray) and actions.shape == (16, *space.shape), (explore, actions)
+        assert isinstance(actions, np.ndarray) and actions.shape == (16, *(space.shape or ())), (explore, actions)
         assert actions.dtype == dtype
         assert all(space.contains(a) for a in actions.astype(space.dtype)), actions
         assert all(isinstance(v, np.ndarray) and len(v) == 16 for v in extra.values()), extra
@@ -297,6 +297,7 @@ def test_state_moves_between_the_gpu_and_the_cpu(name: str) -> None:
     obs = s.observations()
     assert_same_actions(greedy(restored, obs), greedy(s.gpu, obs))
     if s.gpu.target_network is not None:
+        assert restored.target_network is not None
         for key, expected in s.gpu.target_network.get_weights().items():
             np.testing.assert_array_equal(restored.target_network.get_weights()[key], expected)
     # Back to a fresh GPU policy from the CPU's state: both learn one more step from there.
