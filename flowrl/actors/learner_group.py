@@ -127,7 +127,7 @@ class LearnerActor:
         return {
             pid: (
                 policy.get_weights(),
-                _on_cpu(policy.optimizer.state_dict()),
+                policy.learning_rates.state(),
                 dict(policy.coeffs),
                 policy.num_nonfinite_updates,
             )
@@ -478,17 +478,6 @@ def _raise_if_not_a_fault(error: BaseException) -> None:
         raise cause from error
     if isinstance(cause, FlowRLError):
         raise cause from error
-
-
-def _on_cpu(value: Any) -> Any:
-    """``value`` (an optimizer's state_dict) with every tensor moved to CPU, for a driver without the learner's GPU."""
-    if isinstance(value, torch.Tensor):
-        return value.cpu()
-    if isinstance(value, dict):
-        return {key: _on_cpu(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_on_cpu(item) for item in value)
-    return value
 
 
 def _mean_stats(per_replica: list[Mapping[str, float]]) -> dict[str, float]:

@@ -197,8 +197,17 @@ class SquashedGaussian(DiagGaussian):
             {"low": torch.as_tensor(low, dtype=torch.float32), "high": torch.as_tensor(high, dtype=torch.float32)},
         )
 
-    def _squash(self, raw: torch.Tensor) -> torch.Tensor:
+    def _bounds(self, like: torch.Tensor) -> tuple[torch.Tensor | float, torch.Tensor | float]:
+        """``low`` and ``high`` on ``like``'s device: the class holds them on the CPU, and a policy on a GPU
+        gives inputs there (a CPU tensor of one or more dimensions does not mix with a CUDA tensor)."""
         low, high = self.low, self.high
+        return (
+            low.to(like.device) if isinstance(low, torch.Tensor) else low,
+            high.to(like.device) if isinstance(high, torch.Tensor) else high,
+        )
+
+    def _squash(self, raw: torch.Tensor) -> torch.Tensor:
+        low, high = self._bounds(raw)
         squashed = low + (torch.tanh(raw) + 1.0) * 0.5 * (high - low)
         # float32 rounding can land one ulp outside the bounds when tanh saturates.
         # torch.clamp takes two tensor bounds or two numbers, never one of each.
@@ -211,7 +220,8 @@ class SquashedGaussian(DiagGaussian):
         return torch.clamp(squashed, low, high)
 
     def _unsquash(self, actions: torch.Tensor) -> torch.Tensor:
-        unit = 2.0 * (actions - self.low) / (self.high - self.low) - 1.0
+        low, high = self._bounds(actions)
+        unit = 2.0 * (actions - low) / (high - low) - 1.0
         return torch.atanh(unit.clamp(-1.0 + self._EPS, 1.0 - self._EPS))
 
     def sample(self) -> torch.Tensor:
@@ -223,7 +233,8 @@ class SquashedGaussian(DiagGaussian):
     def logp(self, actions: torch.Tensor) -> torch.Tensor:
         raw = self._unsquash(actions)
         # Change of variables: subtract log |d squash / d raw| per dimension.
-        log_det = torch.log(0.5 * (self.high - self.low) * (1.0 - torch.tanh(raw).pow(2)) + self._EPS)
+        low, high = self._bounds(raw)
+        log_det = torch.log(0.5 * (high - low) * (1.0 - torch.tanh(raw).pow(2)) + self._EPS)
         return super().logp(raw) - log_det.sum(-1)
 
     def entropy(self) -> torch.Tensor:

@@ -159,7 +159,9 @@ class EpsilonGreedy(Exploration):
             random_rows = self.rng.random(batch) < self.epsilon(timestep)
             if random_rows.any():
                 random_actions = torch.as_tensor(uniform_discrete(self.action_space, dist, batch, self.rng))
-                greedy = torch.where(torch.as_tensor(random_rows), random_actions.to(greedy.device), greedy)
+                # Every operand on the greedy actions' device (a GPU policy's): a CPU mask does not mix with them.
+                rows = torch.as_tensor(random_rows, device=greedy.device)
+                greedy = torch.where(rows, random_actions.to(greedy.device), greedy)
         return greedy, torch.zeros(greedy.shape[0])
 
     def get_state(self) -> dict[str, Any]:

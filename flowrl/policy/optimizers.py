@@ -13,10 +13,10 @@ works too), and a live ``lr`` leaves them be.
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING, Any
 
 from flowrl.deferred import torch
+from flowrl.policy.devices import cpu_copy
 from flowrl.policy.schedules import PiecewiseSchedule
 
 if TYPE_CHECKING:
@@ -86,5 +86,7 @@ class LearningRates:
             group.update(own)
 
     def state(self) -> dict[str, Any]:
-        """A snapshot of the optimizer's ``state_dict`` (the optimizer updates its tensors in place)."""
-        return copy.deepcopy(self.optimizer.state_dict())
+        """A snapshot of the optimizer's ``state_dict`` (the optimizer updates its tensors in place), its tensors
+        on the CPU (see :func:`~flowrl.policy.devices.cpu_copy`); loading moves them to the parameters' device."""
+        state: dict[str, Any] = cpu_copy(self.optimizer.state_dict())
+        return state
