@@ -49,7 +49,6 @@ leaves the others' figures (a part that raises is recorded with its error and th
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -66,7 +65,7 @@ import gymnasium as gym
 import numpy as np
 import ray
 import yaml
-from time_to_solve import json_safe  # benchmarks/ is on the path when a script in it runs
+from time_to_solve import write_report  # benchmarks/ is on the path when a script in it runs
 
 from flowrl import Trainer
 from flowrl.envs.testing import FaultInjectEnv, release_fault_counters
@@ -654,7 +653,7 @@ def main() -> None:
             name, fn = runners[part]
             report["parts"][name] = run_part(part, fn)
             report["machine"]["load_avg_1m_end"] = loadavg()
-            args.out.write_text(json.dumps(json_safe(report), indent=2, allow_nan=False) + "\n")
+            write_report(args.out, report, quiet=True)
     finally:
         ray.shutdown()
     print("\nsummary")

@@ -40,7 +40,6 @@ It prints a table and writes the figures as JSON to ``--out`` (default
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -52,11 +51,11 @@ from off_policy import flowrl_updates_per_env_step
 from time_to_solve import (
     emit,
     finite,
-    json_safe,
     loadavg,
     machine_info,
     run_child,
     sb3_available,
+    write_report,
 )
 
 ENV_ID = "Pendulum-v1"
@@ -391,9 +390,7 @@ def main() -> None:
         "goal": f"median flowrl steps/s / median SB3 steps/s (TD3's for TD3 and DDPG, SAC's for SAC) >= {RATIO_GOAL}",
         "trials": trials,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(json_safe(report), indent=2, allow_nan=False) + "\n")
-    print(f"\nfigures written to {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ It prints a table and writes the figures as JSON to ``--out`` (default ``benchma
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -47,7 +46,7 @@ from typing import Any
 sys.path.append(sys.path.pop(0))
 
 from off_policy import flowrl_updates_per_env_step, steady_window_callback  # noqa: E402
-from time_to_solve import emit, finite, json_safe, loadavg, machine_info, run_child, sb3_available  # noqa: E402
+from time_to_solve import emit, finite, loadavg, machine_info, run_child, sb3_available, write_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "mujoco.json"
@@ -393,9 +392,7 @@ def main() -> None:
         "goal": outcome,
         "trials": trials,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(json_safe(report), indent=2, allow_nan=False) + "\n")
-    print(f"\nfigures written to {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

@@ -101,11 +101,12 @@ from time_to_solve import (  # noqa: E402  # benchmarks/ is on the path
     ZooLinearSchedule,
     emit,
     finite,
-    json_safe,
     loadavg,
     machine_info,
     package_version,
     run_child,
+    stop_at_reward,
+    write_report,
 )
 
 ENV_ID = "StatelessCartPole-v1"
@@ -278,36 +279,17 @@ def sb3_trial(seed: int, target: float, max_steps: int) -> dict[str, Any]:
     """Train SB3-contrib's RecurrentPPO (rl-zoo CartPoleNoVel-v1 settings) until the 100-episode mean
     reaches ``target`` or ``max_steps``."""
     load_start = loadavg()
-    import numpy as np
     import torch
     from sb3_contrib import RecurrentPPO
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
 
     import flowrl.envs.memory  # noqa: F401  # registers StatelessCartPole-v1 with Gymnasium
 
     torch.set_num_threads(1)  # as flowrl's learner_threads default
 
-    class StopAtReward(BaseCallback):
-        """After each rollout, stop once the mean of the last 100 finished episodes reaches the target."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.reached_at: tuple[float, int] | None = None
-            self.history: list[list[Any]] = []
-
-        def _on_step(self) -> bool:
-            return self.reached_at is None
-
-        def _on_rollout_end(self) -> None:
-            episodes = self.model.ep_info_buffer
-            mean = float(np.mean([e["r"] for e in episodes])) if episodes else None
-            now = time.perf_counter() - _CLOCK_START
-            self.history.append([self.model.num_timesteps, mean, round(now, 3)])
-            if len(self.history) % 40 == 1:
-                progress("sb3", seed, self.model.num_timesteps, mean, now)
-            if mean is not None and mean >= target and self.reached_at is None:
-                self.reached_at = (now, self.model.num_timesteps)
+    def every_40th(history: list[list[Any]]) -> None:
+        if len(history) % 40 == 1:
+            progress("sb3", seed, *history[-1])
 
     zoo = SB3_ZOO_PPO_LSTM
     t_imported = time.perf_counter()
@@ -328,7 +310,7 @@ def sb3_trial(seed: int, target: float, max_steps: int) -> dict[str, Any]:
         verbose=0,
     )
     t_ready = time.perf_counter()
-    callback = StopAtReward()
+    callback = stop_at_reward(target, _CLOCK_START, every_40th)
     model.learn(total_timesteps=max_steps, callback=callback)
     t_done = time.perf_counter()
     env.close()
@@ -655,9 +637,7 @@ def main() -> None:
     report["total_s"] = time.perf_counter() - started
     print_report(report)
     report = {**earlier, **report}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(json_safe(report), indent=2, allow_nan=False) + "\n")
-    print(f"\nfigures written to {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ import platform  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -143,6 +144,46 @@ def json_safe(value: Any) -> Any:
         return json_safe(float(value))  # numpy scalars
     except (TypeError, ValueError):
         return str(value)
+
+
+def write_report(out: Path, report: dict[str, Any], *, quiet: bool = False) -> None:
+    """Write ``report`` to ``out`` as plain JSON (:func:`json_safe`), making its folder; say where unless ``quiet``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(json_safe(report), indent=2, allow_nan=False) + "\n")
+    if not quiet:
+        print(f"\nfigures written to {out}")
+
+
+def stop_at_reward(
+    target: float, clock_start: float, on_rollout: Callable[[list[list[Any]]], None] | None = None
+) -> Any:
+    """An SB3 callback that stops ``learn()`` after the first rollout at whose end the mean return of the
+    last 100 finished episodes reaches ``target``. Its ``history`` holds [env steps, mean return (None before
+    any episode ends), seconds since ``clock_start``] per rollout, ``reached_at`` (seconds, env steps) once
+    reached; ``on_rollout(history)`` runs after each rollout (progress lines)."""
+    import numpy as np
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class StopAtReward(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.reached_at: tuple[float, int] | None = None
+            self.history: list[list[Any]] = []
+
+        def _on_step(self) -> bool:
+            return self.reached_at is None
+
+        def _on_rollout_end(self) -> None:
+            episodes = self.model.ep_info_buffer
+            mean = float(np.mean([e["r"] for e in episodes])) if episodes else None
+            now = time.perf_counter() - clock_start
+            self.history.append([self.model.num_timesteps, mean, round(now, 3)])
+            if on_rollout is not None:
+                on_rollout(self.history)
+            if mean is not None and mean >= target and self.reached_at is None:
+                self.reached_at = (now, self.model.num_timesteps)
+
+    return StopAtReward()
 
 
 def emit(result: dict[str, Any]) -> None:
@@ -303,36 +344,15 @@ def sb3_trial(algo: str, seed: int, target: float, max_steps: int) -> dict[str, 
     or ``max_steps``."""
     load_start = loadavg()
     cpu_start = time.process_time()
-    import numpy as np
     import stable_baselines3
     import torch
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
-
-    class StopAtReward(BaseCallback):
-        """After each rollout, stop once the mean of the last 100 finished episodes reaches the target."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.reached_at: tuple[float, int] | None = None
-            self.history: list[list[Any]] = []
-
-        def _on_step(self) -> bool:
-            return self.reached_at is None
-
-        def _on_rollout_end(self) -> None:
-            episodes = self.model.ep_info_buffer
-            mean = float(np.mean([e["r"] for e in episodes])) if episodes else None
-            now = time.perf_counter() - _CLOCK_START
-            self.history.append([self.model.num_timesteps, mean, round(now, 3)])
-            if mean is not None and mean >= target and self.reached_at is None:
-                self.reached_at = (now, self.model.num_timesteps)
 
     t_imported = time.perf_counter()
     env = make_vec_env(ENV_ID, n_envs=SB3_ZOO[algo]["n_envs"], seed=seed)  # DummyVecEnv, each env in a Monitor
     model = sb3_model(algo, env, seed, max_steps)
     t_ready = time.perf_counter()
-    callback = StopAtReward()
+    callback = stop_at_reward(target, _CLOCK_START)
     model.learn(total_timesteps=max_steps, callback=callback)
     t_done = time.perf_counter()
     env.close()
@@ -662,9 +682,7 @@ def main() -> None:
         },
         "trials": trials,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(json_safe(report), indent=2, allow_nan=False) + "\n")
-    print(f"\nfigures written to {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":
