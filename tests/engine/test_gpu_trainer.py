@@ -19,13 +19,14 @@ from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.policy import TorchPolicy
 
 REHEARSAL = os.environ.get("FLOWRL_GPU_REHEARSAL") == "1"
-if not torch.cuda.is_available() and not REHEARSAL:
-    pytest.skip(
-        "needs a CUDA device (runs on a lent GPU machine); FLOWRL_GPU_REHEARSAL=1 rehearses it on the CPU",
-        allow_module_level=True,
-    )
+# A mark, not a module-level skip: the other tiers' runs deselect these tests instead of counting a skip each.
+NEEDS_CUDA = pytest.mark.skipif(
+    not torch.cuda.is_available() and not REHEARSAL,
+    reason="needs a CUDA device (runs on a lent GPU machine); FLOWRL_GPU_REHEARSAL=1 rehearses it on the CPU",
+)
 
 pytestmark = [
+    NEEDS_CUDA,
     pytest.mark.gpu,
     pytest.mark.integration,
     pytest.mark.usefixtures("ray_session"),
