@@ -197,31 +197,28 @@ class SquashedGaussian(DiagGaussian):
             {"low": torch.as_tensor(low, dtype=torch.float32), "high": torch.as_tensor(high, dtype=torch.float32)},
         )
 
-    def _bounds(self, like: torch.Tensor) -> tuple[torch.Tensor | float, torch.Tensor | float]:
-        """``low`` and ``high`` on ``like``'s device: the class holds them on the CPU, and a policy on a GPU
-        gives inputs there (a CPU tensor of one or more dimensions does not mix with a CUDA tensor)."""
+    def __init__(self, inputs: torch.Tensor, action_mask: torch.Tensor | None = None) -> None:
+        super().__init__(inputs, action_mask)
         low, high = self.low, self.high
-        return (
-            low.to(like.device) if isinstance(low, torch.Tensor) else low,
-            high.to(like.device) if isinstance(high, torch.Tensor) else high,
-        )
-
-    def _squash(self, raw: torch.Tensor) -> torch.Tensor:
-        low, high = self._bounds(raw)
-        squashed = low + (torch.tanh(raw) + 1.0) * 0.5 * (high - low)
-        # float32 rounding can land one ulp outside the bounds when tanh saturates.
         # torch.clamp takes two tensor bounds or two numbers, never one of each.
-        if isinstance(low, torch.Tensor) and isinstance(high, torch.Tensor):
-            return torch.clamp(squashed, low, high)
-        if isinstance(low, torch.Tensor) or isinstance(high, torch.Tensor):
+        if isinstance(low, torch.Tensor) != isinstance(high, torch.Tensor):
             raise TypeError(
                 f"{type(self).__name__} bounds must be both tensors or both numbers, got {low!r} and {high!r}"
             )
-        return torch.clamp(squashed, low, high)
+        # The class holds tensor bounds on the CPU; a policy on a GPU gives its inputs there, and a CPU tensor of
+        # one or more dimensions does not mix with CUDA ones: the bounds move once, with the distribution.
+        if isinstance(low, torch.Tensor) and isinstance(high, torch.Tensor):
+            low, high = low.to(inputs.device), high.to(inputs.device)
+        self._low, self._high = low, high
+
+    def _squash(self, raw: torch.Tensor) -> torch.Tensor:
+        low, high = self._low, self._high
+        squashed = low + (torch.tanh(raw) + 1.0) * 0.5 * (high - low)
+        # float32 rounding can land one ulp outside the bounds when tanh saturates.
+        return torch.clamp(squashed, low, high)  # type: ignore[arg-type]  # both tensors or both numbers
 
     def _unsquash(self, actions: torch.Tensor) -> torch.Tensor:
-        low, high = self._bounds(actions)
-        unit = 2.0 * (actions - low) / (high - low) - 1.0
+        unit = 2.0 * (actions - self._low) / (self._high - self._low) - 1.0
         return torch.atanh(unit.clamp(-1.0 + self._EPS, 1.0 - self._EPS))
 
     def sample(self) -> torch.Tensor:
@@ -233,8 +230,7 @@ class SquashedGaussian(DiagGaussian):
     def logp(self, actions: torch.Tensor) -> torch.Tensor:
         raw = self._unsquash(actions)
         # Change of variables: subtract log |d squash / d raw| per dimension.
-        low, high = self._bounds(raw)
-        log_det = torch.log(0.5 * (high - low) * (1.0 - torch.tanh(raw).pow(2)) + self._EPS)
+        log_det = torch.log(0.5 * (self._high - self._low) * (1.0 - torch.tanh(raw).pow(2)) + self._EPS)
         return super().logp(raw) - log_det.sum(-1)
 
     def entropy(self) -> torch.Tensor:
