@@ -37,6 +37,7 @@ from flowrl.deferred import dist, ray, torch
 from flowrl.errors import FlowRLError
 from flowrl.policy import Policy, PolicySpec, TorchPolicy
 from flowrl.policy.data_parallel import Shard, synchronize_gradients
+from flowrl.policy.devices import on_cpu
 from flowrl.policy.sgd import minibatch_sgd
 
 if TYPE_CHECKING:
@@ -127,7 +128,8 @@ class LearnerActor:
         return {
             pid: (
                 policy.get_weights(),
-                policy.learning_rates.state(),
+                # Not a snapshot: the reply is serialized before this actor runs another step.
+                on_cpu(policy.optimizer.state_dict(), copy=False),
                 dict(policy.coeffs),
                 policy.num_nonfinite_updates,
             )

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from flowrl.deferred import torch
-from flowrl.policy.devices import cpu_copy
+from flowrl.policy.devices import on_cpu
 from flowrl.policy.schedules import PiecewiseSchedule
 
 if TYPE_CHECKING:
@@ -87,6 +87,6 @@ class LearningRates:
 
     def state(self) -> dict[str, Any]:
         """A snapshot of the optimizer's ``state_dict`` (the optimizer updates its tensors in place), its tensors
-        on the CPU (see :func:`~flowrl.policy.devices.cpu_copy`); loading moves them to the parameters' device."""
-        state: dict[str, Any] = cpu_copy(self.optimizer.state_dict())
+        on the CPU (see :func:`~flowrl.policy.devices.on_cpu`); loading moves them to the parameters' device."""
+        state: dict[str, Any] = on_cpu(self.optimizer.state_dict())
         return state

@@ -14,7 +14,7 @@ from flowrl.deferred import DeferredModule, nn, torch
 from flowrl.envs.flatten import model_space
 from flowrl.errors import ConfigError
 from flowrl.policy.custom_model import ACTOR_CRITIC, ModelInterface, build_custom_model
-from flowrl.policy.devices import cpu_copy
+from flowrl.policy.devices import on_cpu
 from flowrl.policy.distributions import DistFactory, dist_class_for
 from flowrl.policy.exploration import StochasticSampling, make_exploration
 from flowrl.policy.model_options import model_config
@@ -442,7 +442,7 @@ class TorchPolicy(Policy[ConfigT]):
             **self.get_sampling_state(),
             "optimizer": self.learning_rates.state(),
             "coeffs": dict(self.coeffs),
-            "target": None if self.target_model is None else cpu_copy(self.target_model.state_dict()),
+            "target": None if self.target_model is None else on_cpu(self.target_model.state_dict()),
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:

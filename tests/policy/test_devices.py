@@ -9,21 +9,31 @@ from policy_files import build_policies
 
 from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
 from flowrl.policy import TorchPolicy
-from flowrl.policy.devices import cpu_copy
+from flowrl.policy.devices import on_cpu
 from flowrl.policy.postprocessing import DISCOUNTS
 
 pytestmark = pytest.mark.unit
 
 
-def test_cpu_copy_copies_every_tensor_and_keeps_the_structure() -> None:
+def test_on_cpu_copies_every_tensor_and_keeps_the_structure() -> None:
     tensor = torch.ones(3)
     state = {"state": {0: {"step": torch.tensor(2.0), "exp_avg": tensor}}, "param_groups": [{"betas": (0.9, 0.99)}]}
-    copied = cpu_copy(state)
+    copied = on_cpu(state)
     tensor.add_(1.0)  # an optimizer's in-place step
     assert torch.equal(copied["state"][0]["exp_avg"], torch.ones(3))
     assert copied["state"][0]["step"].device.type == "cpu" and float(copied["state"][0]["step"]) == 2.0
     assert copied["param_groups"] == [{"betas": (0.9, 0.99)}] and copied["param_groups"] is not state["param_groups"]
     assert isinstance(copied["param_groups"][0]["betas"], tuple)
+
+
+def test_on_cpu_without_copy_keeps_the_cpu_tensors_themselves_and_the_structure() -> None:
+    tensor = torch.ones(3)
+    state = {"state": {0: {"exp_avg": tensor}}, "param_groups": [{"betas": (0.9, 0.99)}]}
+    moved = on_cpu(state, copy=False)
+    # What an actor's reply serializes at once needs no copy: the same storage.
+    assert moved["state"][0]["exp_avg"].data_ptr() == tensor.data_ptr()
+    assert on_cpu(state)["state"][0]["exp_avg"].data_ptr() != tensor.data_ptr()
+    assert moved["param_groups"] == [{"betas": (0.9, 0.99)}]
 
 
 def test_a_policys_state_is_a_snapshot_that_later_updates_leave_be() -> None:
