@@ -7,36 +7,23 @@ Skipped without CUDA; ``FLOWRL_GPU_REHEARSAL=1`` runs it anyway, ``num_gpus`` th
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from gpu_marks import DEVICE, GPU_MARKS
 
 from flowrl import Trainer
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.policy import TorchPolicy
 
-REHEARSAL = os.environ.get("FLOWRL_GPU_REHEARSAL") == "1"
-# A mark, not a module-level skip: the other tiers' runs deselect these tests instead of counting a skip each.
-NEEDS_CUDA = pytest.mark.skipif(
-    not torch.cuda.is_available() and not REHEARSAL,
-    reason="needs a CUDA device (runs on a lent GPU machine); FLOWRL_GPU_REHEARSAL=1 rehearses it on the CPU",
-)
-
 pytestmark = [
-    NEEDS_CUDA,
-    pytest.mark.gpu,
+    *GPU_MARKS,
     pytest.mark.integration,
     pytest.mark.usefixtures("ray_session"),
     pytest.mark.timeout(300),
-    # A rehearsal asks for a GPU that is not there, and is told so.
-    pytest.mark.filterwarnings("ignore:num_gpus=.*CUDA is not available"),
 ]
 
-#: What ``num_gpus: 1`` gives the driver's learner policy: CUDA where there is a device, the CPU in a rehearsal.
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TRAIN_BATCH = 100
 PPO_CONFIG = {
     "num_workers": 1,

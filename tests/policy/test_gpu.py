@@ -12,7 +12,6 @@ which rehearses every check's logic on a machine without a GPU.
 
 from __future__ import annotations
 
-import os
 import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from gpu_marks import DEVICE, GPU_MARKS
 
 from flowrl.actors import RolloutWorker
 from flowrl.actors.resources import local_replay_buffer
@@ -33,23 +33,8 @@ from flowrl.operators import StandardizeFields
 from flowrl.policy import PolicySpec, TorchPolicy
 from flowrl.policy.sgd import minibatch_sgd
 
-REHEARSAL = os.environ.get("FLOWRL_GPU_REHEARSAL") == "1"
-# A mark, not a module-level skip: the other tiers' runs deselect these tests instead of counting a skip each.
-NEEDS_CUDA = pytest.mark.skipif(
-    not torch.cuda.is_available() and not REHEARSAL,
-    reason="needs a CUDA device (runs on a lent GPU machine); FLOWRL_GPU_REHEARSAL=1 rehearses it on the CPU",
-)
+pytestmark = [*GPU_MARKS, pytest.mark.unit]
 
-# A rehearsal asks for a GPU that is not there, and is told so.
-pytestmark = [
-    NEEDS_CUDA,
-    pytest.mark.gpu,
-    pytest.mark.unit,
-    pytest.mark.filterwarnings("ignore:num_gpus=.*CUDA is not available"),
-]
-
-#: What ``num_gpus: 1`` gives: CUDA where there is a device, the CPU in a rehearsal.
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = {"fcnet_hiddens": [32, 32]}
 SMALL_ACTOR_CRITIC = {"actor_hiddens": [32, 32], "critic_hiddens": [32, 32]}
 
