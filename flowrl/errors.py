@@ -122,6 +122,12 @@ class ReplayBufferError(FlowRLError, ValueError):
     """
 
 
+class OfflineDataError(FlowRLError, ValueError):
+    """Experience files cannot be written or used: a missing or empty dataset, files that are not
+    flowrl experiences, spaces or columns that do not match the run. The message names the path
+    and what was expected."""
+
+
 class WorkerFailureError(FlowRLError):
     """Rollout workers failed past what the run may absorb: the restart cap was reached, or none is left.
 

@@ -33,6 +33,7 @@ from flowrl.storage.array_files import ArrayFileReader, ArrayFileWriter
 if TYPE_CHECKING:
     from flowrl.actors.worker_set import WorkerSet
     from flowrl.config import TrainerConfig
+    from flowrl.data.offline import OfflineData
 
 #: Longest wait for a replay shard's statistics, and for its state in a checkpoint.
 STATS_TIMEOUT_S = 10.0
@@ -109,6 +110,8 @@ class PlanResources:
     aggregators: AggregatorSet | None = None
     learners: LearnerGroup | None = None
     checkpoint_replay_contents: bool = False
+    #: The run's offline experiences (``input``), opened and checked (:mod:`flowrl.actors.offline_input`).
+    offline: OfflineData | None = None
 
     def __post_init__(self) -> None:
         # A plan built over placeholder actors, for its graph, learns nothing: its thread never starts.
@@ -122,6 +125,14 @@ class PlanResources:
                 "this plan replays from a local buffer: declare PlanResources(replay_buffer=...) in make_resources"
             )
         return self.replay_buffer
+
+    def need_offline(self) -> OfflineData:
+        """The offline experiences; a plan that reads them raises a clear error without them."""
+        if self.offline is None:
+            raise FlowRLError(
+                "this plan reads offline experiences: declare PlanResources(offline=...) in make_resources"
+            )
+        return self.offline
 
     def need_learner(self) -> LearnerThread:
         """The learner thread; a plan that needs one raises a clear error without it."""

@@ -16,6 +16,7 @@ from flowrl.actors.liveness import Progress, ProgressCounter
 from flowrl.actors.rng import process_rng_state, set_process_rng_state
 from flowrl.actors.sampling.episode_hooks import EpisodeHooks
 from flowrl.actors.sampling.multi_agent import MultiAgentSampler
+from flowrl.actors.sampling.output import experience_writer
 from flowrl.actors.sampling.recovery import EpisodeStats
 from flowrl.actors.sampling.vector import VectorSampler
 from flowrl.callbacks import EPISODE_HOOKS, make_callbacks, overrides, run_hook
@@ -218,6 +219,9 @@ class RolloutWorker(ParallelIteratorWorker):
                 **self._sampler_options(),
             )
         self.sampler.timed = config.profile
+        self.writer = experience_writer(config, worker_index)  # output: the rows it samples, to Parquet files
+        if self.writer is not None:
+            self.sampler.output = self.writer.write
         self.progress_counter = ProgressCounter()
         self.sampler.on_step = self.progress_counter.step
         if worker_index > 0:  # a remote worker: its heartbeat tells a GIL held by an env step from a hang
@@ -479,7 +483,10 @@ class RolloutWorker(ParallelIteratorWorker):
         return "pong"
 
     def stop(self) -> None:
-        """Close every env, even when one's ``close`` raises; the first such error is raised after the rest closed."""
+        """Finish the experience file being written (``output``) and close every env, even when one's
+        ``close`` raises; the first such error is raised after the rest closed."""
+        if self.writer is not None:
+            self.writer.close()
         first_error: BaseException | None = None
         for env in self.envs:
             try:

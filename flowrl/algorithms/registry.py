@@ -74,6 +74,8 @@ class Algorithm:
     #: Whether the plan trains while samples arrive asynchronously (A3C, IMPALA, APPO, Ape-X): evaluation
     #: actors then play an iteration's evaluation while it trains, instead of after it.
     asynchronous: bool = False
+    #: Whether the plan learns from the experiences ``input`` names (bc, marwil, cql); the others refuse them.
+    offline: bool = False
     #: Whether the plan trains through ``resources.learners`` when the config asks for a learner group
     #: (``num_learners >= 2``); other algorithms refuse the key.
     learner_group: bool = False
@@ -112,6 +114,10 @@ _MODULES: dict[str, _BuiltIn] = {
         "ALGORITHM",
         "PPO and DQN policies trained side by side on one multi-agent rollout stream",
     ),
+    "bc": _BuiltIn("flowrl.algorithms.marwil", "BC", "behaviour cloning of offline experiences"),
+    "marwil": _BuiltIn(
+        "flowrl.algorithms.marwil", "ALGORITHM", "MARWIL: advantage-weighted imitation of offline experiences"
+    ),
     "es": _BuiltIn(
         "flowrl.algorithms.es", "ALGORITHM", "evolution strategies (antithetic perturbations, centered ranks)"
     ),
@@ -138,8 +144,6 @@ NOT_IMPLEMENTED: dict[str, _Instead] = {
     "ippo": _Instead(("ppo",), "PPO trains multi-agent envs, one policy per policies entry"),
     "qmix": _Instead(("dqn", "ppo_dqn"), "per-agent Q-learning on a multi-agent env, without the mixing network"),
     "maddpg": _Instead(("ppo",), "multi-agent envs with continuous actions, one policy per policies entry"),
-    "bc": _Instead(("ppo",), "flowrl learns online only; no offline algorithm yet"),
-    "marwil": _Instead(("ppo",), "flowrl learns online only; no offline algorithm yet"),
     "cql": _Instead(("dqn", "td3"), "flowrl learns online only; these are the online off-policy ones"),
     "crr": _Instead(("ddpg", "td3"), "flowrl learns online only; these are the online off-policy ones"),
     "iql": _Instead(("ddpg", "td3"), "flowrl learns online only; these are the online off-policy ones"),

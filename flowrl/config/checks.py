@@ -7,9 +7,10 @@
 from __future__ import annotations
 
 import inspect
+import keyword
 from typing import Any, Mapping
 
-from flowrl.config.fields import _suggestion
+from flowrl.config.fields import _check_value, _specs, _suggestion
 from flowrl.errors import FlowRLError
 from flowrl.importing import import_callable
 from flowrl.policy.schedules import schedule_problems
@@ -159,3 +160,42 @@ def iteration_window_problems(text: str) -> list[str]:
     except ValueError as e:
         return [f"trace_iterations={e}"]
     return []
+
+
+def recurrent_problems(config: Any) -> list[str]:
+    """``model.use_lstm`` or a recurrent custom model where what is built cannot carry a recurrent state yet."""
+    from flowrl.policy.custom_model import recurrent_custom_model
+
+    if config.model.get("use_lstm"):
+        what = "model.use_lstm=True"
+    elif (custom := recurrent_custom_model(config.model)) is not None:
+        what = f"model.custom_model={custom!r} is recurrent"
+    else:
+        return []
+    unsupported = []
+    if not config.learns_from_sequences:
+        unsupported.append(
+            f"{type(config).__name__} does not learn from sequences yet (PPO, PG, A2C, A3C, IMPALA and APPO do)"
+        )
+    return [f"{what}: {why}" for why in unsupported]
+
+
+def evaluation_config_problems(config: Any) -> list[str]:
+    """``evaluation_config`` keys that are not keys of this config or have invalid values; a video
+    without evaluation."""
+    problems = []
+    specs = {spec.name: spec for spec in _specs(type(config))}
+    for key, value in config.evaluation_config.items():
+        name = f"{key}_" if isinstance(key, str) and keyword.iskeyword(key) and f"{key}_" in specs else key
+        if isinstance(name, str) and name.startswith("evaluation_"):
+            problems.append(f"evaluation_config sets {key!r}: evaluation keys go at the top level of the config")
+        elif name not in specs:
+            problems.append(f"evaluation_config: {config._unknown_key_problem(key)}")
+        else:
+            problems += [f"evaluation_config: {problem}" for problem in _check_value(specs[name], value)[1]]
+    if config.evaluation_video and not config.evaluation_interval:
+        problems.append(
+            f"evaluation_video=True records evaluation episodes, but evaluation_interval="
+            f"{config.evaluation_interval!r} turns evaluation off; set it to how often to evaluate"
+        )
+    return problems

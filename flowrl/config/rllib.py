@@ -182,7 +182,6 @@ IGNORED: dict[str, str] = {
     "off_policy_estimation_methods": "offline estimates",
     "output_config": "writing experiences",
     "output_compress_columns": "writing experiences",
-    "output_max_file_size": "writing experiences",
     "actions_in_input_normalized": "reading experiences",
     "replay_buffer_shards_colocated_with_driver": "placement of replay shards",
     "max_sample_requests_in_flight_per_worker": "how many samples are requested at once",
@@ -231,10 +230,7 @@ IGNORED_AT: dict[str, Conditional] = {
     "evaluation_duration_unit": Conditional(
         ("episodes",), "flowrl evaluates episodes", "evaluates for a number of timesteps"
     ),
-    "input": Conditional(("sampler",), "the envs are sampled", "learns from offline data"),
-    "output": Conditional(_NONE, "none", "writes experiences to files"),
     "postprocess_inputs": Conditional((False,), "off", "postprocesses offline data"),
-    "shuffle_buffer_size": Conditional((0,), "off", "shuffles offline data"),
     "use_critic": Conditional((True,), "flowrl's actor-critics use their critic", "drops the value baseline"),
     "vtrace": Conditional((True,), "IMPALA and APPO use V-trace", "uses plain advantages"),
     "vtrace_drop_last_ts": Conditional(

@@ -44,22 +44,24 @@ accepted as numbers; strings are never parsed (the CLI converts ``--set lr=1e-3`
 from __future__ import annotations
 
 import functools
-import keyword
 import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Mapping, TypeVar
 
 from flowrl.callbacks import callbacks_problems
 from flowrl.config.checks import (
+    evaluation_config_problems,
     exploration_problems,
     info_keys_problems,
     iteration_window_problems,
     model_problems,
     policies_problems,
     policy_mapping_fn_problems,
+    recurrent_problems,
     schedule_field_problems,
 )
-from flowrl.config.fields import BaseConfig, _check_value, _specs, cfg_field
+from flowrl.config.data_keys import SAMPLER, input_problems
+from flowrl.config.fields import BaseConfig, cfg_field
 from flowrl.errors import install_hint
 
 __all__ = ["TrainerConfig"]
@@ -382,6 +384,31 @@ class TrainerConfig(BaseConfig):
         "whose last info lacks the key gives none). Multi-agent envs: each agent's latest info, as '<agent>/<key>'.",
         validator=info_keys_problems,
     )
+    # Offline data.
+    input: Any = cfg_field(
+        SAMPLER,
+        "Where training experience comes from: 'sampler' (the rollout workers' envs), or experiences on disk "
+        "(a directory written by output or flowrl record, a .parquet file, a glob, or a list of these), read as a "
+        "stream, or a mix {source: fraction} such as {'sampler': 0.5, 'data/': 0.5}. Offline algorithms (bc, "
+        "marwil, cql) need experiences; the rollout workers then only evaluate.",
+        validator=input_problems,
+    )
+    shuffle_buffer_size: int = cfg_field(
+        50_000,
+        "Rows of offline input mixed together before training batches are drawn from them (0: file order).",
+        min=0,
+    )
+    output: str | None = cfg_field(
+        None,
+        "A directory every rollout worker writes its sampled experiences to, as Parquet files (all columns, "
+        "before postprocessing) with a metadata.json; None: nothing is written.",
+    )
+    output_max_file_size: int = cfg_field(
+        64 * 2**20, "Bytes after which a worker closes its experience file and starts a new one.", min=1
+    )
+    output_compression: Literal["zstd", "snappy", "lz4", "gzip", "brotli", "none"] = cfg_field(
+        "zstd", "Parquet compression of the experience files output writes."
+    )
     # Evaluation.
     evaluation_interval: int | None = cfg_field(
         None,
@@ -413,6 +440,11 @@ class TrainerConfig(BaseConfig):
         f"needs {install_hint('video')}.",
     )
 
+    @property
+    def reads_offline(self) -> bool:
+        """Whether ``input`` names experiences on disk (alone or mixed with the sampler)."""
+        return bool(self.input != SAMPLER)
+
     def check(self) -> list[str]:
         """Cross-field problems, one message each with the arithmetic (``"a=512 > b=256"``).
 
@@ -425,14 +457,14 @@ class TrainerConfig(BaseConfig):
         for pid in self.policies_to_train or []:
             if pid not in known:
                 problems.append(f"policies_to_train names {pid!r}, which is not a policy; the policies are {known}")
-        problems += self._evaluation_problems()
+        problems += evaluation_config_problems(self)
         if self.entropy_coeff_schedule is not None and not self.schedules_entropy:
             problems.append(
                 f"entropy_coeff_schedule is set, but {type(self).__name__}'s loss has no entropy bonus (no "
                 "entropy_coeff); the algorithms with one are a2c, a3c, ppo, impala, appo and sac (its alpha): "
                 "drop the key"
             )
-        problems += self._recurrent_problems()
+        problems += recurrent_problems(self)
         if self.env_backend == "envpool" and self.restart_failed_sub_environments:
             problems.append(
                 "restart_failed_sub_environments=True recreates one failing env, but env_backend='envpool' runs a "
@@ -451,43 +483,6 @@ class TrainerConfig(BaseConfig):
                 warnings.warn(
                     f"num_gpus={self.num_gpus} but CUDA is not available; the policy will run on CPU", stacklevel=2
                 )
-        return problems
-
-    def _recurrent_problems(self) -> list[str]:
-        """``model.use_lstm`` or a recurrent custom model where what is built cannot carry a recurrent state yet."""
-        from flowrl.policy.custom_model import recurrent_custom_model
-
-        if self.model.get("use_lstm"):
-            what = "model.use_lstm=True"
-        elif (custom := recurrent_custom_model(self.model)) is not None:
-            what = f"model.custom_model={custom!r} is recurrent"
-        else:
-            return []
-        unsupported = []
-        if not self.learns_from_sequences:
-            unsupported.append(
-                f"{type(self).__name__} does not learn from sequences yet (PPO, PG, A2C, A3C, IMPALA and APPO do)"
-            )
-        return [f"{what}: {why}" for why in unsupported]
-
-    def _evaluation_problems(self) -> list[str]:
-        """``evaluation_config`` keys that are not keys of this config or have invalid values; a video
-        without evaluation."""
-        problems = []
-        specs = {spec.name: spec for spec in _specs(type(self))}
-        for key, value in self.evaluation_config.items():
-            name = f"{key}_" if isinstance(key, str) and keyword.iskeyword(key) and f"{key}_" in specs else key
-            if isinstance(name, str) and name.startswith("evaluation_"):
-                problems.append(f"evaluation_config sets {key!r}: evaluation keys go at the top level of the config")
-            elif name not in specs:
-                problems.append(f"evaluation_config: {self._unknown_key_problem(key)}")
-            else:
-                problems += [f"evaluation_config: {problem}" for problem in _check_value(specs[name], value)[1]]
-        if self.evaluation_video and not self.evaluation_interval:
-            problems.append(
-                f"evaluation_video=True records evaluation episodes, but evaluation_interval="
-                f"{self.evaluation_interval!r} turns evaluation off; set it to how often to evaluate"
-            )
         return problems
 
     def for_policy(self: C, policy_id: str) -> C:

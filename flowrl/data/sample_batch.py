@@ -41,6 +41,9 @@ class SampleBatch(dict[str, Any]):
     T = "t"
     ENV_ID = "env_id"
     AGENT_INDEX = "agent_index"
+    #: In experience files of multi-agent envs: the policy that acted for the row, and the agent it acted as.
+    POLICY_ID = "policy_id"
+    AGENT_ID = "agent_id"
     ACTION_LOGP = "action_logp"
     ACTION_DIST_INPUTS = "action_dist_inputs"
     VF_PREDS = "vf_preds"

@@ -9,15 +9,18 @@ from typing import Any, Callable, Mapping
 
 import gymnasium as gym
 
+from flowrl._version import __version__
 from flowrl.actors import PlanResources, WorkerSet
 from flowrl.actors.evaluation import evaluation_request
 from flowrl.actors.placement import BundleRequest, learner_request
 from flowrl.algorithms import Algorithm, get_algorithm, list_algorithms
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
+from flowrl.data.offline import write_metadata
 from flowrl.envs import get_env_creator, is_multi_agent_env
 from flowrl.envs.context import EnvContext
 from flowrl.envs.registry import EnvCreator, close_env, create_env
+from flowrl.envs.spaces import space_to_json
 from flowrl.errors import CheckpointError, ConfigError, FlowRLError
 from flowrl.plan.graph import Plan
 from flowrl.policy import PolicySpec
@@ -42,7 +45,43 @@ def validated_config(algorithm: Algorithm, config: Mapping[str, Any] | TrainerCo
                 f"(its plan learns in the driver or on the rollout workers); algorithms that do: {', '.join(able)}"
             ]
         )
+    if settings.reads_offline and not algorithm.offline:
+        able = [name for name in list_algorithms() if get_algorithm(name).offline]
+        raise ConfigError(
+            [
+                f"input={settings.input!r}: {algorithm.name!r} learns from the envs it samples, not from recorded "
+                f"experiences; algorithms that learn from them: {', '.join(able)} (or leave input as 'sampler')"
+            ]
+        )
     return settings
+
+
+def write_output_metadata(
+    algorithm: Algorithm, env: EnvSpec, config: TrainerConfig, policy_specs: Mapping[str, PolicySpec]
+) -> None:
+    """``output``'s ``metadata.json``: the run's algorithm, env, policies and their spaces, flowrl's version."""
+    assert config.output is not None
+    policies = {}
+    for pid, spec in policy_specs.items():
+        try:
+            spaces = {
+                "observation_space": space_to_json(spec.observation_space, "observation_space"),
+                "action_space": space_to_json(spec.action_space, "action_space"),
+            }
+        except CheckpointError:
+            spaces = {}  # a space JSON cannot describe: the files' shapes still say what the rows hold
+        policies[pid] = spaces
+    write_metadata(
+        config.output,
+        {
+            "algorithm": algorithm.name,
+            "env": env if isinstance(env, str) else getattr(env, "__name__", repr(env)),
+            "gamma": config.gamma,
+            "policies": policies,
+            "multi_agent": set(policy_specs) != {DEFAULT_POLICY_ID},
+            "flowrl_version": __version__,
+        },
+    )
 
 
 def plan_bundles(algorithm: Algorithm, config: TrainerConfig) -> list[BundleRequest]:

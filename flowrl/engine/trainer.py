@@ -16,7 +16,14 @@ from flowrl.algorithms import Algorithm, get_algorithm
 from flowrl.callbacks import Callbacks, run_hook
 from flowrl.config import TrainerConfig
 from flowrl.deferred import torch
-from flowrl.engine.build import EnvSpec, build_plan, make_workers, plan_bundles, validated_config
+from flowrl.engine.build import (
+    EnvSpec,
+    build_plan,
+    make_workers,
+    plan_bundles,
+    validated_config,
+    write_output_metadata,
+)
 from flowrl.engine.evaluator import Evaluator
 from flowrl.engine.ray_runtime import start_ray, stop_ray
 from flowrl.engine.state import TrainerState
@@ -63,6 +70,8 @@ class Trainer(TrainerState):
         try:
             self._configure_driver()
             self.workers = make_workers(self.algorithm, self.config, env_creator, bundles)
+            if self.config.output is not None:
+                write_output_metadata(self.algorithm, env, self.config, self.workers.policy_specs)
             self.resources = PlanResources()
             try:
                 self.resources = self.algorithm.make_resources(self.workers, self.config)

@@ -110,6 +110,18 @@ def adjust_nstep(batch: SampleBatch, n_step: int, gamma: float) -> SampleBatch:
     return batch
 
 
+def returns_postprocess(policy: TorchPolicy[Any], batch: SampleBatch) -> SampleBatch:
+    """Each row's discounted return as ``value_targets``, bootstrapped from the policy's value of the
+    piece's last next-observation unless it terminated (MARWIL's targets for recorded experiences)."""
+    config: AdvantageConfig = policy.config
+    last_r = bootstrap_value(batch, policy.value)
+    returns = discount_cumsum(
+        np.append(batch[SampleBatch.REWARDS].astype(np.float32), np.float32(last_r)), config.gamma
+    )
+    batch[SampleBatch.VALUE_TARGETS] = returns[:-1]
+    return batch
+
+
 def actor_critic_postprocess(policy: TorchPolicy[Any], batch: SampleBatch) -> SampleBatch:
     """Advantages and value targets of a trajectory piece (GAE, or returns minus the critic's
     values), bootstrapped from the critic unless the episode terminated (A2C, A3C, PPO); a recurrent

@@ -55,12 +55,12 @@ from gymnasium.spaces.utils import flatdim
 from flowrl._version import __version__
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.envs.flatten import action_mask_of, flatten_observation, is_masked, is_structured, model_space
+from flowrl.envs.spaces import space_to_json
 from flowrl.errors import RunError, install_hint
 from flowrl.policy import TorchPolicy
 from flowrl.policy.model_options import is_image_space
 from flowrl.serve.greedy import BATCH, GreedyPolicyModule, RecurrentInputs, _dims, _greedy_module, _Output
 from flowrl.serve.inference import POLICIES_JSON, InferencePolicy, checkpoint_dir, load_policy
-from flowrl.serve.spaces import space_to_json
 from flowrl.storage.rundir import CHECKPOINTS_DIR, PARAMS_FILE
 
 FORMATS = ("torchscript", "onnx")

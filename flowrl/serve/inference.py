@@ -18,7 +18,7 @@ Beside its pickled state a checkpoint holds two files anyone can read:
          "tensors": {"<parameter name>": {"key": "<policy_id>/<parameter name>",
                                           "dtype": "float32", "shape": [64, 4]}}}}}
 
-Spaces are described as :mod:`flowrl.serve.spaces` says. :func:`policy_files` writes both files'
+Spaces are described as :mod:`flowrl.envs.spaces` says. :func:`policy_files` writes both files'
 contents; :func:`load_policy` rebuilds one policy from them with its algorithm's own builder.
 ``observation_filter`` is there only for a run with ``observation_filter: MeanStdFilter``: the
 statistics (of flattened observations) the policy's inputs are normalized with, which
@@ -40,12 +40,12 @@ from flowrl._version import __version__
 from flowrl.config import TrainerConfig
 from flowrl.data import DEFAULT_POLICY_ID
 from flowrl.deferred import torch
+from flowrl.envs.spaces import space_from_json, space_to_json
 from flowrl.errors import CheckpointError, FlowRLError
 from flowrl.importing import ImportNotAllowedError, allowed_imports
 from flowrl.policy import Policy
 from flowrl.policy.filters import MeanStdFilter
 from flowrl.serve.inference_policy import InferencePolicy
-from flowrl.serve.spaces import space_from_json, space_to_json
 from flowrl.storage.checkpoints import latest_checkpoint, list_checkpoints
 from flowrl.storage.results import finite_number, result_value
 from flowrl.storage.rundir import CHECKPOINTS_DIR, EXPERIMENT_FILE, read_results

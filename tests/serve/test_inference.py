@@ -31,7 +31,7 @@ from flowrl.serve.inference import (
     InferencePolicy,
     load_policy,
 )
-from flowrl.serve.spaces import space_from_json, space_to_json
+from flowrl.envs.spaces import space_from_json, space_to_json
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(180)]
 

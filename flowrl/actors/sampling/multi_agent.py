@@ -114,6 +114,7 @@ class MultiAgentSampler(FaultTolerantSampler):
             if clip_actions and isinstance(p.action_space, gym.spaces.Box)
         }
         self._agent_index = {agent: i for i, agent in enumerate(envs[0].possible_agents)}
+        self._agents = list(envs[0].possible_agents)
         # Duck-typed stand-ins written before recurrent policies have no state.
         self._initial_states: dict[str, list[np.ndarray]] = {
             pid: getattr(p, "get_initial_state", list)() for pid, p in policy_map.items()
@@ -243,6 +244,9 @@ class MultiAgentSampler(FaultTolerantSampler):
         piece = trajectory.cut()
         if piece is not None:
             policy = self.policy_map[trajectory.policy_id]
+            if self.output is not None:
+                agent = self._agents[trajectory.agent_index]
+                self.output(piece, {SampleBatch.POLICY_ID: trajectory.policy_id, SampleBatch.AGENT_ID: str(agent)})
             piece = policy.postprocess_trajectory(piece)
             if trajectory.state:
                 piece = chop_into_sequences(piece, int(getattr(policy, "max_seq_len")))

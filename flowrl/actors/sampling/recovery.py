@@ -88,6 +88,9 @@ class FaultTolerantSampler:
         self.hooks = hooks
         self.num_faulty_episodes = 0
         self.num_bad_observations = 0
+        #: ``output``: the worker's experience writer, given each fragment's rows (a multi-agent sampler's, each
+        #: agent's piece with its policy and agent ids) as the policy saw them, before postprocessing.
+        self.output: Callable[..., object] | None = None
         # Seconds spent stepping the envs and in the policies' forward passes (the X-ray), while ``timed``.
         self.timed = True
         self.env_s = 0.0

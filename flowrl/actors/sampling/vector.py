@@ -173,8 +173,7 @@ class VectorSampler(FaultTolerantSampler):
             for piece in self._run().pieces():
                 env_index = int(piece[SampleBatch.ENV_ID][0])
                 self._carry[env_index].append(piece)
-                last = len(piece) - 1
-                if piece[SampleBatch.TERMINATEDS][last] or piece[SampleBatch.TRUNCATEDS][last]:
+                if piece[SampleBatch.TERMINATEDS][-1] or piece[SampleBatch.TRUNCATEDS][-1]:
                     episode = concat_samples(self._carry[env_index])
                     self._carry[env_index] = []
                     done.append(self._finish_piece(episode))
@@ -375,6 +374,8 @@ class VectorSampler(FaultTolerantSampler):
             for (_, stats), metrics in zip(fragment.finished, published):
                 stats.custom_metrics = metrics
         self.finished.extend(stats for _, stats in fragment.finished)
+        if self.output is not None:
+            self.output(fragment.whole())
         return fragment
 
     def _write_checked(self, fragment: _Fragment, step: int, i: int, obs: Any, reward: Any) -> bool:
