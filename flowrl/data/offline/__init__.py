@@ -5,6 +5,15 @@ is :mod:`flowrl.data.offline.columns`; :class:`ExperienceWriter` writes it, :cla
 checks and streams it.
 """
 
+from flowrl.errors import OfflineDataError, install_hint
+
+try:
+    import pyarrow  # noqa: F401 - checked here: every module of the package needs it
+except ImportError as error:  # pragma: no cover - the dev extra installs it
+    raise OfflineDataError(
+        f"experience files (input, output) need PyArrow and Ray Data: {install_hint('offline')}"
+    ) from error
+
 from flowrl.data.offline.columns import AGENT_ID, POLICY_ID, batch_to_table, table_to_batch
 from flowrl.data.offline.reader import OfflineData, ShuffleBuffer, resolve_files
 from flowrl.data.offline.writer import (
