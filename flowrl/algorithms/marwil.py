@@ -46,7 +46,7 @@ class MARWILConfig(TrainerConfig):
         "num_workers": 0,
         "train_batch_size": 512,
         "lr": 1e-3,
-        "timesteps_per_iteration": 20_000,
+        "timesteps_per_iteration": 100_000,
         "evaluation_interval": 1,
         "evaluation_num_episodes": 10,
     }
