@@ -71,6 +71,8 @@ class OfflineData:
         self.source = source
         self.files = resolve_files(source)
         self.num_rows = 0
+        #: The rows' size decoded (the files' uncompressed row groups), in bytes.
+        self.decoded_bytes = 0
         schema: pa.Schema | None = None
         for path in self.files:
             try:
@@ -86,6 +88,7 @@ class OfflineData:
                     f"{str(self.files[0])!r} has {sorted(schema.names)}: one dataset holds one kind of experience"
                 )
             self.num_rows += meta.num_rows
+            self.decoded_bytes += sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
         assert schema is not None
         self.schema = schema
         if not self.num_rows:
@@ -134,9 +137,7 @@ def _ray_batches(files: Sequence[Path], rows: int, columns: list[str]) -> Iterat
     context.enable_progress_bars = False
     context.execution_options.preserve_order = True  # episodes stay contiguous
     # Fractional CPUs: the reads must not wait behind the rollout and evaluation workers' reservations.
-    dataset = ray.data.read_parquet(
-        [os.fspath(f) for f in files], columns=columns, ray_remote_args={"num_cpus": 0.01}, shuffle=None
-    )
+    dataset = ray.data.read_parquet([os.fspath(f) for f in files], columns=columns, num_cpus=0.01, shuffle=None)
     for table in dataset.iter_batches(batch_size=rows, batch_format="pyarrow", prefetch_batches=2):
         yield table_to_batch(table, columns)
 
