@@ -65,8 +65,9 @@ def ReadOffline(
     Rows are read in file order, cut into episode pieces and postprocessed by the local worker's policy
     ``policy_id`` (returns, n-step: as if it had sampled them), then mixed in a buffer of
     ``config.shuffle_buffer_size`` rows. A dataset of at most :data:`MEMORY_CACHE_BYTES` decoded is read
-    from the files once; later passes take its rows from memory (postprocessed again, with the policy as it is). The rows read count as steps sampled; the reading, postprocessing
-    and shuffling times are the ``offline_*`` timers, and passes begun the ``num_offline_epochs`` counter.
+    from the files once; later passes take its rows from memory (postprocessed again, by the policy as it is
+    then). The rows read count as steps sampled; the reading, postprocessing and shuffling times are the
+    ``offline_*`` timers, and passes begun the ``num_offline_epochs`` counter.
     ``data`` None: a plan built for its graph only (over placeholder actors), which reads nothing.
     """
     if data is None:
