@@ -44,21 +44,19 @@ accepted as numbers; strings are never parsed (the CLI converts ``--set lr=1e-3`
 from __future__ import annotations
 
 import functools
-import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Mapping, TypeVar
 
 from flowrl.callbacks import callbacks_problems
 from flowrl.config.checks import (
-    evaluation_config_problems,
     exploration_problems,
     info_keys_problems,
     iteration_window_problems,
     model_problems,
     policies_problems,
     policy_mapping_fn_problems,
-    recurrent_problems,
     schedule_field_problems,
+    shared_key_problems,
 )
 from flowrl.config.data_keys import SAMPLER, input_problems
 from flowrl.config.fields import BaseConfig, cfg_field
@@ -452,38 +450,7 @@ class TrainerConfig(BaseConfig):
         ``super().check()``. Conditions that flowrl works around (``num_gpus > 0`` without
         CUDA: the policy runs on CPU) are warnings, not problems.
         """
-        problems = []
-        known = list(self.policies) or ["default_policy"]
-        for pid in self.policies_to_train or []:
-            if pid not in known:
-                problems.append(f"policies_to_train names {pid!r}, which is not a policy; the policies are {known}")
-        problems += evaluation_config_problems(self)
-        if self.entropy_coeff_schedule is not None and not self.schedules_entropy:
-            problems.append(
-                f"entropy_coeff_schedule is set, but {type(self).__name__}'s loss has no entropy bonus (no "
-                "entropy_coeff); the algorithms with one are a2c, a3c, ppo, impala, appo and sac (its alpha): "
-                "drop the key"
-            )
-        problems += recurrent_problems(self)
-        if self.env_backend == "envpool" and self.restart_failed_sub_environments:
-            problems.append(
-                "restart_failed_sub_environments=True recreates one failing env, but env_backend='envpool' runs a "
-                "worker's envs in one pool that fails as a whole; a failing pool fails its worker, which "
-                "recreate_failed_workers replaces: set restart_failed_sub_environments=False"
-            )
-        if self.num_learners >= 2 and self.num_gpus_per_learner % 1:
-            problems.append(
-                f"num_gpus_per_learner={self.num_gpus_per_learner:g}: each learner of a group needs whole GPUs "
-                "of its own (NCCL puts one rank on one device); use 0 (CPU, gloo), 1 or more"
-            )
-        if self.num_gpus > 0:
-            import torch
-
-            if not torch.cuda.is_available():
-                warnings.warn(
-                    f"num_gpus={self.num_gpus} but CUDA is not available; the policy will run on CPU", stacklevel=2
-                )
-        return problems
+        return shared_key_problems(self)
 
     def for_policy(self: C, policy_id: str) -> C:
         """The config policy ``policy_id`` is built with: this one with its
