@@ -58,7 +58,7 @@ from flowrl.config.checks import (
     schedule_field_problems,
     shared_key_problems,
 )
-from flowrl.config.data_keys import SAMPLER, input_problems
+from flowrl.config.data_keys import SAMPLER, input_problems, pretrain_problems
 from flowrl.config.fields import BaseConfig, cfg_field
 from flowrl.errors import install_hint
 
@@ -406,6 +406,18 @@ class TrainerConfig(BaseConfig):
     )
     output_compression: Literal["zstd", "snappy", "lz4", "gzip", "brotli", "none"] = cfg_field(
         "zstd", "Parquet compression of the experience files output writes."
+    )
+    pretrain: dict[str, Any] | None = cfg_field(
+        None,
+        "Offline pretraining before this run's own learning, in the same run: {algo: bc|marwil|cql, input: DIR, "
+        "iterations: N, config: {...}} trains that algorithm N iterations on the experiences with this config's "
+        "model, and hands its weights to this run's policies after each; then this algorithm's plan starts.",
+        validator=pretrain_problems,
+    )
+    replay_prefill: str | None = cfg_field(
+        None,
+        "Recorded experiences (a directory, .parquet file or glob) added to the replay buffer before the first "
+        "training iteration, as if sampled (algorithms with a local replay buffer: dqn, sac, ddpg, td3).",
     )
     # Evaluation.
     evaluation_interval: int | None = cfg_field(
