@@ -78,3 +78,27 @@ def _check_spaces(data: OfflineData, spec: PolicySpec) -> None:
                 f"input {data.describe()!r}: its observations have the shape {tuple(found)}, but this run's "
                 f"observation space has {tuple(shape)}: use experiences of the same env"
             )
+
+
+#: The columns replaying recorded rows needs (what off-policy losses read).
+REPLAY_COLUMNS = (
+    SampleBatch.OBS,
+    SampleBatch.ACTIONS,
+    SampleBatch.REWARDS,
+    SampleBatch.NEW_OBS,
+    SampleBatch.TERMINATEDS,
+)
+
+
+def mixed_input(policy_specs: Mapping[str, PolicySpec], config: TrainerConfig) -> OfflineData | None:
+    """The recorded source of an ``input`` that mixes it with the sampler (``{"sampler": f, DIR: 1 - f}``),
+    opened and checked; None when ``input`` is the sampler alone."""
+    sources = offline_sources(config)
+    if not sources:
+        return None
+    if not isinstance(config.input, dict) or SAMPLER not in config.input or len(sources) > 1:
+        raise OfflineDataError(
+            f"input={config.input!r}: this algorithm samples its envs; it mixes them with one source of recorded "
+            "experiences, as {'sampler': 0.5, 'data/': 0.5}"
+        )
+    return open_input(sources[0], policy_specs, columns=REPLAY_COLUMNS, why="replayed transitions need them")

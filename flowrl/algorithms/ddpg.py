@@ -341,6 +341,7 @@ DDPG = Algorithm(
     make_ddpg_policy,
     dqn_execution_plan,
     make_resources=dqn_resources,
+    mixed_input=True,
     learner_group=True,
 )
 TD3 = Algorithm(
@@ -350,6 +351,7 @@ TD3 = Algorithm(
     make_ddpg_policy,
     dqn_execution_plan,
     make_resources=dqn_resources,
+    mixed_input=True,
     learner_group=True,
 )
 ALGORITHM = DDPG

@@ -15,6 +15,7 @@ import gymnasium as gym
 
 from flowrl.actors import PlanResources, WorkerSet
 from flowrl.actors.learner_group import learner_group
+from flowrl.actors.offline_input import mixed_input
 from flowrl.actors.resources import local_replay_buffer
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import TrainerConfig, cfg_field
@@ -24,6 +25,7 @@ from flowrl.iterators import LocalIterator
 from flowrl.operators import (
     STEPS_SAMPLED_COUNTER,
     Concurrently,
+    MixInput,
     ParallelRollouts,
     Replay,
     StandardMetricsReporting,
@@ -204,11 +206,13 @@ def round_robin_weights(config: DQNConfig) -> list[int]:
 
 
 def make_resources(workers: WorkerSet, config: DQNConfig) -> PlanResources:
-    """A local replay buffer with the config's replay settings, and the learner group the config asks for."""
+    """A local replay buffer with the config's replay settings, the learner group the config asks for, and
+    the recorded experiences ``input`` mixes with the sampler's, if any."""
     return PlanResources(
         replay_buffer=local_replay_buffer(config),
         learners=learner_group(workers, config),
         checkpoint_replay_contents=config.store_buffer_in_checkpoints,
+        offline=mixed_input(workers.policy_specs, config),
     )
 
 
@@ -237,11 +241,13 @@ def training_flow(
 
 
 def execution_plan(workers: WorkerSet, config: DQNConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:
-    """Store rollouts || (Replay -> TrainOneStep -> UpdatePriorities -> UpdateTargetNetwork), round robin.
+    """Store rollouts (mixed with recorded rows when ``input`` says so) || (Replay -> TrainOneStep ->
+    UpdatePriorities -> UpdateTargetNetwork), round robin.
 
     DDPG and TD3 run this same plan with their own policy (soft target updates via ``tau``).
     """
     rollouts = ParallelRollouts(workers, mode="bulk_sync", worker_priorities=config.worker_side_prioritization)
+    rollouts = MixInput(rollouts, resources.offline, workers, config)  # recorded rows too, if input mixes them in
     learning = training_flow(rollouts, workers, config, resources)
     return StandardMetricsReporting(learning, workers, config)
 
@@ -256,4 +262,5 @@ ALGORITHM = Algorithm(
     make_resources=make_resources,
     live_keys=frozenset({"lr"}),
     learner_group=True,
+    mixed_input=True,
 )

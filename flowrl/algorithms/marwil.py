@@ -23,8 +23,7 @@ from flowrl.data import SampleBatch
 from flowrl.deferred import nn, torch
 from flowrl.errors import ConfigError
 from flowrl.iterators import LocalIterator
-from flowrl.operators import StandardMetricsReporting, TrainOneStep
-from flowrl.operators.offline_ops import ReadOffline
+from flowrl.operators import ReadOffline, StandardMetricsReporting, TrainOneStep
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy
 from flowrl.policy.distributions import DistFactory
 from flowrl.policy.postprocessing import returns_postprocess

@@ -76,6 +76,8 @@ class Algorithm:
     asynchronous: bool = False
     #: Whether the plan learns from the experiences ``input`` names (bc, marwil, cql); the others refuse them.
     offline: bool = False
+    #: Whether the plan mixes recorded experiences into its sampled ones (``input: {"sampler": f, DIR: 1 - f}``).
+    mixed_input: bool = False
     #: Whether the plan trains through ``resources.learners`` when the config asks for a learner group
     #: (``num_learners >= 2``); other algorithms refuse the key.
     learner_group: bool = False

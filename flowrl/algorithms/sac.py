@@ -430,6 +430,7 @@ ALGORITHM = Algorithm(
     make_sac_policy,
     dqn_execution_plan,
     make_resources=dqn_resources,
+    mixed_input=True,
     live_keys=frozenset({"lr", "tau", "target_entropy"}),
     learner_group=True,
 )

@@ -45,12 +45,15 @@ def validated_config(algorithm: Algorithm, config: Mapping[str, Any] | TrainerCo
                 f"(its plan learns in the driver or on the rollout workers); algorithms that do: {', '.join(able)}"
             ]
         )
-    if settings.reads_offline and not algorithm.offline:
+    mixes = isinstance(settings.input, dict) and "sampler" in settings.input
+    if settings.reads_offline and not algorithm.offline and not (mixes and algorithm.mixed_input):
         able = [name for name in list_algorithms() if get_algorithm(name).offline]
+        mixing = [name for name in list_algorithms() if get_algorithm(name).mixed_input]
         raise ConfigError(
             [
                 f"input={settings.input!r}: {algorithm.name!r} learns from the envs it samples, not from recorded "
-                f"experiences; algorithms that learn from them: {', '.join(able)} (or leave input as 'sampler')"
+                f"experiences; algorithms that learn from them: {', '.join(able)}; that mix them with sampling "
+                f"({{'sampler': 0.5, DIR: 0.5}}): {', '.join(mixing)} (or leave input as 'sampler')"
             ]
         )
     if settings.pretrain is not None and algorithm.offline:

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flowrl.actors import PlanResources, WorkerSet
-from flowrl.actors.offline_input import open_input
-from flowrl.data import DEFAULT_POLICY_ID, SampleBatch, concat_samples
+from flowrl.actors.offline_input import REPLAY_COLUMNS, open_input
+from flowrl.data import DEFAULT_POLICY_ID, concat_samples
 from flowrl.errors import ConfigError
-from flowrl.operators.offline_ops import episode_pieces
+from flowrl.operators.offline_ops import as_sampled, episode_pieces
+from flowrl.policy import TorchPolicy
 
 if TYPE_CHECKING:
     from flowrl.config import TrainerConfig
@@ -88,7 +89,7 @@ class Pretraining:
         local = self.workers.local_worker()
         local.set_weights(weights)
         policy = local.get_policy(DEFAULT_POLICY_ID)
-        if getattr(policy, "target_network", None) is not None:
+        if isinstance(policy, TorchPolicy) and policy.target_network is not None:
             policy.update_target(1.0)
         if self.resources.learners is not None:
             self.resources.learners.sync()
@@ -173,40 +174,17 @@ class OfflinePhases:
 
 
 def prefill_replay(trainer: Trainer, source: str) -> int:
-    """Add ``source``'s experiences to ``trainer``'s replay buffer with the columns sampling gives its rows,
-    each episode piece postprocessed by its policy as sampled ones are (n-step); returns the rows added.
-
-    Columns the policy's acting adds (e.g. ``action_logp``) that the data lacks are filled with the policy's
-    outputs for the data's observations: the replay buffer holds one set of columns, and the value-based
-    losses do not read them."""
+    """Add ``source``'s experiences to ``trainer``'s replay buffer with the columns sampling gives its rows
+    (:func:`~flowrl.operators.offline_ops.as_sampled`), each episode piece postprocessed by its policy as
+    sampled ones are (n-step); returns the rows added."""
     buffer = trainer.resources.need_replay_buffer()
     workers = trainer.workers
-    columns = [SampleBatch.OBS, SampleBatch.ACTIONS, SampleBatch.REWARDS, SampleBatch.NEW_OBS, SampleBatch.TERMINATEDS]
-    data = open_input(source, workers.policy_specs, columns=columns, why="replayed transitions need them")
+    data = open_input(source, workers.policy_specs, columns=REPLAY_COLUMNS, why="replayed transitions need them")
     policy = workers.local_worker().get_policy(DEFAULT_POLICY_ID)
     added = 0
     for batch in data.iter_batches(10_000):
-        _, extras = policy.compute_actions(batch[SampleBatch.OBS], explore=False)
-        wanted = SAMPLED | set(extras) | ({SampleBatch.ACTION_MASK, SampleBatch.NEXT_ACTION_MASK} & set(batch))
-        rows = SampleBatch({key: batch[key] if key in batch else extras[key] for key in wanted})
-        pieces = [policy.postprocess_trajectory(piece) for piece in episode_pieces(rows)]
+        pieces = [policy.postprocess_trajectory(piece) for piece in episode_pieces(as_sampled(batch, policy))]
         rows = concat_samples(pieces) if len(pieces) > 1 else pieces[0]
         buffer.add_batch(rows)
         added += rows.count
     return added
-
-
-#: The columns sampling gives every row (besides those the policy's acting adds).
-SAMPLED = frozenset(
-    {
-        SampleBatch.OBS,
-        SampleBatch.ACTIONS,
-        SampleBatch.REWARDS,
-        SampleBatch.NEW_OBS,
-        SampleBatch.TERMINATEDS,
-        SampleBatch.TRUNCATEDS,
-        SampleBatch.EPS_ID,
-        SampleBatch.T,
-        SampleBatch.ENV_ID,
-    }
-)

@@ -34,6 +34,7 @@ from flowrl.operators.names import (
     STEPS_SAMPLED_COUNTER,
     STEPS_TRAINED_COUNTER,
 )
+from flowrl.operators.offline_ops import MixInput, ReadOffline
 from flowrl.operators.perturbation_ops import (
     BroadcastWeights,
     CollectPerturbations,
@@ -103,6 +104,7 @@ __all__ = [
     "LearnInThread",
     "LearnerFlows",
     "MixInReplay",
+    "MixInput",
     "OncePerTimeInterval",
     "OncePerTimestepsElapsed",
     "Operator",
@@ -110,6 +112,7 @@ __all__ = [
     "PerturbationRollouts",
     "PerturbationSearch",
     "PerturbationUpdate",
+    "ReadOffline",
     "RecordLearnerResults",
     "Replay",
     "SGDConfig",

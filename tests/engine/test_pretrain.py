@@ -108,3 +108,22 @@ def test_pretraining_a_q_learner_with_bc_is_refused_naming_what_fits(data: Path)
 def test_replay_prefill_needs_a_replay_buffer(data: Path) -> None:
     with pytest.raises(ConfigError, match="no local replay buffer"):
         Trainer("ppo", "CartPole-v1", {**SMALL_PPO, "replay_prefill": str(data)})
+
+
+def test_a_mixed_input_interleaves_recorded_rows_with_sampled_ones_in_its_ratio(data: Path) -> None:
+    config = {"num_workers": 0, "seed": 0, "timesteps_per_iteration": 400, "input": {"sampler": 0.75, str(data): 0.25}}
+    trainer = Trainer("dqn", "CartPole-v1", config)
+    try:
+        result = trainer.train()
+    finally:
+        trainer.stop()
+    sampled, recorded = result["timesteps_total"], result["info"]["num_offline_rows_read"]
+    assert sampled >= 400  # recorded rows do not count as env steps
+    # Round robin: 3 rounds of the sampler's rows (4 each), then one of as many recorded rows; it stops mid-cycle.
+    assert abs(3 * recorded - sampled) <= 3 * 4
+    assert result["info"]["replay_buffer"]["num_steps_added"] == sampled + recorded
+
+
+def test_a_mixed_input_is_for_algorithms_that_replay(data: Path) -> None:
+    with pytest.raises(ConfigError, match="that mix them with sampling"):
+        Trainer("ppo", "CartPole-v1", {**SMALL_PPO, "input": {"sampler": 0.5, str(data): 0.5}})
