@@ -8,12 +8,13 @@ recorded (``flowrl record``'s library call); then for each seed, PPO from scratc
 (``timesteps_total``; the pretraining reads rows, not env steps, and its wall time is reported apart).
 
 ``--part streaming`` (goal: reader and driver RSS at most 1.5 GB, the learner waiting at most 10% of an
-iteration): writes a Parquet dataset of at least ``--gigabytes`` (default 2) of CartPole rows (the expert's
-episodes repeated, their observations jittered so that they do not compress away), then trains ``bc`` on it
-for ``--iterations`` iterations, streaming (the dataset is larger than what flowrl keeps in memory), and
-samples the RSS of the driver and of Ray's worker processes (the read tasks) every 0.2 s. The waiting share
-is the X-ray's share of the iteration ``ReadOffline`` took to hand the learner its batches (reading,
-decoding, postprocessing and shuffling; the ``offline_*`` timers split it).
+iteration): writes a Parquet dataset of at least ``--gigabytes`` (default 2) of CartPole rows (the
+expert's episodes repeated, their observations jittered so that they do not compress away), then trains
+``bc`` on it for one pass (``--iterations`` to change; ``--rows-per-iteration``, default 1M), streaming
+(the dataset is larger than what flowrl keeps in memory), and samples the RSS of the driver and of Ray's
+worker processes (the read tasks) every 0.2 s. The waiting share is the X-ray's share of the iteration
+``ReadOffline`` took to hand the learner its batches (reading, decoding, postprocessing and shuffling;
+the ``offline_*`` timers split it).
 
 Run from the repository root::
 
@@ -177,12 +178,12 @@ def part_streaming(args: argparse.Namespace) -> dict[str, Any]:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     sampler = RssSampler()
     sampler.start()
-    trainer = Trainer(
-        "bc", "CartPole-v1", {"input": str(large), "seed": 0, "evaluation_interval": None, "profile": True}
-    )
+    config = {"input": str(large), "seed": 0, "evaluation_interval": None, "profile": True}
+    trainer = Trainer("bc", "CartPole-v1", {**config, "timesteps_per_iteration": args.rows_per_iteration})
+    passes = args.iterations or -(-data.num_rows // args.rows_per_iteration)  # default: one pass over the data
     iterations = []
     try:
-        for _ in range(args.iterations):
+        for _ in range(passes):
             result = trainer.train()
             read = next(v for k, v in result["plan"]["operators"].items() if "ReadOffline" in k)
             done = sum(i["rows"] for i in iterations)
@@ -222,7 +223,8 @@ def main() -> None:
     parser.add_argument("--pretrain-iterations", type=int, default=3)
     parser.add_argument("--max-steps", type=int, default=300_000)
     parser.add_argument("--gigabytes", type=float, default=2.0)
-    parser.add_argument("--iterations", type=int, default=6)
+    parser.add_argument("--iterations", type=int, help="bc iterations (default: as many as one pass takes)")
+    parser.add_argument("--rows-per-iteration", type=int, default=1_000_000)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     load = os.getloadavg()[0]
