@@ -60,7 +60,7 @@ from flowrl.config.checks import (
     recurrent_problems,
     schedule_field_problems,
 )
-from flowrl.config.data_keys import SAMPLER, input_problems
+from flowrl.config.data_keys import SAMPLER, estimator_problems, input_problems, off_policy_problems
 from flowrl.config.fields import BaseConfig, cfg_field
 from flowrl.errors import install_hint
 
@@ -409,6 +409,12 @@ class TrainerConfig(BaseConfig):
     output_compression: Literal["zstd", "snappy", "lz4", "gzip", "brotli", "none"] = cfg_field(
         "zstd", "Parquet compression of the experience files output writes."
     )
+    off_policy_estimation_methods: list[str] = cfg_field(
+        [],
+        "Estimators of the policy's value on the input's recorded episodes, reported at each evaluation under "
+        "evaluation/off_policy_estimation/<method>/: is, wis, dm, dr (see docs/offline.md).",
+        validator=estimator_problems,
+    )
     # Evaluation.
     evaluation_interval: int | None = cfg_field(
         None,
@@ -464,7 +470,7 @@ class TrainerConfig(BaseConfig):
                 "entropy_coeff); the algorithms with one are a2c, a3c, ppo, impala, appo and sac (its alpha): "
                 "drop the key"
             )
-        problems += recurrent_problems(self)
+        problems += recurrent_problems(self) + off_policy_problems(self)
         if self.env_backend == "envpool" and self.restart_failed_sub_environments:
             problems.append(
                 "restart_failed_sub_environments=True recreates one failing env, but env_backend='envpool' runs a "

@@ -84,6 +84,7 @@ class Trainer(TrainerState):
                     self.workers.policy_specs,
                     self.workers,
                     parallel=self.algorithm.asynchronous,
+                    offline=self.resources.offline,
                 )
             except BaseException:
                 for release in (self.resources.stop, self.workers.stop):
