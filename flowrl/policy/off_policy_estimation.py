@@ -51,15 +51,15 @@ class Episodes(NamedTuple):
     starts: np.ndarray
 
     @property
-    def count(self) -> int:
+    def num_episodes(self) -> int:
         """The number of episodes."""
         return len(self.starts)
 
     def padded(self, values: np.ndarray) -> np.ndarray:
         """Per-row ``values`` as ``[episodes, longest episode]``, zeros after each episode's end."""
         lengths = np.diff(np.append(self.starts, len(self.rewards)))
-        out = np.zeros((self.count, int(lengths.max())), dtype=np.float64)
-        rows = np.repeat(np.arange(self.count), lengths)
+        out = np.zeros((self.num_episodes, int(lengths.max())), dtype=np.float64)
+        rows = np.repeat(np.arange(self.num_episodes), lengths)
         steps = np.arange(len(self.rewards)) - np.repeat(self.starts, lengths)
         out[rows, steps] = values
         return out
@@ -106,7 +106,8 @@ def whole_episodes(batches: Iterable[SampleBatch], max_episodes: int) -> Episode
             if steps[start] == 0:
                 open_rows[eps], next_t[eps] = [], 0
             if next_t.get(eps) != steps[start] or np.any(np.diff(steps[start:stop]) != 1):
-                open_rows.pop(eps, None), next_t.pop(eps, None)
+                open_rows.pop(eps, None)
+                next_t.pop(eps, None)
                 continue
             open_rows[eps].append((batch, start, stop))
             next_t[eps] = int(steps[stop - 1]) + 1
@@ -166,16 +167,21 @@ def estimate(
             per_episode = state_values[episodes.starts]
         else:
             chosen = np.take_along_axis(q_values, np.asarray(episodes.actions).reshape(-1, 1).astype(np.int64), 1)
-            before = np.concatenate([np.ones((episodes.count, 1)), weights[:, :-1]], axis=1)
+            before = np.concatenate([np.ones((episodes.num_episodes, 1)), weights[:, :-1]], axis=1)
             terms = weights * (rewards - episodes.padded(chosen[:, 0])) + before * episodes.padded(state_values)
             per_episode = np.sum(discounts * terms, axis=1)
     elif method == "is":
         per_episode = np.sum(discounts * weights * rewards, axis=1)
     else:
-        per_episode = np.sum(discounts * weights / weights.mean(axis=0) * rewards, axis=1)
+        # A step where no episode's actions are ones the target policy takes contributes nothing.
+        means = weights.mean(axis=0)
+        normalised = np.divide(weights, means, out=np.zeros_like(weights), where=means > 0)
+        per_episode = np.sum(discounts * normalised * rewards, axis=1)
     v_behavior = float(np.mean(np.sum(discounts * rewards, axis=1)))
     v_target = float(np.mean(per_episode))
-    std_error = float(np.std(per_episode, ddof=1) / np.sqrt(episodes.count)) if episodes.count > 1 else 0.0
+    std_error = (
+        float(np.std(per_episode, ddof=1) / np.sqrt(episodes.num_episodes)) if episodes.num_episodes > 1 else 0.0
+    )
     gain = v_target / v_behavior if v_behavior else float("nan")
     return Estimate(v_behavior, v_target, gain, std_error)
 
@@ -227,7 +233,7 @@ def fitted_q_evaluation(
         loss.backward()
         optimizer.step()
     with torch.no_grad():
-        return (net(obs) * scale).numpy().astype(np.float64)
+        return np.asarray(net(obs).numpy(), dtype=np.float64) * scale
 
 
 def target_outputs(

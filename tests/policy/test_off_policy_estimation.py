@@ -171,11 +171,11 @@ def test_whole_episodes_keeps_only_episodes_recorded_from_start_to_end() -> None
     ]
     episodes = whole_episodes(batches, max_episodes=10)
     assert episodes is not None
-    assert episodes.count == 2 and episodes.starts.tolist() == [0, 4]
+    assert episodes.num_episodes == 2 and episodes.starts.tolist() == [0, 4]
     assert episodes.obs[:, 0].tolist() == [2.0] * 4 + [3.0] * 4
     assert episodes.behavior_logp is not None and episodes.behavior_logp.tolist() == [-0.5] * 8
     first = whole_episodes(batches, max_episodes=1)
-    assert first is not None and first.count == 1 and len(first.rewards) == 4
+    assert first is not None and first.num_episodes == 1 and len(first.rewards) == 4
     assert whole_episodes([rows(1, range(5, 8), "terminated")], max_episodes=10) is None
 
 
@@ -196,3 +196,13 @@ def test_every_estimator_reports_its_figures(method: str) -> None:
     result = estimate(method, episodes, target_logp, GAMMA, q_values=q, target_probs=probs)
     assert set(result._asdict()) == {"v_behavior", "v_target", "v_gain", "v_target_std_error"}
     assert all(np.isfinite(list(result)))
+
+
+def test_a_deterministic_target_is_estimated_and_one_the_data_never_follows_is_worth_nothing() -> None:
+    episodes, _, _ = chain_episodes(EXACT)
+    always_continue = np.where(episodes.actions == 1, 0.0, -np.inf)
+    for method in ("is", "wis"):
+        assert estimate(method, episodes, always_continue, GAMMA).v_target == pytest.approx(chain_value(1.0))
+    continuing, _, _ = chain_episodes([[1, 1, 1]] * 4)
+    always_stop = np.full(len(continuing.actions), -np.inf)
+    assert estimate("wis", continuing, always_stop, GAMMA).v_target == 0.0
