@@ -60,6 +60,8 @@ BUILT_IN_ALGORITHMS = (
     "ppo_dqn",
     "es",
     "ars",
+    "bc",
+    "marwil",
 )
 
 # --- dataflow builders ---

@@ -1,9 +1,12 @@
 """The values of ``input``, the key that says where training experience comes from: the sampler, or
-experiences on disk (checked for their shape here; the files when a run opens them)."""
+experiences on disk (checked for their shape here; the files when a run opens them); and
+``off_policy_estimation_methods``, the estimators run on them."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from flowrl.policy.off_policy_estimation import METHODS
 
 #: The ``input`` value that samples the envs (the default).
 SAMPLER = "sampler"
@@ -67,4 +70,34 @@ def pretrain_problems(value: Any) -> list[str]:
         problems.append(f"pretrain['iterations']={iterations!r} must be an int >= 1")
     if not isinstance(value.get("config", {}), dict):
         problems.append(f"pretrain['config']={value['config']!r} must be a dict of the pretraining algorithm's keys")
+    return problems
+
+
+def estimator_problems(value: list[str]) -> list[str]:
+    """What is wrong with an ``off_policy_estimation_methods`` value: unknown or repeated estimators."""
+    unknown = [name for name in value if name not in METHODS]
+    if unknown:
+        return [f"off_policy_estimation_methods: unknown estimator(s) {unknown}; the estimators are {list(METHODS)}"]
+    if len(set(value)) != len(value):
+        return [f"off_policy_estimation_methods={value!r} names an estimator twice"]
+    return []
+
+
+def off_policy_problems(config: Any) -> list[str]:
+    """Off-policy estimators asked for where they have nothing to estimate on, or are never reported."""
+    methods = config.off_policy_estimation_methods
+    if not methods:
+        return []
+    problems = []
+    if not config.reads_offline:
+        problems.append(
+            f"off_policy_estimation_methods={methods!r} estimates the policy's value on recorded episodes, but "
+            f"input={config.input!r} reads none: set input to experiences written with action_logp (output: DIR "
+            "or flowrl record) and train an offline algorithm (bc, marwil), or drop the key"
+        )
+    if not config.evaluation_interval:
+        problems.append(
+            f"off_policy_estimation_methods={methods!r} reports at each evaluation, but evaluation_interval="
+            f"{config.evaluation_interval!r} never evaluates: set evaluation_interval to 1 or more"
+        )
     return problems

@@ -58,7 +58,7 @@ from flowrl.config.checks import (
     schedule_field_problems,
     shared_key_problems,
 )
-from flowrl.config.data_keys import SAMPLER, input_problems, pretrain_problems
+from flowrl.config.data_keys import SAMPLER, estimator_problems, input_problems, off_policy_problems, pretrain_problems
 from flowrl.config.fields import BaseConfig, cfg_field
 from flowrl.errors import install_hint
 
@@ -419,6 +419,12 @@ class TrainerConfig(BaseConfig):
         "Recorded experiences (a directory, .parquet file or glob) added to the replay buffer before the first "
         "training iteration, as if sampled (algorithms with a local replay buffer: dqn, sac, ddpg, td3).",
     )
+    off_policy_estimation_methods: list[str] = cfg_field(
+        [],
+        "Estimators of the policy's value on the input's recorded episodes, reported at each evaluation under "
+        "evaluation/off_policy_estimation/<method>/: is, wis, dm, dr (see docs/offline.md).",
+        validator=estimator_problems,
+    )
     # Evaluation.
     evaluation_interval: int | None = cfg_field(
         None,
@@ -462,7 +468,7 @@ class TrainerConfig(BaseConfig):
         ``super().check()``. Conditions that flowrl works around (``num_gpus > 0`` without
         CUDA: the policy runs on CPU) are warnings, not problems.
         """
-        return shared_key_problems(self)
+        return shared_key_problems(self) + off_policy_problems(self)
 
     def for_policy(self: C, policy_id: str) -> C:
         """The config policy ``policy_id`` is built with: this one with its

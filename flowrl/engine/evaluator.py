@@ -18,13 +18,15 @@ evaluation at iteration n is of the weights the iteration started with.
 
 With ``evaluation_video``, the first episode of each round is recorded where it is played and
 its MP4 kept until :meth:`Evaluator.take_video` (a run writes it to ``videos/``): the bytes
-never enter the result dict.
+never enter the result dict. An offline run with ``off_policy_estimation_methods`` also estimates the
+policy's value on its recorded episodes (``evaluation/off_policy_estimation/<method>/...``,
+:mod:`flowrl.engine.off_policy`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from flowrl.actors import WorkerSet
 from flowrl.actors.evaluation import (
@@ -36,11 +38,15 @@ from flowrl.actors.evaluation import (
     evaluation_settings,
 )
 from flowrl.config import TrainerConfig
+from flowrl.engine.off_policy import ESTIMATES_KEY, OffPolicyEstimation
 from flowrl.envs.registry import EnvCreator
 from flowrl.envs.video import require_video_dependencies
 from flowrl.operators.metric_ops import summarize_episodes
 from flowrl.policy import PolicySpec
 from flowrl.policy.filters import RunningStats
+
+if TYPE_CHECKING:
+    from flowrl.data.offline import OfflineData
 
 #: The result key holding an evaluation's statistics (flattened: ``evaluation/episode_reward_mean``).
 EVALUATION_KEY = "evaluation"
@@ -60,7 +66,9 @@ class Evaluator:
     ``workers`` is the trainer's worker set: the weights come from its local worker, and the
     evaluation actors take their bundles in its reservation. ``parallel``: the plan trains
     asynchronously, so evaluation actors run beside the iteration. With evaluation off
-    (``evaluation_interval`` None or 0) it starts nothing and adds nothing to results.
+    (``evaluation_interval`` None or 0) it starts nothing and adds nothing to results. ``offline``: the
+    run's experiences, on which each evaluation also estimates the policy's value when the config names
+    ``off_policy_estimation_methods`` (:mod:`flowrl.engine.off_policy`).
     """
 
     def __init__(
@@ -71,6 +79,7 @@ class Evaluator:
         workers: WorkerSet,
         *,
         parallel: bool = False,
+        offline: OfflineData | None = None,
     ) -> None:
         self.interval = config.evaluation_interval or 0
         self.num_episodes = config.evaluation_num_episodes
@@ -82,8 +91,11 @@ class Evaluator:
         self._in_flight: int | None = None  # the iteration whose round the evaluation actors play now
         self._video: EvaluationVideo | None = None
         self._restarts_before = 0  # restarts of earlier sessions of a restored run
+        self._off_policy: OffPolicyEstimation | None = None
         if not self.interval:
             return
+        if offline is not None and config.off_policy_estimation_methods:
+            self._off_policy = OffPolicyEstimation(config, offline, workers)
         if self.record_video:
             require_video_dependencies()  # here, before training, not at the first evaluation
         settings = evaluation_settings(config)
@@ -126,6 +138,8 @@ class Evaluator:
         if self.due(iteration):
             output = self._evaluate(iteration, timestep)
             keys[EVALUATION_KEY] = {**summarize_episodes(output.episodes), "episodes": len(output.episodes)}
+            if self._off_policy is not None:
+                keys[EVALUATION_KEY][ESTIMATES_KEY] = self._off_policy.estimates()
             if output.video is not None:
                 self._video = EvaluationVideo(iteration, output.video)
         keys[RESTARTS_KEY] = self.num_restarts

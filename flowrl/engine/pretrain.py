@@ -10,7 +10,7 @@ experiences to the run's replay buffer, postprocessed by its policy, before its 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,7 +24,9 @@ from flowrl.policy import TorchPolicy
 
 if TYPE_CHECKING:
     from flowrl.config import TrainerConfig
-    from flowrl.engine.trainer import Trainer
+
+#: What builds the pretraining phase's Trainer: ``(algo, env, config) -> Trainer`` (the Trainer class itself).
+TrainerFactory = Callable[[str, Any, Mapping[str, Any]], Any]
 
 #: Keys of the run's config the pretraining algorithm takes too: what its policy's network looks like.
 SHARED_KEYS = ("model", "gamma", "seed", "observation_filter", "env_config", "clip_actions", "profile")
@@ -37,9 +39,14 @@ class Pretraining:
     handed to the run's policies after each. Raises :class:`~flowrl.errors.ConfigError` when the two
     algorithms' networks differ (their weights could not be handed over)."""
 
-    def __init__(self, env: Any, config: TrainerConfig, workers: WorkerSet, resources: PlanResources) -> None:
-        from flowrl.engine.trainer import Trainer  # the phase is a Trainer of its own
-
+    def __init__(
+        self,
+        make_trainer: TrainerFactory,
+        env: Any,
+        config: TrainerConfig,
+        workers: WorkerSet,
+        resources: PlanResources,
+    ) -> None:
         spec = dict(config.pretrain or {})
         self.algo: str = spec["algo"]
         self.iterations: int = spec["iterations"]
@@ -48,7 +55,7 @@ class Pretraining:
         self.resources = resources
         shared = {key: getattr(config, key) for key in SHARED_KEYS}
         settings = {**shared, "num_workers": 0, "evaluation_interval": None, **spec.get("config", {})}
-        self.trainer: Trainer = Trainer(self.algo, env, {**settings, "input": spec["input"]})
+        self.trainer = make_trainer(self.algo, env, {**settings, "input": spec["input"]})
         self._stopped = False
         try:
             self._check_networks()
@@ -112,8 +119,16 @@ class OfflinePhases:
     """What a run does with recorded experiences besides its plan: the ``pretrain`` phase (first) and the
     ``replay_prefill`` (once, before the first online iteration); their progress is checkpointed."""
 
-    def __init__(self, env: Any, config: TrainerConfig, workers: WorkerSet, resources: PlanResources) -> None:
-        self.pretraining = Pretraining(env, config, workers, resources) if config.pretrain else None
+    def __init__(
+        self,
+        make_trainer: TrainerFactory,
+        env: Any,
+        config: TrainerConfig,
+        workers: WorkerSet,
+        resources: PlanResources,
+    ) -> None:
+        self.workers = workers
+        self.resources = resources
         self.prefill_source = config.replay_prefill
         self.prefilled_rows: int | None = None if self.prefill_source else 0
         if self.prefill_source and resources.replay_buffer is None:
@@ -123,6 +138,7 @@ class OfflinePhases:
                     "dqn, sac, ddpg and td3 have one"
                 ]
             )
+        self.pretraining = Pretraining(make_trainer, env, config, workers, resources) if config.pretrain else None
 
     @property
     def pretraining_now(self) -> bool:
@@ -145,14 +161,14 @@ class OfflinePhases:
             "plan": phase["plan"],
         }
 
-    def start_online(self, trainer: Trainer) -> dict[str, Any]:
+    def start_online(self) -> dict[str, Any]:
         """Before an online iteration: end the pretraining phase, prefill the replay buffer once; the keys the
         result gets (``phase``, ``info/replay_prefill_rows``)."""
         if self.pretraining is not None:
             self.pretraining.stop()
         if self.prefilled_rows is None:
             assert self.prefill_source is not None
-            self.prefilled_rows = prefill_replay(trainer, self.prefill_source)
+            self.prefilled_rows = prefill_replay(self.workers, self.resources, self.prefill_source)
         return {"phase": "online"} if self.pretraining is not None or self.prefill_source else {}
 
     def get_state(self) -> dict[str, Any]:
@@ -173,12 +189,11 @@ class OfflinePhases:
             self.pretraining.stop()
 
 
-def prefill_replay(trainer: Trainer, source: str) -> int:
-    """Add ``source``'s experiences to ``trainer``'s replay buffer with the columns sampling gives its rows
+def prefill_replay(workers: WorkerSet, resources: PlanResources, source: str) -> int:
+    """Add ``source``'s experiences to the replay buffer of ``resources`` with the columns sampling gives its rows
     (:func:`~flowrl.operators.offline_ops.as_sampled`), each episode piece postprocessed by its policy as
     sampled ones are (n-step); returns the rows added."""
-    buffer = trainer.resources.need_replay_buffer()
-    workers = trainer.workers
+    buffer = resources.need_replay_buffer()
     data = open_input(source, workers.policy_specs, columns=REPLAY_COLUMNS, why="replayed transitions need them")
     policy = workers.local_worker().get_policy(DEFAULT_POLICY_ID)
     added = 0

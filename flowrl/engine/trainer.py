@@ -85,9 +85,10 @@ class Trainer(TrainerState):
                     self.workers.policy_specs,
                     self.workers,
                     parallel=self.algorithm.asynchronous,
+                    offline=self.resources.offline,
                 )
                 #: ``pretrain`` and ``replay_prefill``: what the run learns from recorded experiences besides its plan.
-                self.phases = OfflinePhases(env, self.config, self.workers, self.resources)
+                self.phases = OfflinePhases(type(self), env, self.config, self.workers, self.resources)
             except BaseException:
                 for release in (self.resources.stop, self.workers.stop):
                     try:
@@ -140,7 +141,7 @@ class Trainer(TrainerState):
         if self.phases.pretraining_now:
             result = self.phases.pretrain_iteration(self.plan.metrics.counters[STEPS_SAMPLED_COUNTER])
         else:
-            phase = self.phases.start_online(self)  # the replay prefill comes before the first online sample
+            phase = self.phases.start_online()  # the replay prefill comes before the first online sample
             result = {**self._next_result(), **phase}
         planned = time.perf_counter()
         self.workers.sync_filters()  # once per iteration, as RLlib did: the workers' new observation statistics
