@@ -7,12 +7,13 @@ recorded (``flowrl record``'s library call); then for each seed, PPO from scratc
 ``episode_reward_mean`` (the last 100 training episodes) reaches 475, counting the online env steps
 (``timesteps_total``; the pretraining reads rows, not env steps, and its wall time is reported apart).
 
-``--part streaming`` (goal: reader and driver RSS at most 1.5 GB, the learner waiting at most 10% of an
+``--part streaming`` (goal: reader and driver memory at most 1.5 GB, the learner waiting at most 10% of an
 iteration): writes a Parquet dataset of at least ``--gigabytes`` (default 2) of CartPole rows (the
 expert's episodes repeated, their observations jittered so that they do not compress away), then trains
 ``bc`` on it for one pass (``--iterations`` to change; ``--rows-per-iteration``, default 1M), streaming
-(the dataset is larger than what flowrl keeps in memory), and samples the RSS of the driver and of Ray's
-worker processes (the read tasks) every 0.2 s. The waiting share is the X-ray's share of the iteration
+(the dataset is larger than what flowrl keeps in memory), and samples the memory of the driver and of Ray's
+worker processes (the read tasks) every 0.2 s: RSS, and PSS, which counts the object store's shared pages
+once in all (the goal is on PSS). The waiting share is the X-ray's share of the iteration
 ``ReadOffline`` took to hand the learner its batches (reading, decoding, postprocessing and shuffling;
 the ``offline_*`` timers split it).
 
@@ -116,33 +117,41 @@ def part_pretrain(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-class RssSampler(threading.Thread):
-    """Samples the RSS of this process and of Ray's worker processes every ``period`` seconds."""
+class MemorySampler(threading.Thread):
+    """Samples the memory of this process and of Ray's worker processes every ``period`` seconds: RSS, which
+    counts the object store's shared pages once in every process that maps them, and PSS, which splits them
+    among those processes (so that the processes' PSS add up to what they hold together)."""
 
     def __init__(self, period: float = 0.2) -> None:
         super().__init__(daemon=True)
         self.period = period
-        self.driver_peak = 0
-        self.workers_peak = 0
-        self.total_peak = 0
-        self._stop = threading.Event()
+        self.peaks = {"driver_rss": 0, "driver_pss": 0, "workers_rss": 0, "workers_pss": 0, "total_pss": 0}
+        self._done = threading.Event()
 
     def run(self) -> None:
         me = psutil.Process()
-        while not self._stop.is_set():
-            driver = me.memory_info().rss
-            workers = 0
-            for process in psutil.process_iter(["cmdline", "memory_info"]):
-                cmdline = " ".join(process.info["cmdline"] or [])
-                if process.info["memory_info"] is not None and cmdline.startswith("ray::"):
-                    workers += process.info["memory_info"].rss
-            self.driver_peak = max(self.driver_peak, driver)
-            self.workers_peak = max(self.workers_peak, workers)
-            self.total_peak = max(self.total_peak, driver + workers)
+        while not self._done.is_set():
+            mine = me.memory_full_info()
+            rss = pss = 0
+            for process in psutil.process_iter(["cmdline"]):
+                if " ".join(process.info["cmdline"] or []).startswith("ray::"):
+                    try:
+                        info = process.memory_full_info()
+                    except psutil.Error:
+                        continue  # it ended
+                    rss, pss = rss + info.rss, pss + info.pss
+            now = {
+                "driver_rss": mine.rss,
+                "driver_pss": mine.pss,
+                "workers_rss": rss,
+                "workers_pss": pss,
+                "total_pss": mine.pss + pss,
+            }
+            self.peaks = {key: max(value, now[key]) for key, value in self.peaks.items()}
             time.sleep(self.period)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._done.set()
         self.join()
 
 
@@ -150,7 +159,7 @@ def write_large_dataset(root: Path, expert: Path, gigabytes: float) -> Path:
     """The expert's rows, repeated with jittered observations, until the files hold ``gigabytes`` GB."""
     rows = next(OfflineData(expert).iter_batches(1_000_000))
     out = root / "large"
-    writer = ExperienceWriter(out, max_file_size=256 * 2**20)
+    writer = ExperienceWriter(out)  # output's default file size
     rng = np.random.default_rng(0)
     written, copy = 0, 0
     while written < gigabytes * 1e9:
@@ -176,7 +185,7 @@ def part_streaming(args: argparse.Namespace) -> dict[str, Any]:
     data = OfflineData(large)
     written_s = time.perf_counter() - started
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    sampler = RssSampler()
+    sampler = MemorySampler()
     sampler.start()
     config = {"input": str(large), "seed": 0, "evaluation_interval": None, "profile": True}
     trainer = Trainer("bc", "CartPole-v1", {**config, "timesteps_per_iteration": args.rows_per_iteration})
@@ -210,9 +219,7 @@ def part_streaming(args: argparse.Namespace) -> dict[str, Any]:
         "write_s": round(written_s, 1),
         "iterations": iterations,
         "median_waiting_share": statistics.median(i["waiting_share"] for i in steady),
-        "driver_rss_peak_gb": round(sampler.driver_peak / gb, 3),
-        "ray_workers_rss_peak_gb": round(sampler.workers_peak / gb, 3),
-        "total_rss_peak_gb": round(sampler.total_peak / gb, 3),
+        **{f"{key}_peak_gb": round(value / gb, 3) for key, value in sampler.peaks.items()},
     }
 
 

@@ -114,13 +114,16 @@ def ReadOffline(
 
     Rows are read in file order, cut into episode pieces and postprocessed by the local worker's policy
     ``policy_id`` (returns, n-step: as if it had sampled them), then mixed in a buffer of
-    ``config.shuffle_buffer_size`` rows. A dataset of at most :data:`MEMORY_CACHE_BYTES` decoded is read
-    from the files once; later passes take its rows from memory (postprocessed again, by the policy as it is
-    then). The rows read count as steps sampled (unless ``count_as_sampled`` is False: rows mixed with the
-    sampler's) and as ``num_offline_rows_read``; the reading, postprocessing and shuffling times are the
-    ``offline_*`` timers, and passes begun the ``num_offline_epochs`` counter.
-    ``like_sampled``: the rows get the columns the policy's sampling gives (:func:`as_sampled`), to be stored
-    with sampled ones. ``data`` None: a plan built for its graph only (over placeholder actors), which reads nothing.
+    ``config.shuffle_buffer_size`` rows. A thread reads and decodes the files a few batches ahead of the
+    plan (:class:`~flowrl.data.offline.BackgroundReader`). A dataset of at most :data:`MEMORY_CACHE_BYTES`
+    decoded is read from the files once; later passes take its rows from memory (postprocessed again, by
+    the policy as it is then).
+
+    The rows read count as steps sampled (unless ``count_as_sampled`` is False: rows mixed with the
+    sampler's) and as ``num_offline_rows_read``; the waiting for rows, postprocessing and shuffling times
+    are the ``offline_*`` timers, and passes begun the ``num_offline_epochs`` counter. ``like_sampled``:
+    the rows get the columns the policy's sampling gives (:func:`as_sampled`), to be stored with sampled
+    ones. ``data`` None: a plan built for its graph only (over placeholder actors), which reads nothing.
     """
     if data is None:
         return LocalIterator(_nothing_to_read, SharedMetrics(), name="ReadOffline(no input)")
@@ -128,49 +131,57 @@ def ReadOffline(
     # The local worker's policies sample too (with num_workers=0): they postprocess as samplers do.
     policy = cast("SamplingPolicy", workers.local_worker().get_policy(policy_id))
     rng = np.random.default_rng(config.seed)
-    from flowrl.data.offline import ShuffleBuffer  # imported here: PyArrow only for plans that read files
+    from flowrl.data.offline import BackgroundReader, ShuffleBuffer  # here: PyArrow only for plans reading files
 
     buffer = ShuffleBuffer(config.shuffle_buffer_size, rng)
     chunk = max(rows, config.shuffle_buffer_size // 2, 1)
 
     cache: list[SampleBatch] | None = [] if data.decoded_bytes <= MEMORY_CACHE_BYTES else None
 
-    def one_pass(first: bool) -> Iterator[SampleBatch]:
-        if cache is None or first:
-            for read in data.iter_batches(chunk):
-                if cache is not None:
-                    cache.append(read)
-                yield read
-        else:
-            yield from cache
+    def reads(reader: BackgroundReader) -> Iterator[SampleBatch | None]:
+        """Every pass's batches, each pass ending with None: the first from the files, in a reading thread;
+        the later ones too, or from memory for a dataset small enough to keep (``cache``)."""
+        for epoch in itertools.count():
+            if cache is None or epoch == 0:
+                while (read := reader.next()) is not None:
+                    if cache is not None:
+                        cache.append(read)
+                    yield read
+            else:
+                yield from cache
+            yield None
 
     def batches(timeout: float | None) -> Iterator[SampleBatch]:
         metrics = LocalIterator.get_metrics()
-        for epoch in itertools.count():
-            metrics.counters[EPOCHS_COUNTER] += 1
-            reader = one_pass(epoch == 0)
+        reader = BackgroundReader(data, chunk, passes=1 if cache is not None else None)
+        source = reads(reader)
+        try:
             while True:
-                while buffer.wants(rows):
-                    started = time.perf_counter()
-                    read = next(reader, None)
-                    metrics.timers[READ_TIMER].push(time.perf_counter() - started)
-                    if read is None:
-                        break
-                    with metrics.timers[POSTPROCESS_TIMER]:
-                        if like_sampled:
-                            read = as_sampled(read, policy)
-                        if policy.postprocesses:
-                            pieces = [policy.postprocess_trajectory(piece) for piece in episode_pieces(read)]
-                            read = concat_samples(pieces) if len(pieces) > 1 else pieces[0]
-                    buffer.add(read)
-                if len(buffer) < rows:
-                    break  # the pass is over: the rows left wait for the next one's
-                with metrics.timers[SHUFFLE_TIMER]:
-                    batch = buffer.draw(rows)
-                if count_as_sampled:
-                    count_sampled(batch.count, batch.count)
-                metrics.counters[ROWS_READ_COUNTER] += batch.count
-                yield batch
+                metrics.counters[EPOCHS_COUNTER] += 1
+                while True:
+                    while buffer.wants(rows):
+                        started = time.perf_counter()
+                        read = next(source)
+                        metrics.timers[READ_TIMER].push(time.perf_counter() - started)
+                        if read is None:
+                            break
+                        with metrics.timers[POSTPROCESS_TIMER]:
+                            if like_sampled:
+                                read = as_sampled(read, policy)
+                            if policy.postprocesses:
+                                pieces = [policy.postprocess_trajectory(piece) for piece in episode_pieces(read)]
+                                read = concat_samples(pieces) if len(pieces) > 1 else pieces[0]
+                        buffer.add(read)
+                    if len(buffer) < rows:
+                        break  # the pass is over: the rows left wait for the next one's
+                    with metrics.timers[SHUFFLE_TIMER]:
+                        batch = buffer.draw(rows)
+                    if count_as_sampled:
+                        count_sampled(batch.count, batch.count)
+                    metrics.counters[ROWS_READ_COUNTER] += batch.count
+                    yield batch
+        finally:
+            reader.close()
 
     return LocalIterator(batches, SharedMetrics(), name=f"ReadOffline({data.describe()})")
 

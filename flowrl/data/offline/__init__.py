@@ -15,7 +15,7 @@ except ImportError as error:  # pragma: no cover - the dev extra installs it
     ) from error
 
 from flowrl.data.offline.columns import AGENT_ID, POLICY_ID, batch_to_table, table_to_batch
-from flowrl.data.offline.reader import OfflineData, ShuffleBuffer, resolve_files
+from flowrl.data.offline.reader import BackgroundReader, OfflineData, ShuffleBuffer, resolve_files
 from flowrl.data.offline.writer import (
     COMPRESSIONS,
     FORMAT,
@@ -27,6 +27,7 @@ from flowrl.data.offline.writer import (
 
 __all__ = [
     "AGENT_ID",
+    "BackgroundReader",
     "COMPRESSIONS",
     "FORMAT",
     "FORMAT_VERSION",

@@ -9,9 +9,12 @@ afterwards within a bounded number of rows.
 from __future__ import annotations
 
 import glob as globbing
+import itertools
 import json
 import logging
 import os
+import queue
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,9 @@ from flowrl.data.sample_batch import SampleBatch, concat_samples
 from flowrl.errors import OfflineDataError
 
 _GLOB_CHARS = "*?["
+#: Files read at once when a dataset streams through Ray Data, and the object store memory its blocks may take.
+READ_CONCURRENCY = 2
+READ_AHEAD_BYTES = 256 * 2**20
 
 
 def resolve_files(source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
@@ -129,6 +135,62 @@ class OfflineData:
                 yield table_to_batch(record_batch, wanted)
 
 
+class BackgroundReader:
+    """Reads ``data`` pass after pass (``passes``; None: for ever) in a thread of its own, up to ``ahead``
+    batches of ``rows`` rows before they are asked for, so that reading and decoding overlap learning.
+
+    :meth:`next` gives the next batch, or None at the end of each pass; an error of the reading is raised
+    there. :meth:`close` stops the thread (also when the reader is collected).
+    """
+
+    def __init__(self, data: OfflineData, rows: int, passes: int | None = None, ahead: int = 2) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=ahead)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(
+            target=self._read, args=(data, rows, passes, self._queue, self._closed), daemon=True, name="read-offline"
+        )
+        self._thread.start()
+
+    @staticmethod
+    def _read(data: OfflineData, rows: int, passes: int | None, out: queue.Queue[Any], closed: threading.Event) -> None:
+        # A static method holding no reference to the reader: collecting the reader closes it.
+        def put(item: Any) -> bool:
+            while not closed.is_set():
+                try:
+                    out.put(item, timeout=0.5)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        try:
+            for _ in itertools.count() if passes is None else range(passes):
+                for batch in data.iter_batches(rows):
+                    if not put(batch):
+                        return
+                if not put(_PASS_END):
+                    return
+        except BaseException as error:  # noqa: BLE001 - handed to the reader's user, who raises it
+            put(error)
+
+    def next(self) -> SampleBatch | None:
+        """The next batch, or None where a pass ends."""
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return None if item is _PASS_END else item
+
+    def close(self) -> None:
+        """Stop reading (the thread ends within half a second)."""
+        self._closed.set()
+
+    def __del__(self) -> None:
+        self._closed.set()
+
+
+_PASS_END = object()
+
+
 def _ray_batches(files: Sequence[Path], rows: int, columns: list[str]) -> Iterator[SampleBatch]:
     import ray.data
 
@@ -136,8 +198,15 @@ def _ray_batches(files: Sequence[Path], rows: int, columns: list[str]) -> Iterat
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
     context.execution_options.preserve_order = True  # episodes stay contiguous
-    # Fractional CPUs: the reads must not wait behind the rollout and evaluation workers' reservations.
-    dataset = ray.data.read_parquet([os.fspath(f) for f in files], columns=columns, num_cpus=0.01, shuffle=None)
+    # Fractional CPUs: the reads must not wait behind the rollout and evaluation workers' reservations. A few
+    # reads at a time: Ray Data would start one per fractional slot, each holding a decoded file in memory.
+    dataset = ray.data.read_parquet(
+        [os.fspath(f) for f in files], columns=columns, num_cpus=0.01, shuffle=None, concurrency=READ_CONCURRENCY
+    )
+    # Blocks read ahead take at most this much of the object store: the stream's memory stays bounded.
+    dataset.context.execution_options.resource_limits = ray.data.ExecutionResources(
+        object_store_memory=READ_AHEAD_BYTES
+    )
     for table in dataset.iter_batches(batch_size=rows, batch_format="pyarrow", prefetch_batches=2):
         yield table_to_batch(table, columns)
 
