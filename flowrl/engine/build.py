@@ -57,9 +57,15 @@ def validated_config(algorithm: Algorithm, config: Mapping[str, Any] | TrainerCo
 
 
 def write_output_metadata(
-    algorithm: Algorithm, env: EnvSpec, config: TrainerConfig, policy_specs: Mapping[str, PolicySpec]
+    algorithm: Algorithm,
+    env: EnvSpec,
+    config: TrainerConfig,
+    policy_specs: Mapping[str, PolicySpec],
+    *,
+    extra: Mapping[str, Any] | None = None,
 ) -> None:
-    """``output``'s ``metadata.json``: the run's algorithm, env, policies and their spaces, flowrl's version."""
+    """``output``'s ``metadata.json``: the run's algorithm, env, policies and their spaces, flowrl's version
+    (and the ``extra`` entries, such as where recorded episodes came from)."""
     assert config.output is not None
     policies = {}
     for pid, spec in policy_specs.items():
@@ -80,6 +86,7 @@ def write_output_metadata(
             "policies": policies,
             "multi_agent": set(policy_specs) != {DEFAULT_POLICY_ID},
             "flowrl_version": __version__,
+            **(extra or {}),
         },
     )
 
