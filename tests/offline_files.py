@@ -17,7 +17,9 @@ from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
 from flowrl.data.offline import ExperienceWriter, write_metadata
 from flowrl.envs.spaces import space_to_json
 
-CARTPOLE = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2)
+_CARTPOLE = gym.make("CartPole-v1")
+#: CartPole-v1's observation and action spaces, as a run on it has them.
+CARTPOLE = _CARTPOLE.observation_space, _CARTPOLE.action_space
 
 
 def episodes(
