@@ -87,7 +87,9 @@ def record_checkpoint(
             close_env(env)
     recorded = {"checkpoint": str(directory), "episodes": episodes, "explore": explore, "seed": seed}
     try:
-        write_output_metadata(algorithm, state["env"], config, specs, extra={"recorded_from": recorded})
+        write_output_metadata(
+            algorithm, state["env"], config, specs, multi_agent=False, extra={"recorded_from": recorded}
+        )
         writer = ExperienceWriter(staging, max_file_size=max_file_size, prefix="recorded")
         for start in range(0, rows.count, ROW_GROUP_ROWS):
             writer.write(rows.slice(start, min(start + ROW_GROUP_ROWS, rows.count)))

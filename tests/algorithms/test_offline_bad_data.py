@@ -112,3 +112,12 @@ def test_an_offline_algorithm_without_input(tmp_path: Path) -> None:
         build("bc", "sampler")
     with pytest.raises(ConfigError, match=r"marwil learns from recorded experiences alone, not mixed with the sampler"):
         build("marwil", {"sampler": 0.5, str(tmp_path): 0.5})
+
+
+def test_an_offline_algorithm_on_a_multi_agent_env(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"'bc' trains single-agent envs, but MultiAgentCartPole is multi-agent"):
+        Trainer(
+            algo="bc",
+            env="MultiAgentCartPole",
+            config={"input": str(write_dataset(tmp_path, episodes(2, 5))), "num_workers": 0},
+        )
