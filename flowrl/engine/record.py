@@ -53,7 +53,8 @@ def record_checkpoint(
     resets and the sampling. Returns ``episodes``, ``steps``, ``episode_reward_mean``, ``files`` (their final
     paths), ``checkpoint`` and the checkpoint's ``algo`` and ``env``. Raises
     :class:`~flowrl.errors.CheckpointError` for a path without a checkpoint and
-    :class:`~flowrl.errors.OfflineDataError` for a multi-agent env or an ``out`` that holds experiences.
+    :class:`~flowrl.errors.OfflineDataError` for a multi-agent env, an ``out`` that holds experiences or one that
+    cannot be written.
     """
     if episodes < 1:
         raise OfflineDataError(f"episodes={episodes}: record at least 1 episode")
@@ -95,6 +96,8 @@ def record_checkpoint(
             writer.write(rows.slice(start, min(start + ROW_GROUP_ROWS, rows.count)))
         writer.close()
         files = _publish(staging, target)
+    except OSError as error:  # a full disk, a directory that cannot be written: said as such, nothing left
+        raise OfflineDataError(f"cannot write experiences to {str(target)!r}: {error}") from error
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already when published
     ends = rows[SampleBatch.TERMINATEDS] | rows[SampleBatch.TRUNCATEDS]
