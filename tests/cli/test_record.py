@@ -138,3 +138,9 @@ def test_recorded_rows_are_the_policys_greedy_actions(run: Path, tmp_path: Path)
     assert cli.main(["record", str(run), "--episodes", "3", "--out", str(tmp_path / "r")]) == 0
     rows = read_all(tmp_path / "r")
     np.testing.assert_array_equal(rows[SampleBatch.ACTIONS], rows[SampleBatch.ACTION_DIST_INPUTS].argmax(axis=1))
+
+
+def test_flowrl_help_lists_record(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "record a checkpoint's episodes as experience files" in capsys.readouterr().out
