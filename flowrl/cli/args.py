@@ -131,6 +131,8 @@ def build_config(
         config["num_workers"] = args.num_workers
     if getattr(args, "seed", None) is not None:
         config["seed"] = args.seed
+    if getattr(args, "input", None) is not None:
+        config["input"] = args.input
     algorithm.config_class.from_dict(config)  # every problem at once, before Ray or any actor starts
     return config
 
@@ -271,7 +273,7 @@ def add_command(
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags that say what to run: ``--algo``, ``--env``, ``--num-workers``, ``--config``,
+    """The flags that say what to run: ``--algo``, ``--env``, ``--num-workers``, ``--input``, ``--config``,
     ``--set``, ``--address``."""
     parser.add_argument("--algo", help="algorithm name (see `flowrl list`)")
     parser.add_argument(
@@ -282,6 +284,12 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         type=int_at_least(0),
         metavar="N",
         help="remote rollout workers (0: sample in this process); overrides --config and --set",
+    )
+    parser.add_argument(
+        "--input",
+        metavar="SOURCE",
+        help="recorded experiences to learn from (config key input: a directory, .parquet file or glob), for the "
+        "offline algorithms (bc, marwil, cql); overrides --config and --set",
     )
     add_experiment_flag(parser, " (algo, env, stop, config; or flat config keys)")
     parser.add_argument(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import keyword
+import warnings
 from typing import Any, Mapping
 
 from flowrl.config.fields import _check_value, _specs, _suggestion
@@ -198,4 +199,41 @@ def evaluation_config_problems(config: Any) -> list[str]:
             f"evaluation_video=True records evaluation episodes, but evaluation_interval="
             f"{config.evaluation_interval!r} turns evaluation off; set it to how often to evaluate"
         )
+    return problems
+
+
+def shared_key_problems(config: Any) -> list[str]:
+    """The cross-key problems of the keys every algorithm shares (:meth:`TrainerConfig.check`); warns of
+    what flowrl works around (``num_gpus > 0`` without CUDA: the policy runs on CPU)."""
+    problems = []
+    known = list(config.policies) or ["default_policy"]
+    for pid in config.policies_to_train or []:
+        if pid not in known:
+            problems.append(f"policies_to_train names {pid!r}, which is not a policy; the policies are {known}")
+    problems += evaluation_config_problems(config)
+    if config.entropy_coeff_schedule is not None and not config.schedules_entropy:
+        problems.append(
+            f"entropy_coeff_schedule is set, but {type(config).__name__}'s loss has no entropy bonus (no "
+            "entropy_coeff); the algorithms with one are a2c, a3c, ppo, impala, appo and sac (its alpha): "
+            "drop the key"
+        )
+    problems += recurrent_problems(config)
+    if config.env_backend == "envpool" and config.restart_failed_sub_environments:
+        problems.append(
+            "restart_failed_sub_environments=True recreates one failing env, but env_backend='envpool' runs a "
+            "worker's envs in one pool that fails as a whole; a failing pool fails its worker, which "
+            "recreate_failed_workers replaces: set restart_failed_sub_environments=False"
+        )
+    if config.num_learners >= 2 and config.num_gpus_per_learner % 1:
+        problems.append(
+            f"num_gpus_per_learner={config.num_gpus_per_learner:g}: each learner of a group needs whole GPUs "
+            "of its own (NCCL puts one rank on one device); use 0 (CPU, gloo), 1 or more"
+        )
+    if config.num_gpus > 0:
+        import torch
+
+        if not torch.cuda.is_available():
+            warnings.warn(
+                f"num_gpus={config.num_gpus} but CUDA is not available; the policy will run on CPU", stacklevel=3
+            )
     return problems

@@ -36,3 +36,35 @@ def input_problems(value: Any) -> list[str]:
             problems.append(f"input: the fractions {list(value.values())} sum to {sum(value.values()):g}, not 1")
         return problems
     return [f"input={value!r} ({type(value).__name__}): use {valid}"]
+
+
+#: The algorithms a ``pretrain`` phase can run, and the keys its dict takes.
+PRETRAIN_ALGORITHMS = ("bc", "marwil", "cql")
+PRETRAIN_KEYS = ("algo", "input", "iterations", "config")
+
+
+def pretrain_problems(value: Any) -> list[str]:
+    """What is wrong with a ``pretrain`` value: ``{algo, input, iterations}`` and optionally ``config``."""
+    shape = "pretrain={algo: bc|marwil|cql, input: DIR, iterations: N} (and optionally config: {...})"
+    if not isinstance(value, dict):
+        return [f"pretrain={value!r}: use {shape}"]
+    problems = [
+        f"pretrain: unknown key {key!r}; the keys are {list(PRETRAIN_KEYS)}"
+        for key in value
+        if key not in PRETRAIN_KEYS
+    ]
+    problems += [f"pretrain needs {key!r}: use {shape}" for key in ("algo", "input", "iterations") if key not in value]
+    if "algo" in value and value["algo"] not in PRETRAIN_ALGORITHMS:
+        problems.append(f"pretrain['algo']={value['algo']!r} must be one of {list(PRETRAIN_ALGORITHMS)}")
+    if "input" in value and (
+        value["input"] == SAMPLER or input_problems(value["input"]) or isinstance(value["input"], dict)
+    ):
+        problems.append(
+            f"pretrain['input']={value['input']!r} must name recorded experiences (a directory, file, glob or list)"
+        )
+    iterations = value.get("iterations", 1)
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        problems.append(f"pretrain['iterations']={iterations!r} must be an int >= 1")
+    if not isinstance(value.get("config", {}), dict):
+        problems.append(f"pretrain['config']={value['config']!r} must be a dict of the pretraining algorithm's keys")
+    return problems

@@ -44,23 +44,21 @@ accepted as numbers; strings are never parsed (the CLI converts ``--set lr=1e-3`
 from __future__ import annotations
 
 import functools
-import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Mapping, TypeVar
 
 from flowrl.callbacks import callbacks_problems
 from flowrl.config.checks import (
-    evaluation_config_problems,
     exploration_problems,
     info_keys_problems,
     iteration_window_problems,
     model_problems,
     policies_problems,
     policy_mapping_fn_problems,
-    recurrent_problems,
     schedule_field_problems,
+    shared_key_problems,
 )
-from flowrl.config.data_keys import SAMPLER, input_problems
+from flowrl.config.data_keys import SAMPLER, input_problems, pretrain_problems
 from flowrl.config.fields import BaseConfig, cfg_field
 from flowrl.errors import install_hint
 
@@ -409,6 +407,18 @@ class TrainerConfig(BaseConfig):
     output_compression: Literal["zstd", "snappy", "lz4", "gzip", "brotli", "none"] = cfg_field(
         "zstd", "Parquet compression of the experience files output writes."
     )
+    pretrain: dict[str, Any] | None = cfg_field(
+        None,
+        "Offline pretraining before this run's own learning, in the same run: {algo: bc|marwil|cql, input: DIR, "
+        "iterations: N, config: {...}} trains that algorithm N iterations on the experiences with this config's "
+        "model, and hands its weights to this run's policies after each; then this algorithm's plan starts.",
+        validator=pretrain_problems,
+    )
+    replay_prefill: str | None = cfg_field(
+        None,
+        "Recorded experiences (a directory, .parquet file or glob) added to the replay buffer before the first "
+        "training iteration, as if sampled (algorithms with a local replay buffer: dqn, sac, ddpg, td3).",
+    )
     # Evaluation.
     evaluation_interval: int | None = cfg_field(
         None,
@@ -452,38 +462,7 @@ class TrainerConfig(BaseConfig):
         ``super().check()``. Conditions that flowrl works around (``num_gpus > 0`` without
         CUDA: the policy runs on CPU) are warnings, not problems.
         """
-        problems = []
-        known = list(self.policies) or ["default_policy"]
-        for pid in self.policies_to_train or []:
-            if pid not in known:
-                problems.append(f"policies_to_train names {pid!r}, which is not a policy; the policies are {known}")
-        problems += evaluation_config_problems(self)
-        if self.entropy_coeff_schedule is not None and not self.schedules_entropy:
-            problems.append(
-                f"entropy_coeff_schedule is set, but {type(self).__name__}'s loss has no entropy bonus (no "
-                "entropy_coeff); the algorithms with one are a2c, a3c, ppo, impala, appo and sac (its alpha): "
-                "drop the key"
-            )
-        problems += recurrent_problems(self)
-        if self.env_backend == "envpool" and self.restart_failed_sub_environments:
-            problems.append(
-                "restart_failed_sub_environments=True recreates one failing env, but env_backend='envpool' runs a "
-                "worker's envs in one pool that fails as a whole; a failing pool fails its worker, which "
-                "recreate_failed_workers replaces: set restart_failed_sub_environments=False"
-            )
-        if self.num_learners >= 2 and self.num_gpus_per_learner % 1:
-            problems.append(
-                f"num_gpus_per_learner={self.num_gpus_per_learner:g}: each learner of a group needs whole GPUs "
-                "of its own (NCCL puts one rank on one device); use 0 (CPU, gloo), 1 or more"
-            )
-        if self.num_gpus > 0:
-            import torch
-
-            if not torch.cuda.is_available():
-                warnings.warn(
-                    f"num_gpus={self.num_gpus} but CUDA is not available; the policy will run on CPU", stacklevel=2
-                )
-        return problems
+        return shared_key_problems(self)
 
     def for_policy(self: C, policy_id: str) -> C:
         """The config policy ``policy_id`` is built with: this one with its

@@ -53,6 +53,10 @@ def validated_config(algorithm: Algorithm, config: Mapping[str, Any] | TrainerCo
                 f"experiences; algorithms that learn from them: {', '.join(able)} (or leave input as 'sampler')"
             ]
         )
+    if settings.pretrain is not None and algorithm.offline:
+        raise ConfigError(
+            [f"pretrain: {algorithm.name!r} learns from recorded experiences already; pretrain online algorithms"]
+        )
     return settings
 
 

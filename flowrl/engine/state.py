@@ -20,6 +20,7 @@ from flowrl.callbacks import Callbacks, run_hook
 from flowrl.config import TrainerConfig
 from flowrl.engine.build import EnvSpec
 from flowrl.engine.evaluator import Evaluator
+from flowrl.engine.pretrain import OfflinePhases
 from flowrl.engine.restore import Layout, check_restore, state_layout
 from flowrl.errors import CheckpointError, RunWarning
 from flowrl.operators import STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER
@@ -46,6 +47,7 @@ class TrainerState:
     resources: PlanResources
     plan: Plan
     evaluator: Evaluator
+    phases: OfflinePhases
     callbacks: Callbacks
     iteration: int
     time_total_s: float
@@ -110,6 +112,7 @@ class TrainerState:
             "plan": {**self.plan.get_state(), "metrics": self._checkpoint_metrics()},
             "resources": self.resources.get_state(replay=replay),
             "evaluation": self.evaluator.get_state(),
+            "offline_phases": self.phases.get_state(),
             "rng": process_rng_state(),
         }
 
@@ -206,6 +209,7 @@ class TrainerState:
         self.workers.restart_budget.set_state(state.get("worker_restart_times", []))
         self.num_failed_checkpoints = int(state.get("num_failed_checkpoints", 0))
         set_process_rng_state(state["rng"])
+        self.phases.set_state(state.get("offline_phases", {}))  # after the policies: pretraining goes on from them
         timestep = self.plan.metrics.counters[STEPS_SAMPLED_COUNTER]
         self.workers.sync_weights(global_vars={"timestep": timestep})
         fresh.update(self.workers.set_remote_states(state.get("remote_workers", {})))

@@ -25,6 +25,7 @@ from flowrl.engine.build import (
     write_output_metadata,
 )
 from flowrl.engine.evaluator import Evaluator
+from flowrl.engine.pretrain import OfflinePhases
 from flowrl.engine.ray_runtime import start_ray, stop_ray
 from flowrl.engine.state import TrainerState
 from flowrl.envs import get_env_creator
@@ -91,6 +92,8 @@ class Trainer(TrainerState):
                     self.workers,
                     parallel=self.algorithm.asynchronous,
                 )
+                #: ``pretrain`` and ``replay_prefill``: what the run learns from recorded experiences besides its plan.
+                self.phases = OfflinePhases(env, self.config, self.workers, self.resources)
             except BaseException:
                 for release in (self.resources.stop, self.workers.stop):
                     try:
@@ -140,20 +143,11 @@ class Trainer(TrainerState):
         start = time.perf_counter()
         self.evaluator.before_iteration(self.iteration + 1, self.plan.metrics.counters[STEPS_SAMPLED_COUNTER])
         evaluation_s = time.perf_counter() - start
-        try:
-            result = next(self.plan)
-        except StopIteration:
-            self._stopped_by = "no more results (its sources ran out)"
-            raise PlanStoppedError(f"algorithm {self.algorithm.name!r}: the plan ended: {self._stopped_by}") from None
-        except BaseException as e:
-            # The error unwound the plan's generators: they cannot be resumed.
-            self._stopped_by = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-            raise
-        if not isinstance(result, dict):
-            raise FlowRLError(
-                f"algorithm {self.algorithm.name!r}: its plan yielded a {type(result).__name__}, not a result dict; "
-                "end the plan with StandardMetricsReporting"
-            )
+        if self.phases.pretraining_now:
+            result = self.phases.pretrain_iteration(self.plan.metrics.counters[STEPS_SAMPLED_COUNTER])
+        else:
+            phase = self.phases.start_online(self)  # the replay prefill comes before the first online sample
+            result = {**self._next_result(), **phase}
         planned = time.perf_counter()
         self.workers.sync_filters()  # once per iteration, as RLlib did: the workers' new observation statistics
         synced = time.perf_counter()
@@ -175,7 +169,8 @@ class Trainer(TrainerState):
         learn_times = [
             self.workers.local_worker().get_policy(pid).learn_times for pid in self.workers.trainable_policies()
         ]
-        result["plan"] = self.xray.report(elapsed, result.get("plan", {}), result["info"], driver, learn_times)
+        if result.get("phase") != "pretrain":  # a pretraining iteration brings its own plan's X-ray
+            result["plan"] = self.xray.report(elapsed, result.get("plan", {}), result["info"], driver, learn_times)
         if self.workers.remote_workers():
             result["info"]["placement"] = self.workers.placement()
         result.update(self.resources.fault_counters())
@@ -189,6 +184,24 @@ class Trainer(TrainerState):
         hooked = time.perf_counter()
         run_hook(self.callbacks, "on_train_result", self, result, where=f"driver, iteration {self.iteration}")
         self.xray.add_driver_time(result["plan"], "on_train_result_s", time.perf_counter() - hooked)
+        return result
+
+    def _next_result(self) -> dict[str, Any]:
+        """The plan's next result dict; an error ends the plan (later calls to :meth:`train` say so)."""
+        try:
+            result = next(self.plan)
+        except StopIteration:
+            self._stopped_by = "no more results (its sources ran out)"
+            raise PlanStoppedError(f"algorithm {self.algorithm.name!r}: the plan ended: {self._stopped_by}") from None
+        except BaseException as e:
+            # The error unwound the plan's generators: they cannot be resumed.
+            self._stopped_by = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            raise
+        if not isinstance(result, dict):
+            raise FlowRLError(
+                f"algorithm {self.algorithm.name!r}: its plan yielded a {type(result).__name__}, not a result dict; "
+                "end the plan with StandardMetricsReporting"
+            )
         return result
 
     def update_config(self, changes: Mapping[str, Any]) -> None:
@@ -273,7 +286,7 @@ class Trainer(TrainerState):
         :class:`~flowrl.errors.FlowRLError`.
         """
         problems = []
-        for step in (self.resources.stop, self.evaluator.stop, self.workers.stop):
+        for step in (self.phases.stop, self.resources.stop, self.evaluator.stop, self.workers.stop):
             try:
                 step()
             except Exception as e:  # noqa: BLE001 - release the rest first, then report

@@ -26,6 +26,9 @@ POSTPROCESS_TIMER = "offline_postprocess"
 SHUFFLE_TIMER = "offline_shuffle"
 #: Passes over the whole dataset begun so far.
 EPOCHS_COUNTER = "num_offline_epochs"
+#: Datasets whose rows take at most this many bytes decoded are read from the files once and kept in memory
+#: for the later passes (starting a Ray Data read costs seconds); larger ones are streamed on every pass.
+MEMORY_CACHE_BYTES = 512 * 2**20
 
 
 class ReadConfig(Protocol):
@@ -61,8 +64,10 @@ def ReadOffline(
 
     Rows are read in file order, cut into episode pieces and postprocessed by the local worker's policy
     ``policy_id`` (returns, n-step: as if it had sampled them), then mixed in a buffer of
-    ``config.shuffle_buffer_size`` rows. The rows read count as steps sampled; the reading, postprocessing
-    and shuffling times are the ``offline_*`` timers, and passes begun the ``num_offline_epochs`` counter.
+    ``config.shuffle_buffer_size`` rows. A dataset of at most :data:`MEMORY_CACHE_BYTES` decoded is read
+    from the files once; later passes take its rows from memory (postprocessed again, by the policy as it is
+    then). The rows read count as steps sampled; the reading, postprocessing and shuffling times are the
+    ``offline_*`` timers, and passes begun the ``num_offline_epochs`` counter.
     ``data`` None: a plan built for its graph only (over placeholder actors), which reads nothing.
     """
     if data is None:
@@ -76,11 +81,22 @@ def ReadOffline(
     buffer = ShuffleBuffer(config.shuffle_buffer_size, rng)
     chunk = max(rows, config.shuffle_buffer_size // 2, 1)
 
+    cache: list[SampleBatch] | None = [] if data.decoded_bytes <= MEMORY_CACHE_BYTES else None
+
+    def one_pass(first: bool) -> Iterator[SampleBatch]:
+        if cache is None or first:
+            for read in data.iter_batches(chunk):
+                if cache is not None:
+                    cache.append(read)
+                yield read
+        else:
+            yield from cache
+
     def batches(timeout: float | None) -> Iterator[SampleBatch]:
         metrics = LocalIterator.get_metrics()
-        for _ in itertools.count():
+        for epoch in itertools.count():
             metrics.counters[EPOCHS_COUNTER] += 1
-            reader = data.iter_batches(chunk)
+            reader = one_pass(epoch == 0)
             while True:
                 while buffer.wants(rows):
                     started = time.perf_counter()

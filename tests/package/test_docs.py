@@ -163,13 +163,13 @@ def test_algorithms_page_tuned_examples_match_their_files_and_learning_tests() -
     [(_, overview)] = table_rows(read_page(ALGORITHMS_PAGE), "name")
     learning_tests = "".join(
         (REPO_ROOT / "tests" / "algorithms" / test).read_text(encoding="utf-8")
-        for test in ("test_learning.py", "test_es_ars.py")
+        for test in ("test_learning.py", "test_es_ars.py", "test_offline_learning.py")
     )
     for name, _, example, threshold_cell, budget_cell in overview:
         spec = yaml.safe_load((REPO_ROOT / unquote(example)).read_text(encoding="utf-8"))
         assert spec["algo"] == unquote(name), (example, spec["algo"])
         threshold = float(re.match(r"-?[\d.]+", threshold_cell).group())
-        budget = int(budget_cell.replace(",", ""))
+        budget = int(re.match(r"[\d,]+", budget_cell).group().replace(",", ""))  # "500,000 (rows read)" too
         assert spec["stop"]["timesteps_total"] == budget, example
         # ppo_dqn's file has no reward stop: its threshold is per policy, which no stop key expresses.
         assert spec["stop"].get("episode_reward_mean", threshold) == threshold, example

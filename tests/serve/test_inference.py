@@ -23,6 +23,7 @@ from policy_files import build_policies, observations, write_files
 
 import flowrl
 from flowrl.data import DEFAULT_POLICY_ID
+from flowrl.envs.spaces import space_from_json, space_to_json
 from flowrl.errors import CheckpointError
 from flowrl.policy import Policy, TorchPolicy
 from flowrl.serve.inference import (
@@ -31,7 +32,6 @@ from flowrl.serve.inference import (
     InferencePolicy,
     load_policy,
 )
-from flowrl.envs.spaces import space_from_json, space_to_json
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(180)]
 

@@ -45,8 +45,10 @@ def column_from_arrow(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     flat = column
     for _ in shape:
         flat = flat.flatten()
-    values = flat.to_numpy(zero_copy_only=False)
-    return np.asarray(values).reshape(len(column), *shape)
+    values = np.asarray(flat.to_numpy(zero_copy_only=False))
+    if not values.flags.writeable:  # Arrow's memory, read-only: batches are arrays their users may write to
+        values = values.copy()
+    return values.reshape(len(column), *shape)
 
 
 def batch_to_table(batch: Mapping[str, Any], constants: Mapping[str, str] | None = None) -> pa.Table:

@@ -71,6 +71,8 @@ class OfflineData:
         self.source = source
         self.files = resolve_files(source)
         self.num_rows = 0
+        #: The rows' size decoded (the files' uncompressed row groups), in bytes.
+        self.decoded_bytes = 0
         schema: pa.Schema | None = None
         for path in self.files:
             try:
@@ -86,6 +88,7 @@ class OfflineData:
                     f"{str(self.files[0])!r} has {sorted(schema.names)}: one dataset holds one kind of experience"
                 )
             self.num_rows += meta.num_rows
+            self.decoded_bytes += sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
         assert schema is not None
         self.schema = schema
         if not self.num_rows:
