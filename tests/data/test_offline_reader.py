@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import ray
 from offline_files import episodes, write_dataset
 
 from flowrl.data import SampleBatch, concat_samples
@@ -59,7 +60,8 @@ def test_offline_data_reads_footers_schema_and_metadata(dataset: Path) -> None:
         data.require([SampleBatch.OBS, SampleBatch.ACTION_LOGP], "OPE weighs actions by their probabilities")
 
 
-def test_iter_batches_without_ray_streams_the_files_in_order(dataset: Path) -> None:
+def test_iter_batches_without_ray_streams_the_files_in_order(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as without Ray, whichever tests ran before
     data = OfflineData(dataset)
     batches = list(data.iter_batches(64, columns=[SampleBatch.EPS_ID, SampleBatch.OBS]))
     assert all(set(b) == {SampleBatch.EPS_ID, SampleBatch.OBS} for b in batches)
