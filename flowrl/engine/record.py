@@ -30,7 +30,7 @@ from flowrl.policy.filters import MeanStdFilter
 from flowrl.serve.inference import checkpoint_dir
 from flowrl.storage.checkpoints import read_checkpoint
 
-#: Rows per row group of a recorded file: readers stream a file a row group at a time.
+#: Rows handed to the writer at a time (it gathers them into row groups of its ``row_group_bytes``).
 ROW_GROUP_ROWS = 10_000
 
 

@@ -30,7 +30,7 @@ def test_ppo_workers_write_every_sampled_step_to_their_own_files(tmp_path: Path)
         "model": {"fcnet_hiddens": [16]},
         "seed": 0,
         "output": str(out),
-        "output_max_file_size": 2**20,  # several files per worker
+        "output_max_file_size": 2**17,  # several files per worker
     }
     trainer = Trainer(algo="ppo", env="CartPole-v1", config=config)
     try:

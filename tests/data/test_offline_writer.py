@@ -30,7 +30,7 @@ def read_rows(files: list[Path]) -> int:
 
 
 def test_files_are_renamed_from_tmp_when_closed_and_carry_the_worker_index(tmp_path: Path) -> None:
-    writer = ExperienceWriter(tmp_path, worker_index=3)
+    writer = ExperienceWriter(tmp_path, worker_index=3, row_group_bytes=1)  # every batch written at once
     writer.write(episodes(2, 5))
     assert [p.suffix for p in tmp_path.iterdir()] == [".tmp"]  # readers skip it: no footer yet
     writer.close()
@@ -53,6 +53,30 @@ def test_a_file_past_max_file_size_is_closed_and_the_next_batch_starts_another(t
     read = concat_samples([table_to_batch(pq.read_table(f)) for f in files])
     assert read.count == 1200
     np.testing.assert_array_equal(read[SampleBatch.OBS], concat_samples(batches)[SampleBatch.OBS])
+
+
+def test_small_batches_are_gathered_into_row_groups(tmp_path: Path) -> None:
+    writer = ExperienceWriter(tmp_path, row_group_bytes=20_000)
+    writer.write(episodes(2, 10, seed=0))  # 20 rows, about 1.3 kB: an agent's piece of a fragment
+    assert not list(tmp_path.iterdir())  # held in memory until a row group's worth
+    for seed in range(1, 50):
+        writer.write(episodes(2, 10, seed=seed))
+    writer.close()
+    [written] = writer.files_written
+    meta = pq.read_metadata(written)
+    assert meta.num_rows == 1000 and 3 <= meta.num_row_groups <= 5  # about 20 kB each, not 50 of 20 rows
+    np.testing.assert_array_equal(
+        table_to_batch(pq.read_table(written))[SampleBatch.OBS],
+        concat_samples([episodes(2, 10, seed=seed) for seed in range(50)])[SampleBatch.OBS],
+    )
+
+
+def test_a_batch_of_other_columns_after_a_written_row_group_starts_a_new_file(tmp_path: Path) -> None:
+    writer = ExperienceWriter(tmp_path, row_group_bytes=1)
+    writer.write(episodes(1, 5))
+    writer.write({**episodes(1, 5), SampleBatch.ACTION_LOGP: np.zeros(5, np.float32)})
+    writer.close()
+    assert [pq.read_metadata(f).num_rows for f in writer.files_written] == [5, 5]
 
 
 @pytest.mark.parametrize("compression", COMPRESSIONS)
