@@ -15,6 +15,7 @@ from flowrl.errors import (
     ConfigError,
     EnvError,
     FlowRLError,
+    OfflineDataError,
     RunError,
     UnknownAlgorithmError,
 )
@@ -28,6 +29,7 @@ USAGE_ERRORS = (
     EnvError,
     UnknownAlgorithmError,
     CheckpointError,
+    OfflineDataError,
     RunError,
     ClusterConnectionError,
 )

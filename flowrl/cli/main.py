@@ -10,7 +10,8 @@ flags, calls the library and prints. ``flowrl train``
 (:mod:`flowrl.cli.train`) is a shell over :mod:`flowrl.runs.run` (the run directory, stop criteria,
 checkpoints, resuming), and ``--config`` files are read by :mod:`flowrl.runs.experiment`; ``flowrl
 tune`` is a shell over :func:`flowrl.tune.run`, ``flowrl export`` over
-:func:`flowrl.serve.export.export_policy` and ``flowrl plot`` over :func:`flowrl.outputs.plot.plot_runs`.
+:func:`flowrl.serve.export.export_policy`, ``flowrl record`` over
+:func:`flowrl.engine.record.record_checkpoint` and ``flowrl plot`` over :func:`flowrl.outputs.plot.plot_runs`.
 
 Exit statuses:
 
@@ -20,7 +21,8 @@ Exit statuses:
   Trainer's state was intact; else why none was), and the ``flowrl train --resume RUN_DIR``
   command.
 - 2: an error a user can cause (an unknown algorithm or env, an invalid config, a bad ``--set``
-  or flag, an unreadable config file, run directory or checkpoint, a ``--storage-path`` that
+  or flag, an unreadable config file, run directory or checkpoint, experience files that cannot
+  serve the run (``input``) or an ``--out`` that already holds some, a ``--storage-path`` that
   cannot hold checkpoints, a Ray cluster that cannot be joined): ``flowrl: error: ...`` on
   stderr, without a traceback.
 - ``tune``: 0 when every trial ended, 1 when a trial failed, 128 + the signal's number when a
@@ -41,7 +43,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from flowrl.cli import doctor, evaluate, export, plan, plot, trace, train, tune
+from flowrl.cli import doctor, evaluate, export, plan, plot, record, trace, train, tune
 from flowrl.cli import list as list_command
 from flowrl.cli.exits import EXIT_FAILURE, EXIT_USAGE, USAGE_ERRORS, exit_status_for, report_error, signal_label
 from flowrl.config.rllib import RLlibConfigNote
@@ -50,7 +52,7 @@ from flowrl.runs.signals import interrupt_signal
 from flowrl.storage.versions import runtime_versions
 
 # The subcommands in the order `flowrl --help` lists them.
-COMMANDS = (train, tune, list_command, plan, trace, doctor, evaluate, export, plot)
+COMMANDS = (train, tune, list_command, plan, trace, doctor, evaluate, record, export, plot)
 
 
 def version_text() -> str:

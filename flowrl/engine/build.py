@@ -64,9 +64,17 @@ def validated_config(algorithm: Algorithm, config: Mapping[str, Any] | TrainerCo
 
 
 def write_output_metadata(
-    algorithm: Algorithm, env: EnvSpec, config: TrainerConfig, policy_specs: Mapping[str, PolicySpec]
+    algorithm: Algorithm,
+    env: EnvSpec,
+    config: TrainerConfig,
+    policy_specs: Mapping[str, PolicySpec],
+    *,
+    multi_agent: bool,
+    extra: Mapping[str, Any] | None = None,
 ) -> None:
-    """``output``'s ``metadata.json``: the run's algorithm, env, policies and their spaces, flowrl's version."""
+    """``output``'s ``metadata.json``: the run's algorithm, env, policies and their spaces, whether the env is
+    ``multi_agent`` (its rows carry policy and agent ids, even with one policy), flowrl's version (and the
+    ``extra`` entries, such as where recorded episodes came from)."""
     assert config.output is not None
     policies = {}
     for pid, spec in policy_specs.items():
@@ -85,8 +93,9 @@ def write_output_metadata(
             "env": env if isinstance(env, str) else getattr(env, "__name__", repr(env)),
             "gamma": config.gamma,
             "policies": policies,
-            "multi_agent": set(policy_specs) != {DEFAULT_POLICY_ID},
+            "multi_agent": multi_agent,
             "flowrl_version": __version__,
+            **(extra or {}),
         },
     )
 

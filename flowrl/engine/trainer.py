@@ -72,7 +72,13 @@ class Trainer(TrainerState):
             self._configure_driver()
             self.workers = make_workers(self.algorithm, self.config, env_creator, bundles)
             if self.config.output is not None:
-                write_output_metadata(self.algorithm, env, self.config, self.workers.policy_specs)
+                write_output_metadata(
+                    self.algorithm,
+                    env,
+                    self.config,
+                    self.workers.policy_specs,
+                    multi_agent=self.workers.local_worker().multi_agent,
+                )
             self.resources = PlanResources()
             try:
                 self.resources = self.algorithm.make_resources(self.workers, self.config)

@@ -41,6 +41,7 @@ DOC_PATHS = [
     "docs/fault-tolerance.md",
     "docs/checkpoints.md",
     "docs/tracking-and-evaluation.md",
+    "docs/offline.md",
 ]
 
 

@@ -200,9 +200,10 @@ def _ray_batches(files: Sequence[Path], rows: int, columns: list[str]) -> Iterat
     context.execution_options.preserve_order = True  # episodes stay contiguous
     # Fractional CPUs: the reads must not wait behind the rollout and evaluation workers' reservations. A few
     # reads at a time: Ray Data would start one per fractional slot, each holding a decoded file in memory.
+    # The column selection is pushed down into the read: only ``columns`` are decoded.
     dataset = ray.data.read_parquet(
-        [os.fspath(f) for f in files], columns=columns, num_cpus=0.01, shuffle=None, concurrency=READ_CONCURRENCY
-    )
+        [os.fspath(f) for f in files], num_cpus=0.01, shuffle=None, concurrency=READ_CONCURRENCY
+    ).select_columns(columns)
     # Blocks read ahead take at most this much of the object store: the stream's memory stays bounded.
     dataset.context.execution_options.resource_limits = ray.data.ExecutionResources(
         object_store_memory=READ_AHEAD_BYTES
