@@ -36,3 +36,13 @@ def input_problems(value: Any) -> list[str]:
             problems.append(f"input: the fractions {list(value.values())} sum to {sum(value.values()):g}, not 1")
         return problems
     return [f"input={value!r} ({type(value).__name__}): use {valid}"]
+
+
+def offline_only_problems(value: Any, algorithm: str) -> list[str]:
+    """What is wrong with ``input`` for an algorithm that learns from experiences alone (bc, marwil, cql)."""
+    if isinstance(value, dict):
+        return [
+            f"input={value!r}: {algorithm} learns from recorded experiences alone, not mixed with "
+            "the sampler; name a directory, .parquet file, glob or list of them"
+        ]
+    return []
