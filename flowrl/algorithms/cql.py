@@ -146,10 +146,10 @@ def continuous_penalty(
 
 
 def cql_dqn_loss(
-    policy: TorchPolicy[CQLConfig], model: nn.Module, dist_class: DistFactory, batch: dict[str, torch.Tensor]
+    policy: TorchPolicy[Any], model: nn.Module, dist_class: DistFactory, batch: dict[str, torch.Tensor]
 ) -> LossOutput:
     """DQN's n-step Huber loss plus ``cql_alpha`` times the mean :func:`discrete_penalty`."""
-    config = policy.config
+    config: CQLConfig = policy.config  # the policy is DQN's (TorchPolicy's config type is invariant)
     base = dqn_loss(policy, model, dist_class, batch)
     q_values, _ = model(batch[SampleBatch.OBS])
     penalty = discrete_penalty(
@@ -160,11 +160,11 @@ def cql_dqn_loss(
 
 
 def cql_sac_loss(
-    policy: TorchPolicy[CQLConfig], model: nn.Module, dist_class: DistFactory, batch: dict[str, torch.Tensor]
+    policy: TorchPolicy[Any], model: nn.Module, dist_class: DistFactory, batch: dict[str, torch.Tensor]
 ) -> LossOutput:
     """SAC's three losses plus ``cql_alpha`` times each critic's mean :func:`continuous_penalty`; for the
     first ``bc_iters`` updates the actor's loss is ``-log pi(a_data | s)`` instead."""
-    config = policy.config
+    config: CQLConfig = policy.config  # the policy is SAC's
     terms = sac_terms(policy, model, batch)
     assert isinstance(model, sac_networks.SACModel)
     penalty = functools.reduce(
