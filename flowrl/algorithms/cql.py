@@ -136,7 +136,9 @@ def continuous_penalty(
         uniform_logp = (-torch.log(span).sum()).expand(rows * n)
         log_density = torch.cat([uniform_logp, drawn_logp]).view(3, rows, n)
     # One pass of each critic: the 3n drawn actions of every row at s, then the data's actions.
-    q_all = model.q(torch.cat([obs_n, obs_n, obs_n, obs]), torch.cat([uniform, drawn, batch[SampleBatch.ACTIONS]]))
+    q_all = model.q(
+        torch.cat([obs_n, obs_n, obs_n, obs]), torch.cat([uniform, drawn, batch[SampleBatch.ACTIONS].float()])
+    )
     penalties = []
     for q in q_all:
         q_drawn, q_data = q[: 3 * rows * n].view(3, rows, n), q[3 * rows * n :]

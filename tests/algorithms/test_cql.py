@@ -116,9 +116,8 @@ def test_the_continuous_penalty_has_a_row_per_critic_and_moves_only_the_critics(
 
 @pytest.mark.unit
 def test_the_continuous_penalty_estimates_the_logsumexp_of_a_constant_q() -> None:
-    """With Q constant c, ``T log mean(exp((c - log p) / T))`` over uniform draws alone is ``c + log(range)``
-    for T = 1; the policy's draws (density p) estimate the same integral, so the whole penalty is near
-    ``log(4)`` (the action range) minus nothing."""
+    """With Q = 0 everywhere each draw's term is ``1 / p(a)``, whose mean over draws from ``p`` (uniform or the
+    policy's) estimates the volume of the action range, 4: the penalty is about ``log 4``."""
     policy = policy_of(PENDULUM, twin_q=False)
     model = policy.model
     with torch.no_grad():
