@@ -62,6 +62,7 @@ BUILT_IN_ALGORITHMS = (
     "ars",
     "bc",
     "marwil",
+    "cql",
 )
 
 # --- dataflow builders ---

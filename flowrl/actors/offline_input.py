@@ -10,13 +10,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from flowrl.actors.learner_group import learner_group
+from flowrl.actors.placeholders import placeholders_active
+from flowrl.actors.resources import PlanResources
 from flowrl.config.data_keys import SAMPLER
 from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
 from flowrl.data.offline import OfflineData
 from flowrl.envs.spaces import space_to_json
-from flowrl.errors import CheckpointError, OfflineDataError
+from flowrl.errors import CheckpointError, ConfigError, OfflineDataError
 
 if TYPE_CHECKING:
+    from flowrl.actors.worker_set import WorkerSet
     from flowrl.config import TrainerConfig
     from flowrl.policy import PolicySpec
 
@@ -55,6 +59,26 @@ def open_input(
     data.require(columns, why)
     _check_spaces(data, policy_specs[DEFAULT_POLICY_ID])
     return data
+
+
+def offline_resources(
+    workers: WorkerSet, config: TrainerConfig, *, algorithm: str, columns: Sequence[str], why: str
+) -> PlanResources:
+    """The resources of an offline plan: ``input``'s experiences, opened and checked against the run
+    (:func:`open_input`), and the learner group the config asks for. A plan built for its graph
+    (``flowrl plan --algo ALGORITHM``) opens nothing; a real run without experiences raises."""
+    sources = offline_sources(config)
+    if not sources:
+        if placeholders_active():
+            return PlanResources(learners=learner_group(workers, config))
+        raise ConfigError(
+            [
+                f"{algorithm} learns from recorded experiences: set input to a directory, .parquet "
+                "file, glob or list of them (written by output: DIR or flowrl record), not 'sampler'"
+            ]
+        )
+    data = open_input(sources[0], workers.policy_specs, columns=columns, why=why)
+    return PlanResources(offline=data, learners=learner_group(workers, config))
 
 
 def _check_spaces(data: OfflineData, spec: PolicySpec) -> None:

@@ -14,14 +14,12 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 from flowrl.actors import PlanResources, WorkerSet
-from flowrl.actors.learner_group import learner_group
-from flowrl.actors.offline_input import offline_sources, open_input
-from flowrl.actors.placeholders import placeholders_active
+from flowrl.actors.offline_input import offline_resources
 from flowrl.algorithms.registry import Algorithm
 from flowrl.config import TrainerConfig, cfg_field
+from flowrl.config.data_keys import offline_only_problems
 from flowrl.data import SampleBatch
 from flowrl.deferred import nn, torch
-from flowrl.errors import ConfigError
 from flowrl.iterators import LocalIterator
 from flowrl.operators import ReadOffline, StandardMetricsReporting, TrainOneStep
 from flowrl.policy import LossOutput, PolicySpec, TorchPolicy
@@ -64,13 +62,7 @@ class MARWILConfig(TrainerConfig):
     )
 
     def check(self) -> list[str]:
-        problems = super().check()
-        if isinstance(self.input, dict):
-            problems.append(
-                f"input={self.input!r}: {self.algorithm_name} learns from recorded experiences alone, not mixed with "
-                "the sampler; name a directory, .parquet file, glob or list of them"
-            )
-        return problems
+        return super().check() + offline_only_problems(self.input, self.algorithm_name)
 
 
 @dataclass(kw_only=True)
@@ -136,19 +128,8 @@ def columns_needed(config: MARWILConfig) -> tuple[list[str], str]:
 
 def make_resources(workers: WorkerSet, config: MARWILConfig) -> PlanResources:
     """The experiences of ``input``, opened and checked against the run, and the learner group the config asks for."""
-    sources = offline_sources(config)
-    if not sources:
-        if placeholders_active():  # a plan built for its graph (flowrl plan --algo bc) reads nothing
-            return PlanResources(learners=learner_group(workers, config))
-        raise ConfigError(
-            [
-                f"{config.algorithm_name} learns from recorded experiences: set input to a directory, .parquet "
-                "file, glob or list of them (written by output: DIR or flowrl record), not 'sampler'"
-            ]
-        )
     columns, why = columns_needed(config)
-    data = open_input(sources[0], workers.policy_specs, columns=columns, why=why)
-    return PlanResources(offline=data, learners=learner_group(workers, config))
+    return offline_resources(workers, config, algorithm=config.algorithm_name, columns=columns, why=why)
 
 
 def execution_plan(workers: WorkerSet, config: MARWILConfig, resources: PlanResources) -> LocalIterator[dict[str, Any]]:

@@ -120,6 +120,9 @@ _MODULES: dict[str, _BuiltIn] = {
     "marwil": _BuiltIn(
         "flowrl.algorithms.marwil", "ALGORITHM", "MARWIL: advantage-weighted imitation of offline experiences"
     ),
+    "cql": _BuiltIn(
+        "flowrl.algorithms.cql", "ALGORITHM", "conservative Q-learning from offline experiences (over DQN or SAC)"
+    ),
     "es": _BuiltIn(
         "flowrl.algorithms.es", "ALGORITHM", "evolution strategies (antithetic perturbations, centered ranks)"
     ),
@@ -146,9 +149,8 @@ NOT_IMPLEMENTED: dict[str, _Instead] = {
     "ippo": _Instead(("ppo",), "PPO trains multi-agent envs, one policy per policies entry"),
     "qmix": _Instead(("dqn", "ppo_dqn"), "per-agent Q-learning on a multi-agent env, without the mixing network"),
     "maddpg": _Instead(("ppo",), "multi-agent envs with continuous actions, one policy per policies entry"),
-    "cql": _Instead(("dqn", "td3"), "flowrl learns online only; these are the online off-policy ones"),
-    "crr": _Instead(("ddpg", "td3"), "flowrl learns online only; these are the online off-policy ones"),
-    "iql": _Instead(("ddpg", "td3"), "flowrl learns online only; these are the online off-policy ones"),
+    "crr": _Instead(("cql", "marwil"), "offline learning: conservative Q-learning, advantage-weighted imitation"),
+    "iql": _Instead(("cql", "marwil"), "offline learning: conservative Q-learning, advantage-weighted imitation"),
     "alphazero": _Instead(("ppo",), "model-free policy learning; no tree search"),
     "muzero": _Instead(("ppo", "impala"), "model-free learning; no learned model or tree search"),
     "dreamer": _Instead(("ppo", "impala"), "model-free learning; no world model"),

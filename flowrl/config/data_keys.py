@@ -101,3 +101,13 @@ def off_policy_problems(config: Any) -> list[str]:
             f"{config.evaluation_interval!r} never evaluates: set evaluation_interval to 1 or more"
         )
     return problems
+
+
+def offline_only_problems(value: Any, algorithm: str) -> list[str]:
+    """What is wrong with ``input`` for an algorithm that learns from experiences alone (bc, marwil, cql)."""
+    if isinstance(value, dict):
+        return [
+            f"input={value!r}: {algorithm} learns from recorded experiences alone, not mixed with "
+            "the sampler; name a directory, .parquet file, glob or list of them"
+        ]
+    return []

@@ -49,6 +49,7 @@ RENAMED: dict[str, str] = {
     "num_steps_sampled_before_learning_starts": "learning_starts",
     "sgd_stepsize": "lr",  # RLlib's first PPO; ARS declares sgd_stepsize itself, so it is never renamed there
     "noise_size": "noise_table_size",
+    "min_q_weight": "cql_alpha",  # CQL's penalty weight
     # RLlib 2.x: its new API stack's EnvRunners and Learners, and the names used between the two stacks.
     "num_env_runners": "num_workers",
     "num_envs_per_env_runner": "num_envs_per_worker",
@@ -196,6 +197,7 @@ IGNORED: dict[str, str] = {
     "sigma0": "only with noisy: true",
     "input_config": "reading experiences",
     "shuffle_sequences": "flowrl shuffles minibatches",
+    "lagrangian_thresh": "CQL's target gap for lagrangian, which flowrl does not implement",
 }
 
 # RLlib's "automatic" values are spelled None; a key set to one of these values computes what flowrl does.
@@ -230,6 +232,9 @@ IGNORED_AT: dict[str, Conditional] = {
         ("episodes",), "flowrl evaluates episodes", "evaluates for a number of timesteps"
     ),
     "postprocess_inputs": Conditional((False,), "off", "postprocesses offline data"),
+    "lagrangian": Conditional(
+        (False,), "off", "tunes CQL's penalty weight by dual gradient descent towards lagrangian_thresh"
+    ),
     "use_critic": Conditional((True,), "flowrl's actor-critics use their critic", "drops the value baseline"),
     "vtrace": Conditional((True,), "IMPALA and APPO use V-trace", "uses plain advantages"),
     "vtrace_drop_last_ts": Conditional(

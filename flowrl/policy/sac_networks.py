@@ -23,6 +23,8 @@ from flowrl.policy.models import mlp
 #: to a point (log-probabilities blow up), above it tanh saturates and every action sits on a bound.
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 _LOG2 = math.log(2.0)
+#: How far inside the bounds :meth:`SACModel.logp` reads actions on a bound (in units of half the range).
+_INSIDE = 1e-6
 
 
 class SACModel(nn.Module):
@@ -93,6 +95,14 @@ class SACModel(nn.Module):
         raw = torch.addcmul(mean, log_std.exp(), torch.randn_like(mean))
         actions = torch.addcmul(self.low, torch.tanh(raw) + 1.0, self.half_range)
         return actions, squashed_logp(raw, mean, log_std, self.half_range)
+
+    def logp(self, dist_inputs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """The log-density of given ``actions`` (within the bounds) under the squashed Gaussian of ``[mean,
+        log_std]`` inputs, shape ``[B]`` (continuous; cloning recorded actions). Actions on a bound, where the
+        density is 0, are read a hair inside it."""
+        mean, log_std = torch.chunk(dist_inputs, 2, dim=-1)
+        unit = ((actions - self.low) / self.half_range - 1.0).clamp(-1.0 + _INSIDE, 1.0 - _INSIDE)
+        return squashed_logp(torch.atanh(unit), mean, log_std, self.half_range)
 
     def q(self, obs: torch.Tensor, actions: torch.Tensor) -> list[torch.Tensor]:
         """Each critic's Q(s, a), shape ``[B]`` (continuous)."""

@@ -13,7 +13,7 @@ import ray
 from offline_files import episodes, write_dataset
 
 from flowrl.data import SampleBatch, concat_samples
-from flowrl.data.offline import OfflineData, ShuffleBuffer, resolve_files
+from flowrl.data.offline import OfflineData, ShuffleBuffer, reader, resolve_files
 from flowrl.errors import OfflineDataError
 
 pytestmark = pytest.mark.unit
@@ -71,7 +71,10 @@ def test_iter_batches_without_ray_streams_the_files_in_order(dataset: Path, monk
     np.testing.assert_array_equal(read[SampleBatch.OBS], episodes(30, 10)[SampleBatch.OBS])
 
 
-def test_iter_batches_with_ray_reads_the_same_rows_in_the_same_order(dataset: Path, ray_session: None) -> None:
+def test_iter_batches_with_ray_reads_the_same_rows_in_the_same_order(
+    dataset: Path, ray_session: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reader, "RAY_DATA_MIN_BYTES", 0)  # through Ray Data, however small the files
     data = OfflineData(dataset)
     batches = list(data.iter_batches(64))
     assert max(b.count for b in batches) <= 64

@@ -9,14 +9,17 @@ aside. That no Ray starts for a dry build is tested in a fresh process in test_w
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from flowrl import Trainer
 from flowrl.actors.placeholders import PlaceholderActor, PlaceholderLocalWorker, placeholder_actors
 from flowrl.algorithms import get_algorithm, list_algorithms
-from flowrl.data import DEFAULT_POLICY_ID
+from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
+from flowrl.data.offline import ExperienceWriter
 from flowrl.engine.build import make_workers, validated_config
 from flowrl.engine.dry_plan import dry_plan
 from flowrl.envs import get_env_creator
@@ -79,11 +82,33 @@ def test_every_built_in_algorithm_has_a_case() -> None:
     assert {algorithm for algorithm, _ in CASES.values()} == built_in
 
 
+@pytest.fixture(scope="module")
+def cartpole_experiences(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four rows of CartPole-shaped experiences, for the offline algorithms' real builds (which open them)."""
+    out = tmp_path_factory.mktemp("experiences")
+    writer = ExperienceWriter(out)
+    rng = np.random.default_rng(0)
+    writer.write(
+        {
+            SampleBatch.OBS: rng.normal(size=(4, 4)).astype(np.float32),
+            SampleBatch.NEW_OBS: rng.normal(size=(4, 4)).astype(np.float32),
+            SampleBatch.ACTIONS: np.array([0, 1, 0, 1]),
+            SampleBatch.REWARDS: np.ones(4, np.float32),
+            SampleBatch.TERMINATEDS: np.array([False, False, False, True]),
+            SampleBatch.EPS_ID: np.zeros(4, np.int64),
+        }
+    )
+    writer.close()
+    return out
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_the_dry_graph_is_the_real_graph(case: str) -> None:
+def test_the_dry_graph_is_the_real_graph(case: str, cartpole_experiences: Path) -> None:
     algorithm, overrides = CASES[case]
     env = ENVS.get(algorithm, "CartPole-v1")
     config = {**SMALL, **overrides}
+    if get_algorithm(algorithm).offline:  # a real build opens its experiences
+        config["input"] = str(cartpole_experiences)
     dry = dry_plan(algorithm, env, config)
     with Trainer(algorithm, env, config) as trainer:
         real = trainer.plan

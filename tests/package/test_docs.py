@@ -163,7 +163,7 @@ def test_algorithms_page_tuned_examples_match_their_files_and_learning_tests() -
     [(_, overview)] = table_rows(read_page(ALGORITHMS_PAGE), "name")
     learning_tests = "".join(
         (REPO_ROOT / "tests" / "algorithms" / test).read_text(encoding="utf-8")
-        for test in ("test_learning.py", "test_es_ars.py", "test_offline_learning.py")
+        for test in ("test_learning.py", "test_es_ars.py", "test_offline_learning.py", "test_cql.py")
     )
     for name, _, example, threshold_cell, budget_cell in overview:
         spec = yaml.safe_load((REPO_ROOT / unquote(example)).read_text(encoding="utf-8"))
