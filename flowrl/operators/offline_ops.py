@@ -34,20 +34,6 @@ ROWS_READ_COUNTER = "num_offline_rows_read"
 MEMORY_CACHE_BYTES = 512 * 2**20
 
 
-class MixConfig(Protocol):
-    """What :func:`MixInput` reads of an algorithm's config (besides :class:`ReadConfig`'s keys)."""
-
-    @property
-    def input(self) -> Any: ...
-    @property
-    def train_batch_size(self) -> int: ...
-    @property
-    def shuffle_buffer_size(self) -> int: ...
-    @property
-    def seed(self) -> int | None: ...
-    def sampled_per_round(self) -> int: ...
-
-
 class ReadConfig(Protocol):
     """What :func:`ReadOffline` reads of an algorithm's config."""
 
@@ -57,6 +43,14 @@ class ReadConfig(Protocol):
     def shuffle_buffer_size(self) -> int: ...
     @property
     def seed(self) -> int | None: ...
+
+
+class MixConfig(ReadConfig, Protocol):
+    """What :func:`MixInput` reads of an algorithm's config besides :class:`ReadConfig`'s keys."""
+
+    @property
+    def input(self) -> Any: ...
+    def sampled_per_round(self) -> int: ...
 
 
 #: The columns sampling gives every row (besides those the policy's acting adds).
