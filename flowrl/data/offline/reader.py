@@ -29,8 +29,7 @@ from flowrl.data.sample_batch import SampleBatch, concat_samples
 from flowrl.errors import OfflineDataError
 
 _GLOB_CHARS = "*?["
-#: Files read at once when a dataset streams through Ray Data, and the object store memory its blocks may take.
-READ_CONCURRENCY = 2
+#: The object store memory the blocks of a dataset streaming through Ray Data may take ahead of the learner.
 READ_AHEAD_BYTES = 256 * 2**20
 #: Datasets of fewer bytes are read in this process even when Ray runs: planning and starting a Ray Data
 #: pass takes seconds, and a small dataset is read pass after pass (a 5,000-row one, 36 times in 1,400
@@ -203,13 +202,11 @@ def _ray_batches(files: Sequence[Path], rows: int, columns: list[str]) -> Iterat
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
     context.execution_options.preserve_order = True  # episodes stay contiguous
-    # Fractional CPUs: the reads must not wait behind the rollout and evaluation workers' reservations. A few
-    # reads at a time: Ray Data would start one per fractional slot, each holding a decoded file in memory.
+    # Fractional CPUs: the reads must not wait behind the rollout and evaluation workers' reservations.
     # The column selection is pushed down into the read: only ``columns`` are decoded.
-    dataset = ray.data.read_parquet(
-        [os.fspath(f) for f in files], num_cpus=0.01, shuffle=None, concurrency=READ_CONCURRENCY
-    ).select_columns(columns)
-    # Blocks read ahead take at most this much of the object store: the stream's memory stays bounded.
+    dataset = ray.data.read_parquet([os.fspath(f) for f in files], num_cpus=0.01, shuffle=None).select_columns(columns)
+    # Blocks read ahead take at most this much of the object store: the stream's memory stays bounded, and the
+    # reads pause (leaving the CPUs to the learner) while the learner has enough ahead of it.
     dataset.context.execution_options.resource_limits = ray.data.ExecutionResources(
         object_store_memory=READ_AHEAD_BYTES
     )
