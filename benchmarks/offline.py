@@ -187,7 +187,7 @@ def part_streaming(args: argparse.Namespace) -> dict[str, Any]:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     sampler = MemorySampler()
     sampler.start()
-    config = {"input": str(large), "seed": 0, "evaluation_interval": None, "profile": True}
+    config = {"input": str(large), "seed": 0, "evaluation_interval": None, "profile": True, "input_reader": args.reader}
     trainer = Trainer("bc", "CartPole-v1", {**config, "timesteps_per_iteration": args.rows_per_iteration})
     passes = args.iterations or -(-data.num_rows // args.rows_per_iteration)  # default: one pass over the data
     iterations = []
@@ -232,17 +232,20 @@ def main() -> None:
     parser.add_argument("--gigabytes", type=float, default=2.0)
     parser.add_argument("--iterations", type=int, help="bc iterations (default: as many as one pass takes)")
     parser.add_argument("--rows-per-iteration", type=int, default=1_000_000)
+    parser.add_argument("--reader", choices=["arrow", "ray_data"], default="arrow", help="input_reader (streaming)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     load = os.getloadavg()[0]
     figures = part_pretrain(args) if args.part == "pretrain" else part_streaming(args)
     report = {
         "part": args.part,
+        "reader": args.reader,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "load_1min": {"start": round(load, 2), "end": round(os.getloadavg()[0], 2)},
         **figures,
     }
-    out = args.out or RESULTS / f"offline_{args.part}.json"
+    suffix = f"_{args.reader}" if args.part == "streaming" else ""
+    out = args.out or RESULTS / f"offline_{args.part}{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str))
     print(json.dumps({k: v for k, v in report.items() if k not in ("trials", "iterations")}, indent=2, default=str))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from flowrl.actors.learner_group import learner_group
 from flowrl.actors.placeholders import placeholders_active
 from flowrl.actors.resources import PlanResources
-from flowrl.config.data_keys import SAMPLER
+from flowrl.config.data_keys import MINARI_PREFIX, SAMPLER
 from flowrl.data import DEFAULT_POLICY_ID, SampleBatch
 from flowrl.data.offline import OfflineData
 from flowrl.envs.spaces import space_to_json
@@ -43,6 +43,10 @@ def open_input(
     """``source``'s experiences, checked against the run's policies: their spaces (when the data's
     ``metadata.json`` records them), single- against multi-agent, and the ``columns`` the algorithm
     needs (``why`` says what for). Raises :class:`~flowrl.errors.OfflineDataError`."""
+    if isinstance(source, str) and source.startswith(MINARI_PREFIX):
+        from flowrl.actors.minari_input import minari_files  # imported here: the minari extra is optional
+
+        source = minari_files(source)
     data = OfflineData(source)
     multi_agent_data = SampleBatch.POLICY_ID in data.schema.names
     multi_agent_run = set(policy_specs) != {DEFAULT_POLICY_ID}

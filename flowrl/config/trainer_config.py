@@ -391,6 +391,11 @@ class TrainerConfig(BaseConfig):
         "marwil, cql) need experiences; the rollout workers then only evaluate.",
         validator=input_problems,
     )
+    input_reader: Literal["arrow", "ray_data"] = cfg_field(
+        "arrow",
+        "How input's files are read: 'arrow', by a thread of the driver with PyArrow, a row group at a time; "
+        "'ray_data', as a Ray Dataset whose read tasks run on the cluster (for files on shared storage).",
+    )
     shuffle_buffer_size: int = cfg_field(
         50_000,
         "Rows of offline input mixed together before training batches are drawn from them (0: file order).",

@@ -43,6 +43,8 @@ class ReadConfig(Protocol):
     def shuffle_buffer_size(self) -> int: ...
     @property
     def seed(self) -> int | None: ...
+    @property
+    def input_reader(self) -> str: ...
 
 
 class MixConfig(ReadConfig, Protocol):
@@ -147,7 +149,7 @@ def ReadOffline(
 
     def batches(timeout: float | None) -> Iterator[SampleBatch]:
         metrics = LocalIterator.get_metrics()
-        reader = BackgroundReader(data, chunk, passes=1 if cache is not None else None)
+        reader = BackgroundReader(data, chunk, passes=1 if cache is not None else None, reader=config.input_reader)
         source = reads(reader)
         try:
             while True:

@@ -9,11 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import ray
 from offline_files import episodes, write_dataset
 
 from flowrl.data import SampleBatch, concat_samples
-from flowrl.data.offline import OfflineData, ShuffleBuffer, reader, resolve_files
+from flowrl.data.offline import OfflineData, ShuffleBuffer, resolve_files
 from flowrl.errors import OfflineDataError
 
 pytestmark = pytest.mark.unit
@@ -60,8 +59,7 @@ def test_offline_data_reads_footers_schema_and_metadata(dataset: Path) -> None:
         data.require([SampleBatch.OBS, SampleBatch.ACTION_LOGP], "OPE weighs actions by their probabilities")
 
 
-def test_iter_batches_without_ray_streams_the_files_in_order(dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as without Ray, whichever tests ran before
+def test_iter_batches_with_pyarrow_streams_the_files_in_order(dataset: Path) -> None:
     data = OfflineData(dataset)
     batches = list(data.iter_batches(64, columns=[SampleBatch.EPS_ID, SampleBatch.OBS]))
     assert all(set(b) == {SampleBatch.EPS_ID, SampleBatch.OBS} for b in batches)
@@ -71,12 +69,9 @@ def test_iter_batches_without_ray_streams_the_files_in_order(dataset: Path, monk
     np.testing.assert_array_equal(read[SampleBatch.OBS], episodes(30, 10)[SampleBatch.OBS])
 
 
-def test_iter_batches_with_ray_reads_the_same_rows_in_the_same_order(
-    dataset: Path, ray_session: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(reader, "RAY_DATA_MIN_BYTES", 0)  # through Ray Data, however small the files
+def test_iter_batches_with_ray_data_reads_the_same_rows_in_the_same_order(dataset: Path, ray_session: None) -> None:
     data = OfflineData(dataset)
-    batches = list(data.iter_batches(64))
+    batches = list(data.iter_batches(64, reader="ray_data"))
     assert max(b.count for b in batches) <= 64
     read = concat_samples(batches)
     expected = episodes(30, 10)

@@ -31,10 +31,9 @@ from flowrl.errors import OfflineDataError
 _GLOB_CHARS = "*?["
 #: The object store memory the blocks of a dataset streaming through Ray Data may take ahead of the learner.
 READ_AHEAD_BYTES = 256 * 2**20
-#: Datasets of fewer bytes are read in this process even when Ray runs: planning and starting a Ray Data
-#: pass takes seconds, and a small dataset is read pass after pass (a 5,000-row one, 36 times in 1,400
-#: updates of 128 rows), so that its passes, not the learning, would take most of the run.
-RAY_DATA_MIN_BYTES = 64 * 2**20
+#: How experiences are read: "arrow", file by file with PyArrow in the reading process (memory: about a row
+#: group at a time); "ray_data", as a Ray Dataset whose read tasks run on the cluster (Ray must be running).
+READERS = ("arrow", "ray_data")
 
 
 def resolve_files(source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
@@ -123,14 +122,13 @@ class OfflineData:
                 f"it has {sorted(self.schema.names)}"
             )
 
-    def iter_batches(self, rows: int, columns: Sequence[str] | None = None) -> Iterator[SampleBatch]:
+    def iter_batches(
+        self, rows: int, columns: Sequence[str] | None = None, reader: str = "arrow"
+    ) -> Iterator[SampleBatch]:
         """One pass over the dataset in file order, as sample batches of ``rows`` rows (the last may be
-        smaller), with only ``columns`` when given. Streams through Ray Data when Ray is running and the files
-        hold at least :data:`RAY_DATA_MIN_BYTES`."""
+        smaller), with only ``columns`` when given, read by ``reader`` (one of :data:`READERS`)."""
         wanted = list(self.schema.names if columns is None else columns)
-        import ray  # imported here: writing and checking experiences need no Ray
-
-        if ray.is_initialized() and sum(f.stat().st_size for f in self.files) >= RAY_DATA_MIN_BYTES:
+        if reader == "ray_data":
             yield from _ray_batches(self.files, rows, wanted)
             return
         for path in self.files:
@@ -140,23 +138,31 @@ class OfflineData:
 
 
 class BackgroundReader:
-    """Reads ``data`` pass after pass (``passes``; None: for ever) in a thread of its own, up to ``ahead``
-    batches of ``rows`` rows before they are asked for, so that reading and decoding overlap learning.
+    """Reads ``data`` pass after pass (``passes``; None: for ever) with ``reader`` in a thread of its own, up
+    to ``ahead`` batches of ``rows`` rows before they are asked for, so that reading and decoding overlap
+    learning.
 
     :meth:`next` gives the next batch, or None at the end of each pass; an error of the reading is raised
     there. :meth:`close` stops the thread (also when the reader is collected).
     """
 
-    def __init__(self, data: OfflineData, rows: int, passes: int | None = None, ahead: int = 2) -> None:
+    def __init__(
+        self, data: OfflineData, rows: int, passes: int | None = None, ahead: int = 2, reader: str = "arrow"
+    ) -> None:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=ahead)
         self._closed = threading.Event()
         self._thread = threading.Thread(
-            target=self._read, args=(data, rows, passes, self._queue, self._closed), daemon=True, name="read-offline"
+            target=self._read,
+            args=(data, rows, passes, reader, self._queue, self._closed),
+            daemon=True,
+            name="read-offline",
         )
         self._thread.start()
 
     @staticmethod
-    def _read(data: OfflineData, rows: int, passes: int | None, out: queue.Queue[Any], closed: threading.Event) -> None:
+    def _read(
+        data: OfflineData, rows: int, passes: int | None, reader: str, out: queue.Queue[Any], closed: threading.Event
+    ) -> None:
         # A static method holding no reference to the reader: collecting the reader closes it.
         def put(item: Any) -> bool:
             while not closed.is_set():
@@ -169,7 +175,7 @@ class BackgroundReader:
 
         try:
             for _ in itertools.count() if passes is None else range(passes):
-                for batch in data.iter_batches(rows):
+                for batch in data.iter_batches(rows, reader=reader):
                     if not put(batch):
                         return
                 if not put(_PASS_END):
@@ -269,10 +275,9 @@ class ShuffleBuffer:
             self._held, self._mixed = [held], True
         held = self._held[0]
         take = min(rows, held.count)
-        out = SampleBatch({k: np.asarray(v)[:take] for k, v in held.items()})
-        rest = SampleBatch({k: np.asarray(v)[take:] for k, v in held.items()})
-        self._held = [rest] if rest.count else []
-        self._rows = rest.count
+        out = SampleBatch({k: v[:take] for k, v in held.items()})  # views of the shuffled rows
+        self._held = [held.slice(take, held.count)] if take < held.count else []
+        self._rows -= take
         if self._rows < self.capacity // 2:
             self._filling = True
         return out
