@@ -103,7 +103,7 @@ def test_multi_agent_experiences_for_a_single_agent_run(tmp_path: Path) -> None:
 
 
 def test_input_for_an_online_algorithm_names_the_offline_ones(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"'ppo' learns from the envs it samples.*learn from them: bc, marwil"):
+    with pytest.raises(ConfigError, match=r"'ppo' learns from the envs it samples.*learn from them: bc, cql, marwil"):
         build("ppo", str(write_dataset(tmp_path, episodes(2, 5))))
 
 

@@ -66,7 +66,7 @@ def test_config_reference_lists_every_key_of_every_algorithm() -> None:
 def test_config_reference_shows_types_defaults_per_algorithm_docs_and_rllib_names() -> None:
     sections = key_sections(hooks.config_reference())
     lr = sections["lr"]
-    assert "`0.0003` (ppo, sac)" in lr and "`0.004` (pg)" in lr  # PPO's and SAC's, and PGConfig's own defaults
+    assert "`0.0003` (cql, ppo, sac)" in lr and "`0.004` (pg)" in lr  # PPO's and SAC's (CQL takes SAC's), PG's own
     assert "Type `float`; valid: `> 0`" in lr
     assert "Learning rate of the policy's optimizer" in lr
     # RLlib's name, except in ARS, which has a key of that name.
