@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from fakes import BUILT_IN_ALGORITHMS
+from offline_files import episodes, write_dataset
 
 from flowrl import Trainer
 from flowrl.errors import FlowRLError
@@ -19,6 +20,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_session"), p
 
 REMOTE = {"num_workers": 2, "num_cpus_per_worker": 0.1, "rollout_fragment_length": 25}
 REPLAY = {"learning_starts": 64, "train_batch_size": 32, "timesteps_per_iteration": 200}
+RECORDED = "<the recorded fixture's directory>"
+OFFLINE = {"num_workers": 0, "input": RECORDED, "timesteps_per_iteration": 1024, "evaluation_num_episodes": 1}
 # Every built-in algorithm on CartPole (Pendulum for continuous actions, the multi-agent CartPole for
 # ppo_dqn), small, with remote workers where the algorithm samples on them.
 ALGORITHMS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -56,6 +59,10 @@ ALGORITHMS: dict[str, tuple[str, dict[str, Any]]] = {
             "noise_table_size": 100_000,
         },
     ),
+    # The offline algorithms read the experiences of the `recorded` fixture (input: RECORDED).
+    "bc": ("CartPole-v1", {**OFFLINE, "train_batch_size": 128}),
+    "marwil": ("CartPole-v1", {**OFFLINE, "train_batch_size": 128}),
+    "cql": ("CartPole-v1", {**OFFLINE, "train_batch_size": 64}),
 }
 OPERATOR_KEYS = {
     "items",
@@ -77,9 +84,16 @@ def test_every_built_in_algorithm_is_covered() -> None:
     assert sorted(ALGORITHMS) == sorted(BUILT_IN_ALGORITHMS)
 
 
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """CartPole-shaped experiences (50 episodes of 20 steps) for the offline algorithms."""
+    return write_dataset(tmp_path_factory.mktemp("recorded"), episodes(50, 20))
+
+
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
-def test_the_operators_explain_at_least_95_percent_of_each_iteration(algo: str) -> None:
+def test_the_operators_explain_at_least_95_percent_of_each_iteration(algo: str, recorded: Path) -> None:
     env, config = ALGORITHMS[algo]
+    config = {key: str(recorded) if value == RECORDED else value for key, value in config.items()}
     with Trainer(algo, env, {**config, "seed": 0}) as trainer:
         results = [trainer.train() for _ in range(3)]
         positions = [f"{i}:{stage.label}" for i, stage in enumerate(trainer.plan.graph.operators.values(), start=1)]
