@@ -76,7 +76,10 @@ def as_sampled(batch: SampleBatch, policy: SamplingPolicy) -> SampleBatch:
 
     Columns its acting adds (e.g. ``action_logp``) that the data lacks are filled with its outputs for the
     data's observations (the value-based losses do not read them); columns it does not give are left out."""
-    _, extras = policy.compute_actions(batch[SampleBatch.OBS], explore=False)  # type: ignore[call-arg]
+    obs = batch[SampleBatch.OBS]
+    _, extras = policy.compute_actions(obs[:1], explore=False)  # type: ignore[call-arg]  # which columns
+    if not set(extras) <= set(batch):  # the policy's outputs for every row, only where the data lacks some
+        _, extras = policy.compute_actions(obs, explore=False)  # type: ignore[call-arg]
     wanted = SAMPLED_COLUMNS | set(extras) | ({SampleBatch.ACTION_MASK, SampleBatch.NEXT_ACTION_MASK} & set(batch))
     return SampleBatch({key: batch[key] if key in batch else extras[key] for key in wanted})
 

@@ -3,7 +3,9 @@ them in file order (PyArrow without Ray, Ray Data with it), and the shuffle buff
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -140,3 +142,19 @@ def test_a_shuffle_buffer_of_capacity_zero_keeps_file_order() -> None:
     drawn = drain(ShuffleBuffer(0, np.random.default_rng(0)), numbered(5, 30), rows=64)
     assert [b.count for b in drawn] == [64, 64, 22]
     np.testing.assert_array_equal(np.concatenate([b["i"] for b in drawn]), np.arange(150))
+
+
+def test_a_stuck_read_is_given_up_after_the_timeout_naming_it() -> None:
+    class Stuck:
+        def iter_batches(self, rows: int, reader: str = "arrow") -> Any:
+            threading.Event().wait(5)  # a read that does not come back in time
+            yield from ()
+
+    from flowrl.data.offline import BackgroundReader
+
+    background = BackgroundReader(Stuck(), 8)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(OfflineDataError, match=r"no experiences were read within 0.5 s"):
+            background.next(timeout_s=0.5)
+    finally:
+        background.close()

@@ -15,6 +15,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ from flowrl.data.sample_batch import SampleBatch, concat_samples
 from flowrl.errors import OfflineDataError
 
 _GLOB_CHARS = "*?["
+#: Seconds the plan waits for the next batch of experiences before it gives up on the reader.
+READ_TIMEOUT_S = 300.0
 #: The object store memory the blocks of a dataset streaming through Ray Data may take ahead of the learner.
 READ_AHEAD_BYTES = 256 * 2**20
 #: How experiences are read: "arrow", file by file with PyArrow in the reading process (memory: about a row
@@ -183,9 +186,21 @@ class BackgroundReader:
         except BaseException as error:  # noqa: BLE001 - handed to the reader's user, who raises it
             put(error)
 
-    def next(self) -> SampleBatch | None:
-        """The next batch, or None where a pass ends."""
-        item = self._queue.get()
+    def next(self, timeout_s: float = READ_TIMEOUT_S) -> SampleBatch | None:
+        """The next batch, or None where a pass ends. Raises :class:`OfflineDataError` when none came within
+        ``timeout_s`` seconds (a stuck read) or the reading thread ended without handing one over."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                item = self._queue.get(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    raise OfflineDataError("the thread reading the experiences ended without handing on rows") from None
+                if time.monotonic() >= deadline:
+                    raise OfflineDataError(
+                        f"no experiences were read within {timeout_s:g} s: the files' storage or the reader is stuck"
+                    ) from None
         if isinstance(item, BaseException):
             raise item
         return None if item is _PASS_END else item
@@ -205,17 +220,16 @@ def _ray_batches(files: Sequence[Path], rows: int, columns: list[str]) -> Iterat
     import ray.data
 
     logging.getLogger("ray.data").setLevel(logging.WARNING)
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False
-    context.execution_options.preserve_order = True  # episodes stay contiguous
     # Fractional CPUs: the reads must not wait behind the rollout and evaluation workers' reservations.
     # The column selection is pushed down into the read: only ``columns`` are decoded.
     dataset = ray.data.read_parquet([os.fspath(f) for f in files], num_cpus=0.01, shuffle=None).select_columns(columns)
     # Blocks read ahead take at most this much of the object store: the stream's memory stays bounded, and the
     # reads pause (leaving the CPUs to the learner) while the learner has enough ahead of it.
-    dataset.context.execution_options.resource_limits = ray.data.ExecutionResources(
-        object_store_memory=READ_AHEAD_BYTES
-    )
+    # The settings are this dataset's (its copy of the context), not the process's.
+    options = dataset.context.execution_options
+    options.resource_limits = ray.data.ExecutionResources(object_store_memory=READ_AHEAD_BYTES)
+    options.preserve_order = True  # episodes stay contiguous
+    dataset.context.enable_progress_bars = False
     for table in dataset.iter_batches(batch_size=rows, batch_format="pyarrow", prefetch_batches=2):
         yield table_to_batch(table, columns)
 
